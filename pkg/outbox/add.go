@@ -1,0 +1,89 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// DBTX is the narrow part of a database handle the outbox needs. pgx.Tx, *pgx.Conn and
+// *pgxpool.Pool satisfy it. [Add] is meant to be given the caller's pgx.Tx.
+type DBTX interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// insertMessages inserts any number of rows in one round trip.
+const insertMessages = `
+INSERT INTO outbox_messages (id, exchange, routing_key, type, aggregate_type, aggregate_id, payload, headers)
+SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[]::jsonb[], $8::text[]::jsonb[])`
+
+// ErrInvalidMessage is wrapped by the error Add returns for a message it refuses.
+var ErrInvalidMessage = errors.New("invalid outbox message")
+
+// Add writes msgs to the outbox inside tx, the caller's transaction: the messages become
+// visible to the relay when, and only when, tx commits. Add never begins or commits a
+// transaction of its own, so a business change and its events are saved together or not
+// at all.
+//
+// Add fills in msgs[i].ID when it is zero. It checks every message before writing any, and
+// returns an error wrapping [ErrInvalidMessage] for a missing field or a payload that is not
+// JSON.
+func Add(ctx context.Context, tx DBTX, msgs ...Message) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	n := len(msgs)
+	ids := make([]string, n)
+	exchanges, keys, types := make([]string, n), make([]string, n), make([]string, n)
+	aggTypes, aggIDs := make([]string, n), make([]string, n)
+	payloads, headers := make([]string, n), make([]string, n)
+	for i := range msgs {
+		m := &msgs[i]
+		if err := validate(m); err != nil {
+			return fmt.Errorf("add outbox message %d (%s): %w", i, m.Type, err)
+		}
+		if m.ID == uuid.Nil {
+			id, err := uuid.NewV7()
+			if err != nil {
+				return fmt.Errorf("add outbox message: new id: %w", err)
+			}
+			m.ID = id
+		}
+		h, err := json.Marshal(m.Headers)
+		if err != nil {
+			return fmt.Errorf("add outbox message %s: encode headers: %w", m.ID, err)
+		}
+		if m.Headers == nil {
+			h = []byte("{}")
+		}
+		ids[i] = m.ID.String()
+		exchanges[i], keys[i], types[i] = m.Exchange, m.RoutingKey, m.Type
+		aggTypes[i], aggIDs[i] = m.AggregateType, m.AggregateID
+		payloads[i], headers[i] = string(m.Payload), string(h)
+	}
+	if _, err := tx.Exec(ctx, insertMessages, ids, exchanges, keys, types, aggTypes, aggIDs, payloads, headers); err != nil {
+		return fmt.Errorf("insert %d outbox messages: %w", n, err)
+	}
+	return nil
+}
+
+func validate(m *Message) error {
+	switch {
+	case m.Type == "":
+		return fmt.Errorf("%w: empty Type", ErrInvalidMessage)
+	case m.AggregateType == "" || m.AggregateID == "":
+		return fmt.Errorf("%w: empty AggregateType or AggregateID", ErrInvalidMessage)
+	case m.Exchange == "" && m.RoutingKey == "":
+		return fmt.Errorf("%w: no destination (Exchange and RoutingKey both empty)", ErrInvalidMessage)
+	case !json.Valid(m.Payload):
+		return fmt.Errorf("%w: payload is not valid JSON", ErrInvalidMessage)
+	}
+	return nil
+}

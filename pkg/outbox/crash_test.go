@@ -1,0 +1,178 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"syscall"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxshop/outboxshop/pkg/outbox"
+	"github.com/outboxshop/outboxshop/pkg/outbox/internal/testinfra"
+	"github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq"
+)
+
+// The crash test runs a relay in a child process (this test binary, re-executed) that kills
+// itself with SIGKILL at a crash point: no deferred code, no rollback sent, as in production.
+const (
+	childEnv       = "OUTBOXSHOP_TEST_CHILD_RELAY"
+	childDBEnv     = "OUTBOXSHOP_TEST_CHILD_DB"
+	childAMQPEnv   = "OUTBOXSHOP_TEST_CHILD_AMQP"
+	childFailpoint = "OUTBOXSHOP_TEST_CHILD_FAILPOINT"
+)
+
+// runChild is the child process: run a relay that dies the first time it reaches the crash
+// point named in the environment.
+func runChild() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv(childDBEnv))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "child:", err)
+		os.Exit(3)
+	}
+	pub, err := rabbitmq.New(rabbitmq.Config{URL: os.Getenv(childAMQPEnv)})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "child:", err)
+		os.Exit(3)
+	}
+	r, err := outbox.NewRelay(pool, pub, outbox.Config{
+		BatchSize: 1000,
+		Hooks: outbox.Hooks{Failpoint: func(name string) {
+			if name == os.Getenv(childFailpoint) {
+				_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+				select {} // the signal is on its way
+			}
+		}},
+	})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "child:", err)
+		os.Exit(3)
+	}
+	_ = r.Run(ctx)
+	os.Exit(4) // Run returned: the crash point was never reached
+}
+
+// killedRelay runs a relay process until it kills itself at failpoint.
+func killedRelay(t *testing.T, dbURL, amqpURL, failpoint string) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"=1", childDBEnv+"="+dbURL, childAMQPEnv+"="+amqpURL, childFailpoint+"="+failpoint)
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	require.True(t, errors.As(err, &exit), "child relay: %v\n%s", err, out)
+	status := exit.Sys().(syscall.WaitStatus)
+	require.True(t, status.Signaled() && status.Signal() == syscall.SIGKILL, "child relay did not die at %s: %v\n%s", failpoint, err, out)
+}
+
+// TestRelayKilled kills a relay process at each crash point and shows, from the database
+// and the broker, what a restarted relay and an inbox consumer make of it.
+func TestRelayKilled(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		failpoint      string
+		wantDuplicates bool // the broker got the batch before the crash
+	}{
+		{outbox.FailpointBeforePublish, false},
+		{outbox.FailpointAfterPublish, true},
+		{outbox.FailpointAfterMark, true},
+	} {
+		t.Run(tc.failpoint, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			b := setup(t)
+			dbURL := b.pool.Config().ConnString()
+			const n = 25
+			for i := range n {
+				b.write(t, b.msg(fmt.Sprintf("order-%d", i), i))
+			}
+
+			killedRelay(t, dbURL, b.amqpURL, tc.failpoint)
+			require.Equal(t, n, b.count(t, "published_at IS NULL"), "the killed relay's transaction rolled back")
+
+			effects := consumeThroughInbox(t, b.pool, b.amqpURL, b.top.Queue)
+			b.startRelay(t, b.pool, b.pub, fastConfig(t))
+			testinfra.Eventually(t, waitFor, func() bool { return b.count(t, "published_at IS NOT NULL") == n }, "all rows published after restart")
+			testinfra.Eventually(t, waitFor, func() bool { return effects.applied() == n }, "every effect applied")
+
+			// Each business effect happened exactly once, duplicates or not.
+			var rows, maxApplied int
+			require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*), coalesce(max(applied), 0) FROM test_effects").Scan(&rows, &maxApplied))
+			require.Equal(t, n, rows)
+			require.Equal(t, 1, maxApplied)
+			if tc.wantDuplicates {
+				testinfra.Eventually(t, waitFor, func() bool { return effects.duplicates() == n }, "the republished batch arrived as duplicates")
+			} else {
+				require.Zero(t, effects.duplicates())
+			}
+		})
+	}
+}
+
+// inboxEffects is a minimal inbox, kept inside this test so that the package stays copyable:
+// the message id is recorded in the same transaction as the business effect.
+type inboxEffects struct {
+	pool *pgxpool.Pool
+}
+
+func (e inboxEffects) applied() int {
+	var n int
+	_ = e.pool.QueryRow(context.Background(), "SELECT count(*) FROM test_effects").Scan(&n)
+	return n
+}
+
+func (e inboxEffects) duplicates() int {
+	var n int
+	_ = e.pool.QueryRow(context.Background(), "SELECT coalesce(sum(duplicates), 0) FROM test_inbox").Scan(&n)
+	return n
+}
+
+func consumeThroughInbox(t *testing.T, pool *pgxpool.Pool, url, queue string) inboxEffects {
+	t.Helper()
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `
+		CREATE TABLE test_inbox (message_id text PRIMARY KEY, duplicates int NOT NULL DEFAULT 0);
+		CREATE TABLE test_effects (aggregate_id text PRIMARY KEY, applied int NOT NULL)`)
+	require.NoError(t, err)
+	conn, err := amqp.Dial(url)
+	require.NoError(t, err)
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	deliveries, err := ch.Consume(queue, "", false, false, false, false, nil)
+	require.NoError(t, err)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for d := range deliveries {
+			err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				tag, err := tx.Exec(ctx, "INSERT INTO test_inbox (message_id) VALUES ($1) ON CONFLICT DO NOTHING", d.MessageId)
+				if err != nil {
+					return err
+				}
+				if tag.RowsAffected() == 0 {
+					_, err := tx.Exec(ctx, "UPDATE test_inbox SET duplicates = duplicates + 1 WHERE message_id = $1", d.MessageId)
+					return err
+				}
+				_, err = tx.Exec(ctx, `INSERT INTO test_effects (aggregate_id, applied) VALUES ($1, 1)
+					ON CONFLICT (aggregate_id) DO UPDATE SET applied = test_effects.applied + 1`, d.Headers["aggregate_id"])
+				return err
+			})
+			if err != nil {
+				_ = d.Nack(false, true)
+				continue
+			}
+			_ = d.Ack(false)
+		}
+	}()
+	t.Cleanup(func() {
+		_ = conn.Close()
+		<-done
+	})
+	return inboxEffects{pool: pool}
+}

@@ -1,0 +1,144 @@
+package outbox_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log"
+	"net/url"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outboxshop/outboxshop/pkg/outbox"
+	"github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq"
+)
+
+// Placing an order: the order row and its OrderCreated event commit together, and a relay
+// publishes the event to RabbitMQ.
+func Example() {
+	ctx := context.Background()
+	pool, amqpURL, cleanup := exampleEnv()
+	defer cleanup()
+
+	// Once, at start-up.
+	if err := outbox.Migrate(ctx, pool); err != nil {
+		log.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, "CREATE TABLE orders (id text PRIMARY KEY, status text NOT NULL)"); err != nil {
+		log.Fatal(err)
+	}
+
+	// The business transaction writes the order and its event.
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "INSERT INTO orders (id, status) VALUES ($1, 'PENDING')", "order-1"); err != nil {
+			return err
+		}
+		return outbox.Add(ctx, tx, outbox.Message{
+			Exchange:      "example.events",
+			RoutingKey:    "order.created",
+			Type:          "OrderCreated",
+			AggregateType: "order",
+			AggregateID:   "order-1",
+			Payload:       json.RawMessage(`{"order_id":"order-1"}`),
+			Headers:       map[string]string{outbox.HeaderCorrelationID: "req-42"},
+		})
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	// The relay, in this process or another one.
+	pub, err := rabbitmq.New(rabbitmq.Config{
+		URL: amqpURL,
+		Setup: func(ch *amqp.Channel) error { // declared on every (re)connect
+			if err := ch.ExchangeDeclare("example.events", "topic", true, false, false, false, nil); err != nil {
+				return err
+			}
+			if _, err := ch.QueueDeclare("example.orders", false, true, false, false, nil); err != nil {
+				return err
+			}
+			return ch.QueueBind("example.orders", "order.#", "example.events", false, nil)
+		},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pub.Close()
+	relay, err := outbox.NewRelay(pool, pub, outbox.Config{
+		Hooks: outbox.Hooks{BatchDone: func(_ context.Context, b outbox.BatchResult) {
+			for _, m := range b.Published {
+				fmt.Println("published", m.Type, "for", m.AggregateID)
+			}
+		}},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error)
+	go func() { done <- relay.Run(runCtx) }()
+	for {
+		s, err := outbox.ReadStats(ctx, pool)
+		if err != nil {
+			log.Fatal(err)
+		}
+		if s.Pending == 0 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	stop()
+	if err := <-done; err != nil {
+		log.Fatal(err)
+	}
+	// Output:
+	// published OrderCreated for order-1
+}
+
+// Cleanup keeps the table small: published rows older than the retention go, in batches.
+func ExampleCleanup() {
+	ctx := context.Background()
+	pool, _, cleanup := exampleEnv()
+	defer cleanup()
+	if err := outbox.Migrate(ctx, pool); err != nil {
+		log.Fatal(err)
+	}
+	deleted, err := outbox.Cleanup(ctx, pool, outbox.CleanupConfig{Retention: 7 * 24 * time.Hour, BatchSize: 1000})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("deleted", deleted)
+	// Output:
+	// deleted 0
+}
+
+// exampleEnv gives an example a fresh database and the broker URL.
+func exampleEnv() (pool *pgxpool.Pool, amqpURL string, cleanup func()) {
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, os.Getenv("OUTBOXSHOP_TEST_POSTGRES_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	name := fmt.Sprintf("example_%d", time.Now().UnixNano())
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		log.Fatal(err)
+	}
+	u, err := url.Parse(os.Getenv("OUTBOXSHOP_TEST_POSTGRES_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	u.Path = "/" + name
+	pool, err = pgxpool.New(ctx, u.String())
+	if err != nil {
+		log.Fatal(err)
+	}
+	return pool, os.Getenv("OUTBOXSHOP_TEST_AMQP_URL"), func() {
+		pool.Close()
+		_, _ = admin.Exec(ctx, "DROP DATABASE "+name+" WITH (FORCE)")
+		_ = admin.Close(ctx)
+	}
+}

@@ -1,0 +1,134 @@
+package rabbitmq_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxshop/outboxshop/pkg/outbox"
+	"github.com/outboxshop/outboxshop/pkg/outbox/internal/testinfra"
+	"github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq"
+)
+
+func TestMain(m *testing.M) { testinfra.Main(m) }
+
+func message(exchange string) outbox.Message {
+	return outbox.Message{
+		ID: uuid.New(), Exchange: exchange, RoutingKey: "k", Type: "T",
+		AggregateType: "a", AggregateID: "1", Payload: json.RawMessage(`{}`), CreatedAt: time.Now(),
+	}
+}
+
+func queueDepth(t *testing.T, url, queue string) int {
+	t.Helper()
+	conn, err := amqp.Dial(url)
+	require.NoError(t, err)
+	defer conn.Close()
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	require.NoError(t, err)
+	return q.Messages
+}
+
+func TestPublisher(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	t.Run("ConfirmsABatch", func(t *testing.T) {
+		t.Parallel()
+		url := testinfra.AMQPURL(t)
+		top := testinfra.DeclareTopology(t, url)
+		pub, err := rabbitmq.New(rabbitmq.Config{URL: url})
+		require.NoError(t, err)
+		defer pub.Close()
+		batch := make([]outbox.Message, 500)
+		for i := range batch {
+			batch[i] = message(top.Exchange)
+		}
+		for i, err := range pub.Publish(ctx, batch) {
+			require.NoError(t, err, "message %d", i)
+		}
+		require.Equal(t, 500, queueDepth(t, url, top.Queue))
+	})
+
+	t.Run("ReturnedMessageIsNotPublished", func(t *testing.T) {
+		t.Parallel()
+		url := testinfra.AMQPURL(t)
+		top := testinfra.DeclareTopology(t, url)
+		pub, err := rabbitmq.New(rabbitmq.Config{URL: url, Setup: func(ch *amqp.Channel) error {
+			return ch.ExchangeDeclare(top.Exchange+".nowhere", "topic", false, true, false, false, nil)
+		}})
+		require.NoError(t, err)
+		defer pub.Close()
+		errs := pub.Publish(ctx, []outbox.Message{message(top.Exchange), message(top.Exchange + ".nowhere"), message(top.Exchange)})
+		require.NoError(t, errs[0])
+		require.ErrorIs(t, errs[1], rabbitmq.ErrUnroutable)
+		require.NoError(t, errs[2])
+	})
+
+	t.Run("ReconnectsAfterConnectionLoss", func(t *testing.T) {
+		t.Parallel()
+		url := testinfra.AMQPURL(t)
+		top := testinfra.DeclareTopology(t, url)
+		proxy := testinfra.NewProxy(t, fmt.Sprintf("%s:%d", must(amqp.ParseURI(url)).Host, must(amqp.ParseURI(url)).Port))
+		var ups, downs atomic.Int32
+		pub, err := rabbitmq.New(rabbitmq.Config{URL: proxy.RewriteURL(t, url), Hooks: rabbitmq.Hooks{Connected: func(up bool) {
+			if up {
+				ups.Add(1)
+			} else {
+				downs.Add(1)
+			}
+		}}})
+		require.NoError(t, err)
+		defer pub.Close()
+
+		require.NoError(t, pub.Publish(ctx, []outbox.Message{message(top.Exchange)})[0])
+		proxy.Cut()
+		err = pub.Publish(ctx, []outbox.Message{message(top.Exchange)})[0]
+		require.ErrorIs(t, err, outbox.ErrUnavailable, "an outage is not the message's fault")
+		proxy.Heal()
+		testinfra.Eventually(t, 10*time.Second, func() bool {
+			return pub.Publish(ctx, []outbox.Message{message(top.Exchange)})[0] == nil
+		}, "publishing again after the broker came back")
+		require.GreaterOrEqual(t, ups.Load(), int32(2))
+		require.GreaterOrEqual(t, downs.Load(), int32(1))
+	})
+
+	t.Run("NoConfirmBeforeDeadlineIsUnavailable", func(t *testing.T) {
+		t.Parallel()
+		url := testinfra.AMQPURL(t)
+		top := testinfra.DeclareTopology(t, url)
+		pub, err := rabbitmq.New(rabbitmq.Config{URL: url})
+		require.NoError(t, err)
+		defer pub.Close()
+		expired, cancel := context.WithCancel(ctx)
+		cancel()
+		for _, err := range pub.Publish(expired, []outbox.Message{message(top.Exchange), message(top.Exchange)}) {
+			require.ErrorIs(t, err, outbox.ErrUnavailable)
+		}
+		require.NoError(t, pub.Publish(ctx, []outbox.Message{message(top.Exchange)})[0], "a fresh channel after the timeout")
+	})
+
+	t.Run("BadConfig", func(t *testing.T) {
+		t.Parallel()
+		_, err := rabbitmq.New(rabbitmq.Config{})
+		require.Error(t, err)
+		_, err = rabbitmq.New(rabbitmq.Config{URL: "http://not-amqp"})
+		require.Error(t, err)
+	})
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}

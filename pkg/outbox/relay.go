@@ -1,0 +1,337 @@
+package outbox
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Names of the crash points of a relay cycle, passed to [Hooks].Failpoint.
+const (
+	// FailpointBeforePublish: rows claimed (locked in the open transaction), nothing sent.
+	FailpointBeforePublish = "relay.before-publish"
+	// FailpointAfterPublish: the broker confirmed the batch; no row is marked yet.
+	FailpointAfterPublish = "relay.after-publish"
+	// FailpointAfterMark: rows marked published by the UPDATE; the transaction is not
+	// committed yet.
+	FailpointAfterMark = "relay.after-mark"
+)
+
+// NotifyChannel is the PostgreSQL channel the outbox trigger notifies on commit.
+const NotifyChannel = "outbox_messages"
+
+// State is what a relay is doing, as shown in logs and through [Hooks].StateChanged.
+type State string
+
+// The states of a relay. The two unavailable states are its circuit breaker: while in one, the
+// relay does not count attempts against rows; it waits with backoff and probes again.
+const (
+	StateStarting            State = "starting"
+	StateRunning             State = "running"
+	StateBrokerUnavailable   State = "broker_unavailable"
+	StateDatabaseUnavailable State = "database_unavailable"
+	StateStopped             State = "stopped"
+)
+
+// Config tunes a [Relay]. The zero value of every field means its default.
+type Config struct {
+	// BatchSize is how many rows one cycle claims and publishes. Default 100.
+	BatchSize int
+	// PollInterval is how often the relay looks for due rows when no notification woke it:
+	// the fallback for missed notifications and the clock for retries. Default 1s.
+	PollInterval time.Duration
+	// DisableNotify turns off LISTEN/NOTIFY wake-ups; the relay then only polls.
+	DisableNotify bool
+	// MaxAttempts is how many failed publish attempts make a row dead. Default 10.
+	MaxAttempts int
+	// RetryBaseDelay and RetryMaxDelay bound the exponential backoff, with jitter, between
+	// attempts of one row. Defaults 1s and 5m.
+	RetryBaseDelay time.Duration
+	RetryMaxDelay  time.Duration
+	// OutageBaseDelay and OutageMaxDelay bound the backoff between probes while the broker or
+	// the database is unavailable. Defaults 100ms and 10s.
+	OutageBaseDelay time.Duration
+	OutageMaxDelay  time.Duration
+	// PublishTimeout bounds the wait for the broker's confirms of one batch; unconfirmed
+	// messages are then treated as an outage, never as published. Default 30s.
+	PublishTimeout time.Duration
+	// MaxMessageBytes is the largest payload the relay sends. A larger row is marked dead at
+	// once with the reason: the broker would close the channel, which would look like an
+	// outage and be retried for ever. Default 16 MiB (RabbitMQ 4's max_message_size; 3.x
+	// allows 128 MiB).
+	MaxMessageBytes int
+	// Logger receives state changes and failures. nil discards.
+	Logger *slog.Logger
+	// Hooks observe the relay (metrics, crash points).
+	Hooks Hooks
+}
+
+// Hooks are optional callbacks. They run on the relay's goroutine: keep them fast.
+type Hooks struct {
+	// Failpoint is called with one of the Failpoint* names each time a cycle passes that
+	// point. A chaos harness uses it to kill the process exactly there.
+	Failpoint func(name string)
+	// Polled is called after every claim, with the number of rows claimed (0 when idle).
+	Polled func(ctx context.Context, claimed int)
+	// BatchDone is called after a batch's outcome was committed.
+	BatchDone func(ctx context.Context, b BatchResult)
+	// StateChanged is called when the relay's state changes; err is the cause, if any.
+	StateChanged func(from, to State, err error)
+}
+
+// BatchResult is the committed outcome of one relay cycle.
+type BatchResult struct {
+	// Published rows are confirmed by the broker and marked published.
+	Published []Message
+	// ConfirmedAt is when the broker's confirms arrived.
+	ConfirmedAt time.Time
+	// Failed rows counted an attempt; Dead ones among them will not be retried.
+	Failed []Failure
+	// Untouched counts rows left as they were because the broker was unavailable.
+	Untouched int
+}
+
+// Failure is a row whose publish attempt failed.
+type Failure struct {
+	Message Message
+	Err     error
+	// Dead is true when the row will not be retried (MaxAttempts reached, or permanent).
+	Dead bool
+}
+
+func (c Config) withDefaults() (Config, error) {
+	c.BatchSize = cmp.Or(c.BatchSize, 100)
+	c.PollInterval = cmp.Or(c.PollInterval, time.Second)
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, 10)
+	c.RetryBaseDelay = cmp.Or(c.RetryBaseDelay, time.Second)
+	c.RetryMaxDelay = cmp.Or(c.RetryMaxDelay, 5*time.Minute)
+	c.OutageBaseDelay = cmp.Or(c.OutageBaseDelay, 100*time.Millisecond)
+	c.OutageMaxDelay = cmp.Or(c.OutageMaxDelay, 10*time.Second)
+	c.PublishTimeout = cmp.Or(c.PublishTimeout, 30*time.Second)
+	c.MaxMessageBytes = cmp.Or(c.MaxMessageBytes, 16<<20)
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	switch {
+	case c.BatchSize < 0 || c.BatchSize > 10_000:
+		return c, fmt.Errorf("outbox: BatchSize %d out of range 1..10000", c.BatchSize)
+	case c.MaxAttempts < 0:
+		return c, fmt.Errorf("outbox: negative MaxAttempts %d", c.MaxAttempts)
+	case c.PollInterval < 0 || c.RetryBaseDelay < 0 || c.RetryMaxDelay < c.RetryBaseDelay ||
+		c.OutageBaseDelay < 0 || c.OutageMaxDelay < c.OutageBaseDelay || c.PublishTimeout < 0:
+		return c, errors.New("outbox: negative duration, or a max delay below its base delay")
+	case c.MaxMessageBytes < 0:
+		return c, fmt.Errorf("outbox: negative MaxMessageBytes %d", c.MaxMessageBytes)
+	}
+	return c, nil
+}
+
+// Relay publishes committed outbox rows to a broker. Several relays may run against one
+// table, in one process or many; see the package documentation for what that guarantees.
+type Relay struct {
+	pool *pgxpool.Pool
+	pub  Publisher
+	cfg  Config
+
+	running atomic.Bool
+	mu      sync.Mutex
+	state   State
+}
+
+// NewRelay returns a relay that publishes the rows of the outbox table in pool's database
+// through pub. The pool needs room for one extra connection, which the relay keeps for
+// LISTEN unless cfg.DisableNotify is set.
+func NewRelay(pool *pgxpool.Pool, pub Publisher, cfg Config) (*Relay, error) {
+	if pool == nil || pub == nil {
+		return nil, errors.New("outbox: NewRelay needs a pool and a publisher")
+	}
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	return &Relay{pool: pool, pub: pub, cfg: cfg, state: StateStarting}, nil
+}
+
+// State reports what the relay is doing now.
+func (r *Relay) State() State {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.state
+}
+
+// Run publishes rows until ctx is cancelled, then finishes the batch in hand and returns nil.
+// It survives the broker and the database going away: it waits with backoff, logs each
+// change of state once, and resumes by itself. Run may be called again after it returned,
+// but not twice at once.
+func (r *Relay) Run(ctx context.Context) error {
+	if !r.running.CompareAndSwap(false, true) {
+		return errors.New("outbox: relay is already running")
+	}
+	defer r.running.Store(false)
+
+	wake := make(chan struct{}, 1)
+	lctx, stopListening := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() {
+		stopListening()
+		wg.Wait()
+	}()
+	if !r.cfg.DisableNotify {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.listen(lctx, wake)
+		}()
+	}
+
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	failures := 0
+	for {
+		if ctx.Err() != nil {
+			r.setState(StateStopped, nil)
+			return nil
+		}
+		n, err := r.PublishBatch(ctx)
+		wakeUp := wake
+		var wait time.Duration
+		switch {
+		case err != nil:
+			failures++
+			r.setState(stateFor(err), err)
+			wait = backoff(failures, r.cfg.OutageBaseDelay, r.cfg.OutageMaxDelay)
+			wakeUp = nil // a notification must not cut an outage backoff short
+		case n == r.cfg.BatchSize:
+			failures = 0
+			r.setState(StateRunning, nil)
+			continue // a full batch: more rows are likely waiting
+		default:
+			failures = 0
+			r.setState(StateRunning, nil)
+			wait = r.cfg.PollInterval
+		}
+		timer.Reset(wait)
+		select {
+		case <-ctx.Done():
+		case <-wakeUp:
+		case <-timer.C:
+		}
+	}
+}
+
+// Errors that decide the relay's state.
+type (
+	databaseError struct{ error }
+	brokerError   struct{ error }
+)
+
+func (e databaseError) Unwrap() error { return e.error }
+func (e brokerError) Unwrap() error   { return e.error }
+
+func stateFor(err error) State {
+	var be brokerError
+	if errors.As(err, &be) {
+		return StateBrokerUnavailable
+	}
+	return StateDatabaseUnavailable
+}
+
+func (r *Relay) setState(to State, cause error) {
+	r.mu.Lock()
+	from := r.state
+	r.state = to
+	r.mu.Unlock()
+	if from == to {
+		return
+	}
+	log := r.cfg.Logger
+	switch to {
+	case StateBrokerUnavailable, StateDatabaseUnavailable:
+		log.Warn("outbox relay paused", "state", to, "error", cause)
+	default:
+		log.Info("outbox relay state", "state", to, "previous", from)
+	}
+	if h := r.cfg.Hooks.StateChanged; h != nil {
+		h(from, to, cause)
+	}
+}
+
+func (r *Relay) failpoint(name string) {
+	if fp := r.cfg.Hooks.Failpoint; fp != nil {
+		fp(name)
+	}
+}
+
+// listen turns notifications into wake-ups on a connection of its own, reconnecting with
+// backoff. Polling covers every moment it is not listening.
+func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
+	failures := 0
+	for {
+		err := r.listenOnce(ctx, wake, func() { failures = 0 })
+		if ctx.Err() != nil {
+			return
+		}
+		failures++
+		if failures == 1 {
+			r.cfg.Logger.Warn("outbox relay: LISTEN connection lost; polling until it is back", "error", err)
+		}
+		t := time.NewTimer(backoff(failures, r.cfg.OutageBaseDelay, r.cfg.OutageMaxDelay))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (r *Relay) listenOnce(ctx context.Context, wake chan<- struct{}, listening func()) error {
+	pc, err := r.pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("acquire listen connection: %w", err)
+	}
+	// A LISTENing connection must not go back to the pool: it is ours until it fails.
+	conn := pc.Hijack()
+	defer conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck // closing a dead or idle connection
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{NotifyChannel}.Sanitize()); err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	listening()
+	signal(wake) // rows may have committed while nobody listened
+	for {
+		if _, err := conn.WaitForNotification(ctx); err != nil {
+			return fmt.Errorf("wait for notification: %w", err)
+		}
+		signal(wake)
+	}
+}
+
+func signal(c chan<- struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
+// backoff returns the n-th (from 1) exponential delay from base, capped at max, with "equal
+// jitter": between half and all of it, so that many relays or rows do not retry in step.
+func backoff(n int, base, max time.Duration) time.Duration {
+	d := base
+	for i := 1; i < n && d < max; i++ {
+		d *= 2
+	}
+	d = min(d, max)
+	if d <= 1 {
+		return d
+	}
+	return d/2 + rand.N(d/2+1)
+}
