@@ -1,0 +1,105 @@
+// Package failpoint implements named crash points armed from the environment.
+//
+// CHAOS_FAILPOINTS holds a comma-separated list of name=action entries, for example
+//
+//	CHAOS_FAILPOINTS=relay.after-publish=kill@25,consumer.after-commit=kill
+//
+// kill@N sends the process SIGKILL the N-th time the point is reached (kill means kill@1):
+// no deferred code runs, no connection is closed politely — as when a machine dies. A point
+// that is not armed costs one map lookup on a nil map; a nil *Set costs a nil check.
+package failpoint
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+)
+
+// EnvVar is the environment variable read by FromEnv.
+const EnvVar = "CHAOS_FAILPOINTS"
+
+// Set is a set of armed points. The zero value and nil arm nothing.
+type Set struct {
+	points map[string]*point
+	kill   func() // replaced in tests
+}
+
+type point struct {
+	at   int64
+	hits atomic.Int64
+}
+
+// FromEnv parses CHAOS_FAILPOINTS. An empty variable gives a nil Set.
+func FromEnv() (*Set, error) { return Parse(os.Getenv(EnvVar)) }
+
+// Parse parses a spec such as "relay.after-publish=kill@25,api.after-commit=kill".
+func Parse(spec string) (*Set, error) {
+	spec = strings.TrimSpace(spec)
+	if spec == "" {
+		return nil, nil
+	}
+	s := &Set{points: map[string]*point{}, kill: killSelf}
+	for _, entry := range strings.Split(spec, ",") {
+		name, action, ok := strings.Cut(strings.TrimSpace(entry), "=")
+		if !ok || name == "" {
+			return nil, fmt.Errorf("failpoint %q: want name=kill or name=kill@N", entry)
+		}
+		verb, count, hasCount := strings.Cut(action, "@")
+		if verb != "kill" {
+			return nil, fmt.Errorf("failpoint %q: unknown action %q (only kill is supported)", entry, verb)
+		}
+		at := int64(1)
+		if hasCount {
+			n, err := strconv.ParseInt(count, 10, 64)
+			if err != nil || n < 1 {
+				return nil, fmt.Errorf("failpoint %q: kill@N needs a positive N", entry)
+			}
+			at = n
+		}
+		s.points[name] = &point{at: at}
+	}
+	return s, nil
+}
+
+// Hit records that the point was reached and acts if it is armed for this hit.
+func (s *Set) Hit(name string) {
+	if s == nil {
+		return
+	}
+	p, ok := s.points[name]
+	if !ok {
+		return
+	}
+	if p.hits.Add(1) == p.at {
+		s.kill()
+	}
+}
+
+// Armed lists the armed point names, for a start-up log line.
+func (s *Set) Armed() []string {
+	if s == nil {
+		return nil
+	}
+	names := make([]string, 0, len(s.points))
+	for n, p := range s.points {
+		names = append(names, fmt.Sprintf("%s=kill@%d", n, p.at))
+	}
+	return names
+}
+
+// Func returns Hit as a plain func, or nil when nothing is armed, for the Failpoint hooks
+// of pkg/outbox and pkg/inbox.
+func (s *Set) Func() func(string) {
+	if s == nil {
+		return nil
+	}
+	return s.Hit
+}
+
+func killSelf() {
+	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+	select {} // never return into the code the point guards
+}

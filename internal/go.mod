@@ -1,0 +1,3 @@
+module github.com/outboxshop/outboxshop/internal
+
+go 1.26.8
