@@ -1,0 +1,80 @@
+// Package inbox makes the effects of received messages happen once, although brokers deliver
+// them at least once. It is the consumer half of the transactional outbox and inbox pair, for
+// PostgreSQL through pgx v5.
+//
+// A consumer that applies a message and then acknowledges it cannot do both atomically: if it
+// dies in between, the broker delivers the message again and the change is applied twice. The
+// inbox makes "this message was processed" part of the consumer's own transaction. [Process]
+// inserts the message id into the inbox_messages table and runs the handler in the same
+// transaction; a redelivery finds the row and is skipped. The broker is acknowledged only
+// after the commit.
+//
+// The rabbitmq subpackage runs this loop for a RabbitMQ queue, with retries, dead-lettering
+// and reconnects; [Process] itself works with any broker.
+//
+// # Setup
+//
+// Apply the schema with [Migrate] at start-up, or copy migrations/001_inbox.sql (also
+// available as [Migrations]) into your own migration tool. Then, for every delivery:
+//
+//	duplicate, err := inbox.Process(ctx, pool, "billing", inbox.Message{ID: msgID, Type: msgType},
+//		func(ctx context.Context, tx pgx.Tx) error {
+//			_, err := tx.Exec(ctx, "UPDATE accounts SET balance = balance - $1 WHERE id = $2", amount, account)
+//			return err
+//		})
+//	// err == nil: acknowledge the delivery (duplicate or not). err != nil: do not.
+//
+// Run [RunCleanup] somewhere (or [Cleanup] from a scheduler) so the table does not grow for
+// ever.
+//
+// # Guarantees
+//
+//   - At-least-once delivery is the broker's job: a message that was not acknowledged is
+//     delivered again, after a crash, a lost connection or a restart. The inbox relies on
+//     that; it does not make delivery reliable by itself.
+//   - Effectively-once effects: the handler's writes commit together with the inbox row, or
+//     not at all. A redelivery of a committed message is reported as a duplicate and its
+//     handler is not run, so its database effects happen exactly once. Effects outside the
+//     transaction (HTTP calls, e-mails, publishing) are not covered: a handler may run again
+//     after a rollback or a crash, so such effects must be idempotent themselves, or go
+//     through a transactional outbox written in the same transaction.
+//   - Concurrent deliveries of the same message (a redelivery racing the original, two
+//     replicas) serialise on the inbox row: the second waits for the first and then sees a
+//     duplicate, or processes the message if the first rolled back. See [Process].
+//   - Identity is the producer's message id, not the payload: two different messages must
+//     never share an id, and a re-sent message must keep its id.
+//   - A failed handler rolls back everything, the inbox row included, so the message can be
+//     retried. Mark errors that no retry can fix with [Permanent]; runners dead-letter those
+//     at once ([IsPermanent]).
+//
+// # Ordering
+//
+// The inbox gives no ordering guarantee, and neither does a queue once anything goes wrong:
+//
+//   - Messages are applied in delivery order only with one consumer, one worker and no
+//     failures. With several workers or replicas, messages are applied concurrently.
+//   - A redelivered message (after a crash or an outage) arrives after messages that were
+//     published later. A retried message is republished to the tail of its queue, behind
+//     everything that arrived meanwhile.
+//   - A duplicate can arrive long after later messages; the inbox drops it, so a duplicate
+//     never undoes a later change.
+//
+// Handlers that need order must carry it in the data: a version or sequence number per
+// aggregate, compared inside the transaction (apply only the next version, or only a newer
+// one).
+//
+// # Retention
+//
+// Inbox rows are kept for [CleanupConfig].Retention and then deleted by [Cleanup]. The
+// retention must exceed the longest time in which a duplicate can still arrive: broker
+// redeliveries, retries, an outbox relay republishing after a crash, a replay of dead letters
+// or of an old queue. A duplicate that arrives after its row was deleted is not recognised
+// and is applied a second time. Days or weeks are cheap; minutes are a bug.
+//
+// # Several consumers per database
+//
+// The inbox key is (consumer, message id). Each handler that consumes the same message into
+// one database (billing and shipping both reacting to order.placed, say) uses its own consumer
+// name and processes the message once. Keep the names stable: renaming a consumer forgets
+// what it processed. Several replicas of the same handler share one name.
+package inbox

@@ -1,0 +1,151 @@
+package inbox_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxshop/outboxshop/pkg/inbox"
+)
+
+// A message delivered twice changes the stock once.
+func ExampleProcess() {
+	ctx := context.Background()
+	pool, drop := exampleDatabase(ctx) // a throwaway database for this example
+	defer drop()
+	if err := inbox.Migrate(ctx, pool); err != nil {
+		panic(err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE stock (sku text PRIMARY KEY, reserved int NOT NULL);
+		INSERT INTO stock VALUES ('sku-1', 0)`); err != nil {
+		panic(err)
+	}
+
+	reserve := func(ctx context.Context, tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `UPDATE stock SET reserved = reserved + 1 WHERE sku = $1`, "sku-1")
+		return err
+	}
+	msg := inbox.Message{ID: "order-42", Type: "order.placed"}
+	for range 2 { // the broker delivers the message twice
+		duplicate, err := inbox.Process(ctx, pool, "stock", msg, reserve)
+		if err != nil {
+			panic(err) // do not acknowledge: the broker redelivers it
+		}
+		fmt.Println("duplicate:", duplicate) // acknowledge the delivery in both cases
+	}
+
+	var reserved int
+	if err := pool.QueryRow(ctx, `SELECT reserved FROM stock WHERE sku = 'sku-1'`).Scan(&reserved); err != nil {
+		panic(err)
+	}
+	fmt.Println("reserved:", reserved)
+	// Output:
+	// duplicate: false
+	// duplicate: true
+	// reserved: 1
+}
+
+// Migrate is safe to call on every start, from every replica.
+func ExampleMigrate() {
+	ctx := context.Background()
+	pool, drop := exampleDatabase(ctx)
+	defer drop()
+
+	for range 2 {
+		if err := inbox.Migrate(ctx, pool); err != nil {
+			panic(err)
+		}
+	}
+	var exists bool
+	if err := pool.QueryRow(ctx, `SELECT to_regclass('inbox_messages') IS NOT NULL`).Scan(&exists); err != nil {
+		panic(err)
+	}
+	fmt.Println("inbox_messages exists:", exists)
+	// Output: inbox_messages exists: true
+}
+
+// Cleanup forgets messages processed longer ago than the retention. In a service, run
+// RunCleanup in a goroutine instead.
+func ExampleCleanup() {
+	ctx := context.Background()
+	pool, drop := exampleDatabase(ctx)
+	defer drop()
+	if err := inbox.Migrate(ctx, pool); err != nil {
+		panic(err)
+	}
+	for _, id := range []string{"order-1", "order-2"} {
+		if _, err := inbox.Process(ctx, pool, "stock", inbox.Message{ID: id}, nil); err != nil {
+			panic(err)
+		}
+	}
+	// Pretend order-1 was processed a month ago.
+	if _, err := pool.Exec(ctx, `UPDATE inbox_messages SET processed_at = now() - interval '30 days' WHERE message_id = 'order-1'`); err != nil {
+		panic(err)
+	}
+
+	deleted, err := inbox.Cleanup(ctx, pool, inbox.CleanupConfig{
+		Retention: 14 * 24 * time.Hour, // far longer than any redelivery can take
+		BatchSize: 500,
+	})
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("deleted:", deleted)
+	// Output: deleted: 1
+}
+
+// A handler marks errors that no retry can fix as permanent; consumers dead-letter those at
+// once.
+func ExamplePermanent() {
+	err := fmt.Errorf("reserve stock: %w", inbox.Permanent(errors.New("unknown sku")))
+	fmt.Println(inbox.IsPermanent(err), err)
+	fmt.Println(inbox.IsPermanent(errors.New("connection reset")))
+	// Output:
+	// true reserve stock: unknown sku
+	// false
+}
+
+// exampleDatabase creates an empty database on the server named by
+// OUTBOXSHOP_TEST_POSTGRES_URL and returns a pool on it and a function that drops it. Examples need it only to run side by side with the tests.
+func exampleDatabase(ctx context.Context) (*pgxpool.Pool, func()) {
+	admin := os.Getenv("OUTBOXSHOP_TEST_POSTGRES_URL") // set by TestMain (testinfra.Main)
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	name := "inbox_example_" + hex.EncodeToString(b)
+	conn, err := pgx.Connect(ctx, admin)
+	if err != nil {
+		panic(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		panic(err)
+	}
+	u, err := url.Parse(admin)
+	if err != nil {
+		panic(err)
+	}
+	u.Path = "/" + name
+	pool, err := pgxpool.New(ctx, u.String())
+	if err != nil {
+		panic(err)
+	}
+	return pool, func() {
+		pool.Close()
+		conn, err := pgx.Connect(ctx, admin)
+		if err != nil {
+			panic(err)
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
+			panic(err)
+		}
+	}
+}

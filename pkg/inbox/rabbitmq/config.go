@@ -1,0 +1,266 @@
+package rabbitmq
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// Headers the consumer reads and writes. Producers need not set any of them.
+const (
+	// HeaderRetries counts the retries of a message: absent (0) on the original, 1 on the
+	// first retry copy, and so on. [Delivery].DeliveryCount is this value plus one.
+	HeaderRetries = "x-outboxshop-retries"
+	// HeaderDeadReason on a dead letter says why it was dead-lettered: one of the Reason
+	// constants, a colon and the details (e.g. "malformed-json: unexpected end of JSON input").
+	HeaderDeadReason = "x-outboxshop-dead-reason"
+	// HeaderOriginalQueue on a dead letter names the queue it was consumed from.
+	HeaderOriginalQueue = "x-outboxshop-original-queue"
+	// HeaderOriginalExchange and HeaderOriginalRoutingKey keep the exchange and routing key a
+	// message was first published with, on retry copies (which travel through the default
+	// exchange) and on dead letters.
+	HeaderOriginalExchange   = "x-outboxshop-original-exchange"
+	HeaderOriginalRoutingKey = "x-outboxshop-original-routing-key"
+	// HeaderOriginalExpiration keeps the per-message TTL of a dead letter, which is published
+	// without one so that it cannot expire in the dead-letter queue.
+	HeaderOriginalExpiration = "x-outboxshop-original-expiration"
+	// HeaderOriginalUserID keeps a user-id property that names another user than the
+	// consumer's: RabbitMQ refuses to publish a message whose user-id is not the publisher's.
+	HeaderOriginalUserID = "x-outboxshop-original-user-id"
+)
+
+// Reasons for dead-lettering, the first word of [HeaderDeadReason] and the reason passed to
+// [Hooks].DeadLettered (a short, fixed set: fit for a metric label).
+const (
+	// ReasonMissingMessageID: the message has no message-id property, so the inbox cannot
+	// deduplicate it.
+	ReasonMissingMessageID = "missing-message-id"
+	// ReasonMalformedJSON: the content type is application/json (or empty, or ends in +json)
+	// and the body is not valid JSON.
+	ReasonMalformedJSON = "malformed-json"
+	// ReasonPermanent: the handler returned an error marked with inbox.Permanent.
+	ReasonPermanent = "permanent-error"
+	// ReasonMaxDeliveries: the handler failed on each of [Config].MaxDeliveries attempts.
+	ReasonMaxDeliveries = "max-deliveries"
+)
+
+// Failpoint names passed to [Hooks].Failpoint. A chaos test makes the hook kill the process
+// at one of them to prove that no crash loses or doubles an effect.
+const (
+	// FailpointBeforeCommit: the handler returned nil; its changes and the inbox row are in
+	// the open transaction, not committed. A crash here rolls them back, the message is
+	// redelivered and processed again.
+	FailpointBeforeCommit = "consumer.before-commit"
+	// FailpointAfterCommit: the transaction committed; the message is not acknowledged yet.
+	// A crash here makes the broker redeliver it, and the inbox reports a duplicate.
+	FailpointAfterCommit = "consumer.after-commit"
+)
+
+// Defaults for [Config].
+const (
+	DefaultPrefetch          = 32
+	DefaultMaxDeliveries     = 5
+	DefaultRetryDelay        = time.Second
+	DefaultMaxRetryDelay     = 30 * time.Second
+	DefaultReconnectDelay    = 500 * time.Millisecond
+	DefaultMaxReconnectDelay = 30 * time.Second
+	DefaultPublishTimeout    = 30 * time.Second
+	DefaultShutdownTimeout   = 30 * time.Second
+)
+
+// Handler applies one message inside the inbox transaction tx. It writes its changes through
+// tx and must not commit or roll it back. Returning nil commits the changes together with the
+// inbox row and acknowledges the message. Returning an error rolls everything back and
+// retries the message; wrap the error with inbox.Permanent to dead-letter it at once instead.
+//
+// A handler may be called again for the same message after an error, a crash or a broker
+// outage, but its committed effects happen once. It may run concurrently with other
+// invocations (see [Config].Concurrency). ctx is cancelled when the consumer stops and the
+// handler did not finish within [Config].ShutdownTimeout.
+type Handler func(ctx context.Context, tx pgx.Tx, d Delivery) error
+
+// Delivery is the message passed to a [Handler].
+type Delivery struct {
+	// ID is the AMQP message-id property, the inbox key. Never empty.
+	ID string
+	// Type is the AMQP type property.
+	Type string
+	// Exchange and RoutingKey are those the message was first published with, also on retry
+	// copies (which the consumer republishes through the default exchange).
+	Exchange   string
+	RoutingKey string
+	// Headers are the AMQP headers, including the consumer's own (x-outboxshop-…).
+	Headers       amqp.Table
+	ContentType   string
+	CorrelationID string
+	Timestamp     time.Time
+	Body          []byte
+	// Redelivered is the broker's flag: this copy was delivered before and not acknowledged
+	// (after a crash, a lost connection or a graceful stop).
+	Redelivered bool
+	// DeliveryCount is 1 on the first attempt, 2 on the first retry, and so on up to
+	// [Config].MaxDeliveries. Broker redeliveries (Redelivered) do not count.
+	DeliveryCount int
+}
+
+// Hooks are optional callbacks for metrics and fault injection. Nil fields are skipped. They
+// are called from the consumer's goroutines, concurrently, and must return quickly.
+type Hooks struct {
+	// Processed is called after a message was committed (duplicate == false) or found in the
+	// inbox (duplicate == true), and its acknowledgement was sent. d runs from receipt to
+	// acknowledgement.
+	Processed func(consumer, msgType string, duplicate bool, d time.Duration)
+	// HandlerError is called for every failed attempt: an error returned by the handler, or
+	// an error of the database (begin, insert, commit).
+	HandlerError func(consumer, msgType string, err error)
+	// Retried is called after a retry copy was published; deliveryCount is the number of the
+	// attempt that failed.
+	Retried func(consumer, msgType string, deliveryCount int)
+	// DeadLettered is called after a message was dead-lettered and acknowledged; reason is
+	// one of the Reason constants.
+	DeadLettered func(consumer, msgType, reason string)
+	// Connected is called with true when the consumer starts consuming on a new connection,
+	// and with false when it lost it (or stopped).
+	Connected func(consumer string, connected bool)
+	// Failpoint is called with FailpointBeforeCommit when a handler returned nil, and with
+	// FailpointAfterCommit when its transaction committed (not for duplicates, which commit
+	// nothing). A chaos test makes it kill the process. Only for tests; nil costs a nil check.
+	Failpoint func(name string)
+}
+
+// Config configures a [Consumer].
+type Config struct {
+	// URL of the broker, amqp:// or amqps://. Required.
+	URL string
+	// Queue to consume from. Required. Declare it in Setup, or beforehand.
+	Queue string
+	// Name is the inbox consumer name: messages are deduplicated per name, so several
+	// handlers may consume copies of the same message into one database. Keep it stable
+	// across deployments. Required.
+	Name string
+	// Handler applies a message. Required.
+	Handler Handler
+
+	// Prefetch is the AMQP prefetch count: how many unacknowledged messages the broker hands
+	// the consumer at once. Default 32, at most 65535.
+	Prefetch int
+	// Concurrency is the number of messages handled at the same time, each in its own
+	// transaction (so up to Concurrency pool connections). Default Prefetch; it cannot
+	// exceed Prefetch. Use 1 to handle messages one at a time (see the package doc on
+	// ordering).
+	Concurrency int
+
+	// MaxDeliveries is how many times a message is attempted before it is dead-lettered.
+	// Default 5.
+	MaxDeliveries int
+	// RetryDelay is the wait before the first retry; the n-th retry waits RetryDelay·2^(n-1),
+	// at most MaxRetryDelay, jittered by up to half of it. Default 1s.
+	RetryDelay time.Duration
+	// MaxRetryDelay caps RetryDelay's growth. Default 30s (or RetryDelay if larger).
+	MaxRetryDelay time.Duration
+
+	// DeadLetterExchange and DeadLetterRoutingKey are where messages go that cannot be
+	// processed (see the Reason constants). Required: at least one must be set. An empty
+	// exchange is the default exchange, where the routing key is a queue name. The consumer
+	// publishes with the mandatory flag and publisher confirms: a dead letter the broker
+	// cannot route is not acknowledged, it stays in the queue.
+	DeadLetterExchange   string
+	DeadLetterRoutingKey string
+
+	// Setup declares the topology on every (re)connect, before consuming, on the consuming
+	// channel (exchanges, the queue, its bindings, the dead-letter exchange and queue).
+	// Optional. An error ends the connection attempt; the consumer retries it with backoff.
+	Setup func(ch *amqp.Channel) error
+
+	// ReconnectDelay is the wait before the first reconnect attempt; it doubles per failed
+	// attempt up to MaxReconnectDelay, jittered. Defaults 500ms and 30s.
+	ReconnectDelay    time.Duration
+	MaxReconnectDelay time.Duration
+	// PublishTimeout bounds the wait for the broker's confirm of a retry copy or a dead
+	// letter. Default 30s.
+	PublishTimeout time.Duration
+	// ShutdownTimeout bounds how long Run waits, after its context ended or the connection
+	// was lost, for messages being handled to finish. Then their context is cancelled and
+	// their transactions roll back. Default 30s.
+	ShutdownTimeout time.Duration
+
+	// Logger receives the consumer's logs. Nil discards them.
+	Logger *slog.Logger
+	// Hooks are optional callbacks for metrics and tests.
+	Hooks Hooks
+}
+
+// withDefaults validates c and fills in the defaults.
+func (c Config) withDefaults() (Config, error) {
+	var errs []error
+	if c.URL == "" {
+		errs = append(errs, errors.New("URL is required"))
+	} else if _, err := amqp.ParseURI(c.URL); err != nil {
+		errs = append(errs, fmt.Errorf("URL: %w", err))
+	}
+	if c.Queue == "" {
+		errs = append(errs, errors.New("queue is required"))
+	}
+	if c.Name == "" {
+		errs = append(errs, errors.New("name (the inbox consumer name) is required"))
+	}
+	if c.Handler == nil {
+		errs = append(errs, errors.New("handler is required"))
+	}
+	if c.DeadLetterExchange == "" && c.DeadLetterRoutingKey == "" {
+		errs = append(errs, errors.New("a dead-letter destination is required: set DeadLetterExchange and/or DeadLetterRoutingKey"))
+	}
+	if c.Prefetch < 0 || c.Prefetch > 65535 {
+		errs = append(errs, fmt.Errorf("prefetch must be between 0 (default %d) and 65535, got %d", DefaultPrefetch, c.Prefetch))
+	}
+	c.Prefetch = cmp.Or(c.Prefetch, DefaultPrefetch)
+	if c.Concurrency < 0 || c.Concurrency > c.Prefetch {
+		errs = append(errs, fmt.Errorf("concurrency must be between 0 (default: prefetch) and prefetch (%d), got %d", c.Prefetch, c.Concurrency))
+	}
+	c.Concurrency = cmp.Or(c.Concurrency, c.Prefetch)
+	if c.MaxDeliveries < 0 {
+		errs = append(errs, fmt.Errorf("max deliveries must be >= 0 (default %d), got %d", DefaultMaxDeliveries, c.MaxDeliveries))
+	}
+	c.MaxDeliveries = cmp.Or(c.MaxDeliveries, DefaultMaxDeliveries)
+	for _, d := range []struct {
+		name  string
+		value time.Duration
+	}{
+		{"retry delay", c.RetryDelay},
+		{"max retry delay", c.MaxRetryDelay},
+		{"reconnect delay", c.ReconnectDelay},
+		{"max reconnect delay", c.MaxReconnectDelay},
+		{"publish timeout", c.PublishTimeout},
+		{"shutdown timeout", c.ShutdownTimeout},
+	} {
+		if d.value < 0 {
+			errs = append(errs, fmt.Errorf("%s must be >= 0 (0 means the default), got %s", d.name, d.value))
+		}
+	}
+	c.RetryDelay = cmp.Or(c.RetryDelay, DefaultRetryDelay)
+	if c.MaxRetryDelay != 0 && c.MaxRetryDelay < c.RetryDelay {
+		errs = append(errs, fmt.Errorf("max retry delay (%s) must not be below retry delay (%s)", c.MaxRetryDelay, c.RetryDelay))
+	}
+	c.MaxRetryDelay = cmp.Or(c.MaxRetryDelay, max(DefaultMaxRetryDelay, c.RetryDelay))
+	c.ReconnectDelay = cmp.Or(c.ReconnectDelay, DefaultReconnectDelay)
+	if c.MaxReconnectDelay != 0 && c.MaxReconnectDelay < c.ReconnectDelay {
+		errs = append(errs, fmt.Errorf("max reconnect delay (%s) must not be below reconnect delay (%s)", c.MaxReconnectDelay, c.ReconnectDelay))
+	}
+	c.MaxReconnectDelay = cmp.Or(c.MaxReconnectDelay, max(DefaultMaxReconnectDelay, c.ReconnectDelay))
+	c.PublishTimeout = cmp.Or(c.PublishTimeout, DefaultPublishTimeout)
+	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, DefaultShutdownTimeout)
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return c, fmt.Errorf("rabbitmq: invalid consumer config: %w", err)
+	}
+	return c, nil
+}

@@ -1,0 +1,307 @@
+package rabbitmq
+
+import (
+	"context"
+	crand "crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outboxshop/outboxshop/pkg/inbox"
+)
+
+// dialTimeout bounds the TCP connect and the AMQP handshake of one connection attempt.
+const dialTimeout = 15 * time.Second
+
+// Consumer consumes a RabbitMQ queue into PostgreSQL through the inbox. Create it with
+// [NewConsumer] and start it with [Consumer.Run].
+type Consumer struct {
+	pool inbox.TxBeginner
+	cfg  Config
+	log  *slog.Logger
+	// user is the login of cfg.URL, the only user-id property the broker lets it publish.
+	user string
+
+	running atomic.Bool
+	// infraFailures counts consecutive failures that were not the handler's (database down,
+	// publish failed); it sets the wait before such a message is handed back to the broker.
+	infraFailures atomic.Int64
+}
+
+// NewConsumer checks cfg, fills in its defaults and returns a consumer that processes each
+// message with inbox.Process on pool. It does not connect; [Consumer.Run] does.
+func NewConsumer(pool inbox.TxBeginner, cfg Config) (*Consumer, error) {
+	if pool == nil {
+		return nil, errors.New("rabbitmq: pool is nil")
+	}
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	uri, _ := amqp.ParseURI(cfg.URL) // checked by withDefaults
+	return &Consumer{
+		pool: pool,
+		cfg:  cfg,
+		log:  cfg.Logger.With(slog.String("consumer", cfg.Name), slog.String("queue", cfg.Queue)),
+		user: uri.Username,
+	}, nil
+}
+
+// Run consumes until ctx is done, then stops gracefully and returns nil.
+//
+// It connects to the broker, runs [Config].Setup, and consumes [Config].Queue with manual
+// acknowledgements. When the connection fails or the broker goes away, Run finishes the
+// messages in hand, reconnects with backoff and goes on; it logs each change between
+// connected and disconnected once, not each failed attempt.
+//
+// When ctx ends, Run stops taking messages (those already prefetched are handed back to the
+// broker), lets the messages being handled finish and acknowledges them, for at most
+// [Config].ShutdownTimeout, and closes the connection. Messages whose handlers were cut short
+// roll back and are redelivered later. No goroutine outlives Run.
+//
+// Run returns an error only when it is already running.
+func (c *Consumer) Run(ctx context.Context) error {
+	if !c.running.CompareAndSwap(false, true) {
+		return errors.New("rabbitmq: consumer is already running")
+	}
+	defer c.running.Store(false)
+
+	var (
+		connected bool
+		failures  int // failed attempts since the last successful connection
+		downSince = time.Now()
+	)
+	onConnected := func() {
+		c.log.InfoContext(ctx, "consuming",
+			slog.Int("failed_attempts", failures), slog.Duration("down_for", time.Since(downSince).Round(time.Millisecond)))
+		connected, failures = true, 0
+		c.hookConnected(true)
+	}
+	for {
+		err := c.session(ctx, onConnected)
+		if ctx.Err() != nil {
+			if connected {
+				c.hookConnected(false)
+			}
+			c.log.InfoContext(ctx, "consumer stopped")
+			return nil
+		}
+		switch {
+		case connected:
+			c.log.WarnContext(ctx, "lost the broker connection; reconnecting", slog.Any("error", err))
+			connected, downSince = false, time.Now()
+			c.hookConnected(false)
+		case failures == 0:
+			c.log.WarnContext(ctx, "cannot consume; retrying with backoff", slog.Any("error", err))
+		default:
+			c.log.DebugContext(ctx, "connection attempt failed", slog.Int("attempt", failures+1), slog.Any("error", err))
+		}
+		failures++
+		if !sleep(ctx, backoff(c.cfg.ReconnectDelay, c.cfg.MaxReconnectDelay, failures-1)) {
+			c.log.InfoContext(ctx, "consumer stopped")
+			return nil
+		}
+	}
+}
+
+// session is one connection's life: connect, consume until ctx ends or the connection fails,
+// then wind down. It calls onConnected once consuming.
+func (c *Consumer) session(ctx context.Context, onConnected func()) error {
+	conn, err := c.dial(ctx)
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	defer func() { _ = conn.CloseDeadline(time.Now().Add(5 * time.Second)) }()
+	connClosed := conn.NotifyClose(make(chan *amqp.Error, 1))
+
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("open channel: %w", err)
+	}
+	chClosed := ch.NotifyClose(make(chan *amqp.Error, 1))
+	if c.cfg.Setup != nil {
+		if err := c.cfg.Setup(ch); err != nil {
+			return fmt.Errorf("setup: %w", err)
+		}
+	}
+	if err := ch.Qos(c.cfg.Prefetch, 0, false); err != nil {
+		return fmt.Errorf("set prefetch: %w", err)
+	}
+	// The publisher's channel closes with the connection.
+	pub := &publisher{conn: conn, timeout: c.cfg.PublishTimeout}
+	if err := pub.open(); err != nil {
+		return err
+	}
+	tag := consumerTag(c.cfg.Name)
+	deliveries, err := ch.Consume(c.cfg.Queue, tag, false, false, false, false, nil)
+	if err != nil {
+		return fmt.Errorf("consume %q: %w", c.cfg.Queue, err)
+	}
+	onConnected()
+
+	// waitCtx ends on stop or connection loss and interrupts retry backoffs. workCtx
+	// outlives ctx: handlers, commits and confirms in flight when ctx ends may finish, until
+	// ShutdownTimeout.
+	waitCtx, cancelWait := context.WithCancel(ctx)
+	defer cancelWait()
+	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelWork()
+	s := &session{pub: pub, waitCtx: waitCtx, workCtx: workCtx, cancelled: make(chan struct{})}
+
+	var workers sync.WaitGroup
+	for range c.cfg.Concurrency {
+		workers.Go(func() { c.work(s, deliveries) })
+	}
+	workersDone := make(chan struct{})
+	go func() {
+		workers.Wait()
+		close(workersDone)
+	}()
+
+	var (
+		result     error
+		cancelling sync.WaitGroup
+	)
+	select {
+	case <-ctx.Done():
+		s.stopping.Store(true)
+		// Ask the broker to stop delivering. The delivery channel closes once the workers
+		// have handed back what was prefetched. Cancel is an RPC: in its own goroutine, so a
+		// silent broker cannot hold up the shutdown beyond ShutdownTimeout (closing the
+		// connection ends it).
+		cancelling.Go(func() {
+			defer close(s.cancelled)
+			if err := ch.Cancel(tag, false); err != nil {
+				c.log.DebugContext(ctx, "cancel subscription failed", slog.Any("error", err))
+			}
+		})
+	case amqpErr := <-connClosed:
+		result = fmt.Errorf("connection closed: %w", closeErr(amqpErr))
+	case amqpErr := <-chClosed:
+		result = fmt.Errorf("channel closed: %w", closeErr(amqpErr))
+	case <-workersDone:
+		result = errors.New("the broker cancelled the consumer (queue deleted?)")
+	}
+	cancelWait()
+
+	timer := time.NewTimer(c.cfg.ShutdownTimeout)
+	defer timer.Stop()
+	select {
+	case <-workersDone:
+	case <-timer.C:
+		c.log.WarnContext(ctx, "messages in hand did not finish in time; cancelling them",
+			slog.Duration("shutdown_timeout", c.cfg.ShutdownTimeout))
+		cancelWork()
+		// Closing the connection closes the delivery channel and hands every unacknowledged
+		// message back to the broker.
+		_ = conn.CloseDeadline(time.Now().Add(time.Second))
+		<-workersDone
+	}
+	_ = conn.CloseDeadline(time.Now().Add(5 * time.Second))
+	cancelling.Wait()
+	return result
+}
+
+// session is the state shared by the workers of one connection.
+type session struct {
+	pub     *publisher
+	waitCtx context.Context
+	workCtx context.Context
+	// stopping is set when Run's context ended; cancelled is closed once the broker
+	// confirmed the end of the subscription (or the attempt failed).
+	stopping  atomic.Bool
+	cancelled chan struct{}
+}
+
+// work handles deliveries until the delivery channel closes.
+func (c *Consumer) work(s *session, deliveries <-chan amqp.Delivery) {
+	for d := range deliveries {
+		if s.stopping.Load() {
+			// Stopping: hand prefetched messages back at once, for other consumers; after the
+			// subscription ended, or the broker would deliver them right back to us.
+			<-s.cancelled
+			_ = d.Nack(false, true)
+			continue
+		}
+		c.handle(s, d)
+	}
+}
+
+func (c *Consumer) dial(ctx context.Context) (*amqp.Connection, error) {
+	props := amqp.NewConnectionProperties()
+	props.SetClientConnectionName("outboxshop inbox " + c.cfg.Name)
+	return amqp.DialConfig(c.cfg.URL, amqp.Config{
+		Properties: props,
+		Dial: func(network, addr string) (net.Conn, error) {
+			d := net.Dialer{Timeout: dialTimeout}
+			conn, err := d.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			// Bounds the handshake; the library clears the deadline once connected.
+			if err := conn.SetDeadline(time.Now().Add(dialTimeout)); err != nil {
+				_ = conn.Close()
+				return nil, err
+			}
+			return conn, nil
+		},
+	})
+}
+
+func (c *Consumer) hookConnected(connected bool) {
+	if h := c.cfg.Hooks.Connected; h != nil {
+		h(c.cfg.Name, connected)
+	}
+}
+
+// closeErr turns a close notification into an error; a nil *amqp.Error (a clean close)
+// would otherwise become a non-nil error interface holding nil.
+func closeErr(err *amqp.Error) error {
+	if err == nil {
+		return amqp.ErrClosed
+	}
+	return err
+}
+
+// consumerTag is the name, followed by a random suffix, so the consumer is recognisable in
+// the broker's listings.
+func consumerTag(name string) string {
+	b := make([]byte, 6)
+	_, _ = crand.Read(b)
+	if len(name) > 200 {
+		name = name[:200]
+	}
+	return name + "-" + hex.EncodeToString(b)
+}
+
+// backoff returns base·2^n, at most limit, with equal jitter: between half and all of it.
+func backoff(base, limit time.Duration, n int) time.Duration {
+	d := limit
+	if n < 32 {
+		if b := base << n; b > 0 && b < limit {
+			d = b
+		}
+	}
+	half := d / 2
+	return half + rand.N(d-half+1)
+}
+
+// sleep waits for d or until ctx ends, and reports whether the whole wait passed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

@@ -1,0 +1,312 @@
+package rabbitmq_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/url"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxshop/outboxshop/pkg/inbox"
+	"github.com/outboxshop/outboxshop/pkg/inbox/internal/testinfra"
+	"github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
+)
+
+const routingKey = "orders.placed"
+
+// bundle is what a consumer test works with: a migrated database, a topology of its own
+// (an exchange and queue for the messages, another pair for dead letters), a confirming
+// publisher, and what the consumer's hooks and handler saw.
+type bundle struct {
+	dbURL   string
+	pool    *pgxpool.Pool
+	amqpURL string
+	top     testinfra.Topology
+	dead    testinfra.Topology
+	ch      *amqp.Channel // the test's own channel, in confirm mode
+	logs    *logStore
+	events  *events
+}
+
+func setup(t *testing.T) *bundle {
+	t.Helper()
+	ctx := context.Background()
+	b := &bundle{dbURL: testinfra.DatabaseURL(t), amqpURL: testinfra.AMQPURL(t), logs: &logStore{}, events: newEvents()}
+	pool, err := pgxpool.New(ctx, b.dbURL)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	b.pool = pool
+	require.NoError(t, inbox.Migrate(ctx, pool))
+	_, err = pool.Exec(ctx, `CREATE TABLE effects (message_id text NOT NULL, body text NOT NULL)`)
+	require.NoError(t, err)
+
+	b.top = testinfra.DeclareTopology(t, b.amqpURL)
+	b.dead = testinfra.DeclareTopology(t, b.amqpURL)
+	conn, err := amqp.Dial(b.amqpURL)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	b.ch, err = conn.Channel()
+	require.NoError(t, err)
+	require.NoError(t, b.ch.Confirm(false))
+	return b
+}
+
+// config returns a consumer config for the bundle's queue with short delays, the test logger
+// and hooks that record into b.events.
+func (b *bundle) config(h rabbitmq.Handler) rabbitmq.Config {
+	return rabbitmq.Config{
+		URL:                  b.amqpURL,
+		Queue:                b.top.Queue,
+		Name:                 "orders-projection",
+		Handler:              h,
+		Prefetch:             8,
+		MaxDeliveries:        3,
+		RetryDelay:           10 * time.Millisecond,
+		MaxRetryDelay:        50 * time.Millisecond,
+		ReconnectDelay:       20 * time.Millisecond,
+		MaxReconnectDelay:    200 * time.Millisecond,
+		ShutdownTimeout:      10 * time.Second,
+		DeadLetterExchange:   b.dead.Exchange,
+		DeadLetterRoutingKey: "dead",
+		Logger:               slog.New(&recordHandler{store: b.logs}),
+		Hooks:                b.events.hooks(),
+	}
+}
+
+// recordEffect is the usual test handler: one effects row per application.
+func recordEffect(ctx context.Context, tx pgx.Tx, d rabbitmq.Delivery) error {
+	_, err := tx.Exec(ctx, `INSERT INTO effects (message_id, body) VALUES ($1, $2)`, d.ID, string(d.Body))
+	return err
+}
+
+// run starts the consumer and returns a function that stops it and checks that Run returned
+// nil. The test's cleanup stops it too.
+func (b *bundle) run(t *testing.T, cfg rabbitmq.Config) (stop func()) {
+	t.Helper()
+	c, err := rabbitmq.NewConsumer(b.pool, cfg)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	stop = sync.OnceFunc(func() {
+		cancel()
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+		case <-time.After(30 * time.Second):
+			t.Error("Run did not return within 30s of its context being cancelled")
+		}
+	})
+	t.Cleanup(stop)
+	return stop
+}
+
+// publish publishes msg to the test exchange and waits for the broker's confirm.
+func (b *bundle) publish(t *testing.T, msg amqp.Publishing) {
+	t.Helper()
+	b.publishTo(t, b.top.Exchange, routingKey, msg)
+}
+
+func (b *bundle) publishTo(t *testing.T, exchange, key string, msg amqp.Publishing) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	confirm, err := b.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key, false, false, msg)
+	require.NoError(t, err)
+	acked, err := confirm.WaitContext(ctx)
+	require.NoError(t, err)
+	require.True(t, acked)
+}
+
+// jsonMessage is a well-formed message with the given id.
+func jsonMessage(id string) amqp.Publishing {
+	return amqp.Publishing{
+		MessageId:    id,
+		Type:         "order.placed",
+		ContentType:  "application/json",
+		DeliveryMode: amqp.Persistent,
+		Body:         []byte(`{"order_id":"` + id + `"}`),
+	}
+}
+
+// effects counts the effect rows of message id.
+func (b *bundle) effects(t *testing.T, id string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT count(*) FROM effects WHERE message_id = $1`, id).Scan(&n))
+	return n
+}
+
+// queueState returns the ready messages and consumers of queue.
+func (b *bundle) queueState(t *testing.T, queue string) (messages, consumers int) {
+	t.Helper()
+	q, err := b.ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	require.NoError(t, err)
+	return q.Messages, q.Consumers
+}
+
+// getOne waits for a message in queue and takes it.
+func (b *bundle) getOne(t *testing.T, queue string) amqp.Delivery {
+	t.Helper()
+	var got amqp.Delivery
+	testinfra.Eventually(t, 20*time.Second, func() bool {
+		d, ok, err := b.ch.Get(queue, true)
+		require.NoError(t, err)
+		got = d
+		return ok
+	}, "no message arrived in %s", queue)
+	return got
+}
+
+// events records what the hooks and handlers saw.
+type events struct {
+	mu           sync.Mutex
+	processed    int
+	duplicates   int
+	handlerErrs  int
+	retried      []int
+	deadLettered []string
+	connected    []bool
+	connectedCh  chan bool
+}
+
+func newEvents() *events { return &events{connectedCh: make(chan bool, 100)} }
+
+func (e *events) hooks() rabbitmq.Hooks {
+	return rabbitmq.Hooks{
+		Processed: func(_, _ string, duplicate bool, _ time.Duration) {
+			e.mu.Lock()
+			defer e.mu.Unlock()
+			if duplicate {
+				e.duplicates++
+			} else {
+				e.processed++
+			}
+		},
+		HandlerError: func(string, string, error) {
+			e.mu.Lock()
+			defer e.mu.Unlock()
+			e.handlerErrs++
+		},
+		Retried: func(_, _ string, n int) {
+			e.mu.Lock()
+			defer e.mu.Unlock()
+			e.retried = append(e.retried, n)
+		},
+		DeadLettered: func(_, _, reason string) {
+			e.mu.Lock()
+			defer e.mu.Unlock()
+			e.deadLettered = append(e.deadLettered, reason)
+		},
+		Connected: func(_ string, connected bool) {
+			e.mu.Lock()
+			e.connected = append(e.connected, connected)
+			e.mu.Unlock()
+			e.connectedCh <- connected
+		},
+	}
+}
+
+func (e *events) counts() (processed, duplicates int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.processed, e.duplicates
+}
+
+func (e *events) deadReasons() []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return slices.Clone(e.deadLettered)
+}
+
+// waitConnected waits for the Connected hook to report want.
+func (e *events) waitConnected(t *testing.T, want bool) {
+	t.Helper()
+	timeout := time.After(30 * time.Second)
+	for {
+		select {
+		case got := <-e.connectedCh:
+			if got == want {
+				return
+			}
+		case <-timeout:
+			t.Fatalf("the consumer never reported connected=%v", want)
+		}
+	}
+}
+
+// logStore keeps the records of every recordHandler derived from it.
+type logStore struct {
+	mu      sync.Mutex
+	records []logRecord
+}
+
+type logRecord struct {
+	level slog.Level
+	msg   string
+	attrs map[string]any
+}
+
+// find returns the records with message msg.
+func (s *logStore) find(msg string) []logRecord {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []logRecord
+	for _, r := range s.records {
+		if r.msg == msg {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// recordHandler is a slog.Handler that records into a logStore, keeping attributes added
+// with Logger.With.
+type recordHandler struct {
+	store *logStore
+	attrs []slog.Attr
+}
+
+func (h *recordHandler) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h *recordHandler) Handle(_ context.Context, r slog.Record) error {
+	attrs := make(map[string]any, len(h.attrs)+r.NumAttrs())
+	for _, a := range h.attrs {
+		attrs[a.Key] = a.Value.Any()
+	}
+	r.Attrs(func(a slog.Attr) bool {
+		attrs[a.Key] = a.Value.Any()
+		return true
+	})
+	h.store.mu.Lock()
+	defer h.store.mu.Unlock()
+	h.store.records = append(h.store.records, logRecord{level: r.Level, msg: r.Message, attrs: attrs})
+	return nil
+}
+
+func (h *recordHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return &recordHandler{store: h.store, attrs: append(slices.Clone(h.attrs), as...)}
+}
+
+func (h *recordHandler) WithGroup(string) slog.Handler { return h }
+
+// hostPort returns the host:port of an AMQP URL.
+func hostPort(t *testing.T, rawURL string) string {
+	t.Helper()
+	u, err := url.Parse(rawURL)
+	require.NoError(t, err)
+	if u.Port() == "" {
+		return u.Hostname() + ":5672"
+	}
+	return u.Host
+}
+
+var errTransient = errors.New("transient failure")
