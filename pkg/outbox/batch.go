@@ -64,16 +64,20 @@ WHERE o.id = f.id`
 // back: every claimed row is pending again, and rows the broker had already confirmed are
 // published a second time (at-least-once; the inbox absorbs the duplicate).
 func (r *Relay) PublishBatch(ctx context.Context) (int, error) {
+	// Until rows are claimed, cancelling ctx may abort the cycle: nothing is held yet.
+	claimCtx, cancelClaim := context.WithTimeout(ctx, r.cfg.PublishTimeout)
+	defer cancelClaim()
+	// After that, the cycle runs to its end on a context of its own, bounded in time.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.PublishTimeout+30*time.Second)
 	defer cancel()
 
-	tx, err := r.pool.Begin(ctx)
+	tx, err := r.pool.Begin(claimCtx)
 	if err != nil {
 		return 0, databaseError{fmt.Errorf("claim outbox batch: begin: %w", err)}
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // no-op after commit
 
-	msgs, unreadable, err := claim(ctx, tx, r.cfg.BatchSize)
+	msgs, unreadable, err := claim(claimCtx, tx, r.cfg.BatchSize)
 	if err != nil {
 		return 0, databaseError{fmt.Errorf("claim outbox batch: %w", err)}
 	}

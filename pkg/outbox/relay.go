@@ -202,6 +202,9 @@ func (r *Relay) Run(ctx context.Context) error {
 			return nil
 		}
 		n, err := r.PublishBatch(ctx)
+		if ctx.Err() != nil {
+			continue // stopping: an error caused by the cancellation is no outage
+		}
 		wakeUp := wake
 		var wait time.Duration
 		switch {
