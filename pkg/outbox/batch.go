@@ -160,7 +160,7 @@ func (r *Relay) publish(ctx context.Context, msgs []Message, unreadable map[int]
 			continue
 		}
 		if len(m.Payload) > r.cfg.MaxMessageBytes {
-			outcomes[i] = Permanent(fmt.Errorf("payload of %d bytes exceeds MaxMessageBytes %d", len(m.Payload), r.cfg.MaxMessageBytes))
+			outcomes[i] = Permanent(fmt.Errorf("%w: payload of %d bytes exceeds MaxMessageBytes %d", ErrTooLarge, len(m.Payload), r.cfg.MaxMessageBytes))
 			continue
 		}
 		send = append(send, m)

@@ -32,6 +32,8 @@ var (
 	ErrUnavailable = errors.New("broker unavailable")
 	// ErrNotSent marks a message the publisher did not send, through no fault of its own.
 	ErrNotSent = errors.New("message not sent")
+	// ErrTooLarge is wrapped (as a permanent error) for a payload over Config.MaxMessageBytes.
+	ErrTooLarge = errors.New("message too large")
 )
 
 type permanentError struct{ err error }

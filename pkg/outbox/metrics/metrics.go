@@ -1,0 +1,279 @@
+// Package metrics exposes a relay's and an outbox table's state as Prometheus metrics.
+//
+// Two halves, for two kinds of process:
+//
+//   - [Relay] turns a relay's [outbox.Hooks] and its RabbitMQ publisher's hooks into counters,
+//     histograms and gauges. Register it in the relay process.
+//   - [Stats] reads the backlog, the age of its oldest row and the dead rows with
+//     [outbox.ReadStats] at an interval. Run it in a process that is not the relay (the API,
+//     say), so that the backlog of a dead relay is still seen; reading at an interval, not on
+//     scrape, keeps the query's cost fixed however often Prometheus scrapes.
+//
+// Everything is registered on the [prometheus.Registerer] passed in; nothing is global.
+// The metric names are listed in docs/metrics.md of the outboxshop repository.
+package metrics
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/outboxshop/outboxshop/pkg/outbox"
+	"github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq"
+)
+
+// Publish error reasons, the values of the reason label.
+const (
+	ReasonUnroutable  = "unroutable"
+	ReasonNacked      = "nacked"
+	ReasonTooLarge    = "too_large"
+	ReasonPermanent   = "permanent"
+	ReasonUnavailable = "unavailable"
+	ReasonOther       = "other"
+)
+
+var states = []outbox.State{outbox.StateStarting, outbox.StateRunning, outbox.StateBrokerUnavailable,
+	outbox.StateDatabaseUnavailable, outbox.StateStopped}
+
+// Relay holds a relay's metrics.
+type Relay struct {
+	published     prometheus.Counter
+	errors        *prometheus.CounterVec
+	retries       prometheus.Counter
+	dead          prometheus.Counter
+	latency       prometheus.Histogram
+	batchSize     prometheus.Histogram
+	lastPoll      prometheus.Gauge
+	lastPublish   prometheus.Gauge
+	state         *prometheus.GaugeVec
+	connected     prometheus.Gauge
+	reconnects    prometheus.Counter
+	everConnected bool
+}
+
+// NewRelay registers a relay's metrics on reg; constLabels (say, service="orders") go on
+// every one of them.
+func NewRelay(reg prometheus.Registerer, constLabels prometheus.Labels) (*Relay, error) {
+	opts := func(name, help string) prometheus.Opts {
+		return prometheus.Opts{Namespace: "outbox", Name: name, Help: help, ConstLabels: constLabels}
+	}
+	m := &Relay{
+		published: prometheus.NewCounter(prometheus.CounterOpts(opts("published_total", "Rows confirmed by the broker and marked published."))),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts(opts("publish_errors_total",
+			"Failed publish attempts by reason; unavailable counts rows left untouched by a broker outage.")), []string{"reason"}),
+		retries: prometheus.NewCounter(prometheus.CounterOpts(opts("retries_total", "Failed rows scheduled for another attempt."))),
+		dead:    prometheus.NewCounter(prometheus.CounterOpts(opts("dead_total", "Rows this relay marked dead."))),
+		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "outbox", Name: "commit_to_confirm_seconds", ConstLabels: constLabels,
+			Help:    "Time from a row's creation (the start of its transaction) to its broker confirm.",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300},
+		}),
+		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "outbox", Name: "batch_size", ConstLabels: constLabels,
+			Help:    "Rows claimed by a non-empty relay cycle.",
+			Buckets: []float64{1, 2, 5, 10, 25, 50, 100, 250, 500, 1000},
+		}),
+		lastPoll: prometheus.NewGauge(prometheus.GaugeOpts(opts("last_poll_timestamp_seconds",
+			"Unix time of the last successful claim, idle or not."))),
+		lastPublish: prometheus.NewGauge(prometheus.GaugeOpts(opts("last_publish_timestamp_seconds",
+			"Unix time of the last published batch."))),
+		state: prometheus.NewGaugeVec(prometheus.GaugeOpts(opts("relay_state",
+			"1 for the relay's current state, 0 for the others.")), []string{"state"}),
+		connected:  prometheus.NewGauge(prometheus.GaugeOpts(opts("broker_connected", "1 while the publisher has a broker connection."))),
+		reconnects: prometheus.NewCounter(prometheus.CounterOpts(opts("broker_reconnects_total", "Successful broker connects after the first."))),
+	}
+	for _, c := range []prometheus.Collector{m.published, m.errors, m.retries, m.dead, m.latency, m.batchSize,
+		m.lastPoll, m.lastPublish, m.state, m.connected, m.reconnects} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	for _, r := range []string{ReasonUnroutable, ReasonNacked, ReasonTooLarge, ReasonPermanent, ReasonUnavailable, ReasonOther} {
+		m.errors.WithLabelValues(r) // every series exists from the start, so rate() sees the first error
+	}
+	m.setState(outbox.StateStarting)
+	return m, nil
+}
+
+// Hooks returns h with the metric updates added; h's own callbacks (a Failpoint, say) still run.
+func (m *Relay) Hooks(h outbox.Hooks) outbox.Hooks {
+	polled, done, changed := h.Polled, h.BatchDone, h.StateChanged
+	h.Polled = func(ctx context.Context, n int) {
+		m.lastPoll.SetToCurrentTime()
+		if n > 0 {
+			m.batchSize.Observe(float64(n))
+		}
+		if polled != nil {
+			polled(ctx, n)
+		}
+	}
+	h.BatchDone = func(ctx context.Context, b outbox.BatchResult) {
+		m.observe(b)
+		if done != nil {
+			done(ctx, b)
+		}
+	}
+	h.StateChanged = func(from, to outbox.State, err error) {
+		m.setState(to)
+		if changed != nil {
+			changed(from, to, err)
+		}
+	}
+	return h
+}
+
+func (m *Relay) observe(b outbox.BatchResult) {
+	if n := len(b.Published); n > 0 {
+		m.published.Add(float64(n))
+		m.lastPublish.Set(float64(b.ConfirmedAt.UnixNano()) / 1e9)
+		for _, msg := range b.Published {
+			m.latency.Observe(b.ConfirmedAt.Sub(msg.CreatedAt).Seconds())
+		}
+	}
+	for _, f := range b.Failed {
+		m.errors.WithLabelValues(Reason(f.Err)).Inc()
+		if f.Dead {
+			m.dead.Inc()
+		} else {
+			m.retries.Inc()
+		}
+	}
+	if b.Untouched > 0 {
+		m.errors.WithLabelValues(ReasonUnavailable).Add(float64(b.Untouched))
+	}
+}
+
+func (m *Relay) setState(s outbox.State) {
+	for _, st := range states {
+		v := 0.0
+		if st == s {
+			v = 1
+		}
+		m.state.WithLabelValues(string(st)).Set(v)
+	}
+}
+
+// PublisherHooks returns hooks for the RabbitMQ publisher: connection state and reconnects.
+// The publisher calls them from one goroutine at a time.
+func (m *Relay) PublisherHooks() rabbitmq.Hooks {
+	return rabbitmq.Hooks{Connected: func(up bool) {
+		if up {
+			m.connected.Set(1)
+			if m.everConnected {
+				m.reconnects.Inc()
+			}
+			m.everConnected = true
+			return
+		}
+		m.connected.Set(0)
+	}}
+}
+
+// Reason classifies a publish error for the reason label.
+func Reason(err error) string {
+	switch {
+	case errors.Is(err, rabbitmq.ErrUnroutable):
+		return ReasonUnroutable
+	case errors.Is(err, rabbitmq.ErrNacked):
+		return ReasonNacked
+	case errors.Is(err, outbox.ErrTooLarge):
+		return ReasonTooLarge
+	case errors.Is(err, outbox.ErrUnavailable), errors.Is(err, outbox.ErrNotSent):
+		return ReasonUnavailable
+	case outbox.IsPermanent(err):
+		return ReasonPermanent
+	default:
+		return ReasonOther
+	}
+}
+
+// Stats polls the outbox table's state.
+type Stats struct {
+	db          outbox.DBTX
+	interval    time.Duration
+	log         *slog.Logger
+	pending     prometheus.Gauge
+	oldestAge   prometheus.Gauge
+	dead        prometheus.Gauge
+	lastSuccess prometheus.Gauge
+}
+
+// StatsConfig tunes [Stats].
+type StatsConfig struct {
+	// Interval between reads. Default 5s.
+	Interval time.Duration
+	// ConstLabels go on every metric.
+	ConstLabels prometheus.Labels
+	// Logger receives read errors. nil discards.
+	Logger *slog.Logger
+}
+
+// NewStats registers the table metrics on reg. Call [Stats.Run] to keep them fresh.
+func NewStats(reg prometheus.Registerer, db outbox.DBTX, cfg StatsConfig) (*Stats, error) {
+	opts := func(name, help string) prometheus.GaugeOpts {
+		return prometheus.GaugeOpts{Namespace: "outbox", Name: name, Help: help, ConstLabels: cfg.ConstLabels}
+	}
+	s := &Stats{
+		db: db, interval: cmp.Or(cfg.Interval, 5*time.Second), log: cfg.Logger,
+		pending:     prometheus.NewGauge(opts("pending_messages", "Outbox rows not yet published and not dead (the backlog).")),
+		oldestAge:   prometheus.NewGauge(opts("oldest_pending_age_seconds", "Age of the oldest pending outbox row; 0 when none.")),
+		dead:        prometheus.NewGauge(opts("dead_messages", "Outbox rows that gave up.")),
+		lastSuccess: prometheus.NewGauge(opts("stats_last_success_timestamp_seconds", "Unix time the outbox table was last read.")),
+	}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	for _, c := range []prometheus.Collector{s.pending, s.oldestAge, s.dead, s.lastSuccess} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// Refresh reads the table once.
+func (s *Stats) Refresh(ctx context.Context) error {
+	st, err := outbox.ReadStats(ctx, s.db)
+	if err != nil {
+		return err
+	}
+	s.pending.Set(float64(st.Pending))
+	s.dead.Set(float64(st.Dead))
+	age := 0.0
+	if !st.OldestPending.IsZero() {
+		age = max(0, time.Since(st.OldestPending).Seconds())
+	}
+	s.oldestAge.Set(age)
+	s.lastSuccess.SetToCurrentTime()
+	return nil
+}
+
+// Run refreshes the metrics every interval until ctx is cancelled, then returns nil. A failed
+// read is logged once per failure streak and leaves the last values (the last-success
+// timestamp shows their age).
+func (s *Stats) Run(ctx context.Context) error {
+	t := time.NewTicker(s.interval)
+	defer t.Stop()
+	failing := false
+	for {
+		err := s.Refresh(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case err != nil && !failing:
+			s.log.WarnContext(ctx, "outbox stats unavailable", "error", err)
+		case err == nil && failing:
+			s.log.InfoContext(ctx, "outbox stats available again")
+		}
+		failing = err != nil
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
