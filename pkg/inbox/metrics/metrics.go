@@ -1,0 +1,166 @@
+// Package metrics exposes a RabbitMQ inbox consumer's work as Prometheus metrics.
+//
+// [Consumer] turns the consumer runner's hooks into counters and a histogram labelled by
+// consumer name and message type, and exports the inbox retention beside the longest
+// redelivery window, so that an alert can fire when a duplicate could outlive its inbox row.
+// Everything is registered on the [prometheus.Registerer] passed in; nothing is global.
+// The metric names are listed in docs/metrics.md of the outboxshop repository.
+package metrics
+
+import (
+	"slices"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
+)
+
+// OtherType is the type label of messages whose type is not in Config.KnownTypes: a producer
+// cannot blow up the number of series by inventing types.
+const OtherType = "other"
+
+// Config configures [NewConsumer].
+type Config struct {
+	// KnownTypes are the message types that get a label value of their own.
+	KnownTypes []string
+	// ConstLabels go on every metric (say, service="warehouse").
+	ConstLabels prometheus.Labels
+}
+
+// Consumer holds an inbox consumer's metrics.
+type Consumer struct {
+	known      []string
+	processed  *prometheus.CounterVec
+	duplicates *prometheus.CounterVec
+	errors     *prometheus.CounterVec
+	retries    *prometheus.CounterVec
+	dead       *prometheus.CounterVec
+	duration   *prometheus.HistogramVec
+	connected  *prometheus.GaugeVec
+	retention  *prometheus.GaugeVec
+	window     *prometheus.GaugeVec
+}
+
+// NewConsumer registers the consumer metrics on reg.
+func NewConsumer(reg prometheus.Registerer, cfg Config) (*Consumer, error) {
+	labels := []string{"consumer", "type"}
+	counter := func(name, help string, extra ...string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "inbox", Name: name, Help: help, ConstLabels: cfg.ConstLabels},
+			append(slices.Clone(labels), extra...))
+	}
+	gauge := func(name, help string) *prometheus.GaugeVec {
+		return prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "inbox", Name: name, Help: help, ConstLabels: cfg.ConstLabels},
+			[]string{"consumer"})
+	}
+	m := &Consumer{
+		known:      slices.Clone(cfg.KnownTypes),
+		processed:  counter("messages_processed_total", "Messages applied and committed."),
+		duplicates: counter("duplicates_total", "Deliveries skipped because the message was already processed."),
+		errors:     counter("handler_errors_total", "Failed attempts: handler or database errors."),
+		retries:    counter("retries_total", "Messages sent back for another attempt."),
+		dead:       counter("dead_lettered_total", "Messages sent to the dead-letter queue.", "reason"),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "inbox", Name: "handler_duration_seconds", ConstLabels: cfg.ConstLabels,
+			Help:    "Time from receipt to acknowledgement of a processed or duplicate message.",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+		}, labels),
+		connected: gauge("broker_connected", "1 while the consumer is consuming."),
+		retention: gauge("retention_seconds", "How long processed message ids are kept."),
+		window:    gauge("redelivery_window_seconds", "The longest time in which a duplicate can still arrive."),
+	}
+	for _, c := range []prometheus.Collector{m.processed, m.duplicates, m.errors, m.retries, m.dead, m.duration,
+		m.connected, m.retention, m.window} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// Init creates the series of a consumer at zero, so that rate() and absent() work before
+// the first message.
+func (m *Consumer) Init(consumer string) {
+	for _, t := range append(slices.Clone(m.known), OtherType) {
+		m.processed.WithLabelValues(consumer, t)
+		m.duplicates.WithLabelValues(consumer, t)
+		m.errors.WithLabelValues(consumer, t)
+		m.retries.WithLabelValues(consumer, t)
+	}
+	m.connected.WithLabelValues(consumer)
+}
+
+// SetWindow exports a consumer's inbox retention and the longest time a duplicate can still
+// arrive through it (its own retries plus its producers' relay retries). An alert compares
+// them: retention must be longer.
+func (m *Consumer) SetWindow(consumer string, retention, redelivery time.Duration) {
+	m.retention.WithLabelValues(consumer).Set(retention.Seconds())
+	m.window.WithLabelValues(consumer).Set(redelivery.Seconds())
+}
+
+func (m *Consumer) typ(t string) string {
+	if slices.Contains(m.known, t) {
+		return t
+	}
+	return OtherType
+}
+
+// Hooks returns h with the metric updates added; h's own callbacks still run.
+func (m *Consumer) Hooks(h rabbitmq.Hooks) rabbitmq.Hooks {
+	processed, handlerErr, retried, dead, connected := h.Processed, h.HandlerError, h.Retried, h.DeadLettered, h.Connected
+	h.Processed = func(consumer, msgType string, duplicate bool, d time.Duration) {
+		t := m.typ(msgType)
+		if duplicate {
+			m.duplicates.WithLabelValues(consumer, t).Inc()
+		} else {
+			m.processed.WithLabelValues(consumer, t).Inc()
+		}
+		m.duration.WithLabelValues(consumer, t).Observe(d.Seconds())
+		if processed != nil {
+			processed(consumer, msgType, duplicate, d)
+		}
+	}
+	h.HandlerError = func(consumer, msgType string, err error) {
+		m.errors.WithLabelValues(consumer, m.typ(msgType)).Inc()
+		if handlerErr != nil {
+			handlerErr(consumer, msgType, err)
+		}
+	}
+	h.Retried = func(consumer, msgType string, n int) {
+		m.retries.WithLabelValues(consumer, m.typ(msgType)).Inc()
+		if retried != nil {
+			retried(consumer, msgType, n)
+		}
+	}
+	h.DeadLettered = func(consumer, msgType, reason string) {
+		m.dead.WithLabelValues(consumer, m.typ(msgType), reason).Inc()
+		if dead != nil {
+			dead(consumer, msgType, reason)
+		}
+	}
+	h.Connected = func(consumer string, up bool) {
+		v := 0.0
+		if up {
+			v = 1
+		}
+		m.connected.WithLabelValues(consumer).Set(v)
+		if connected != nil {
+			connected(consumer, up)
+		}
+	}
+	return h
+}
+
+// RetryWindow is the longest a message can spend in n attempts with exponential backoff
+// from base, each wait capped at max: the sum of the n-1 waits between them.
+func RetryWindow(attempts int, base, max time.Duration) time.Duration {
+	var total time.Duration
+	d := base
+	for i := 1; i < attempts; i++ {
+		total += min(d, max)
+		if d < max {
+			d *= 2
+		}
+	}
+	return total
+}

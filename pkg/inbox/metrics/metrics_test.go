@@ -1,0 +1,115 @@
+package metrics_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxshop/outboxshop/pkg/inbox"
+	"github.com/outboxshop/outboxshop/pkg/inbox/internal/testinfra"
+	"github.com/outboxshop/outboxshop/pkg/inbox/metrics"
+	"github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
+)
+
+func TestMain(m *testing.M) { testinfra.Main(m) }
+
+func TestConsumerMetrics(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testinfra.NewPool(t)
+	require.NoError(t, inbox.Migrate(ctx, pool))
+	url := testinfra.AMQPURL(t)
+	top := testinfra.DeclareTopology(t, url)
+	dead := testinfra.DeclareTopology(t, url)
+
+	reg := prometheus.NewPedanticRegistry()
+	m, err := metrics.NewConsumer(reg, metrics.Config{KnownTypes: []string{"OrderCreated"}, ConstLabels: prometheus.Labels{"service": "test"}})
+	require.NoError(t, err)
+	m.Init("warehouse")
+	m.SetWindow("warehouse", 7*24*time.Hour, metrics.RetryWindow(5, time.Second, 30*time.Second))
+
+	c, err := rabbitmq.NewConsumer(pool, rabbitmq.Config{
+		URL: url, Queue: top.Queue, Name: "warehouse",
+		DeadLetterExchange: dead.Exchange, DeadLetterRoutingKey: "dead",
+		Handler: func(context.Context, pgx.Tx, rabbitmq.Delivery) error { return nil },
+		Hooks:   m.Hooks(rabbitmq.Hooks{}),
+	})
+	require.NoError(t, err)
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx) }()
+	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+
+	conn, err := amqp.Dial(url)
+	require.NoError(t, err)
+	defer conn.Close()
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	publish := func(p amqp.Publishing) {
+		p.ContentType = "application/json"
+		require.NoError(t, ch.PublishWithContext(ctx, top.Exchange, "k", false, false, p))
+	}
+	publish(amqp.Publishing{MessageId: "m1", Type: "OrderCreated", Body: []byte(`{}`)})
+	publish(amqp.Publishing{MessageId: "m1", Type: "OrderCreated", Body: []byte(`{}`)}) // duplicate
+	publish(amqp.Publishing{MessageId: "m2", Type: "Invented" + t.Name(), Body: []byte(`{}`)})
+	publish(amqp.Publishing{MessageId: "m3", Type: "OrderCreated", Body: []byte(`{not json`)})
+
+	testinfra.Eventually(t, 20*time.Second, func() bool {
+		n, _ := testutil.GatherAndCount(reg, "inbox_dead_lettered_total")
+		return n == 1 && value(t, reg, "inbox_duplicates_total", "OrderCreated") == 1 &&
+			value(t, reg, "inbox_messages_processed_total", metrics.OtherType) == 1
+	}, "messages counted")
+
+	require.Equal(t, 1.0, value(t, reg, "inbox_messages_processed_total", "OrderCreated"))
+	require.Equal(t, 1.0, value(t, reg, "inbox_broker_connected", ""))
+	expected := `
+# HELP inbox_dead_lettered_total Messages sent to the dead-letter queue.
+# TYPE inbox_dead_lettered_total counter
+inbox_dead_lettered_total{consumer="warehouse",reason="malformed-json",service="test",type="OrderCreated"} 1
+# HELP inbox_retention_seconds How long processed message ids are kept.
+# TYPE inbox_retention_seconds gauge
+inbox_retention_seconds{consumer="warehouse",service="test"} 604800
+# HELP inbox_redelivery_window_seconds The longest time in which a duplicate can still arrive.
+# TYPE inbox_redelivery_window_seconds gauge
+inbox_redelivery_window_seconds{consumer="warehouse",service="test"} 15
+`
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(expected),
+		"inbox_dead_lettered_total", "inbox_retention_seconds", "inbox_redelivery_window_seconds"))
+	problems, err := testutil.GatherAndLint(reg)
+	require.NoError(t, err)
+	require.Empty(t, problems)
+}
+
+func TestRetryWindow(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, time.Duration(0), metrics.RetryWindow(1, time.Second, time.Minute))
+	require.Equal(t, 7*time.Second, metrics.RetryWindow(4, time.Second, time.Minute)) // 1+2+4
+	require.Equal(t, 17*time.Second, metrics.RetryWindow(6, time.Second, 5*time.Second)) // 1+2+4+5+5
+}
+
+// value reads the series of family name whose type label is typ (any series when typ is "").
+func value(t *testing.T, reg *prometheus.Registry, name, typ string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if typ == "" || l.GetName() == "type" && l.GetValue() == typ {
+					return m.GetCounter().GetValue() + m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
