@@ -90,7 +90,7 @@ inbox_redelivery_window_seconds{consumer="warehouse",service="test"} 15
 func TestRetryWindow(t *testing.T) {
 	t.Parallel()
 	require.Equal(t, time.Duration(0), metrics.RetryWindow(1, time.Second, time.Minute))
-	require.Equal(t, 7*time.Second, metrics.RetryWindow(4, time.Second, time.Minute)) // 1+2+4
+	require.Equal(t, 7*time.Second, metrics.RetryWindow(4, time.Second, time.Minute))    // 1+2+4
 	require.Equal(t, 17*time.Second, metrics.RetryWindow(6, time.Second, 5*time.Second)) // 1+2+4+5+5
 }
 
