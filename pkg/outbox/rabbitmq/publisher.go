@@ -318,10 +318,13 @@ func (p *Publisher) setUp(up bool, cause error) {
 	changed := up != p.up
 	p.up = up
 	if changed {
-		if up {
+		switch {
+		case up:
 			p.cfg.Logger.Info("rabbitmq publisher connected", "connection_name", p.cfg.ConnectionName)
-		} else {
-			p.cfg.Logger.Warn("rabbitmq publisher disconnected", "error", cause)
+		case cause == nil:
+			p.cfg.Logger.Info("rabbitmq publisher closed its connection", "connection_name", p.cfg.ConnectionName)
+		default:
+			p.cfg.Logger.Warn("rabbitmq publisher disconnected", "connection_name", p.cfg.ConnectionName, "error", cause)
 		}
 	}
 	if h := p.cfg.Hooks.Connected; h != nil && (changed || !up) {
