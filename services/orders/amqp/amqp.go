@@ -1,0 +1,156 @@
+// Package amqp is the orders service's RabbitMQ adapter: the topology it declares at start-up
+// (docs/events.md, "Topology") and the handler of the warehouse's stock events, run by the
+// pkg/inbox/rabbitmq consumer.
+package amqp
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outboxshop/outboxshop/pkg/inbox"
+	"github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
+	"github.com/outboxshop/outboxshop/services/orders"
+)
+
+// ConsumerName is the inbox consumer name of the stock-event handler. Keep it stable: the
+// inbox deduplicates per name.
+const ConsumerName = "orders"
+
+// Default topology names, from docs/events.md.
+const (
+	DefaultExchange           = "shop.events"
+	DefaultDeadLetterExchange = "shop.dlx"
+	DefaultQueue              = "orders.stock"
+	DefaultDeadQueue          = "orders.stock.dead"
+	DefaultDeliveryLimit      = 20
+)
+
+// Topology is what the orders service declares on the broker: the events exchange (topic), the
+// dead-letter exchange (direct), its queue of stock events bound to stock.reserved,
+// stock.rejected and stock.released, and the queue of its dead letters, bound to the
+// dead-letter exchange with the queue's name. Zero fields take the defaults above.
+type Topology struct {
+	Exchange           string
+	DeadLetterExchange string
+	Queue              string
+	DeadQueue          string
+	// DeliveryLimit is the quorum queues' x-delivery-limit: the broker's own bound on
+	// redeliveries of a message that kills its consumer (the consumer counts its retries
+	// itself).
+	DeliveryLimit int
+}
+
+// WithDefaults returns t with its zero fields set to the defaults.
+func (t Topology) WithDefaults() Topology {
+	t.Exchange = cmp.Or(t.Exchange, DefaultExchange)
+	t.DeadLetterExchange = cmp.Or(t.DeadLetterExchange, DefaultDeadLetterExchange)
+	t.Queue = cmp.Or(t.Queue, DefaultQueue)
+	t.DeadQueue = cmp.Or(t.DeadQueue, DefaultDeadQueue)
+	t.DeliveryLimit = cmp.Or(t.DeliveryLimit, DefaultDeliveryLimit)
+	return t
+}
+
+// StockRoutingKeys are the routing keys the orders queue is bound to.
+var StockRoutingKeys = []string{orders.RoutingKeyStockReserved, orders.RoutingKeyStockRejected, orders.RoutingKeyStockReleased}
+
+// Declare declares the topology. Every declaration is idempotent, so it runs on every
+// (re)connect, as the Setup of both the outbox publisher and the inbox consumer.
+func (t Topology) Declare(ch *amqp.Channel) error {
+	t = t.WithDefaults()
+	if err := ch.ExchangeDeclare(t.Exchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
+		return fmt.Errorf("declare exchange %s: %w", t.Exchange, err)
+	}
+	if err := ch.ExchangeDeclare(t.DeadLetterExchange, amqp.ExchangeDirect, true, false, false, false, nil); err != nil {
+		return fmt.Errorf("declare dead-letter exchange %s: %w", t.DeadLetterExchange, err)
+	}
+	if _, err := ch.QueueDeclare(t.DeadQueue, true, false, false, false, amqp.Table{
+		amqp.QueueTypeArg: amqp.QueueTypeQuorum,
+	}); err != nil {
+		return fmt.Errorf("declare queue %s: %w", t.DeadQueue, err)
+	}
+	if err := ch.QueueBind(t.DeadQueue, t.Queue, t.DeadLetterExchange, false, nil); err != nil {
+		return fmt.Errorf("bind queue %s: %w", t.DeadQueue, err)
+	}
+	if _, err := ch.QueueDeclare(t.Queue, true, false, false, false, amqp.Table{
+		amqp.QueueTypeArg:  amqp.QueueTypeQuorum,
+		"x-delivery-limit": int32(t.DeliveryLimit),
+		// A message dropped by the broker at the delivery limit goes to the dead letters too.
+		"x-dead-letter-exchange":    t.DeadLetterExchange,
+		"x-dead-letter-routing-key": t.Queue,
+	}); err != nil {
+		return fmt.Errorf("declare queue %s: %w", t.Queue, err)
+	}
+	for _, key := range StockRoutingKeys {
+		if err := ch.QueueBind(t.Queue, key, t.Exchange, false, nil); err != nil {
+			return fmt.Errorf("bind queue %s to %s: %w", t.Queue, key, err)
+		}
+	}
+	return nil
+}
+
+// StockApplier applies a stock event to its order inside the inbox transaction.
+// *postgres.Store implements it.
+type StockApplier interface {
+	ApplyStockUpdate(ctx context.Context, tx pgx.Tx, u orders.StockUpdate) (orders.StockOutcome, error)
+}
+
+// NewHandler returns the inbox handler of the stock events: StockReserved, StockRejected and
+// StockReleased move their order per the saga; an illegal transition or an unknown order is
+// logged and acknowledged; an unknown event type, an unsupported version or a body that is not
+// such an event is dead-lettered (inbox.Permanent) with the reason.
+func NewHandler(store StockApplier, log *slog.Logger) rabbitmq.Handler {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return func(ctx context.Context, tx pgx.Tx, d rabbitmq.Delivery) error {
+		u, err := decodeStockEvent(d)
+		if err != nil {
+			log.WarnContext(ctx, "stock event dead-lettered", "message_id", d.ID, "event", d.Type, "error", err)
+			return inbox.Permanent(err)
+		}
+		attrs := []any{"order_id", u.OrderID, "message_id", d.ID, "event", u.Event, "correlation_id", d.CorrelationID}
+		out, err := store.ApplyStockUpdate(ctx, tx, u)
+		switch {
+		case err != nil:
+			return fmt.Errorf("apply %s to order %s: %w", u.Event, u.OrderID, err)
+		case !out.Found:
+			log.WarnContext(ctx, "stock event for an unknown order: acknowledged, nothing changed", attrs...)
+		case !out.Applied:
+			log.WarnContext(ctx, "illegal transition: acknowledged, nothing changed", append(attrs, "from", out.From)...)
+		default:
+			log.InfoContext(ctx, "order status changed", append(attrs, "from", out.From, "to", out.To)...)
+		}
+		return nil
+	}
+}
+
+var errNotStockEvent = errors.New("not a stock event")
+
+// decodeStockEvent reads a delivery as a stock event of a version this service understands.
+func decodeStockEvent(d rabbitmq.Delivery) (orders.StockUpdate, error) {
+	switch d.Type {
+	case orders.EventStockReserved, orders.EventStockRejected, orders.EventStockReleased:
+	default:
+		return orders.StockUpdate{}, fmt.Errorf("%w: unknown event type %q", errNotStockEvent, d.Type)
+	}
+	var ev orders.StockEvent
+	if err := json.Unmarshal(d.Body, &ev); err != nil {
+		return orders.StockUpdate{}, fmt.Errorf("%w: decode %s: %w", errNotStockEvent, d.Type, err)
+	}
+	if ev.Version != orders.EventVersion {
+		return orders.StockUpdate{}, fmt.Errorf("%w: unsupported version %d of %s (want %d)", errNotStockEvent, ev.Version, d.Type, orders.EventVersion)
+	}
+	id, err := uuid.Parse(ev.OrderID)
+	if err != nil {
+		return orders.StockUpdate{}, fmt.Errorf("%w: %s: order_id %q: %w", errNotStockEvent, d.Type, ev.OrderID, err)
+	}
+	return orders.StockUpdate{Event: d.Type, OrderID: id, Reason: ev.Reason, MessageID: d.ID}, nil
+}

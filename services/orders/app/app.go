@@ -1,0 +1,432 @@
+// Package app wires the orders service: it connects to PostgreSQL (creating and migrating the
+// database), declares the RabbitMQ topology, and runs the API, the stock-event consumer and the
+// outbox relay, in the combinations of the binary's subcommands (Mode).
+//
+// Tests start an App on 127.0.0.1:0 in-process:
+//
+//	cfg := app.DefaultConfig()
+//	cfg.DatabaseURL, cfg.AMQPURL, cfg.HTTPAddr = dbURL, amqpURL, "127.0.0.1:0"
+//	a, err := app.New(cfg, app.ModeAll, app.Options{Logger: log})
+//	err = a.Start(ctx)     // listening when it returns
+//	resp, err := http.Get(a.URL() + "/orders/…")
+//	err = a.Stop()         // graceful; returns the first error of a component
+package app
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/outboxshop/outboxshop/internal/failpoint"
+	"github.com/outboxshop/outboxshop/internal/httpserver"
+	"github.com/outboxshop/outboxshop/pkg/inbox"
+	inboxrabbitmq "github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
+	"github.com/outboxshop/outboxshop/pkg/outbox"
+	outboxrabbitmq "github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq"
+	ordersamqp "github.com/outboxshop/outboxshop/services/orders/amqp"
+	ordershttp "github.com/outboxshop/outboxshop/services/orders/http"
+	"github.com/outboxshop/outboxshop/services/orders/postgres"
+)
+
+// Mode selects what an App runs.
+type Mode string
+
+const (
+	// ModeAPI runs the HTTP API and the consumer of the stock events (`orders api`).
+	ModeAPI Mode = "api"
+	// ModeRelay runs the outbox relay and its cleanup, with /healthz, /readyz and /metrics on
+	// RelayHTTPAddr (`orders relay`).
+	ModeRelay Mode = "relay"
+	// ModeAll runs everything in one process (`orders all`).
+	ModeAll Mode = "all"
+)
+
+// FailpointAfterCommit is the API's crash point: the POST /orders transaction committed, the
+// answer is not written yet.
+const FailpointAfterCommit = "api.after-commit"
+
+// Options are the parts of an App that do not come from the environment.
+type Options struct {
+	// Logger receives every log line. nil discards.
+	Logger *slog.Logger
+	// Failpoints are the armed crash points (failpoint.FromEnv). nil arms none.
+	Failpoints *failpoint.Set
+	// Registry collects the metrics served on /metrics. nil makes a new one with the Go and
+	// process collectors.
+	Registry *prometheus.Registry
+}
+
+// App is a running (or ready to run) orders service.
+type App struct {
+	cfg  Config
+	mode Mode
+	log  *slog.Logger
+	fp   *failpoint.Set
+
+	// Registry is what /metrics serves. Add collectors to it before Start.
+	Registry *prometheus.Registry
+
+	pool     *pgxpool.Pool
+	store    *postgres.Store
+	topology ordersamqp.Topology
+	apiLn    net.Listener
+	opsLn    net.Listener
+
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+	done     chan struct{}
+	doneOnce sync.Once
+	errMu    sync.Mutex
+	err      error
+	stopOnce sync.Once
+}
+
+// New checks cfg and returns an App that Start runs in mode.
+func New(cfg Config, mode Mode, opts Options) (*App, error) {
+	switch mode {
+	case ModeAPI, ModeRelay, ModeAll:
+	default:
+		return nil, fmt.Errorf("unknown mode %q (want api, relay or all)", mode)
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("invalid configuration: %w", err)
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	reg := opts.Registry
+	if reg == nil {
+		reg = NewRegistry()
+	}
+	return &App{
+		cfg: cfg, mode: mode, log: log, fp: opts.Failpoints, Registry: reg,
+		topology: ordersamqp.Topology{
+			Exchange: cfg.EventsExchange, DeadLetterExchange: cfg.DeadLetterExchange,
+			Queue: cfg.Queue, DeadQueue: cfg.DeadLetterQueue, DeliveryLimit: cfg.QueueDeliveryLimit,
+		}.WithDefaults(),
+		done: make(chan struct{}),
+	}, nil
+}
+
+// NewRegistry returns a metrics registry with the Go and process collectors.
+func NewRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}
+
+// Migrate creates the database when it does not exist and applies every migration (the
+// service's, the outbox's and the inbox's). It is the `orders migrate` subcommand; Start does
+// it too.
+func Migrate(ctx context.Context, cfg Config, log *slog.Logger) error {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	pool, err := connect(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := postgres.Migrate(ctx, pool); err != nil {
+		return err
+	}
+	log.InfoContext(ctx, "database migrated")
+	return nil
+}
+
+// connect opens the pool, creating the database if needed, and retries an unreachable
+// database for up to cfg.StartupTimeout.
+func connect(ctx context.Context, cfg Config, log *slog.Logger) (*pgxpool.Pool, error) {
+	deadline := time.Now().Add(cfg.StartupTimeout)
+	delay := 250 * time.Millisecond
+	for {
+		attemptCtx, cancel := context.WithTimeout(ctx, cfg.DatabaseTimeout)
+		pool, err := postgres.Connect(attemptCtx, cfg.DatabaseURL, postgres.PoolConfig{
+			MaxConns: cfg.DatabaseMaxConns, ConnectTimeout: cfg.DatabaseTimeout,
+		})
+		cancel()
+		if err == nil {
+			return pool, nil
+		}
+		if ctx.Err() != nil || !postgres.IsUnavailable(err) || time.Now().Add(delay).After(deadline) {
+			return nil, fmt.Errorf("connect to the database: %w", err)
+		}
+		log.WarnContext(ctx, "database unavailable, retrying", "error", err, "retry_in", delay)
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("connect to the database: %w", ctx.Err())
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 5*time.Second)
+	}
+}
+
+// Start connects to and migrates the database, binds the listeners, and starts the mode's
+// components in the background. When it returns nil, Addr and OpsAddr are listening. The
+// components run until ctx is cancelled or Stop is called; if one fails, the others are
+// stopped too, Done is closed, and Stop returns the error.
+func (a *App) Start(ctx context.Context) (err error) {
+	a.log.InfoContext(ctx, "orders starting", "mode", a.mode, "failpoints", a.fp.Armed())
+	defer func() {
+		if err != nil {
+			a.closeResources()
+		}
+	}()
+	if a.pool, err = connect(ctx, a.cfg, a.log); err != nil {
+		return err
+	}
+	if err := postgres.Migrate(ctx, a.pool); err != nil {
+		return err
+	}
+	if a.store, err = postgres.NewStore(a.pool, postgres.StoreConfig{Exchange: a.topology.Exchange}); err != nil {
+		return err
+	}
+	var lc net.ListenConfig
+	if a.mode == ModeAPI || a.mode == ModeAll {
+		if a.apiLn, err = lc.Listen(ctx, "tcp", a.cfg.HTTPAddr); err != nil {
+			return fmt.Errorf("listen on %s: %w", a.cfg.HTTPAddr, err)
+		}
+	}
+	if a.mode == ModeRelay {
+		if a.opsLn, err = lc.Listen(ctx, "tcp", a.cfg.RelayHTTPAddr); err != nil {
+			return fmt.Errorf("listen on %s: %w", a.cfg.RelayHTTPAddr, err)
+		}
+	}
+
+	// Everything is built before anything runs, so that a configuration error leaves nothing
+	// behind.
+	var components []component
+	if a.apiLn != nil {
+		c, err := a.apiComponents()
+		if err != nil {
+			return err
+		}
+		components = append(components, c...)
+	}
+	if a.mode == ModeRelay || a.mode == ModeAll {
+		c, err := a.relayComponents()
+		if err != nil {
+			return err
+		}
+		components = append(components, c...)
+	}
+
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	a.cancel = cancel
+	go func() { // the caller's ctx stops the App too
+		select {
+		case <-ctx.Done():
+			cancel()
+		case <-runCtx.Done():
+		}
+	}()
+	for _, c := range components {
+		a.wg.Add(1)
+		go func() {
+			defer a.wg.Done()
+			if err := c.run(runCtx); err != nil {
+				a.fail(fmt.Errorf("%s: %w", c.name, err))
+			}
+		}()
+	}
+	a.log.InfoContext(ctx, "orders started", "mode", a.mode, "http_addr", a.Addr(), "ops_addr", a.OpsAddr())
+	return nil
+}
+
+// component is one long-running part of the App.
+type component struct {
+	name string
+	run  func(ctx context.Context) error
+}
+
+func (a *App) apiComponents() ([]component, error) {
+	api := ordershttp.NewHandler(ordershttp.Config{
+		Orders:          a.store,
+		Gatherer:        a.Registry,
+		Logger:          a.log,
+		AfterCommit:     func() { a.fp.Hit(FailpointAfterCommit) },
+		DatabaseTimeout: a.cfg.DatabaseTimeout,
+	})
+	consumer, err := inboxrabbitmq.NewConsumer(a.pool, inboxrabbitmq.Config{
+		URL:                  a.cfg.AMQPURL,
+		Queue:                a.topology.Queue,
+		Name:                 ordersamqp.ConsumerName,
+		Handler:              ordersamqp.NewHandler(a.store, a.log),
+		Prefetch:             a.cfg.ConsumerPrefetch,
+		Concurrency:          a.cfg.ConsumerConcurrency,
+		MaxDeliveries:        a.cfg.ConsumerMaxDeliveries,
+		RetryDelay:           a.cfg.ConsumerRetryDelay,
+		ShutdownTimeout:      a.cfg.ConsumerShutdownTimeout,
+		DeadLetterExchange:   a.topology.DeadLetterExchange,
+		DeadLetterRoutingKey: a.topology.Queue,
+		Setup:                a.topology.Declare,
+		Logger:               a.log,
+		Hooks:                inboxrabbitmq.Hooks{Failpoint: a.fp.Func()},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("stock consumer: %w", err)
+	}
+	return []component{
+		{"http server", func(ctx context.Context) error {
+			return httpserver.Serve(ctx, a.apiLn, api, httpserver.Config{ShutdownTimeout: a.cfg.HTTPShutdownTimeout}, a.log)
+		}},
+		{"stock consumer", consumer.Run},
+		{"inbox cleanup", func(ctx context.Context) error {
+			return inbox.RunCleanup(ctx, a.pool, inbox.CleanupConfig{
+				Retention: a.cfg.InboxRetention, Interval: a.cfg.InboxCleanupInterval, Logger: a.log,
+			})
+		}},
+		{"idempotency key cleanup", a.runIdempotencyCleanup},
+	}, nil
+}
+
+func (a *App) relayComponents() ([]component, error) {
+	pub, err := outboxrabbitmq.New(outboxrabbitmq.Config{
+		URL:            a.cfg.AMQPURL,
+		ConnectionName: "orders-relay",
+		DialTimeout:    a.cfg.DatabaseTimeout,
+		Setup:          a.topology.Declare,
+		Logger:         a.log,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outbox publisher: %w", err)
+	}
+	relay, err := outbox.NewRelay(a.pool, pub, outbox.Config{
+		BatchSize:    a.cfg.RelayBatchSize,
+		PollInterval: a.cfg.RelayPollInterval,
+		MaxAttempts:  a.cfg.RelayMaxAttempts,
+		Logger:       a.log,
+		Hooks:        outbox.Hooks{Failpoint: a.fp.Func()},
+	})
+	if err != nil {
+		_ = pub.Close()
+		return nil, fmt.Errorf("outbox relay: %w", err)
+	}
+	cs := []component{
+		{"outbox relay", func(ctx context.Context) error {
+			defer pub.Close() //nolint:errcheck // the relay is done with it
+			return relay.Run(ctx)
+		}},
+		{"outbox cleanup", func(ctx context.Context) error {
+			return outbox.RunCleanup(ctx, a.pool, outbox.CleanupConfig{
+				Retention: a.cfg.OutboxRetention, Interval: a.cfg.OutboxCleanupInterval, Logger: a.log,
+			})
+		}},
+	}
+	if a.opsLn != nil {
+		ops := ordershttp.NewOpsHandler(ordershttp.OpsConfig{Gatherer: a.Registry, Ready: a.store.Ping, Logger: a.log})
+		cs = append(cs, component{"relay http server", func(ctx context.Context) error {
+			return httpserver.Serve(ctx, a.opsLn, ops, httpserver.Config{ShutdownTimeout: a.cfg.HTTPShutdownTimeout}, a.log)
+		}})
+	}
+	return cs, nil
+}
+
+// runIdempotencyCleanup deletes expired idempotency keys every interval until ctx ends.
+func (a *App) runIdempotencyCleanup(ctx context.Context) error {
+	t := time.NewTicker(a.cfg.IdempotencyKeyCleanupInterval)
+	defer t.Stop()
+	for {
+		n, err := a.store.CleanupIdempotencyKeys(ctx, a.cfg.IdempotencyKeyRetention, 1000)
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case err != nil:
+			a.log.WarnContext(ctx, "idempotency key cleanup failed", "error", err)
+		case n > 0:
+			a.log.InfoContext(ctx, "idempotency keys deleted", "deleted", n)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// fail records the first component error and stops the others.
+func (a *App) fail(err error) {
+	a.errMu.Lock()
+	if a.err == nil {
+		a.err = err
+		a.log.Error("component failed, stopping", "error", err)
+	}
+	a.errMu.Unlock()
+	a.cancel()
+	a.doneOnce.Do(func() { close(a.done) })
+}
+
+// Done is closed when a component failed (Stop then returns its error). It is not closed by
+// a graceful stop.
+func (a *App) Done() <-chan struct{} { return a.done }
+
+// Addr is the API's address ("127.0.0.1:port"), or "" when the mode serves no API.
+func (a *App) Addr() string {
+	if a.apiLn == nil {
+		return ""
+	}
+	return a.apiLn.Addr().String()
+}
+
+// URL is the API's base URL, e.g. http://127.0.0.1:43127.
+func (a *App) URL() string { return "http://" + a.Addr() }
+
+// OpsAddr is where the relay process serves /healthz, /readyz and /metrics ("" in the other
+// modes, whose API serves them).
+func (a *App) OpsAddr() string {
+	if a.opsLn == nil {
+		return ""
+	}
+	return a.opsLn.Addr().String()
+}
+
+// Pool is the App's database pool (nil before Start).
+func (a *App) Pool() *pgxpool.Pool { return a.pool }
+
+// Stop stops every component gracefully (in-flight requests finish, the consumer acknowledges
+// what it handled, the relay finishes its batch), closes the pool, and returns the first
+// error a component failed with. It may be called more than once.
+func (a *App) Stop() error {
+	a.stopOnce.Do(func() {
+		if a.cancel != nil {
+			a.cancel()
+		}
+		a.wg.Wait()
+		a.closeResources()
+		a.log.Info("orders stopped", "mode", a.mode)
+	})
+	a.errMu.Lock()
+	defer a.errMu.Unlock()
+	return a.err
+}
+
+func (a *App) closeResources() {
+	for _, ln := range []net.Listener{a.apiLn, a.opsLn} {
+		if ln != nil {
+			_ = ln.Close() // already closed by the server when it ran
+		}
+	}
+	if a.pool != nil {
+		a.pool.Close()
+	}
+}
+
+// Run starts the App and runs it until ctx is cancelled or a component fails, then stops it.
+func (a *App) Run(ctx context.Context) error {
+	if err := a.Start(ctx); err != nil {
+		return err
+	}
+	select {
+	case <-ctx.Done():
+	case <-a.done:
+	}
+	return a.Stop()
+}

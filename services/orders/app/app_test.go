@@ -1,0 +1,407 @@
+package app_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxshop/outboxshop/internal/problem"
+	"github.com/outboxshop/outboxshop/internal/testinfra"
+	"github.com/outboxshop/outboxshop/services/orders/app"
+)
+
+const orderBody = `{"customer_id": "c-42", "items": [{"sku": "BOOK-1", "quantity": 2}, {"sku": "PEN-1", "quantity": 1}]}`
+
+// testConfig returns a configuration on a fresh database and a topology of the test's own,
+// listening on 127.0.0.1:0, with short delays. The topology is deleted when the test ends.
+func testConfig(t *testing.T) app.Config {
+	t.Helper()
+	cfg := app.DefaultConfig()
+	cfg.DatabaseURL = testinfra.DatabaseURL(t)
+	cfg.AMQPURL = testinfra.AMQPURL(t)
+	cfg.HTTPAddr = "127.0.0.1:0"
+	cfg.RelayHTTPAddr = "127.0.0.1:0"
+	cfg.EventsExchange = testinfra.UniqueName(t, "ex")
+	cfg.DeadLetterExchange = testinfra.UniqueName(t, "dlx")
+	cfg.Queue = testinfra.UniqueName(t, "q")
+	cfg.DeadLetterQueue = testinfra.UniqueName(t, "dq")
+	cfg.RelayPollInterval = 100 * time.Millisecond
+	cfg.ConsumerRetryDelay = 10 * time.Millisecond
+	cfg.ConsumerShutdownTimeout = 5 * time.Second
+	cfg.HTTPShutdownTimeout = 5 * time.Second
+	cfg.DatabaseTimeout = 2 * time.Second
+	cfg.LogFormat = "text"
+	t.Cleanup(func() { deleteTopology(t, cfg) })
+	return cfg
+}
+
+func deleteTopology(t *testing.T, cfg app.Config) {
+	withChannel(t, cfg.AMQPURL, func(ch *amqp.Channel) {
+		for _, q := range []string{cfg.Queue, cfg.DeadLetterQueue} {
+			_, err := ch.QueueDelete(q, false, false, false)
+			require.NoError(t, err)
+		}
+		for _, ex := range []string{cfg.EventsExchange, cfg.DeadLetterExchange} {
+			require.NoError(t, ch.ExchangeDelete(ex, false, false))
+		}
+	})
+}
+
+func withChannel(t *testing.T, amqpURL string, fn func(ch *amqp.Channel)) {
+	t.Helper()
+	conn, err := amqp.Dial(amqpURL)
+	require.NoError(t, err)
+	defer conn.Close()
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	fn(ch)
+}
+
+// start runs an App in mode until the test ends.
+func start(t *testing.T, cfg app.Config, mode app.Mode) *app.App {
+	t.Helper()
+	a, err := app.New(cfg, mode, app.Options{Logger: slog.New(slog.NewTextHandler(t.Output(), nil)).With("mode", mode)})
+	require.NoError(t, err)
+	require.NoError(t, a.Start(context.Background()))
+	t.Cleanup(func() { require.NoError(t, a.Stop()) })
+	return a
+}
+
+// listen binds a queue of the test's own to the events exchange with keys and returns a
+// channel to read it with.
+func listen(t *testing.T, cfg app.Config, keys ...string) (*amqp.Channel, string) {
+	t.Helper()
+	conn, err := amqp.Dial(cfg.AMQPURL)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	require.NoError(t, ch.ExchangeDeclare(cfg.EventsExchange, amqp.ExchangeTopic, true, false, false, false, nil))
+	q := testinfra.UniqueName(t, "events")
+	_, err = ch.QueueDeclare(q, false, false, true, false, nil) // exclusive: deleted with the connection
+	require.NoError(t, err)
+	for _, k := range keys {
+		require.NoError(t, ch.QueueBind(q, k, cfg.EventsExchange, false, nil))
+	}
+	return ch, q
+}
+
+// next waits for the next message on q.
+func next(t *testing.T, ch *amqp.Channel, q string) amqp.Delivery {
+	t.Helper()
+	var d amqp.Delivery
+	testinfra.Eventually(t, 20*time.Second, func() bool {
+		var ok bool
+		var err error
+		d, ok, err = ch.Get(q, true)
+		require.NoError(t, err)
+		return ok
+	}, "a message on %s", q)
+	return d
+}
+
+type response struct {
+	status  int
+	header  http.Header
+	body    []byte
+	problem problem.Details
+}
+
+func call(t *testing.T, method, url, body string, headers ...string) response {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	require.NoError(t, err)
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for _, h := range headers {
+		k, v, _ := strings.Cut(h, ":")
+		req.Header.Set(k, strings.TrimSpace(v))
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	r := response{status: resp.StatusCode, header: resp.Header, body: data}
+	if resp.Header.Get("Content-Type") == problem.ContentType {
+		require.NoError(t, json.Unmarshal(data, &r.problem))
+	}
+	return r
+}
+
+type orderJSON struct {
+	ID     string `json:"id"`
+	Status string `json:"status"`
+}
+
+func decodeOrder(t *testing.T, r response) orderJSON {
+	t.Helper()
+	var o orderJSON
+	require.NoError(t, json.Unmarshal(r.body, &o), "body: %s", r.body)
+	return o
+}
+
+// publishStock publishes a stock event as the warehouse would.
+func publishStock(t *testing.T, cfg app.Config, msgID, typ, key, orderID, correlationID string) {
+	t.Helper()
+	withChannel(t, cfg.AMQPURL, func(ch *amqp.Channel) {
+		require.NoError(t, ch.Confirm(false))
+		c, err := ch.PublishWithDeferredConfirm(cfg.EventsExchange, key, true, false, amqp.Publishing{
+			MessageId: msgID, Type: typ, ContentType: "application/json", DeliveryMode: amqp.Persistent,
+			CorrelationId: correlationID,
+			Body:          fmt.Appendf(nil, `{"version":1,"order_id":%q,"items":[]}`, orderID),
+		})
+		require.NoError(t, err)
+		require.True(t, c.Wait())
+	})
+}
+
+func waitStatus(t *testing.T, a *app.App, id, status string) {
+	t.Helper()
+	testinfra.Eventually(t, 20*time.Second, func() bool {
+		return decodeOrder(t, call(t, http.MethodGet, a.URL()+"/orders/"+id, "")).Status == status
+	}, "order %s %s", id, status)
+}
+
+// TestApp starts the whole service (API, relay and consumer in one process) and follows an
+// order through the saga over the broker.
+func TestApp(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(t)
+	ch, q := listen(t, cfg, "order.*")
+	a := start(t, cfg, app.ModeAll)
+
+	created := call(t, http.MethodPost, a.URL()+"/orders", orderBody, "X-Request-ID: req-e2e-1")
+	require.Equal(t, http.StatusCreated, created.status, "body: %s", created.body)
+	order := decodeOrder(t, created)
+
+	// The relay publishes the outbox row: OrderCreated reaches a queue bound to the exchange.
+	msg := next(t, ch, q)
+	var outboxID uuid.UUID
+	pool, err := pgxpool.New(context.Background(), cfg.DatabaseURL)
+	require.NoError(t, err)
+	defer pool.Close()
+	require.NoError(t, pool.QueryRow(context.Background(),
+		`SELECT id FROM outbox_messages WHERE aggregate_id = $1 AND type = 'OrderCreated'`, order.ID).Scan(&outboxID))
+	require.Equal(t, outboxID.String(), msg.MessageId, "message id = outbox id")
+	require.Equal(t, "OrderCreated", msg.Type)
+	require.Equal(t, "order.created", msg.RoutingKey)
+	require.Equal(t, "req-e2e-1", msg.CorrelationId, "correlation id = request id")
+	require.Equal(t, "application/json", msg.ContentType)
+	require.Equal(t, uint8(amqp.Persistent), msg.DeliveryMode)
+	require.Equal(t, order.ID, msg.Headers["aggregate_id"])
+	var body struct {
+		Version    int    `json:"version"`
+		OrderID    string `json:"order_id"`
+		CustomerID string `json:"customer_id"`
+		Items      []struct {
+			SKU      string `json:"sku"`
+			Quantity int    `json:"quantity"`
+		} `json:"items"`
+		CreatedAt time.Time `json:"created_at"`
+	}
+	require.NoError(t, json.Unmarshal(msg.Body, &body))
+	require.Equal(t, 1, body.Version)
+	require.Equal(t, order.ID, body.OrderID)
+	require.Equal(t, "c-42", body.CustomerID)
+	require.Len(t, body.Items, 2)
+	require.False(t, body.CreatedAt.IsZero())
+
+	// The warehouse answers; the consumer moves the order.
+	publishStock(t, cfg, "wh-1", "StockReserved", "stock.reserved", order.ID, "req-e2e-1")
+	waitStatus(t, a, order.ID, "RESERVED")
+
+	cancelled := call(t, http.MethodPost, a.URL()+"/orders/"+order.ID+"/cancel", "", "X-Request-ID: req-e2e-2")
+	require.Equal(t, http.StatusOK, cancelled.status, "body: %s", cancelled.body)
+	require.Equal(t, "CANCELLING", decodeOrder(t, cancelled).Status)
+	msg = next(t, ch, q)
+	require.Equal(t, "OrderCancelled", msg.Type)
+	require.Equal(t, "req-e2e-2", msg.CorrelationId)
+
+	publishStock(t, cfg, "wh-2", "StockReleased", "stock.released", order.ID, "req-e2e-2")
+	waitStatus(t, a, order.ID, "CANCELLED")
+}
+
+// TestAppSeparateProcesses runs the API and the relay as two Apps, as `orders api` and
+// `orders relay` would.
+func TestAppSeparateProcesses(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(t)
+	ch, q := listen(t, cfg, "order.created")
+	api := start(t, cfg, app.ModeAPI)
+	require.Empty(t, api.OpsAddr())
+
+	created := call(t, http.MethodPost, api.URL()+"/orders", orderBody, "X-Request-ID: req-split")
+	require.Equal(t, http.StatusCreated, created.status)
+
+	relay := start(t, cfg, app.ModeRelay)
+	require.Empty(t, relay.Addr(), "the relay serves no API")
+	msg := next(t, ch, q)
+	require.Equal(t, "OrderCreated", msg.Type)
+	require.Equal(t, "req-split", msg.CorrelationId)
+
+	ops := "http://" + relay.OpsAddr()
+	require.Equal(t, http.StatusOK, call(t, http.MethodGet, ops+"/healthz", "").status)
+	require.Equal(t, http.StatusOK, call(t, http.MethodGet, ops+"/readyz", "").status)
+	metrics := call(t, http.MethodGet, ops+"/metrics", "")
+	require.Equal(t, http.StatusOK, metrics.status)
+	require.Contains(t, string(metrics.body), "go_goroutines")
+	require.Contains(t, string(metrics.body), "process_")
+	require.Equal(t, http.StatusNotFound, call(t, http.MethodGet, ops+"/orders/x", "").status)
+
+	apiMetrics := call(t, http.MethodGet, api.URL()+"/metrics", "")
+	require.Equal(t, http.StatusOK, apiMetrics.status)
+	require.Contains(t, string(apiMetrics.body), "go_goroutines")
+}
+
+// TestAppDatabaseDown points the App at a proxy in front of PostgreSQL and cuts it.
+func TestAppDatabaseDown(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(t)
+	pgURL, err := url.Parse(cfg.DatabaseURL)
+	require.NoError(t, err)
+	proxy := testinfra.NewProxy(t, pgURL.Host)
+	directURL := cfg.DatabaseURL
+	cfg.DatabaseURL = proxy.RewriteURL(t, cfg.DatabaseURL)
+	a := start(t, cfg, app.ModeAPI)
+
+	require.Equal(t, http.StatusOK, call(t, http.MethodGet, a.URL()+"/readyz", "").status)
+	created := call(t, http.MethodPost, a.URL()+"/orders", orderBody)
+	require.Equal(t, http.StatusCreated, created.status)
+	id := decodeOrder(t, created).ID
+
+	proxy.Cut()
+	for name, r := range map[string]func() response{
+		"Create": func() response { return call(t, http.MethodPost, a.URL()+"/orders", orderBody) },
+		"CreateWithKey": func() response {
+			return call(t, http.MethodPost, a.URL()+"/orders", orderBody, "Idempotency-Key: down")
+		},
+		"Get":    func() response { return call(t, http.MethodGet, a.URL()+"/orders/"+id, "") },
+		"Cancel": func() response { return call(t, http.MethodPost, a.URL()+"/orders/"+id+"/cancel", "") },
+		"Ready":  func() response { return call(t, http.MethodGet, a.URL()+"/readyz", "") },
+	} {
+		t.Run(name, func(t *testing.T) {
+			resp := r()
+			require.Equal(t, http.StatusServiceUnavailable, resp.status, "body: %s", resp.body)
+			require.Equal(t, problem.ContentType, resp.header.Get("Content-Type"))
+			require.Equal(t, http.StatusServiceUnavailable, resp.problem.Status)
+			require.NotEmpty(t, resp.header.Get("Retry-After"))
+		})
+	}
+	require.Equal(t, http.StatusOK, call(t, http.MethodGet, a.URL()+"/healthz", "").status, "alive while the database is away")
+
+	proxy.Heal()
+	testinfra.Eventually(t, 20*time.Second, func() bool {
+		return call(t, http.MethodGet, a.URL()+"/readyz", "").status == http.StatusOK
+	}, "ready again")
+	require.Equal(t, http.StatusCreated, call(t, http.MethodPost, a.URL()+"/orders", orderBody, "Idempotency-Key: down").status)
+
+	direct, err := pgx.Connect(context.Background(), directURL)
+	require.NoError(t, err)
+	defer direct.Close(context.Background())
+	var orders, outbox int
+	require.NoError(t, direct.QueryRow(context.Background(),
+		`SELECT (SELECT count(*) FROM orders), (SELECT count(*) FROM outbox_messages)`).Scan(&orders, &outbox))
+	require.Equal(t, 2, orders, "nothing was written while the database was away")
+	require.Equal(t, 2, outbox)
+}
+
+func TestAppCreatesItsDatabase(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(t)
+	u, err := url.Parse(cfg.DatabaseURL)
+	require.NoError(t, err)
+	u.Path += "_new" // a database that does not exist yet
+	name := strings.TrimPrefix(u.Path, "/")
+	cfg.DatabaseURL = u.String()
+	t.Cleanup(func() {
+		admin, err := pgx.Connect(context.Background(), testinfra.PostgresURL(t))
+		require.NoError(t, err)
+		defer admin.Close(context.Background())
+		_, err = admin.Exec(context.Background(), "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+		require.NoError(t, err)
+	})
+	require.NoError(t, app.Migrate(context.Background(), cfg, nil))
+	require.NoError(t, app.Migrate(context.Background(), cfg, nil), "migrating again is a no-op")
+	a := start(t, cfg, app.ModeAPI)
+	require.Equal(t, http.StatusCreated, call(t, http.MethodPost, a.URL()+"/orders", orderBody).status)
+}
+
+func TestAppStartFails(t *testing.T) {
+	t.Parallel()
+
+	t.Run("BadMode", func(t *testing.T) {
+		t.Parallel()
+		_, err := app.New(app.DefaultConfig(), "everything", app.Options{})
+		require.ErrorContains(t, err, "unknown mode")
+	})
+	t.Run("BadConfig", func(t *testing.T) {
+		t.Parallel()
+		cfg := app.DefaultConfig()
+		cfg.RelayBatchSize = 0
+		cfg.ConsumerConcurrency = 100
+		_, err := app.New(cfg, app.ModeAll, app.Options{})
+		require.ErrorContains(t, err, "RELAY_BATCH_SIZE")
+		require.ErrorContains(t, err, "CONSUMER_CONCURRENCY")
+	})
+	t.Run("PortInUse", func(t *testing.T) {
+		t.Parallel()
+		cfg := testConfig(t)
+		first := start(t, cfg, app.ModeAPI)
+		cfg.HTTPAddr = first.Addr()
+		second, err := app.New(cfg, app.ModeAPI, app.Options{})
+		require.NoError(t, err)
+		require.ErrorContains(t, second.Start(context.Background()), "listen")
+		require.NoError(t, second.Stop())
+	})
+}
+
+func TestDefaultConfig(t *testing.T) {
+	t.Parallel()
+	cfg := app.DefaultConfig()
+	require.NoError(t, cfg.Validate())
+	require.Equal(t, "postgres://postgres@127.0.0.1:5432/orders?sslmode=disable", cfg.DatabaseURL)
+	require.Equal(t, "amqp://guest:guest@127.0.0.1:5672/", cfg.AMQPURL)
+	require.Equal(t, "shop.events", cfg.EventsExchange)
+	require.Equal(t, "shop.dlx", cfg.DeadLetterExchange)
+	require.Equal(t, "orders.stock", cfg.Queue)
+	require.Equal(t, "orders.stock.dead", cfg.DeadLetterQueue)
+	require.Equal(t, 100, cfg.RelayBatchSize)
+	require.Equal(t, time.Second, cfg.RelayPollInterval)
+	require.Equal(t, ":8080", cfg.HTTPAddr)
+	require.Equal(t, ":8081", cfg.RelayHTTPAddr)
+}
+
+func TestLoadConfig(t *testing.T) { // not parallel: it sets environment variables
+	t.Setenv("RELAY_BATCH_SIZE", "7")
+	t.Setenv("RELAY_POLL_INTERVAL", "250ms")
+	t.Setenv("ORDERS_QUEUE", "custom.queue")
+	cfg, err := app.LoadConfig()
+	require.NoError(t, err)
+	require.Equal(t, 7, cfg.RelayBatchSize)
+	require.Equal(t, 250*time.Millisecond, cfg.RelayPollInterval)
+	require.Equal(t, "custom.queue", cfg.Queue)
+	require.Equal(t, "shop.events", cfg.EventsExchange)
+
+	t.Setenv("RELAY_POLL_INTERVAL", "soon")
+	_, err = app.LoadConfig()
+	require.ErrorContains(t, err, "RELAY_POLL_INTERVAL")
+	t.Setenv("RELAY_POLL_INTERVAL", "1s")
+	t.Setenv("RELAY_BATCH_SIZE", "-1")
+	_, err = app.LoadConfig()
+	require.ErrorContains(t, err, "RELAY_BATCH_SIZE")
+}

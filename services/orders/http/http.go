@@ -1,0 +1,249 @@
+// Package http is the orders service's HTTP API on chi: POST /orders, GET /orders/{id},
+// POST /orders/{id}/cancel, /healthz, /readyz and /metrics, with a request-id middleware, an
+// access log and RFC 9457 problem answers (application/problem+json) for every error.
+package http
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/go-chi/chi/v5/middleware"
+	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/outboxshop/outboxshop/internal/problem"
+	"github.com/outboxshop/outboxshop/services/orders"
+)
+
+// OrderService is what the API needs from the repository. *postgres.Store implements it.
+type OrderService interface {
+	// CreateOrder writes the order and its OrderCreated event in one transaction (see
+	// orders.CreateOrderInput for the idempotency contract).
+	CreateOrder(ctx context.Context, in orders.CreateOrderInput) (orders.CreateOrderResult, error)
+	// Order returns an order or an ENOTFOUND error.
+	Order(ctx context.Context, id uuid.UUID) (*orders.Order, error)
+	// CancelOrder requests a cancellation (see orders.Cancel).
+	CancelOrder(ctx context.Context, id uuid.UUID, meta orders.EventMeta) (*orders.Order, error)
+	// Ping checks the database.
+	Ping(ctx context.Context) error
+}
+
+// Config configures the API handler.
+type Config struct {
+	// Orders is the repository. Required.
+	Orders OrderService
+	// Gatherer is served on /metrics. nil serves an empty registry.
+	Gatherer prometheus.Gatherer
+	// Logger receives the access log and the errors. nil discards.
+	Logger *slog.Logger
+	// AfterCommit is called after the transaction of a POST /orders that created an order
+	// committed, before the answer is written (the api.after-commit crash point). Optional.
+	AfterCommit func()
+	// DatabaseTimeout bounds the database work of one request; past it the answer is 503.
+	// Default 5s.
+	DatabaseTimeout time.Duration
+	// RetryAfter is the Retry-After of 503 answers. Default 5s.
+	RetryAfter time.Duration
+}
+
+// Handler serves the API.
+type Handler struct {
+	router      chi.Router
+	orders      OrderService
+	log         *slog.Logger
+	afterCommit func()
+	dbTimeout   time.Duration
+	retryAfter  string
+}
+
+// NewHandler returns the API handler.
+func NewHandler(cfg Config) *Handler {
+	h := &Handler{
+		orders:      cfg.Orders,
+		log:         cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
+		afterCommit: cfg.AfterCommit,
+		dbTimeout:   cmp.Or(cfg.DatabaseTimeout, 5*time.Second),
+		retryAfter:  retryAfterSeconds(cmp.Or(cfg.RetryAfter, 5*time.Second)),
+	}
+	r := newRouter(h.log, h.retryAfter)
+	r.Post("/orders", h.createOrder)
+	r.Get("/orders/{id}", h.getOrder)
+	r.Post("/orders/{id}/cancel", h.cancelOrder)
+	mountOps(r, cfg.Gatherer, h.ready)
+	h.router = r
+	return h
+}
+
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.router.ServeHTTP(w, r) }
+
+// OpsConfig configures NewOpsHandler.
+type OpsConfig struct {
+	// Gatherer is served on /metrics. nil serves an empty registry.
+	Gatherer prometheus.Gatherer
+	// Ready answers /readyz: nil error means ready. nil makes /readyz always ready.
+	Ready func(ctx context.Context) error
+	// Logger receives the access log. nil discards.
+	Logger *slog.Logger
+}
+
+// NewOpsHandler returns a handler with only /healthz, /readyz and /metrics, for the processes
+// that serve no API (the relay).
+func NewOpsHandler(cfg OpsConfig) http.Handler {
+	log := cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
+	retryAfter := retryAfterSeconds(5 * time.Second)
+	r := newRouter(log, retryAfter)
+	ready := func(w http.ResponseWriter, r *http.Request) {
+		if cfg.Ready != nil {
+			ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+			defer cancel()
+			if err := cfg.Ready(ctx); err != nil {
+				writeError(w, r, log, retryAfter, notReady(err))
+				return
+			}
+		}
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+	}
+	mountOps(r, cfg.Gatherer, ready)
+	return r
+}
+
+func newRouter(log *slog.Logger, retryAfter string) chi.Router {
+	r := chi.NewRouter()
+	r.Use(requestID, accessLog(log), recoverer(log, retryAfter), middleware.GetHead)
+	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, r, log, retryAfter, orders.Errorf(orders.ENOTFOUND, "No resource at %s.", r.URL.Path))
+	})
+	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, r, log, retryAfter, orders.Errorf(eMethodNotAllowed, "%s is not allowed on %s.", r.Method, r.URL.Path))
+	})
+	return r
+}
+
+func mountOps(r chi.Router, g prometheus.Gatherer, ready http.HandlerFunc) {
+	if g == nil {
+		g = prometheus.NewRegistry()
+	}
+	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	r.Get("/readyz", ready)
+	r.Method(http.MethodGet, "/metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
+}
+
+func (h *Handler) ready(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), min(h.dbTimeout, 2*time.Second))
+	defer cancel()
+	if err := h.orders.Ping(ctx); err != nil {
+		h.error(w, r, notReady(err))
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+}
+
+// notReady makes any readiness failure a 503.
+func notReady(err error) error {
+	if orders.ErrorCode(err) == orders.EUNAVAILABLE {
+		return err
+	}
+	return orders.Wrap(orders.EUNAVAILABLE, err, "Not ready; try again shortly.")
+}
+
+// eMethodNotAllowed is the router's own code, next to the domain's.
+const eMethodNotAllowed = "method_not_allowed"
+
+// problemKind is how one error code is answered.
+type problemKind struct {
+	status int
+	typ    string
+	title  string
+}
+
+// problemTypePrefix starts every problem type URI of this API.
+const problemTypePrefix = "urn:outboxshop:problem:"
+
+// problems maps each error code to its HTTP status and problem type: the one place where
+// that mapping lives. StatusCode reads it.
+var problems = map[string]problemKind{
+	orders.EINVALID:          {http.StatusUnprocessableEntity, problemTypePrefix + "validation", "The order is not valid"},
+	orders.EMALFORMED:        {http.StatusBadRequest, problemTypePrefix + "malformed-body", "The request body could not be read"},
+	orders.ETOOLARGE:         {http.StatusRequestEntityTooLarge, problemTypePrefix + "body-too-large", "The request body is too large"},
+	orders.EUNSUPPORTED:      {http.StatusUnsupportedMediaType, problemTypePrefix + "unsupported-media-type", "The request body must be application/json"},
+	orders.EBADHEADER:        {http.StatusBadRequest, problemTypePrefix + "invalid-header", "A request header is invalid"},
+	orders.ENOTFOUND:         {http.StatusNotFound, problemTypePrefix + "not-found", "Not found"},
+	orders.ECONFLICT:         {http.StatusConflict, problemTypePrefix + "order-state-conflict", "The order's status does not allow this"},
+	orders.EIDEMPOTENCYREUSE: {http.StatusUnprocessableEntity, problemTypePrefix + "idempotency-key-reuse", "Idempotency-Key reused with a different request"},
+	orders.EUNAVAILABLE:      {http.StatusServiceUnavailable, problemTypePrefix + "unavailable", "Service unavailable"},
+	orders.EINTERNAL:         {http.StatusInternalServerError, problemTypePrefix + "internal", "Internal server error"},
+	eMethodNotAllowed:        {http.StatusMethodNotAllowed, problemTypePrefix + "method-not-allowed", "Method not allowed"},
+}
+
+// StatusCode returns the HTTP status of an error code (500 for an unknown code).
+func StatusCode(code string) int {
+	if p, ok := problems[code]; ok {
+		return p.status
+	}
+	return http.StatusInternalServerError
+}
+
+// error answers err as a problem document.
+func (h *Handler) error(w http.ResponseWriter, r *http.Request, err error) {
+	writeError(w, r, h.log, h.retryAfter, err)
+}
+
+func writeError(w http.ResponseWriter, r *http.Request, log *slog.Logger, retryAfter string, err error) {
+	code := orders.ErrorCode(err)
+	kind, ok := problems[code]
+	if !ok {
+		kind = problems[orders.EINTERNAL]
+	}
+	status := StatusCode(code)
+	attrs := []any{"request_id", RequestID(r.Context()), "method", r.Method, "path", r.URL.Path, "status", status, "error", err.Error()}
+	if id := chi.URLParam(r, "id"); id != "" {
+		attrs = append(attrs, "order_id", id)
+	}
+	switch {
+	case status == http.StatusServiceUnavailable:
+		log.WarnContext(r.Context(), "request failed: unavailable", attrs...)
+	case status >= 500:
+		log.ErrorContext(r.Context(), "request failed", attrs...)
+	default:
+		log.DebugContext(r.Context(), "request refused", attrs...)
+	}
+	if status == http.StatusServiceUnavailable {
+		w.Header().Set("Retry-After", retryAfter)
+	}
+	d := problem.Details{Type: kind.typ, Title: kind.title, Status: status, Detail: orders.ErrorMessage(err)}
+	for _, f := range orders.ErrorFields(err) {
+		d.Errors = append(d.Errors, problem.FieldError{Field: f.Field, Message: f.Message})
+	}
+	problem.Write(w, r, d)
+}
+
+// writeJSON answers v as application/json.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	body, err := json.Marshal(v)
+	if err != nil { // our own types always marshal
+		http.Error(w, "encode response", http.StatusInternalServerError)
+		return
+	}
+	writeBody(w, status, append(body, '\n'))
+}
+
+func writeBody(w http.ResponseWriter, status int, body []byte) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}
+
+func retryAfterSeconds(d time.Duration) string {
+	return strconv.Itoa(max(1, int((d+time.Second-1)/time.Second)))
+}

@@ -1,0 +1,237 @@
+package http
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"mime"
+	"net/http"
+	"regexp"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/google/uuid"
+
+	"github.com/outboxshop/outboxshop/services/orders"
+)
+
+// Headers of the idempotency protocol.
+const (
+	HeaderIdempotencyKey     = "Idempotency-Key"
+	HeaderIdempotentReplayed = "Idempotent-Replayed"
+)
+
+// orderJSON is the representation of an order.
+type orderJSON struct {
+	ID         uuid.UUID     `json:"id"`
+	CustomerID string        `json:"customer_id"`
+	Status     orders.Status `json:"status"`
+	Items      []lineJSON    `json:"items"`
+	CreatedAt  time.Time     `json:"created_at"`
+	UpdatedAt  time.Time     `json:"updated_at"`
+	History    []historyJSON `json:"history"`
+}
+
+type lineJSON struct {
+	SKU      string `json:"sku"`
+	Name     string `json:"name"`
+	Quantity int    `json:"quantity"`
+}
+
+type historyJSON struct {
+	From      orders.Status `json:"from,omitempty"`
+	Status    orders.Status `json:"status"`
+	Event     string        `json:"event"`
+	Reason    string        `json:"reason,omitempty"`
+	MessageID string        `json:"message_id,omitempty"`
+	At        time.Time     `json:"at"`
+}
+
+func toJSON(o *orders.Order) orderJSON {
+	out := orderJSON{
+		ID: o.ID, CustomerID: o.CustomerID, Status: o.Status,
+		Items:     make([]lineJSON, 0, len(o.Lines)),
+		CreatedAt: o.CreatedAt.UTC(), UpdatedAt: o.UpdatedAt.UTC(),
+		History: make([]historyJSON, 0, len(o.History)),
+	}
+	for _, l := range o.Lines {
+		out.Items = append(out.Items, lineJSON(l))
+	}
+	for _, h := range o.History {
+		out.History = append(out.History, historyJSON{
+			From: h.From, Status: h.To, Event: h.Event, Reason: h.Reason, MessageID: h.MessageID, At: h.At.UTC(),
+		})
+	}
+	return out
+}
+
+// renderOrder is the body of an answer that carries an order.
+func renderOrder(o *orders.Order) ([]byte, error) {
+	b, err := json.Marshal(toJSON(o))
+	if err != nil {
+		return nil, fmt.Errorf("encode order: %w", err)
+	}
+	return append(b, '\n'), nil
+}
+
+// createOrder handles POST /orders.
+func (h *Handler) createOrder(w http.ResponseWriter, r *http.Request) {
+	var idem *orders.IdempotencyKey
+	key, hasKey, err := idempotencyKey(r)
+	if err != nil {
+		h.error(w, r, err)
+		return
+	}
+	if err := requireJSON(r); err != nil {
+		h.error(w, r, err)
+		return
+	}
+	if r.ContentLength > orders.MaxRequestBytes { // refused before reading a byte of it
+		h.error(w, r, orders.Errorf(orders.ETOOLARGE, "The request body is larger than %d bytes.", orders.MaxRequestBytes))
+		return
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, orders.MaxRequestBytes)
+	req, err := orders.DecodeOrderRequest(r.Body)
+	if err != nil {
+		h.error(w, r, err)
+		return
+	}
+	if hasKey {
+		idem = &orders.IdempotencyKey{Key: key, Fingerprint: req.Fingerprint()}
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), h.dbTimeout)
+	defer cancel()
+	res, err := h.orders.CreateOrder(ctx, orders.CreateOrderInput{
+		Request:     req,
+		Meta:        eventMeta(r),
+		Idempotency: idem,
+		Render: func(o *orders.Order) (orders.Response, error) {
+			body, err := renderOrder(o)
+			return orders.Response{Status: http.StatusCreated, Body: body}, err
+		},
+	})
+	if err != nil {
+		h.error(w, r, err)
+		return
+	}
+	w.Header().Set("Location", "/orders/"+res.OrderID.String())
+	if res.Replayed {
+		h.log.InfoContext(r.Context(), "idempotent request replayed", "order_id", res.OrderID,
+			"request_id", RequestID(r.Context()), "idempotency_key", key)
+		w.Header().Set(HeaderIdempotentReplayed, "true")
+		writeBody(w, res.Response.Status, res.Response.Body)
+		return
+	}
+	h.log.InfoContext(r.Context(), "order created", "order_id", res.OrderID, "request_id", RequestID(r.Context()),
+		"customer_id", res.Order.CustomerID, "lines", len(res.Order.Lines))
+	if h.afterCommit != nil {
+		h.afterCommit()
+	}
+	body := []byte(nil)
+	if res.Response != nil {
+		body = res.Response.Body
+	} else if body, err = renderOrder(res.Order); err != nil {
+		h.error(w, r, err)
+		return
+	}
+	writeBody(w, http.StatusCreated, body)
+}
+
+// idempotencyKey reads the optional Idempotency-Key header: at most one, 1 to 255 bytes.
+func idempotencyKey(r *http.Request) (string, bool, error) {
+	values := r.Header.Values(HeaderIdempotencyKey)
+	switch {
+	case len(values) == 0:
+		return "", false, nil
+	case len(values) > 1:
+		return "", false, orders.Errorf(orders.EBADHEADER, "Send at most one %s header.", HeaderIdempotencyKey)
+	case values[0] == "":
+		return "", false, orders.Errorf(orders.EBADHEADER, "The %s header is empty.", HeaderIdempotencyKey)
+	case len(values[0]) > orders.MaxIdempotencyKeyLength:
+		return "", false, orders.Errorf(orders.EBADHEADER, "The %s header is longer than %d characters.",
+			HeaderIdempotencyKey, orders.MaxIdempotencyKeyLength)
+	}
+	return values[0], true, nil
+}
+
+// requireJSON refuses a body whose Content-Type is not application/json (parameters such as
+// charset=utf-8 are allowed).
+func requireJSON(r *http.Request) error {
+	ct := r.Header.Get("Content-Type")
+	mt, _, err := mime.ParseMediaType(ct)
+	if err != nil || mt != "application/json" {
+		if ct == "" {
+			ct = "none"
+		}
+		return orders.Errorf(orders.EUNSUPPORTED, "The request body must be sent as Content-Type: application/json, not %s.", ct)
+	}
+	return nil
+}
+
+// traceparentRe is the W3C traceparent of version 00 (and later versions' first four fields).
+var traceparentRe = regexp.MustCompile(`^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}(-.*)?$`)
+
+// eventMeta is the metadata of the events a request writes: its request id as correlation id
+// and its traceparent when it carried a valid one.
+func eventMeta(r *http.Request) orders.EventMeta {
+	meta := orders.EventMeta{CorrelationID: RequestID(r.Context())}
+	if tp := r.Header.Get("Traceparent"); len(tp) <= 256 && traceparentRe.MatchString(tp) && tp[:2] != "ff" {
+		meta.Traceparent = tp
+	}
+	return meta
+}
+
+// orderID reads the {id} of the route. Anything that is not a UUID names no order: 404.
+func orderID(r *http.Request) (uuid.UUID, error) {
+	raw := chi.URLParam(r, "id")
+	id, err := uuid.Parse(raw)
+	if err != nil {
+		return uuid.Nil, orders.Errorf(orders.ENOTFOUND, "Order %q does not exist.", raw)
+	}
+	return id, nil
+}
+
+// getOrder handles GET /orders/{id}.
+func (h *Handler) getOrder(w http.ResponseWriter, r *http.Request) {
+	id, err := orderID(r)
+	if err != nil {
+		h.error(w, r, err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), h.dbTimeout)
+	defer cancel()
+	o, err := h.orders.Order(ctx, id)
+	if err != nil {
+		h.error(w, r, err)
+		return
+	}
+	h.writeOrder(w, r, http.StatusOK, o)
+}
+
+// cancelOrder handles POST /orders/{id}/cancel. The body, if any, is ignored.
+func (h *Handler) cancelOrder(w http.ResponseWriter, r *http.Request) {
+	id, err := orderID(r)
+	if err != nil {
+		h.error(w, r, err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), h.dbTimeout)
+	defer cancel()
+	o, err := h.orders.CancelOrder(ctx, id, eventMeta(r))
+	if err != nil {
+		h.error(w, r, err)
+		return
+	}
+	h.log.InfoContext(r.Context(), "order cancellation requested", "order_id", id,
+		"request_id", RequestID(r.Context()), "status", o.Status)
+	h.writeOrder(w, r, http.StatusOK, o)
+}
+
+func (h *Handler) writeOrder(w http.ResponseWriter, r *http.Request, status int, o *orders.Order) {
+	body, err := renderOrder(o)
+	if err != nil {
+		h.error(w, r, err)
+		return
+	}
+	writeBody(w, status, body)
+}
