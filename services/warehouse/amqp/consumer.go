@@ -1,0 +1,82 @@
+package amqp
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/outboxshop/outboxshop/pkg/inbox"
+	"github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
+	outboxrabbitmq "github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq"
+)
+
+// ConsumerName is the warehouse's inbox consumer name. Keep it stable: renaming it forgets
+// which messages were processed.
+const ConsumerName = "warehouse"
+
+// ConsumerConfig configures [NewConsumer]. Zero values take pkg/inbox/rabbitmq's defaults.
+type ConsumerConfig struct {
+	// URL of the broker. Required.
+	URL      string
+	Topology Topology
+	// Prefetch and Concurrency bound the messages in hand and in work.
+	Prefetch    int
+	Concurrency int
+	// MaxDeliveries is how many times a failing message is tried before it is dead-lettered.
+	MaxDeliveries int
+	// RetryDelay is the wait before the first retry (doubling after).
+	RetryDelay time.Duration
+	// ShutdownTimeout bounds the wait for messages in work when stopping.
+	ShutdownTimeout time.Duration
+	Logger          *slog.Logger
+	Hooks           rabbitmq.Hooks
+}
+
+// NewConsumer returns the inbox consumer of the warehouse queue: it declares cfg.Topology
+// on every connect, applies each message with a [Handler] in the inbox transaction on pool,
+// and dead-letters to the topology's dead-letter exchange with the queue name as routing
+// key.
+func NewConsumer(pool inbox.TxBeginner, cfg ConsumerConfig) (*rabbitmq.Consumer, error) {
+	if err := cfg.Topology.Validate(); err != nil {
+		return nil, err
+	}
+	h := NewHandler(cfg.Topology.Exchange, cfg.Logger)
+	c, err := rabbitmq.NewConsumer(pool, rabbitmq.Config{
+		URL:                  cfg.URL,
+		Queue:                cfg.Topology.Queue,
+		Name:                 ConsumerName,
+		Handler:              h.Handle,
+		Prefetch:             cfg.Prefetch,
+		Concurrency:          cfg.Concurrency,
+		MaxDeliveries:        cfg.MaxDeliveries,
+		RetryDelay:           cfg.RetryDelay,
+		DeadLetterExchange:   cfg.Topology.DeadLetterExchange,
+		DeadLetterRoutingKey: cfg.Topology.Queue,
+		Setup:                cfg.Topology.Declare,
+		ShutdownTimeout:      cfg.ShutdownTimeout,
+		Logger:               cfg.Logger,
+		Hooks:                cfg.Hooks,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("new consumer: %w", err)
+	}
+	return c, nil
+}
+
+// NewPublisher returns the outbox publisher of the warehouse's relay: it declares topology
+// on every new channel, so the events exchange exists before the first publish.
+func NewPublisher(url string, topology Topology, log *slog.Logger) (*outboxrabbitmq.Publisher, error) {
+	if err := topology.Validate(); err != nil {
+		return nil, err
+	}
+	p, err := outboxrabbitmq.New(outboxrabbitmq.Config{
+		URL:            url,
+		ConnectionName: "warehouse-relay",
+		Setup:          topology.Declare,
+		Logger:         log,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("new publisher: %w", err)
+	}
+	return p, nil
+}

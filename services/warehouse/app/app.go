@@ -1,0 +1,353 @@
+// Package app wires the warehouse: configuration, database, broker, HTTP, consumer and relay.
+// cmd/warehouse parses the configuration and hands off to [Run]; tests call [Start] with
+// listeners on 127.0.0.1:0, read the address from [App.HTTPAddr], and stop the app with
+// [App.Stop] (or by cancelling the context).
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/outboxshop/outboxshop/internal/failpoint"
+	"github.com/outboxshop/outboxshop/internal/httpserver"
+	"github.com/outboxshop/outboxshop/pkg/inbox"
+	"github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
+	"github.com/outboxshop/outboxshop/pkg/outbox"
+	warehouseamqp "github.com/outboxshop/outboxshop/services/warehouse/amqp"
+	warehousehttp "github.com/outboxshop/outboxshop/services/warehouse/http"
+	"github.com/outboxshop/outboxshop/services/warehouse/postgres"
+)
+
+// Mode selects what a process runs.
+type Mode string
+
+// The modes, one per subcommand of cmd/warehouse.
+const (
+	// ModeAPI serves the HTTP API on Config.HTTPAddr and consumes the warehouse queue.
+	ModeAPI Mode = "api"
+	// ModeRelay runs the outbox relay and outbox cleanup, and serves /healthz, /readyz and
+	// /metrics on Config.RelayHTTPAddr.
+	ModeRelay Mode = "relay"
+	// ModeAll runs everything in one process: ModeAPI and the relay (its metrics are on the
+	// API's /metrics; RelayHTTPAddr is not used).
+	ModeAll Mode = "all"
+)
+
+func (m Mode) serves() (api, consumer, relay bool) {
+	switch m {
+	case ModeAPI:
+		return true, true, false
+	case ModeRelay:
+		return false, false, true
+	case ModeAll:
+		return true, true, true
+	}
+	return false, false, false
+}
+
+var _ warehousehttp.Store = (*postgres.Repo)(nil)
+
+// App is a running warehouse process. Create it with [Start].
+type App struct {
+	// Config is the configuration it runs with.
+	Config Config
+	// Mode is what it runs.
+	Mode Mode
+	// Logger is its logger.
+	Logger *slog.Logger
+	// Registry holds its metrics, served on /metrics; register more collectors on it.
+	Registry *prometheus.Registry
+	// Pool is its database pool, closed when the app has stopped.
+	Pool *pgxpool.Pool
+	// Repo is the repository on Pool.
+	Repo *postgres.Repo
+
+	ln        net.Listener
+	cancel    context.CancelFunc
+	done      chan struct{}
+	err       error
+	consuming atomic.Bool
+	relay     *outbox.Relay
+}
+
+// Start prepares the database (creating and migrating it), binds the HTTP listener and starts
+// the components of mode in the background. It returns once they are started; the app then
+// runs until ctx is cancelled, [App.Stop] is called, or a component fails. log nil discards.
+func Start(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*App, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	api, consumer, relay := mode.serves()
+	if !api && !consumer && !relay {
+		return nil, fmt.Errorf("unknown mode %q: want %s, %s or %s", mode, ModeAPI, ModeRelay, ModeAll)
+	}
+	log = orDiscard(log).With(slog.String("mode", string(mode)))
+	fp, err := failpoint.Parse(cfg.Failpoints)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", failpoint.EnvVar, err)
+	}
+	if armed := fp.Armed(); len(armed) > 0 {
+		log.WarnContext(ctx, "crash points armed", slog.Any("failpoints", armed))
+	}
+
+	pool, err := OpenDatabase(ctx, cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	a := &App{
+		Config:   cfg,
+		Mode:     mode,
+		Logger:   log,
+		Registry: prometheus.NewRegistry(),
+		Pool:     pool,
+		Repo:     postgres.NewRepo(pool),
+		done:     make(chan struct{}),
+	}
+	a.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	var components []component
+	var cleanup []func()
+	fail := func(err error) (*App, error) {
+		for _, f := range cleanup {
+			f()
+		}
+		pool.Close()
+		return nil, err
+	}
+
+	httpCfg := warehousehttp.Config{
+		Pinger:    a.Repo,
+		Gatherer:  a.Registry,
+		Status:    a.status,
+		DBTimeout: cfg.DBTimeout,
+		Logger:    log,
+	}
+	addr := cfg.RelayHTTPAddr
+	if api {
+		httpCfg.Store = a.Repo
+		addr = cfg.HTTPAddr
+	}
+	a.ln, err = net.Listen("tcp", addr)
+	if err != nil {
+		return fail(fmt.Errorf("listen on %s: %w", addr, err))
+	}
+	cleanup = append(cleanup, func() { _ = a.ln.Close() })
+	handler := warehousehttp.NewRouter(httpCfg)
+	components = append(components, component{"http", func(ctx context.Context) error {
+		return httpserver.Serve(ctx, a.ln, handler, httpserver.Config{ShutdownTimeout: cfg.ShutdownTimeout}, log)
+	}})
+
+	if consumer {
+		c, err := warehouseamqp.NewConsumer(pool, warehouseamqp.ConsumerConfig{
+			URL:             cfg.AMQPURL,
+			Topology:        cfg.Topology(),
+			Prefetch:        cfg.ConsumerPrefetch,
+			Concurrency:     cfg.ConsumerConcurrency,
+			MaxDeliveries:   cfg.ConsumerMaxDeliveries,
+			RetryDelay:      cfg.ConsumerRetryDelay,
+			ShutdownTimeout: cfg.ShutdownTimeout,
+			Logger:          log,
+			Hooks: rabbitmq.Hooks{
+				Connected: func(_ string, up bool) { a.consuming.Store(up) },
+				Failpoint: fp.Func(),
+			},
+		})
+		if err != nil {
+			return fail(err)
+		}
+		components = append(components,
+			component{"consumer", c.Run},
+			component{"inbox cleanup", func(ctx context.Context) error {
+				return inbox.RunCleanup(ctx, pool, inbox.CleanupConfig{Retention: cfg.InboxRetention, Logger: log})
+			}})
+	}
+
+	if relay {
+		pub, err := warehouseamqp.NewPublisher(cfg.AMQPURL, cfg.Topology(), log)
+		if err != nil {
+			return fail(err)
+		}
+		cleanup = append(cleanup, func() { _ = pub.Close() })
+		a.relay, err = outbox.NewRelay(pool, pub, outbox.Config{
+			BatchSize:    cfg.RelayBatchSize,
+			PollInterval: cfg.RelayPollInterval,
+			MaxAttempts:  cfg.RelayMaxAttempts,
+			Logger:       log,
+			Hooks:        outbox.Hooks{Failpoint: fp.Func()},
+		})
+		if err != nil {
+			return fail(fmt.Errorf("new relay: %w", err))
+		}
+		components = append(components,
+			component{"relay", a.relay.Run},
+			component{"outbox cleanup", func(ctx context.Context) error {
+				return outbox.RunCleanup(ctx, pool, outbox.CleanupConfig{Retention: cfg.OutboxRetention, Logger: log})
+			}})
+	}
+
+	runCtx, cancel := context.WithCancel(ctx)
+	a.cancel = cancel
+	a.run(runCtx, components, cleanup)
+	log.InfoContext(ctx, "warehouse started", slog.String("http_addr", a.HTTPAddr()),
+		slog.Bool("api", api), slog.Bool("consumer", consumer), slog.Bool("relay", relay))
+	return a, nil
+}
+
+// Run starts the app and waits until it stopped: until ctx is cancelled (graceful stop) or a
+// component failed.
+func Run(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) error {
+	a, err := Start(ctx, cfg, mode, log)
+	if err != nil {
+		return err
+	}
+	return a.Wait()
+}
+
+// HTTPAddr is the address the HTTP server listens on ("127.0.0.1:41234"): the API in ModeAPI
+// and ModeAll, /healthz, /readyz and /metrics only in ModeRelay.
+func (a *App) HTTPAddr() string { return a.ln.Addr().String() }
+
+// Consuming reports whether the consumer is connected and consuming (false in ModeRelay).
+func (a *App) Consuming() bool { return a.consuming.Load() }
+
+// Wait blocks until every component has stopped and the pool is closed, and returns the
+// error of the first component that failed, or nil after a graceful stop.
+func (a *App) Wait() error {
+	<-a.done
+	return a.err
+}
+
+// Stop stops the app gracefully (in-flight requests and messages get
+// Config.ShutdownTimeout) and waits for it, like cancelling Start's context.
+func (a *App) Stop() error {
+	a.cancel()
+	return a.Wait()
+}
+
+// status adds the consumer's and the relay's state to /readyz, for operators.
+func (a *App) status() map[string]string {
+	s := map[string]string{}
+	if _, consumer, _ := a.Mode.serves(); consumer {
+		s["consumer"] = "disconnected"
+		if a.consuming.Load() {
+			s["consumer"] = "connected"
+		}
+	}
+	if a.relay != nil {
+		s["relay"] = string(a.relay.State())
+	}
+	return s
+}
+
+type component struct {
+	name string
+	run  func(ctx context.Context) error
+}
+
+// run starts the components; the first to fail stops the others. When all have returned,
+// cleanup runs, the pool is closed and done is closed.
+func (a *App) run(ctx context.Context, components []component, cleanup []func()) {
+	var (
+		wg   sync.WaitGroup
+		once sync.Once
+	)
+	for _, c := range components {
+		wg.Go(func() {
+			err := c.run(ctx)
+			if err == nil && ctx.Err() == nil {
+				err = errors.New("stopped by itself")
+			}
+			if err != nil {
+				once.Do(func() {
+					a.err = fmt.Errorf("%s: %w", c.name, err)
+					a.Logger.ErrorContext(ctx, "component failed; stopping", slog.String("component", c.name), slog.Any("error", err))
+				})
+				a.cancel()
+			}
+		})
+	}
+	go func() {
+		wg.Wait()
+		for _, f := range cleanup {
+			f()
+		}
+		a.Pool.Close()
+		a.Logger.Info("warehouse stopped")
+		close(a.done)
+	}()
+}
+
+// OpenDatabase creates the database when it does not exist, opens a pool on it and migrates
+// it. While the server cannot be reached it retries with backoff, for at most
+// cfg.StartupTimeout.
+func OpenDatabase(ctx context.Context, cfg Config, log *slog.Logger) (*pgxpool.Pool, error) {
+	log = orDiscard(log)
+	ctx, cancel := context.WithTimeout(ctx, cfg.StartupTimeout)
+	defer cancel()
+	var pool *pgxpool.Pool
+	delay := 100 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		err := postgres.EnsureDatabase(ctx, cfg.DatabaseURL)
+		if err == nil {
+			pool, err = postgres.Open(ctx, cfg.DatabaseURL, cfg.DatabaseMaxConns)
+		}
+		if err == nil {
+			break
+		}
+		if !postgres.Unavailable(err) || ctx.Err() != nil {
+			return nil, fmt.Errorf("open database: %w", err)
+		}
+		if attempt == 1 {
+			log.WarnContext(ctx, "database unavailable; retrying", slog.Any("error", err), slog.Duration("for_at_most", cfg.StartupTimeout))
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("open database: gave up after %s: %w", cfg.StartupTimeout, err)
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 5*time.Second)
+	}
+	if err := postgres.Migrate(ctx, pool); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("migrate: %w", err)
+	}
+	return pool, nil
+}
+
+// Migrate creates the database when missing and migrates it: the `migrate` subcommand.
+func Migrate(ctx context.Context, cfg Config, log *slog.Logger) error {
+	pool, err := OpenDatabase(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	pool.Close()
+	return nil
+}
+
+// Seed resets the catalogue's stock (see [postgres.Repo.Seed]): the `seed` subcommand.
+func Seed(ctx context.Context, cfg Config, force bool, log *slog.Logger) ([]postgres.SeedChange, error) {
+	pool, err := OpenDatabase(ctx, cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	defer pool.Close()
+	return postgres.NewRepo(pool).Seed(ctx, force)
+}
+
+func orDiscard(log *slog.Logger) *slog.Logger {
+	if log == nil {
+		return slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return log
+}

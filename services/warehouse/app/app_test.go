@@ -1,0 +1,329 @@
+package app_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	amqp091 "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxshop/outboxshop/internal/testinfra"
+	"github.com/outboxshop/outboxshop/services/warehouse"
+	"github.com/outboxshop/outboxshop/services/warehouse/app"
+)
+
+// testConfig is a configuration on a database, exchanges and queues of the test's own, with
+// listeners on free ports and short timings.
+func testConfig(t *testing.T) app.Config {
+	t.Helper()
+	cfg := app.DefaultConfig()
+	cfg.DatabaseURL = testinfra.DatabaseURL(t)
+	cfg.AMQPURL = testinfra.AMQPURL(t)
+	cfg.HTTPAddr = "127.0.0.1:0"
+	cfg.RelayHTTPAddr = "127.0.0.1:0"
+	cfg.EventsExchange = testinfra.UniqueName(t, "ex")
+	cfg.DeadLetterExchange = testinfra.UniqueName(t, "dlx")
+	cfg.Queue = testinfra.UniqueName(t, "q")
+	cfg.DeadLetterQueue = testinfra.UniqueName(t, "dlq")
+	cfg.RelayPollInterval = 100 * time.Millisecond
+	cfg.ConsumerRetryDelay = 50 * time.Millisecond
+	cfg.ShutdownTimeout = 5 * time.Second
+	cfg.StartupTimeout = 10 * time.Second
+	t.Cleanup(func() { deleteTopology(t, cfg) })
+	return cfg
+}
+
+func testLogger(t *testing.T) *slog.Logger {
+	if testing.Verbose() {
+		return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+type tWriter struct{ t *testing.T }
+
+func (w tWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
+
+// start starts the app and stops it when the test ends, checking that it stopped cleanly.
+func start(t *testing.T, cfg app.Config, mode app.Mode) *app.App {
+	t.Helper()
+	a, err := app.Start(context.Background(), cfg, mode, testLogger(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, a.Stop()) })
+	return a
+}
+
+// channel opens a confirming channel for the test.
+func channel(t *testing.T, amqpURL string) *amqp091.Channel {
+	t.Helper()
+	conn, err := amqp091.Dial(amqpURL)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	require.NoError(t, ch.Confirm(false))
+	return ch
+}
+
+func deleteTopology(t *testing.T, cfg app.Config) {
+	conn, err := amqp091.Dial(cfg.AMQPURL)
+	require.NoError(t, err)
+	defer conn.Close()
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	for _, q := range []string{cfg.Queue, cfg.DeadLetterQueue} {
+		_, err := ch.QueueDelete(q, false, false, false)
+		require.NoError(t, err)
+	}
+	for _, ex := range []string{cfg.EventsExchange, cfg.DeadLetterExchange} {
+		require.NoError(t, ch.ExchangeDelete(ex, false, false))
+	}
+}
+
+// stockQueue declares a queue of the test's own bound to stock.# on the events exchange, as
+// the orders service's queue is, and returns its deliveries.
+func stockQueue(t *testing.T, ch *amqp091.Channel, cfg app.Config) <-chan amqp091.Delivery {
+	t.Helper()
+	require.NoError(t, ch.ExchangeDeclare(cfg.EventsExchange, amqp091.ExchangeTopic, true, false, false, false, nil))
+	q, err := ch.QueueDeclare(testinfra.UniqueName(t, "stock"), false, true, true, false, nil)
+	require.NoError(t, err)
+	require.NoError(t, ch.QueueBind(q.Name, "stock.#", cfg.EventsExchange, false, nil))
+	deliveries, err := ch.Consume(q.Name, "", true, true, false, false, nil)
+	require.NoError(t, err)
+	return deliveries
+}
+
+// publishOrderCreated publishes an OrderCreated as the orders service's relay does.
+func publishOrderCreated(t *testing.T, ch *amqp091.Channel, cfg app.Config, orderID uuid.UUID, lines ...warehouse.Line) (messageID string) {
+	t.Helper()
+	body, err := json.Marshal(map[string]any{
+		"version": 1, "order_id": orderID, "customer_id": "c-42", "items": lines, "created_at": time.Now().UTC(),
+	})
+	require.NoError(t, err)
+	messageID = uuid.Must(uuid.NewV7()).String()
+	conf, err := ch.PublishWithDeferredConfirmWithContext(context.Background(), cfg.EventsExchange, warehouse.RoutingKeyOrderCreated, true, false,
+		amqp091.Publishing{
+			MessageId:     messageID,
+			Type:          warehouse.TypeOrderCreated,
+			ContentType:   "application/json",
+			DeliveryMode:  amqp091.Persistent,
+			Timestamp:     time.Now(),
+			CorrelationId: "req-e2e",
+			Headers: amqp091.Table{
+				"correlation_id": "req-e2e", "aggregate_type": "order", "aggregate_id": orderID.String(),
+			},
+			Body: body,
+		})
+	require.NoError(t, err)
+	ok, err := conf.WaitContext(context.Background())
+	require.NoError(t, err)
+	require.True(t, ok)
+	return messageID
+}
+
+func get(t *testing.T, rawURL string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(context.Background(), http.MethodGet, rawURL, nil)
+	require.NoError(t, err)
+	res, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer res.Body.Close()
+	body, err := io.ReadAll(res.Body)
+	require.NoError(t, err)
+	return res.StatusCode, string(body)
+}
+
+func TestEndToEnd(t *testing.T) {
+	t.Parallel()
+
+	for _, tc := range []struct {
+		name  string
+		modes []app.Mode
+	}{
+		{"in one process (all)", []app.Mode{app.ModeAll}},
+		{"as api and relay processes", []app.Mode{app.ModeAPI, app.ModeRelay}},
+	} {
+		t.Run("an OrderCreated on the broker comes back as StockReserved "+tc.name, func(t *testing.T) {
+			t.Parallel()
+			cfg := testConfig(t)
+			ch := channel(t, cfg.AMQPURL)
+			stock := stockQueue(t, ch, cfg)
+			var api *app.App
+			for _, m := range tc.modes {
+				a := start(t, cfg, m)
+				if m != app.ModeRelay {
+					api = a
+				}
+			}
+			testinfra.Eventually(t, 20*time.Second, api.Consuming, "the consumer is consuming (its queue is declared)")
+
+			orderID := uuid.Must(uuid.NewV7())
+			messageID := publishOrderCreated(t, ch, cfg, orderID, warehouse.Line{SKU: "BOOK-1", Quantity: 2})
+
+			var d amqp091.Delivery
+			select {
+			case d = <-stock:
+			case <-time.After(30 * time.Second):
+				t.Fatal("no message on the stock.# queue within 30s")
+			}
+			require.Equal(t, warehouse.TypeStockReserved, d.Type)
+			require.Equal(t, warehouse.RoutingKeyStockReserved, d.RoutingKey)
+			require.Equal(t, "application/json", d.ContentType)
+			require.Equal(t, amqp091.Persistent, d.DeliveryMode)
+			require.Equal(t, "req-e2e", d.CorrelationId)
+			require.Equal(t, messageID, d.Headers["causation_id"])
+			require.Equal(t, "req-e2e", d.Headers["correlation_id"])
+			require.Equal(t, "order", d.Headers["aggregate_type"])
+			require.Equal(t, orderID.String(), d.Headers["aggregate_id"])
+			_, err := uuid.Parse(d.MessageId)
+			require.NoError(t, err)
+			var ev warehouse.StockReserved
+			require.NoError(t, json.Unmarshal(d.Body, &ev))
+			require.Equal(t, int64(1), ev.Version)
+			require.Equal(t, orderID, ev.OrderID)
+			require.Equal(t, []warehouse.Line{{SKU: "BOOK-1", Quantity: 2}}, ev.Items)
+
+			base := "http://" + api.HTTPAddr()
+			status, body := get(t, base+"/reservations/"+orderID.String())
+			require.Equal(t, http.StatusOK, status, body)
+			require.Contains(t, body, `"status":"RESERVED"`)
+			status, body = get(t, base+"/stock/BOOK-1")
+			require.Equal(t, http.StatusOK, status)
+			require.Contains(t, body, `"available":98`)
+			require.Contains(t, body, `"reserved":2`)
+		})
+	}
+}
+
+func TestModes(t *testing.T) {
+	t.Parallel()
+
+	t.Run("relay serves /healthz, /readyz and /metrics on its own port, and no API", func(t *testing.T) {
+		t.Parallel()
+		a := start(t, testConfig(t), app.ModeRelay)
+		base := "http://" + a.HTTPAddr()
+		status, _ := get(t, base+"/healthz")
+		require.Equal(t, http.StatusOK, status)
+		status, body := get(t, base+"/readyz")
+		require.Equal(t, http.StatusOK, status)
+		require.Contains(t, body, `"relay":`)
+		status, body = get(t, base+"/metrics")
+		require.Equal(t, http.StatusOK, status)
+		require.Contains(t, body, "go_goroutines")
+		require.Contains(t, body, "process_")
+		status, _ = get(t, base+"/stock")
+		require.Equal(t, http.StatusNotFound, status)
+		require.False(t, a.Consuming())
+	})
+
+	t.Run("api reports its consumer on /readyz and serves /metrics", func(t *testing.T) {
+		t.Parallel()
+		a := start(t, testConfig(t), app.ModeAPI)
+		testinfra.Eventually(t, 20*time.Second, a.Consuming, "consuming")
+		status, body := get(t, "http://"+a.HTTPAddr()+"/readyz")
+		require.Equal(t, http.StatusOK, status)
+		require.Contains(t, body, `"consumer":"connected"`)
+		require.Contains(t, body, `"database":"up"`)
+		status, body = get(t, "http://"+a.HTTPAddr()+"/metrics")
+		require.Equal(t, http.StatusOK, status)
+		require.Contains(t, body, "go_goroutines")
+	})
+
+	t.Run("creates its database when it does not exist", func(t *testing.T) {
+		t.Parallel()
+		cfg := testConfig(t)
+		u, err := url.Parse(cfg.DatabaseURL)
+		require.NoError(t, err)
+		name := strings.TrimPrefix(u.Path, "/") + "_new"
+		if len(name) > 63 {
+			name = name[len(name)-63:]
+		}
+		u.Path = "/" + name
+		cfg.DatabaseURL = u.String()
+		t.Cleanup(func() { dropDatabase(t, name) })
+		require.NoError(t, app.Migrate(context.Background(), cfg, testLogger(t)))
+		changes, err := app.Seed(context.Background(), cfg, false, testLogger(t))
+		require.NoError(t, err)
+		require.Empty(t, changes, "a fresh database has the catalogue already")
+	})
+
+	t.Run("refuses an unknown mode and a bad configuration", func(t *testing.T) {
+		t.Parallel()
+		cfg := testConfig(t)
+		_, err := app.Start(context.Background(), cfg, "dance", nil)
+		require.ErrorContains(t, err, `unknown mode "dance"`)
+		cfg.ConsumerConcurrency = 0
+		_, err = app.Start(context.Background(), cfg, app.ModeAPI, nil)
+		require.ErrorContains(t, err, "WAREHOUSE_CONSUMER_CONCURRENCY")
+	})
+
+	t.Run("fails to start when its port is taken", func(t *testing.T) {
+		t.Parallel()
+		cfg := testConfig(t)
+		a := start(t, cfg, app.ModeAPI)
+		cfg.HTTPAddr = a.HTTPAddr()
+		_, err := app.Start(context.Background(), cfg, app.ModeAPI, nil)
+		require.ErrorContains(t, err, "listen on")
+	})
+}
+
+func dropDatabase(t *testing.T, name string) {
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, testinfra.PostgresURL(t))
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+	require.NoError(t, err)
+}
+
+func TestConfig(t *testing.T) {
+	t.Parallel()
+
+	t.Run("defaults work on a developer machine", func(t *testing.T) {
+		t.Parallel()
+		cfg, err := app.LoadConfigFrom(map[string]string{})
+		require.NoError(t, err)
+		require.Equal(t, app.DefaultConfig(), cfg)
+		require.Equal(t, "postgres://postgres@127.0.0.1:5432/warehouse?sslmode=disable", cfg.DatabaseURL)
+		require.Equal(t, "amqp://guest:guest@127.0.0.1:5672/", cfg.AMQPURL)
+		require.Equal(t, "shop.events", cfg.EventsExchange)
+		require.Equal(t, "warehouse.orders", cfg.Queue)
+	})
+
+	t.Run("environment variables override the defaults", func(t *testing.T) {
+		t.Parallel()
+		cfg, err := app.LoadConfigFrom(map[string]string{
+			"WAREHOUSE_HTTP_ADDR":            ":1234",
+			"WAREHOUSE_CONSUMER_RETRY_DELAY": "2s",
+			"WAREHOUSE_QUEUE":                "wh.q",
+			"CHAOS_FAILPOINTS":               "relay.after-publish=kill@3",
+		})
+		require.NoError(t, err)
+		require.Equal(t, ":1234", cfg.HTTPAddr)
+		require.Equal(t, 2*time.Second, cfg.ConsumerRetryDelay)
+		require.Equal(t, "wh.q", cfg.Topology().Queue)
+		require.Equal(t, "relay.after-publish=kill@3", cfg.Failpoints)
+	})
+
+	t.Run("bad values are refused with the variable's name", func(t *testing.T) {
+		t.Parallel()
+		_, err := app.LoadConfigFrom(map[string]string{"WAREHOUSE_CONSUMER_RETRY_DELAY": "soon"})
+		require.ErrorContains(t, err, "WAREHOUSE_CONSUMER_RETRY_DELAY")
+		_, err = app.LoadConfigFrom(map[string]string{"WAREHOUSE_RELAY_BATCH_SIZE": "0"})
+		require.ErrorContains(t, err, "WAREHOUSE_RELAY_BATCH_SIZE")
+		_, err = app.LoadConfigFrom(map[string]string{"WAREHOUSE_QUEUE": ""})
+		require.NoError(t, err, "an empty variable is unset")
+	})
+}

@@ -1,0 +1,23 @@
+// Package warehouse is the domain of the warehouse service: stock, reservations and the
+// rules that connect them, with no database or broker in sight.
+//
+// The warehouse answers the orders service's saga (see docs/events.md at the root of the
+// repository). For every OrderCreated it reserves all lines of the order or none of them
+// ([DecideCreated]) and answers [StockReserved] or [StockRejected]; for every
+// OrderCancelled it gives back what the order held ([DecideCancelled]) and answers
+// [StockReleased]. Messages may arrive in any order and more than once; the decisions
+// here are written so that every order's effect on stock happens once.
+//
+// # Reservation states
+//
+//	(none) --OrderCreated, enough stock-->  RESERVED --OrderCancelled--> RELEASED
+//	(none) --OrderCreated, short/unknown--> REJECTED --OrderCancelled--> REJECTED (cancel answered)
+//	(none) --OrderCancelled-------------->  CANCELLED (tombstone) --OrderCreated--> CANCELLED (rejected: order_cancelled)
+//
+// Anything else (a second OrderCreated for a decided order, a second OrderCancelled) changes
+// nothing and emits nothing: [ActionIgnore].
+//
+// The adapters live in sub-packages named after what they adapt: postgres (the repository
+// and migrations), amqp (topology and message handlers), http (the HTTP API) and app (the
+// wiring that cmd/warehouse starts).
+package warehouse

@@ -1,0 +1,374 @@
+package http_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxshop/outboxshop/internal/problem"
+	"github.com/outboxshop/outboxshop/internal/testinfra"
+	"github.com/outboxshop/outboxshop/services/warehouse"
+	warehousehttp "github.com/outboxshop/outboxshop/services/warehouse/http"
+	"github.com/outboxshop/outboxshop/services/warehouse/postgres"
+)
+
+// bundle is an API on a migrated database of the test's own.
+type bundle struct {
+	pool    *pgxpool.Pool
+	repo    *postgres.Repo
+	handler http.Handler
+}
+
+func setup(t *testing.T) *bundle {
+	t.Helper()
+	pool := testinfra.NewPool(t)
+	return setupOn(t, pool, warehousehttp.Config{})
+}
+
+// setupOn builds the API on pool; cfg's Store, Gatherer and Logger are filled in.
+func setupOn(t *testing.T, pool *pgxpool.Pool, cfg warehousehttp.Config) *bundle {
+	t.Helper()
+	require.NoError(t, postgres.Migrate(context.Background(), pool))
+	repo := postgres.NewRepo(pool)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector())
+	if cfg.Store == nil {
+		cfg.Store = repo
+	}
+	cfg.Gatherer = reg
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	return &bundle{pool: pool, repo: repo, handler: warehousehttp.NewRouter(cfg)}
+}
+
+type request struct {
+	method, path, body, contentType string
+	header                          http.Header
+}
+
+func (b *bundle) do(t *testing.T, r request) *httptest.ResponseRecorder {
+	t.Helper()
+	var body io.Reader
+	if r.body != "" {
+		body = strings.NewReader(r.body)
+	}
+	req := httptest.NewRequestWithContext(context.Background(), r.method, r.path, body)
+	for k, vs := range r.header {
+		req.Header[k] = vs
+	}
+	if r.contentType != "" {
+		req.Header.Set("Content-Type", r.contentType)
+	}
+	rec := httptest.NewRecorder()
+	b.handler.ServeHTTP(rec, req)
+	return rec
+}
+
+// requireProblem checks that rec is a problem document with status and returns it.
+func requireProblem(t *testing.T, rec *httptest.ResponseRecorder, status int) problem.Details {
+	t.Helper()
+	require.Equal(t, status, rec.Code, rec.Body.String())
+	require.Equal(t, problem.ContentType, rec.Header().Get("Content-Type"))
+	var p problem.Details
+	require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &p))
+	require.Equal(t, status, p.Status)
+	require.NotEmpty(t, p.Title)
+	require.NotEmpty(t, p.Detail)
+	return p
+}
+
+func decode[T any](t *testing.T, rec *httptest.ResponseRecorder) T {
+	t.Helper()
+	require.Equal(t, "application/json", rec.Header().Get("Content-Type"))
+	var v T
+	require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &v), rec.Body.String())
+	return v
+}
+
+func TestPutStockBadInput(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+
+	const json = "application/json"
+	for _, tc := range []struct {
+		name        string
+		path        string
+		body        string
+		contentType string
+		status      int
+		field       string
+	}{
+		{name: "malformed JSON", body: `{"available":`, contentType: json, status: 400},
+		{name: "not JSON at all", body: `twelve`, contentType: json, status: 400},
+		{name: "an empty body", body: ``, contentType: json, status: 400},
+		{name: "a JSON array", body: `[12]`, contentType: json, status: 400},
+		{name: "a JSON number", body: `12`, contentType: json, status: 400},
+		{name: "an unknown field", body: `{"available": 12, "colour": "red"}`, contentType: json, status: 400},
+		{name: "a second JSON value", body: `{"available": 12} {"available": 13}`, contentType: json, status: 400},
+		{name: "trailing garbage", body: `{"available": 12} x`, contentType: json, status: 400},
+		{name: "no available", body: `{}`, contentType: json, status: 422, field: "available"},
+		{name: "available null", body: `{"available": null}`, contentType: json, status: 422, field: "available"},
+		{name: "a null body", body: `null`, contentType: json, status: 422, field: "available"},
+		{name: "a negative level", body: `{"available": -1}`, contentType: json, status: 422, field: "available"},
+		{name: "a level over a million", body: `{"available": 1000001}`, contentType: json, status: 422, field: "available"},
+		{name: "a fractional level", body: `{"available": 12.5}`, contentType: json, status: 422, field: "available"},
+		{name: "a level in exponent form", body: `{"available": 1e3}`, contentType: json, status: 422, field: "available"},
+		{name: "a huge level", body: `{"available": 100000000000000000000000}`, contentType: json, status: 422, field: "available"},
+		{name: "a level as a string", body: `{"available": "12"}`, contentType: json, status: 422, field: "available"},
+		{name: "a level as a boolean", body: `{"available": true}`, contentType: json, status: 422, field: "available"},
+		{name: "an empty name", body: `{"available": 1, "name": "  "}`, contentType: json, status: 422, field: "name"},
+		{name: "a name as a number", body: `{"available": 1, "name": 7}`, contentType: json, status: 422, field: "name"},
+		{name: "a name that is too long", body: `{"available": 1, "name": "` + strings.Repeat("é", 201) + `"}`, contentType: json, status: 422, field: "name"},
+		{name: "a name with control characters", body: `{"available": 1, "name": "a\u0007b"}`, contentType: json, status: 422, field: "name"},
+		{name: "an invalid SKU", path: "/stock/" + url.PathEscape("no spaces!"), body: `{"available": 1}`, contentType: json, status: 422, field: "sku"},
+		{name: "a SKU that is too long", path: "/stock/" + strings.Repeat("A", 65), body: `{"available": 1}`, contentType: json, status: 422, field: "sku"},
+		{name: "a body over the limit", body: `{"available": 1, "name": "` + strings.Repeat("a", 20<<10) + `"}`, contentType: json, status: 413},
+		{name: "a form body", body: `available=12`, contentType: "application/x-www-form-urlencoded", status: 415},
+		{name: "text/plain", body: `{"available": 12}`, contentType: "text/plain", status: 415},
+		{name: "no content type", body: `{"available": 12}`, status: 415},
+		{name: "a garbled content type", body: `{"available": 12}`, contentType: "application/json; =", status: 415},
+		{name: "a charset other than UTF-8", body: `{"available": 12}`, contentType: "application/json; charset=latin1", status: 415},
+	} {
+		t.Run("answers "+tc.name+" with a problem", func(t *testing.T) {
+			t.Parallel()
+			path := tc.path
+			if path == "" {
+				path = "/stock/BOOK-1"
+			}
+			p := requireProblem(t, b.do(t, request{method: http.MethodPut, path: path, body: tc.body, contentType: tc.contentType}), tc.status)
+			if tc.field != "" {
+				require.Len(t, p.Errors, 1, p)
+				require.Equal(t, tc.field, p.Errors[0].Field)
+			}
+		})
+	}
+
+	t.Run("leaves the stock alone after every bad request", func(t *testing.T) {
+		t.Parallel()
+		item, err := b.repo.GetStock(context.Background(), "BOOK-1")
+		require.NoError(t, err)
+		require.Equal(t, int64(100), item.Available)
+	})
+}
+
+func TestPutStockChunkedBodyOverLimit(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	srv := httptest.NewServer(b.handler)
+	t.Cleanup(srv.Close)
+	// No Content-Length: the limit must hold while reading.
+	body := io.MultiReader(strings.NewReader(`{"available": 1, "name": "`), strings.NewReader(strings.Repeat("a", 20<<10)), strings.NewReader(`"}`))
+	req, err := http.NewRequestWithContext(context.Background(), http.MethodPut, srv.URL+"/stock/BOOK-1", body)
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	res, err := srv.Client().Do(req)
+	require.NoError(t, err)
+	defer res.Body.Close()
+	require.Equal(t, http.StatusRequestEntityTooLarge, res.StatusCode)
+	require.Equal(t, problem.ContentType, res.Header.Get("Content-Type"))
+}
+
+func TestPutStock(t *testing.T) {
+	t.Parallel()
+
+	t.Run("creates a new SKU with 201 and a Location", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		rec := b.do(t, request{method: http.MethodPut, path: "/stock/SOCK-1", body: `{"available": 12, "name": "Saga socks"}`,
+			contentType: "application/json; charset=utf-8"})
+		require.Equal(t, http.StatusCreated, rec.Code, rec.Body.String())
+		require.Equal(t, "/stock/SOCK-1", rec.Header().Get("Location"))
+		item := decode[warehousehttp.StockItem](t, rec)
+		require.Equal(t, "SOCK-1", item.SKU)
+		require.Equal(t, "Saga socks", item.Name)
+		require.Equal(t, int64(12), item.Available)
+		require.Zero(t, item.Reserved)
+	})
+
+	t.Run("sets an existing SKU with 200, keeping its name", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		for _, level := range []int64{0, warehouse.MaxAvailable, 7} {
+			rec := b.do(t, request{method: http.MethodPut, path: "/stock/BOOK-1", body: `{"available": ` + itoa(level) + `}`, contentType: "application/json"})
+			require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+			item := decode[warehousehttp.StockItem](t, rec)
+			require.Equal(t, level, item.Available)
+			require.Equal(t, "The Go Programming Language", item.Name)
+		}
+		problems, err := postgres.Verify(context.Background(), b.pool)
+		require.NoError(t, err)
+		require.Empty(t, problems, "every set has its ledger row")
+	})
+}
+
+func itoa(n int64) string {
+	b, _ := json.Marshal(n)
+	return string(b)
+}
+
+func TestGetRoutes(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	orderID := uuid.Must(uuid.NewV7())
+	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		_, err := postgres.Reserve(ctx, tx, orderID, []warehouse.Line{{SKU: "BOOK-1", Quantity: 2}, {SKU: "MUG-1", Quantity: 1}}, "m1", time.Now())
+		return err
+	}))
+
+	t.Run("GET /stock lists the catalogue with what is reserved", func(t *testing.T) {
+		t.Parallel()
+		rec := b.do(t, request{method: http.MethodGet, path: "/stock"})
+		require.Equal(t, http.StatusOK, rec.Code)
+		list := decode[warehousehttp.StockList](t, rec)
+		require.Len(t, list.Items, len(warehouse.Catalogue))
+		got := map[string][2]int64{}
+		for _, i := range list.Items {
+			got[i.SKU] = [2]int64{i.Available, i.Reserved}
+		}
+		require.Equal(t, [2]int64{98, 2}, got["BOOK-1"])
+		require.Equal(t, [2]int64{49, 1}, got["MUG-1"])
+		require.Equal(t, [2]int64{10, 0}, got["BAG-1"])
+	})
+
+	t.Run("HEAD /stock answers like GET without a body", func(t *testing.T) {
+		t.Parallel()
+		rec := b.do(t, request{method: http.MethodHead, path: "/stock"})
+		require.Equal(t, http.StatusOK, rec.Code)
+	})
+
+	t.Run("GET /stock/{sku} returns one SKU", func(t *testing.T) {
+		t.Parallel()
+		rec := b.do(t, request{method: http.MethodGet, path: "/stock/BOOK-1"})
+		require.Equal(t, http.StatusOK, rec.Code)
+		item := decode[warehousehttp.StockItem](t, rec)
+		require.Equal(t, warehousehttp.StockItem{SKU: "BOOK-1", Name: "The Go Programming Language", Available: 98, Reserved: 2,
+			UpdatedAt: item.UpdatedAt}, item)
+	})
+
+	t.Run("GET /reservations/{order_id} returns the reservation and its lines", func(t *testing.T) {
+		t.Parallel()
+		rec := b.do(t, request{method: http.MethodGet, path: "/reservations/" + orderID.String()})
+		require.Equal(t, http.StatusOK, rec.Code)
+		r := decode[warehousehttp.Reservation](t, rec)
+		require.Equal(t, orderID, r.OrderID)
+		require.Equal(t, "RESERVED", r.Status)
+		require.True(t, r.Held)
+		require.Equal(t, []warehouse.Line{{SKU: "BOOK-1", Quantity: 2}, {SKU: "MUG-1", Quantity: 1}}, r.Lines)
+	})
+
+	for _, tc := range []struct {
+		name, method, path string
+		status             int
+	}{
+		{"an unknown SKU", http.MethodGet, "/stock/NOPE-1", 404},
+		{"an impossible SKU", http.MethodGet, "/stock/" + url.PathEscape("a b"), 404},
+		{"an unknown order", http.MethodGet, "/reservations/" + uuid.Must(uuid.NewV7()).String(), 404},
+		{"an order id that is not a UUID", http.MethodGet, "/reservations/order-1", 404},
+		{"an order id in another UUID spelling", http.MethodGet, "/reservations/" + strings.ReplaceAll(orderID.String(), "-", ""), 404},
+		{"an unknown route", http.MethodGet, "/orders", 404},
+		{"a method the route does not allow", http.MethodDelete, "/stock/BOOK-1", 405},
+		{"POST on the stock list", http.MethodPost, "/stock", 405},
+	} {
+		t.Run("answers "+tc.name+" with a problem", func(t *testing.T) {
+			t.Parallel()
+			rec := b.do(t, request{method: tc.method, path: tc.path})
+			requireProblem(t, rec, tc.status)
+			if tc.status == http.StatusMethodNotAllowed {
+				require.NotEmpty(t, rec.Header().Values("Allow"))
+			}
+		})
+	}
+
+	t.Run("405 lists the allowed methods", func(t *testing.T) {
+		t.Parallel()
+		rec := b.do(t, request{method: http.MethodDelete, path: "/stock/BOOK-1"})
+		require.Equal(t, []string{"GET", "HEAD", "PUT"}, rec.Header().Values("Allow"))
+	})
+
+	t.Run("echoes X-Request-ID, or makes one", func(t *testing.T) {
+		t.Parallel()
+		rec := b.do(t, request{method: http.MethodGet, path: "/healthz", header: http.Header{"X-Request-Id": {"req-42"}}})
+		require.Equal(t, "req-42", rec.Header().Get("X-Request-ID"))
+		rec = b.do(t, request{method: http.MethodGet, path: "/healthz", header: http.Header{"X-Request-Id": {"bad id\x7f"}}})
+		require.NotEqual(t, "bad id\x7f", rec.Header().Get("X-Request-ID"))
+		require.NotEmpty(t, rec.Header().Get("X-Request-ID"))
+	})
+
+	t.Run("GET /healthz, /readyz and /metrics answer", func(t *testing.T) {
+		t.Parallel()
+		require.Equal(t, http.StatusOK, b.do(t, request{method: http.MethodGet, path: "/healthz"}).Code)
+		rec := b.do(t, request{method: http.MethodGet, path: "/readyz"})
+		require.Equal(t, http.StatusOK, rec.Code)
+		require.Contains(t, rec.Body.String(), `"database":"up"`)
+		rec = b.do(t, request{method: http.MethodGet, path: "/metrics"})
+		require.Equal(t, http.StatusOK, rec.Code)
+		require.Contains(t, rec.Body.String(), "go_goroutines")
+	})
+}
+
+// panicStore is the real repository, except that listing panics: a stand-in for a bug.
+type panicStore struct{ *postgres.Repo }
+
+func (panicStore) ListStock(context.Context) ([]warehouse.StockItem, error) { panic("boom") }
+
+func TestPanicIsA500Problem(t *testing.T) {
+	t.Parallel()
+	pool := testinfra.NewPool(t)
+	b := setupOn(t, pool, warehousehttp.Config{Store: panicStore{postgres.NewRepo(pool)}})
+	p := requireProblem(t, b.do(t, request{method: http.MethodGet, path: "/stock"}), http.StatusInternalServerError)
+	require.NotContains(t, p.Detail, "boom")
+}
+
+func TestDatabaseDown(t *testing.T) {
+	t.Parallel()
+	u, err := url.Parse(testinfra.PostgresURL(t))
+	require.NoError(t, err)
+	proxy := testinfra.NewProxy(t, u.Host)
+	pool, err := pgxpool.New(context.Background(), proxy.RewriteURL(t, testinfra.DatabaseURL(t)))
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	b := setupOn(t, pool, warehousehttp.Config{DBTimeout: 2 * time.Second})
+
+	require.Equal(t, http.StatusOK, b.do(t, request{method: http.MethodGet, path: "/readyz"}).Code)
+	require.Equal(t, http.StatusOK, b.do(t, request{method: http.MethodGet, path: "/stock"}).Code)
+
+	proxy.Cut()
+	for _, r := range []request{
+		{method: http.MethodGet, path: "/readyz"},
+		{method: http.MethodGet, path: "/stock"},
+		{method: http.MethodGet, path: "/stock/BOOK-1"},
+		{method: http.MethodPut, path: "/stock/BOOK-1", body: `{"available": 3}`, contentType: "application/json"},
+		{method: http.MethodGet, path: "/reservations/" + uuid.Must(uuid.NewV7()).String()},
+	} {
+		t.Run(r.method+" "+r.path+" is 503 with Retry-After while the database is down", func(t *testing.T) {
+			rec := b.do(t, r)
+			requireProblem(t, rec, http.StatusServiceUnavailable)
+			require.Equal(t, "5", rec.Header().Get("Retry-After"))
+		})
+	}
+	t.Run("GET /healthz stays 200: the process is alive", func(t *testing.T) {
+		require.Equal(t, http.StatusOK, b.do(t, request{method: http.MethodGet, path: "/healthz"}).Code)
+	})
+
+	proxy.Heal()
+	t.Run("ready again once the database is back", func(t *testing.T) {
+		testinfra.Eventually(t, 20*time.Second, func() bool {
+			return b.do(t, request{method: http.MethodGet, path: "/readyz"}).Code == http.StatusOK
+		}, "/readyz is 200 again")
+		require.Equal(t, http.StatusOK, b.do(t, request{method: http.MethodGet, path: "/stock"}).Code)
+	})
+}

@@ -1,0 +1,214 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outboxshop/outboxshop/services/warehouse"
+)
+
+// DBTX is what the queries of this package need: pgx.Tx, *pgx.Conn and *pgxpool.Pool
+// satisfy it.
+type DBTX interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Reserve applies an OrderCreated inside tx, the consumer's inbox transaction: it locks the
+// order, decides with [warehouse.DecideCreated] and [warehouse.CheckStock], and records the
+// outcome. lines must be merged per SKU and sorted (warehouse.DecodeOrderCreated does it).
+//
+//   - ActionReserve: every line is taken from stock ('reserve' ledger rows) and the
+//     reservation is RESERVED.
+//   - ActionReject: nothing is taken; the reservation is REJECTED with the reason, or, for a
+//     tombstone, stays CANCELLED and records the late order.
+//   - ActionIgnore: nothing is written.
+//
+// The caller writes the answer to the outbox in the same transaction.
+func Reserve(ctx context.Context, tx pgx.Tx, orderID uuid.UUID, lines []warehouse.Line, messageID string, now time.Time) (warehouse.Decision, error) {
+	if err := lockOrder(ctx, tx, orderID); err != nil {
+		return warehouse.Decision{}, err
+	}
+	existing, err := loadReservation(ctx, tx, orderID)
+	if err != nil {
+		return warehouse.Decision{}, err
+	}
+	d := warehouse.DecideCreated(existing)
+	switch d.Action {
+	case warehouse.ActionIgnore:
+		return d, nil
+	case warehouse.ActionReject: // a tombstone: the order arrives after its cancellation
+		if _, err := tx.Exec(ctx, markCreatedSQL, orderID, messageID, now); err != nil {
+			return d, dbError("record late order", err)
+		}
+		return d, insertLines(ctx, tx, orderID, lines)
+	case warehouse.ActionReserve:
+	default:
+		return d, fmt.Errorf("reserve order %s: unexpected decision %s", orderID, d)
+	}
+
+	available, err := lockStock(ctx, tx, warehouse.SKUs(lines))
+	if err != nil {
+		return d, err
+	}
+	d = warehouse.CheckStock(lines, available)
+	status := warehouse.StatusRejected
+	if d.Action == warehouse.ActionReserve {
+		status = warehouse.StatusReserved
+	}
+	if _, err := tx.Exec(ctx, insertReservationSQL, orderID, status, d.Reason, messageID, "", now); err != nil {
+		return d, dbError("insert reservation", err)
+	}
+	if err := insertLines(ctx, tx, orderID, lines); err != nil {
+		return d, err
+	}
+	if d.Action == warehouse.ActionReserve {
+		if err := move(ctx, tx, lines, -1, kindReserve, orderID, messageID, now); err != nil {
+			return d, err
+		}
+	}
+	return d, nil
+}
+
+// Release applies an OrderCancelled inside tx, the consumer's inbox transaction: it locks the
+// order, decides with [warehouse.DecideCancelled] and records the outcome. It returns the
+// lines given back to stock (none unless the decision is ActionRelease).
+//
+//   - ActionRelease: the held lines go back to stock ('release' ledger rows); RELEASED.
+//   - ActionTombstone: a CANCELLED reservation without lines, so a late OrderCreated
+//     reserves nothing.
+//   - ActionAcknowledgeCancel: the rejected reservation records the cancellation.
+//   - ActionIgnore: nothing is written.
+func Release(ctx context.Context, tx pgx.Tx, orderID uuid.UUID, messageID string, now time.Time) (warehouse.Decision, []warehouse.Line, error) {
+	if err := lockOrder(ctx, tx, orderID); err != nil {
+		return warehouse.Decision{}, nil, err
+	}
+	existing, err := loadReservation(ctx, tx, orderID)
+	if err != nil {
+		return warehouse.Decision{}, nil, err
+	}
+	d := warehouse.DecideCancelled(existing)
+	switch d.Action {
+	case warehouse.ActionIgnore:
+		return d, nil, nil
+	case warehouse.ActionTombstone:
+		_, err := tx.Exec(ctx, insertReservationSQL, orderID, warehouse.StatusCancelled, warehouse.ReasonOrderCancelled, "", messageID, now)
+		return d, nil, dbError("insert tombstone", err)
+	case warehouse.ActionAcknowledgeCancel:
+		_, err := tx.Exec(ctx, markCancelledSQL, orderID, existing.Status, existing.Reason, messageID, now)
+		return d, nil, dbError("record cancellation", err)
+	case warehouse.ActionRelease:
+	default:
+		return d, nil, fmt.Errorf("release order %s: unexpected decision %s", orderID, d)
+	}
+
+	lines := existing.Lines
+	available, err := lockStock(ctx, tx, warehouse.SKUs(lines))
+	if err != nil {
+		return d, nil, err
+	}
+	if len(available) != len(lines) {
+		return d, nil, fmt.Errorf("release order %s: %d of its %d SKUs are missing from stock", orderID, len(lines)-len(available), len(lines))
+	}
+	if err := move(ctx, tx, lines, +1, kindRelease, orderID, messageID, now); err != nil {
+		return d, nil, err
+	}
+	if _, err := tx.Exec(ctx, markCancelledSQL, orderID, warehouse.StatusReleased, warehouse.ReasonOrderCancelled, messageID, now); err != nil {
+		return d, nil, dbError("mark reservation released", err)
+	}
+	return d, lines, nil
+}
+
+// GetReservation returns the reservation of an order with its lines, or an error with
+// CodeNotFound.
+func GetReservation(ctx context.Context, db DBTX, orderID uuid.UUID) (warehouse.Reservation, error) {
+	r, err := loadReservation(ctx, db, orderID)
+	if err != nil {
+		return warehouse.Reservation{}, err
+	}
+	if r == nil {
+		return warehouse.Reservation{}, warehouse.Errorf(warehouse.CodeNotFound, "No reservation for order %s.", orderID)
+	}
+	return *r, nil
+}
+
+func lockOrder(ctx context.Context, tx pgx.Tx, orderID uuid.UUID) error {
+	if _, err := tx.Exec(ctx, lockOrderSQL, orderLockClass, orderID.String()); err != nil {
+		return dbError("lock order "+orderID.String(), err)
+	}
+	return nil
+}
+
+// loadReservation returns the order's reservation with its lines, or nil.
+func loadReservation(ctx context.Context, db DBTX, orderID uuid.UUID) (*warehouse.Reservation, error) {
+	r := warehouse.Reservation{OrderID: orderID}
+	err := db.QueryRow(ctx, selectReservationSQL, orderID).Scan(
+		&r.Status, &r.Reason, &r.CreatedMessageID, &r.CancelledMessageID, &r.CreatedAt, &r.UpdatedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, dbError("load reservation", err)
+	}
+	rows, err := db.Query(ctx, selectReservationLinesSQL, orderID)
+	if err != nil {
+		return nil, dbError("load reservation lines", err)
+	}
+	r.Lines, err = pgx.CollectRows(rows, pgx.RowToStructByPos[warehouse.Line])
+	if err != nil {
+		return nil, dbError("load reservation lines", err)
+	}
+	return &r, nil
+}
+
+// lockStock locks the stock rows of skus in SKU order and returns their available levels.
+// Unknown SKUs are missing from the map.
+func lockStock(ctx context.Context, tx pgx.Tx, skus []string) (map[string]int64, error) {
+	rows, err := tx.Query(ctx, lockStockSQL, skus)
+	if err != nil {
+		return nil, dbError("lock stock", err)
+	}
+	available := make(map[string]int64, len(skus))
+	var (
+		sku string
+		n   int64
+	)
+	_, err = pgx.ForEachRow(rows, []any{&sku, &n}, func() error {
+		available[sku] = n
+		return nil
+	})
+	if err != nil {
+		return nil, dbError("lock stock", err)
+	}
+	return available, nil
+}
+
+func insertLines(ctx context.Context, tx pgx.Tx, orderID uuid.UUID, lines []warehouse.Line) error {
+	if _, err := tx.Exec(ctx, insertReservationLinesSQL, orderID, warehouse.SKUs(lines), warehouse.Quantities(lines)); err != nil {
+		return dbError("insert reservation lines", err)
+	}
+	return nil
+}
+
+// move adds sign·quantity to the stock of every line and writes the ledger rows.
+func move(ctx context.Context, tx pgx.Tx, lines []warehouse.Line, sign int64, kind string, orderID uuid.UUID, messageID string, now time.Time) error {
+	skus := warehouse.SKUs(lines)
+	deltas := warehouse.Quantities(lines)
+	for i := range deltas {
+		deltas[i] *= sign
+	}
+	if _, err := tx.Exec(ctx, addStockSQL, skus, deltas, now); err != nil {
+		return dbError("update stock", err)
+	}
+	if _, err := tx.Exec(ctx, insertMovementsSQL, skus, deltas, kind, orderID, messageID, now); err != nil {
+		return dbError("insert stock movements", err)
+	}
+	return nil
+}

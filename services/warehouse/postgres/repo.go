@@ -1,0 +1,215 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxshop/outboxshop/services/warehouse"
+)
+
+// Repo is the warehouse's repository for the HTTP API and the seed command. Every method
+// returns a *warehouse.Error with CodeUnavailable when the database cannot be reached.
+type Repo struct {
+	pool *pgxpool.Pool
+	now  func() time.Time
+}
+
+// NewRepo returns a repository on pool.
+func NewRepo(pool *pgxpool.Pool) *Repo {
+	return &Repo{pool: pool, now: func() time.Time { return time.Now().UTC() }}
+}
+
+// Ping checks that the database answers.
+func (r *Repo) Ping(ctx context.Context) error {
+	return dbError("ping", r.pool.Ping(ctx))
+}
+
+// ListStock returns every SKU, sorted, with what is reserved of it.
+func (r *Repo) ListStock(ctx context.Context) ([]warehouse.StockItem, error) {
+	rows, err := r.pool.Query(ctx, selectAllStockSQL)
+	if err != nil {
+		return nil, dbError("list stock", err)
+	}
+	items, err := pgx.CollectRows(rows, pgx.RowToStructByPos[warehouse.StockItem])
+	if err != nil {
+		return nil, dbError("list stock", err)
+	}
+	return items, nil
+}
+
+// GetStock returns one SKU, or an error with CodeNotFound.
+func (r *Repo) GetStock(ctx context.Context, sku string) (warehouse.StockItem, error) {
+	return getStock(ctx, r.pool, sku)
+}
+
+func getStock(ctx context.Context, db DBTX, sku string) (warehouse.StockItem, error) {
+	rows, err := db.Query(ctx, selectOneStockSQL, sku)
+	if err != nil {
+		return warehouse.StockItem{}, dbError("get stock", err)
+	}
+	item, err := pgx.CollectExactlyOneRow(rows, pgx.RowToStructByPos[warehouse.StockItem])
+	if errors.Is(err, pgx.ErrNoRows) {
+		return warehouse.StockItem{}, warehouse.Errorf(warehouse.CodeNotFound, "SKU %q does not exist.", sku)
+	}
+	if err != nil {
+		return warehouse.StockItem{}, dbError("get stock", err)
+	}
+	return item, nil
+}
+
+// SetStock sets the available stock of a SKU, creating the SKU when it is new, and writes a
+// 'set' ledger row with the difference. name, when not empty, renames the SKU; a new SKU
+// without a name is named after itself. It reports whether the SKU was created. The caller
+// has validated sku, name and available.
+func (r *Repo) SetStock(ctx context.Context, sku, name string, available int64) (item warehouse.StockItem, created bool, err error) {
+	now := r.now()
+	err = pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+		for {
+			var (
+				oldName string
+				old     int64
+			)
+			err := tx.QueryRow(ctx, lockOneStockSQL, sku).Scan(&oldName, &old)
+			if errors.Is(err, pgx.ErrNoRows) {
+				newName := name
+				if newName == "" {
+					newName = sku
+				}
+				tag, err := tx.Exec(ctx, insertStockSQL, sku, newName, available, now)
+				if err != nil {
+					return dbError("insert stock", err)
+				}
+				if tag.RowsAffected() == 0 {
+					continue // created meanwhile by another request: lock it and update it
+				}
+				created = true
+				_, err = tx.Exec(ctx, insertMovementSQL, sku, available, kindSet, now)
+				return dbError("insert stock movement", err)
+			}
+			if err != nil {
+				return dbError("lock stock", err)
+			}
+			if name == "" {
+				name = oldName
+			}
+			if _, err := tx.Exec(ctx, updateStockSQL, sku, name, available, now); err != nil {
+				return dbError("update stock", err)
+			}
+			_, err = tx.Exec(ctx, insertMovementSQL, sku, available-old, kindSet, now)
+			return dbError("insert stock movement", err)
+		}
+	})
+	if err != nil {
+		return warehouse.StockItem{}, false, dbError("set stock", err)
+	}
+	item, err = r.GetStock(ctx, sku)
+	return item, created, err
+}
+
+// GetReservation returns the reservation of an order with its lines, or an error with
+// CodeNotFound.
+func (r *Repo) GetReservation(ctx context.Context, orderID uuid.UUID) (warehouse.Reservation, error) {
+	return GetReservation(ctx, r.pool, orderID)
+}
+
+// SeedChange is one SKU the seed changed.
+type SeedChange struct {
+	SKU      string
+	From, To int64
+}
+
+// Seed resets the stock of the catalogue's SKUs to warehouse.Catalogue (creating missing
+// ones, restoring names) and writes a 'restock' ledger row for each level it changes. Other
+// SKUs are left alone. When reservations hold stock it refuses with CodeConflict, unless
+// force is set: the held stock then comes on top of the catalogue levels when released.
+func (r *Repo) Seed(ctx context.Context, force bool) ([]SeedChange, error) {
+	now := r.now()
+	skus := make([]string, len(warehouse.Catalogue))
+	names := make([]string, len(warehouse.Catalogue))
+	levels := make([]int64, len(warehouse.Catalogue))
+	target := make(map[string]int64, len(warehouse.Catalogue))
+	for i, c := range warehouse.Catalogue {
+		skus[i], names[i], levels[i] = c.SKU, c.Name, c.Available
+		target[c.SKU] = c.Available
+	}
+	var changes []SeedChange
+	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+		changes = nil
+		if _, err := tx.Exec(ctx, insertMissingStockSQL, skus, names, now); err != nil {
+			return dbError("create catalogue SKUs", err)
+		}
+		// Locking the rows first makes the count below see every reservation of these SKUs
+		// that committed before.
+		rows, err := tx.Query(ctx, lockStockNamesSQL, skus)
+		if err != nil {
+			return dbError("lock catalogue stock", err)
+		}
+		var (
+			sku, name string
+			old       int64
+		)
+		_, err = pgx.ForEachRow(rows, []any{&sku, &name, &old}, func() error {
+			if old != target[sku] {
+				changes = append(changes, SeedChange{SKU: sku, From: old, To: target[sku]})
+			}
+			return nil
+		})
+		if err != nil {
+			return dbError("lock catalogue stock", err)
+		}
+		var held int64
+		if err := tx.QueryRow(ctx, countHeldSQL).Scan(&held); err != nil {
+			return dbError("count reservations", err)
+		}
+		if held > 0 && !force {
+			return warehouse.Errorf(warehouse.CodeConflict,
+				"%d reservations hold stock; seeding now would change stock under them (use --force to seed anyway)", held)
+		}
+		if _, err := tx.Exec(ctx, setStockSQL, skus, names, levels, now); err != nil {
+			return dbError("set catalogue stock", err)
+		}
+		for _, c := range changes {
+			if _, err := tx.Exec(ctx, insertMovementSQL, c.SKU, c.To-c.From, kindRestock, now); err != nil {
+				return dbError("insert stock movement", err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, dbError("seed", err)
+	}
+	return changes, nil
+}
+
+// Verify checks the ledger against the state and returns every inconsistency it finds (none
+// in a healthy database): for each SKU, available equals the sum of its movements; each
+// RESERVED order has exactly one 'reserve' movement per line, of its quantity, and no
+// 'release'; each RELEASED order has one 'reserve' and one 'release' per line that cancel
+// out; REJECTED and CANCELLED orders have no movements. A chaos test calls it to prove that
+// every order's effect was applied exactly once.
+func Verify(ctx context.Context, db DBTX) ([]string, error) {
+	var problems []string
+	for _, check := range []struct{ name, sql string }{
+		{"stock differs from its ledger", verifyStockSQL},
+		{"order's movements do not match its reservation", verifyOrdersSQL},
+	} {
+		rows, err := db.Query(ctx, check.sql)
+		if err != nil {
+			return nil, dbError("verify", err)
+		}
+		found, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return nil, dbError("verify", err)
+		}
+		for _, f := range found {
+			problems = append(problems, fmt.Sprintf("%s: %s", check.name, f))
+		}
+	}
+	return problems, nil
+}

@@ -1,0 +1,139 @@
+package postgres_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxshop/outboxshop/services/warehouse"
+	"github.com/outboxshop/outboxshop/services/warehouse/postgres"
+)
+
+func TestRepo(t *testing.T) {
+	t.Parallel()
+
+	t.Run("SetStock creates a SKU named after itself, then updates it with a ledger row each", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		ctx := context.Background()
+		item, created, err := b.repo.SetStock(ctx, "NEW-1", "", 12)
+		require.NoError(t, err)
+		require.True(t, created)
+		require.Equal(t, "NEW-1", item.Name)
+		require.Equal(t, int64(12), item.Available)
+
+		item, created, err = b.repo.SetStock(ctx, "NEW-1", "New thing", 4)
+		require.NoError(t, err)
+		require.False(t, created)
+		require.Equal(t, "New thing", item.Name)
+		require.Equal(t, int64(4), item.Available)
+
+		item, _, err = b.repo.SetStock(ctx, "NEW-1", "", 4)
+		require.NoError(t, err)
+		require.Equal(t, "New thing", item.Name, "no name keeps the name")
+
+		var deltas []int64
+		rows, err := b.pool.Query(ctx, `SELECT delta FROM stock_movements WHERE sku = 'NEW-1' AND kind = 'set' ORDER BY id`)
+		require.NoError(t, err)
+		for rows.Next() {
+			var d int64
+			require.NoError(t, rows.Scan(&d))
+			deltas = append(deltas, d)
+		}
+		require.NoError(t, rows.Err())
+		require.Equal(t, []int64{12, -8, 0}, deltas)
+		b.requireConsistent(t)
+	})
+
+	t.Run("SetStock of one new SKU from many requests at once creates it once", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		done := make(chan bool, 8)
+		for i := range 8 {
+			go func() {
+				_, created, err := b.repo.SetStock(context.Background(), "RACE-1", "", int64(i))
+				assert.NoError(t, err)
+				done <- created
+			}()
+		}
+		var created int
+		for range 8 {
+			if <-done {
+				created++
+			}
+		}
+		require.Equal(t, 1, created)
+		b.requireConsistent(t)
+	})
+
+	t.Run("unknown SKU and reservation are not found", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		_, err := b.repo.GetStock(context.Background(), "NOPE")
+		require.Equal(t, warehouse.CodeNotFound, warehouse.ErrorCode(err))
+		_, err = b.repo.GetReservation(context.Background(), newOrderID())
+		require.Equal(t, warehouse.CodeNotFound, warehouse.ErrorCode(err))
+	})
+
+	t.Run("Verify finds stock changed behind the ledger's back", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		_, err := b.pool.Exec(context.Background(), `UPDATE stock SET available = available + 1 WHERE sku = 'MUG-1'`)
+		require.NoError(t, err)
+		id := newOrderID()
+		b.reserve(t, id, []warehouse.Line{{SKU: "PEN-1", Quantity: 2}})
+		_, err = b.pool.Exec(context.Background(), `UPDATE reservations SET status = 'REJECTED' WHERE order_id = $1`, id)
+		require.NoError(t, err)
+		problems, err := postgres.Verify(context.Background(), b.pool)
+		require.NoError(t, err)
+		require.Len(t, problems, 2)
+		require.Contains(t, problems[0], "MUG-1: available 51, ledger 50")
+		require.Contains(t, problems[1], id.String())
+	})
+}
+
+func TestSeed(t *testing.T) {
+	t.Parallel()
+
+	t.Run("resets the catalogue and leaves other SKUs alone", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		ctx := context.Background()
+		b.setStock(t, map[string]int64{"BOOK-1": 3, "OTHER-1": 9})
+		_, err := b.pool.Exec(ctx, `DELETE FROM stock_movements WHERE sku = 'BAG-1'; DELETE FROM stock WHERE sku = 'BAG-1'`)
+		require.NoError(t, err)
+		_, _, err = b.repo.SetStock(ctx, "MUG-1", "Renamed", 50)
+		require.NoError(t, err)
+
+		changes, err := b.repo.Seed(ctx, false)
+		require.NoError(t, err)
+		require.ElementsMatch(t, []postgres.SeedChange{{SKU: "BAG-1", From: 0, To: 10}, {SKU: "BOOK-1", From: 3, To: 100}}, changes)
+		for _, c := range warehouse.Catalogue {
+			item, err := b.repo.GetStock(ctx, c.SKU)
+			require.NoError(t, err)
+			require.Equal(t, c.Available, item.Available)
+			require.Equal(t, c.Name, item.Name)
+		}
+		require.Equal(t, int64(9), b.available(t, "OTHER-1"))
+		b.requireConsistent(t)
+	})
+
+	t.Run("refuses while reservations hold stock, unless forced", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		ctx := context.Background()
+		id := newOrderID()
+		b.reserve(t, id, []warehouse.Line{{SKU: "TEE-1", Quantity: 10}})
+		_, err := b.repo.Seed(ctx, false)
+		require.Equal(t, warehouse.CodeConflict, warehouse.ErrorCode(err))
+		require.Equal(t, int64(20), b.available(t, "TEE-1"))
+
+		changes, err := b.repo.Seed(ctx, true)
+		require.NoError(t, err)
+		require.Equal(t, []postgres.SeedChange{{SKU: "TEE-1", From: 20, To: 30}}, changes)
+		require.Equal(t, int64(30), b.available(t, "TEE-1"))
+		b.requireConsistent(t)
+	})
+}
