@@ -1,0 +1,9 @@
+package e2e_test
+
+import (
+	"testing"
+
+	"github.com/outboxshop/outboxshop/internal/testinfra"
+)
+
+func TestMain(m *testing.M) { testinfra.Main(m) }
