@@ -1,6 +1,7 @@
 // Package app wires the orders service: it connects to PostgreSQL (creating and migrating the
 // database), declares the RabbitMQ topology, and runs the API, the stock-event consumer and the
-// outbox relay, in the combinations of the binary's subcommands (Mode).
+// outbox relay, in the combinations of the binary's subcommands (Mode), and registers the
+// metrics of docs/metrics.md for what the mode runs (service="orders").
 //
 // Tests start an App on 127.0.0.1:0 in-process:
 //
@@ -24,11 +25,15 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/outboxshop/outboxshop/internal/aftercommit"
 	"github.com/outboxshop/outboxshop/internal/failpoint"
 	"github.com/outboxshop/outboxshop/internal/httpserver"
+	"github.com/outboxshop/outboxshop/internal/pgxpoolmetrics"
 	"github.com/outboxshop/outboxshop/pkg/inbox"
+	inboxmetrics "github.com/outboxshop/outboxshop/pkg/inbox/metrics"
 	inboxrabbitmq "github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
 	"github.com/outboxshop/outboxshop/pkg/outbox"
+	outboxmetrics "github.com/outboxshop/outboxshop/pkg/outbox/metrics"
 	outboxrabbitmq "github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq"
 	ordersamqp "github.com/outboxshop/outboxshop/services/orders/amqp"
 	ordershttp "github.com/outboxshop/outboxshop/services/orders/http"
@@ -59,7 +64,8 @@ type Options struct {
 	// Failpoints are the armed crash points (failpoint.FromEnv). nil arms none.
 	Failpoints *failpoint.Set
 	// Registry collects the metrics served on /metrics. nil makes a new one with the Go and
-	// process collectors.
+	// process collectors. Start registers the service's metrics on it (docs/metrics.md), so
+	// one registry serves one App.
 	Registry *prometheus.Registry
 }
 
@@ -73,11 +79,12 @@ type App struct {
 	// Registry is what /metrics serves. Add collectors to it before Start.
 	Registry *prometheus.Registry
 
-	pool     *pgxpool.Pool
-	store    *postgres.Store
-	topology ordersamqp.Topology
-	apiLn    net.Listener
-	opsLn    net.Listener
+	pool        *pgxpool.Pool
+	store       *postgres.Store
+	topology    ordersamqp.Topology
+	httpMetrics *ordershttp.Metrics
+	apiLn       net.Listener
+	opsLn       net.Listener
 
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
@@ -189,6 +196,14 @@ func (a *App) Start(ctx context.Context) (err error) {
 	if a.store, err = postgres.NewStore(a.pool, postgres.StoreConfig{Exchange: a.topology.Exchange}); err != nil {
 		return err
 	}
+	// The metrics of every mode: the pool's statistics and the HTTP requests of whichever
+	// router this process serves (the API, or the relay's ops port).
+	if err := a.Registry.Register(pgxpoolmetrics.New(a.pool, constLabels())); err != nil {
+		return fmt.Errorf("register pool metrics: %w", err)
+	}
+	if a.httpMetrics, err = ordershttp.NewMetrics(a.Registry, constLabels()); err != nil {
+		return fmt.Errorf("register HTTP metrics: %w", err)
+	}
 	var lc net.ListenConfig
 	if a.mode == ModeAPI || a.mode == ModeAll {
 		if a.apiLn, err = lc.Listen(ctx, "tcp", a.cfg.HTTPAddr); err != nil {
@@ -248,18 +263,41 @@ type component struct {
 }
 
 func (a *App) apiComponents() ([]component, error) {
+	svc, err := newServiceMetrics(a.Registry)
+	if err != nil {
+		return nil, fmt.Errorf("register service metrics: %w", err)
+	}
+	// The backlog of the outbox table, read here and not by the relay, so that it stays
+	// visible when the relay is down.
+	stats, err := outboxmetrics.NewStats(a.Registry, a.pool, outboxmetrics.StatsConfig{ConstLabels: constLabels(), Logger: a.log})
+	if err != nil {
+		return nil, fmt.Errorf("register outbox stats metrics: %w", err)
+	}
+	consumerMetrics, err := inboxmetrics.NewConsumer(a.Registry, inboxmetrics.Config{KnownTypes: consumedTypes, ConstLabels: constLabels()})
+	if err != nil {
+		return nil, fmt.Errorf("register consumer metrics: %w", err)
+	}
+	consumerMetrics.Init(ordersamqp.ConsumerName)
+	consumerMetrics.SetWindow(ordersamqp.ConsumerName, a.cfg.InboxRetention, redeliveryWindow(a.cfg))
+
 	api := ordershttp.NewHandler(ordershttp.Config{
-		Orders:          a.store,
-		Gatherer:        a.Registry,
-		Logger:          a.log,
-		AfterCommit:     func() { a.fp.Hit(FailpointAfterCommit) },
+		Orders:   a.store,
+		Gatherer: a.Registry,
+		Metrics:  a.httpMetrics,
+		Logger:   a.log,
+		AfterCommit: func() {
+			svc.created.Inc()
+			a.fp.Hit(FailpointAfterCommit)
+		},
 		DatabaseTimeout: a.cfg.DatabaseTimeout,
 	})
-	consumer, err := inboxrabbitmq.NewConsumer(a.pool, inboxrabbitmq.Config{
+	// The pool is wrapped so that countingApplier counts an outcome after its inbox
+	// transaction committed.
+	consumer, err := inboxrabbitmq.NewConsumer(aftercommit.Wrap(a.pool), inboxrabbitmq.Config{
 		URL:                  a.cfg.AMQPURL,
 		Queue:                a.topology.Queue,
 		Name:                 ordersamqp.ConsumerName,
-		Handler:              ordersamqp.NewHandler(a.store, a.log),
+		Handler:              ordersamqp.NewHandler(countingApplier{StockApplier: a.store, outcomes: svc.outcomes}, a.log),
 		Prefetch:             a.cfg.ConsumerPrefetch,
 		Concurrency:          a.cfg.ConsumerConcurrency,
 		MaxDeliveries:        a.cfg.ConsumerMaxDeliveries,
@@ -269,7 +307,7 @@ func (a *App) apiComponents() ([]component, error) {
 		DeadLetterRoutingKey: a.topology.Queue,
 		Setup:                a.topology.Declare,
 		Logger:               a.log,
-		Hooks:                inboxrabbitmq.Hooks{Failpoint: a.fp.Func()},
+		Hooks:                consumerMetrics.Hooks(inboxrabbitmq.Hooks{Failpoint: a.fp.Func()}),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("stock consumer: %w", err)
@@ -285,26 +323,34 @@ func (a *App) apiComponents() ([]component, error) {
 			})
 		}},
 		{"idempotency key cleanup", a.runIdempotencyCleanup},
+		{"outbox stats", stats.Run},
 	}, nil
 }
 
 func (a *App) relayComponents() ([]component, error) {
+	relayMetrics, err := outboxmetrics.NewRelay(a.Registry, constLabels())
+	if err != nil {
+		return nil, fmt.Errorf("register relay metrics: %w", err)
+	}
 	pub, err := outboxrabbitmq.New(outboxrabbitmq.Config{
 		URL:            a.cfg.AMQPURL,
 		ConnectionName: "orders-relay",
 		DialTimeout:    a.cfg.DatabaseTimeout,
 		Setup:          a.topology.Declare,
 		Logger:         a.log,
+		Hooks:          relayMetrics.PublisherHooks(),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("outbox publisher: %w", err)
 	}
 	relay, err := outbox.NewRelay(a.pool, pub, outbox.Config{
-		BatchSize:    a.cfg.RelayBatchSize,
-		PollInterval: a.cfg.RelayPollInterval,
-		MaxAttempts:  a.cfg.RelayMaxAttempts,
-		Logger:       a.log,
-		Hooks:        outbox.Hooks{Failpoint: a.fp.Func()},
+		BatchSize:      a.cfg.RelayBatchSize,
+		PollInterval:   a.cfg.RelayPollInterval,
+		MaxAttempts:    a.cfg.RelayMaxAttempts,
+		RetryBaseDelay: relayRetryBaseDelay,
+		RetryMaxDelay:  relayRetryMaxDelay,
+		Logger:         a.log,
+		Hooks:          relayMetrics.Hooks(outbox.Hooks{Failpoint: a.fp.Func()}),
 	})
 	if err != nil {
 		_ = pub.Close()
@@ -322,7 +368,9 @@ func (a *App) relayComponents() ([]component, error) {
 		}},
 	}
 	if a.opsLn != nil {
-		ops := ordershttp.NewOpsHandler(ordershttp.OpsConfig{Gatherer: a.Registry, Ready: a.store.Ping, Logger: a.log})
+		ops := ordershttp.NewOpsHandler(ordershttp.OpsConfig{
+			Gatherer: a.Registry, Metrics: a.httpMetrics, Ready: a.store.Ping, Logger: a.log,
+		})
 		cs = append(cs, component{"relay http server", func(ctx context.Context) error {
 			return httpserver.Serve(ctx, a.opsLn, ops, httpserver.Config{ShutdownTimeout: a.cfg.HTTPShutdownTimeout}, a.log)
 		}})

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -18,6 +19,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxshop/outboxshop/internal/metricstest"
 	"github.com/outboxshop/outboxshop/internal/problem"
 	"github.com/outboxshop/outboxshop/internal/testinfra"
 	"github.com/outboxshop/outboxshop/services/orders/app"
@@ -266,6 +268,20 @@ func TestAppSeparateProcesses(t *testing.T) {
 	apiMetrics := call(t, http.MethodGet, api.URL()+"/metrics", "")
 	require.Equal(t, http.StatusOK, apiMetrics.status)
 	require.Contains(t, string(apiMetrics.body), "go_goroutines")
+
+	// Each process exports the metrics of what it runs (docs/metrics.md); the backlog is
+	// read by the API, so that it stays visible without a relay.
+	_, relayFamilies := metricstest.Scrape(t, ops+"/metrics")
+	_, apiFamilies := metricstest.Scrape(t, api.URL()+"/metrics")
+	for _, name := range []string{"outbox_relay_state", "outbox_published_total", "pgxpool_total_conns", "http_requests_total"} {
+		require.Contains(t, relayFamilies, name)
+	}
+	require.Contains(t, metricstest.LabelValues(relayFamilies, "http_requests_total", "route"), "/healthz")
+	for _, name := range []string{"outbox_pending_messages", "inbox_messages_processed_total", "orders_created_total"} {
+		require.NotContains(t, relayFamilies, name)
+		require.Contains(t, apiFamilies, name)
+	}
+	require.NotContains(t, apiFamilies, "outbox_relay_state")
 }
 
 // TestAppDatabaseDown points the App at a proxy in front of PostgreSQL and cuts it.
@@ -355,8 +371,8 @@ func TestAppStartFails(t *testing.T) {
 		cfg.RelayBatchSize = 0
 		cfg.ConsumerConcurrency = 100
 		_, err := app.New(cfg, app.ModeAll, app.Options{})
-		require.ErrorContains(t, err, "RELAY_BATCH_SIZE")
-		require.ErrorContains(t, err, "CONSUMER_CONCURRENCY")
+		require.ErrorContains(t, err, "ORDERS_RELAY_BATCH_SIZE")
+		require.ErrorContains(t, err, "ORDERS_CONSUMER_CONCURRENCY")
 	})
 	t.Run("PortInUse", func(t *testing.T) {
 		t.Parallel()
@@ -387,8 +403,8 @@ func TestDefaultConfig(t *testing.T) {
 }
 
 func TestLoadConfig(t *testing.T) { // not parallel: it sets environment variables
-	t.Setenv("RELAY_BATCH_SIZE", "7")
-	t.Setenv("RELAY_POLL_INTERVAL", "250ms")
+	t.Setenv("ORDERS_RELAY_BATCH_SIZE", "7")
+	t.Setenv("ORDERS_RELAY_POLL_INTERVAL", "250ms")
 	t.Setenv("ORDERS_QUEUE", "custom.queue")
 	cfg, err := app.LoadConfig()
 	require.NoError(t, err)
@@ -397,11 +413,38 @@ func TestLoadConfig(t *testing.T) { // not parallel: it sets environment variabl
 	require.Equal(t, "custom.queue", cfg.Queue)
 	require.Equal(t, "shop.events", cfg.EventsExchange)
 
-	t.Setenv("RELAY_POLL_INTERVAL", "soon")
+	t.Setenv("RELAY_BATCH_SIZE", "3") // unprefixed: not the orders service's
+	t.Setenv("HTTP_ADDR", ":9999")
+	cfg, err = app.LoadConfig()
+	require.NoError(t, err)
+	require.Equal(t, 7, cfg.RelayBatchSize)
+	require.Equal(t, ":8080", cfg.HTTPAddr)
+	t.Setenv("ORDERS_HTTP_ADDR", ":18080")
+	t.Setenv("ORDERS_DATABASE_URL", "postgres://db/orders")
+	t.Setenv("ORDERS_AMQP_URL", "amqp://mq/")
+	cfg, err = app.LoadConfig()
+	require.NoError(t, err)
+	require.Equal(t, ":18080", cfg.HTTPAddr)
+	require.Equal(t, "postgres://db/orders", cfg.DatabaseURL)
+	require.Equal(t, "amqp://mq/", cfg.AMQPURL)
+
+	t.Setenv("ORDERS_RELAY_POLL_INTERVAL", "soon")
 	_, err = app.LoadConfig()
-	require.ErrorContains(t, err, "RELAY_POLL_INTERVAL")
-	t.Setenv("RELAY_POLL_INTERVAL", "1s")
-	t.Setenv("RELAY_BATCH_SIZE", "-1")
+	require.ErrorContains(t, err, "ORDERS_RELAY_POLL_INTERVAL")
+	t.Setenv("ORDERS_RELAY_POLL_INTERVAL", "1s")
+	t.Setenv("ORDERS_RELAY_BATCH_SIZE", "-1")
 	_, err = app.LoadConfig()
-	require.ErrorContains(t, err, "RELAY_BATCH_SIZE")
+	require.ErrorContains(t, err, "ORDERS_RELAY_BATCH_SIZE")
+}
+
+// TestConfigVariablesArePrefixed keeps every variable of the orders service under ORDERS_, so
+// that it runs from one shell with the warehouse (WAREHOUSE_…).
+func TestConfigVariablesArePrefixed(t *testing.T) {
+	t.Parallel()
+	typ := reflect.TypeFor[app.Config]()
+	for i := range typ.NumField() {
+		f := typ.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("env"), ",")
+		require.True(t, strings.HasPrefix(name, "ORDERS_"), "%s reads %q", f.Name, name)
+	}
 }

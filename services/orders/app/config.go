@@ -15,60 +15,60 @@ import (
 // (user postgres, no password) and RabbitMQ on 127.0.0.1:5672 (guest/guest).
 type Config struct {
 	// DatabaseURL names the service's own database; it is created on first start.
-	DatabaseURL string `env:"DATABASE_URL" envDefault:"postgres://postgres@127.0.0.1:5432/orders?sslmode=disable"`
+	DatabaseURL string `env:"ORDERS_DATABASE_URL" envDefault:"postgres://postgres@127.0.0.1:5432/orders?sslmode=disable"`
 	// DatabaseMaxConns bounds the connection pool (API requests, consumer workers, the relay
 	// and its LISTEN connection share it).
-	DatabaseMaxConns int32 `env:"DATABASE_MAX_CONNS" envDefault:"10"`
+	DatabaseMaxConns int32 `env:"ORDERS_DATABASE_MAX_CONNS" envDefault:"10"`
 	// DatabaseTimeout bounds the database work of one HTTP request and one connection
 	// attempt; past it the API answers 503.
-	DatabaseTimeout time.Duration `env:"DATABASE_TIMEOUT" envDefault:"5s"`
+	DatabaseTimeout time.Duration `env:"ORDERS_DATABASE_TIMEOUT" envDefault:"5s"`
 	// StartupTimeout is how long start-up keeps retrying an unreachable database.
-	StartupTimeout time.Duration `env:"STARTUP_TIMEOUT" envDefault:"60s"`
+	StartupTimeout time.Duration `env:"ORDERS_STARTUP_TIMEOUT" envDefault:"60s"`
 
 	// AMQPURL is the RabbitMQ broker.
-	AMQPURL string `env:"AMQP_URL" envDefault:"amqp://guest:guest@127.0.0.1:5672/"`
+	AMQPURL string `env:"ORDERS_AMQP_URL" envDefault:"amqp://guest:guest@127.0.0.1:5672/"`
 	// Topology names (docs/events.md).
-	EventsExchange     string `env:"EVENTS_EXCHANGE" envDefault:"shop.events"`
-	DeadLetterExchange string `env:"DEAD_LETTER_EXCHANGE" envDefault:"shop.dlx"`
+	EventsExchange     string `env:"ORDERS_EVENTS_EXCHANGE" envDefault:"shop.events"`
+	DeadLetterExchange string `env:"ORDERS_DEAD_LETTER_EXCHANGE" envDefault:"shop.dlx"`
 	Queue              string `env:"ORDERS_QUEUE" envDefault:"orders.stock"`
 	DeadLetterQueue    string `env:"ORDERS_DEAD_LETTER_QUEUE" envDefault:"orders.stock.dead"`
 	// QueueDeliveryLimit is the quorum queue's x-delivery-limit.
-	QueueDeliveryLimit int `env:"QUEUE_DELIVERY_LIMIT" envDefault:"20"`
+	QueueDeliveryLimit int `env:"ORDERS_QUEUE_DELIVERY_LIMIT" envDefault:"20"`
 
 	// HTTPAddr is where the API listens (api and all).
-	HTTPAddr string `env:"HTTP_ADDR" envDefault:":8080"`
+	HTTPAddr string `env:"ORDERS_HTTP_ADDR" envDefault:":8080"`
 	// RelayHTTPAddr is where the relay process serves /healthz, /readyz and /metrics.
-	RelayHTTPAddr string `env:"RELAY_HTTP_ADDR" envDefault:":8081"`
+	RelayHTTPAddr string `env:"ORDERS_RELAY_HTTP_ADDR" envDefault:":8081"`
 	// HTTPShutdownTimeout is how long in-flight requests get to finish on shutdown.
-	HTTPShutdownTimeout time.Duration `env:"HTTP_SHUTDOWN_TIMEOUT" envDefault:"10s"`
+	HTTPShutdownTimeout time.Duration `env:"ORDERS_HTTP_SHUTDOWN_TIMEOUT" envDefault:"10s"`
 
 	// Consumer of the stock events (api and all).
-	ConsumerPrefetch        int           `env:"CONSUMER_PREFETCH" envDefault:"32"`
-	ConsumerConcurrency     int           `env:"CONSUMER_CONCURRENCY" envDefault:"4"`
-	ConsumerMaxDeliveries   int           `env:"CONSUMER_MAX_DELIVERIES" envDefault:"5"`
-	ConsumerRetryDelay      time.Duration `env:"CONSUMER_RETRY_DELAY" envDefault:"1s"`
-	ConsumerShutdownTimeout time.Duration `env:"CONSUMER_SHUTDOWN_TIMEOUT" envDefault:"10s"`
+	ConsumerPrefetch        int           `env:"ORDERS_CONSUMER_PREFETCH" envDefault:"32"`
+	ConsumerConcurrency     int           `env:"ORDERS_CONSUMER_CONCURRENCY" envDefault:"4"`
+	ConsumerMaxDeliveries   int           `env:"ORDERS_CONSUMER_MAX_DELIVERIES" envDefault:"5"`
+	ConsumerRetryDelay      time.Duration `env:"ORDERS_CONSUMER_RETRY_DELAY" envDefault:"1s"`
+	ConsumerShutdownTimeout time.Duration `env:"ORDERS_CONSUMER_SHUTDOWN_TIMEOUT" envDefault:"10s"`
 
 	// Outbox relay (relay and all).
-	RelayBatchSize    int           `env:"RELAY_BATCH_SIZE" envDefault:"100"`
-	RelayPollInterval time.Duration `env:"RELAY_POLL_INTERVAL" envDefault:"1s"`
-	RelayMaxAttempts  int           `env:"RELAY_MAX_ATTEMPTS" envDefault:"10"`
+	RelayBatchSize    int           `env:"ORDERS_RELAY_BATCH_SIZE" envDefault:"100"`
+	RelayPollInterval time.Duration `env:"ORDERS_RELAY_POLL_INTERVAL" envDefault:"1s"`
+	RelayMaxAttempts  int           `env:"ORDERS_RELAY_MAX_ATTEMPTS" envDefault:"10"`
 
 	// Retention of published outbox rows, cleaned by the relay process.
-	OutboxRetention       time.Duration `env:"OUTBOX_RETENTION" envDefault:"168h"`
-	OutboxCleanupInterval time.Duration `env:"OUTBOX_CLEANUP_INTERVAL" envDefault:"1m"`
+	OutboxRetention       time.Duration `env:"ORDERS_OUTBOX_RETENTION" envDefault:"168h"`
+	OutboxCleanupInterval time.Duration `env:"ORDERS_OUTBOX_CLEANUP_INTERVAL" envDefault:"1m"`
 	// Retention of processed inbox rows, cleaned by the api process. Must exceed the longest
 	// redelivery window (see pkg/inbox).
-	InboxRetention       time.Duration `env:"INBOX_RETENTION" envDefault:"336h"`
-	InboxCleanupInterval time.Duration `env:"INBOX_CLEANUP_INTERVAL" envDefault:"10m"`
+	InboxRetention       time.Duration `env:"ORDERS_INBOX_RETENTION" envDefault:"336h"`
+	InboxCleanupInterval time.Duration `env:"ORDERS_INBOX_CLEANUP_INTERVAL" envDefault:"10m"`
 	// Retention of idempotency keys, cleaned by the api process: a retry after it creates a
 	// new order.
-	IdempotencyKeyRetention       time.Duration `env:"IDEMPOTENCY_KEY_RETENTION" envDefault:"24h"`
-	IdempotencyKeyCleanupInterval time.Duration `env:"IDEMPOTENCY_KEY_CLEANUP_INTERVAL" envDefault:"10m"`
+	IdempotencyKeyRetention       time.Duration `env:"ORDERS_IDEMPOTENCY_KEY_RETENTION" envDefault:"24h"`
+	IdempotencyKeyCleanupInterval time.Duration `env:"ORDERS_IDEMPOTENCY_KEY_CLEANUP_INTERVAL" envDefault:"10m"`
 
 	// LogFormat is json or text; LogLevel debug, info, warn or error.
-	LogFormat string `env:"LOG_FORMAT" envDefault:"json"`
-	LogLevel  string `env:"LOG_LEVEL" envDefault:"info"`
+	LogFormat string `env:"ORDERS_LOG_FORMAT" envDefault:"json"`
+	LogLevel  string `env:"ORDERS_LOG_LEVEL" envDefault:"info"`
 }
 
 // LoadConfig reads the configuration from the environment.
@@ -81,7 +81,7 @@ func LoadConfig() (Config, error) {
 }
 
 // nameVariables rewrites env's parse errors, which name the Go field, to name the environment
-// variable instead ("RELAY_POLL_INTERVAL: time: invalid duration \"soon\"").
+// variable instead ("ORDERS_RELAY_POLL_INTERVAL: time: invalid duration \"soon\"").
 func nameVariables(err error) error {
 	var agg env.AggregateError
 	if !errors.As(err, &agg) {
@@ -121,27 +121,27 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf(format, args...))
 		}
 	}
-	check(c.DatabaseURL != "", "DATABASE_URL is empty")
-	check(c.AMQPURL != "", "AMQP_URL is empty")
-	check(c.DatabaseMaxConns >= 2, "DATABASE_MAX_CONNS must be at least 2, got %d", c.DatabaseMaxConns)
-	check(c.DatabaseTimeout > 0, "DATABASE_TIMEOUT must be positive")
-	check(c.StartupTimeout >= 0, "STARTUP_TIMEOUT must not be negative")
+	check(c.DatabaseURL != "", "ORDERS_DATABASE_URL is empty")
+	check(c.AMQPURL != "", "ORDERS_AMQP_URL is empty")
+	check(c.DatabaseMaxConns >= 2, "ORDERS_DATABASE_MAX_CONNS must be at least 2, got %d", c.DatabaseMaxConns)
+	check(c.DatabaseTimeout > 0, "ORDERS_DATABASE_TIMEOUT must be positive")
+	check(c.StartupTimeout >= 0, "ORDERS_STARTUP_TIMEOUT must not be negative")
 	check(c.EventsExchange != "" && c.DeadLetterExchange != "" && c.Queue != "" && c.DeadLetterQueue != "",
-		"EVENTS_EXCHANGE, DEAD_LETTER_EXCHANGE, ORDERS_QUEUE and ORDERS_DEAD_LETTER_QUEUE must be set")
-	check(c.QueueDeliveryLimit > 0, "QUEUE_DELIVERY_LIMIT must be positive")
-	check(c.ConsumerPrefetch > 0 && c.ConsumerPrefetch <= 65535, "CONSUMER_PREFETCH must be 1..65535")
+		"ORDERS_EVENTS_EXCHANGE, ORDERS_DEAD_LETTER_EXCHANGE, ORDERS_QUEUE and ORDERS_DEAD_LETTER_QUEUE must be set")
+	check(c.QueueDeliveryLimit > 0, "ORDERS_QUEUE_DELIVERY_LIMIT must be positive")
+	check(c.ConsumerPrefetch > 0 && c.ConsumerPrefetch <= 65535, "ORDERS_CONSUMER_PREFETCH must be 1..65535")
 	check(c.ConsumerConcurrency > 0 && c.ConsumerConcurrency <= c.ConsumerPrefetch,
-		"CONSUMER_CONCURRENCY must be 1..CONSUMER_PREFETCH")
-	check(c.ConsumerMaxDeliveries > 0, "CONSUMER_MAX_DELIVERIES must be positive")
-	check(c.ConsumerRetryDelay > 0, "CONSUMER_RETRY_DELAY must be positive")
-	check(c.ConsumerShutdownTimeout > 0, "CONSUMER_SHUTDOWN_TIMEOUT must be positive")
-	check(c.RelayBatchSize > 0, "RELAY_BATCH_SIZE must be positive")
-	check(c.RelayPollInterval > 0, "RELAY_POLL_INTERVAL must be positive")
-	check(c.RelayMaxAttempts > 0, "RELAY_MAX_ATTEMPTS must be positive")
-	check(c.OutboxRetention > 0 && c.OutboxCleanupInterval > 0, "OUTBOX_RETENTION and OUTBOX_CLEANUP_INTERVAL must be positive")
-	check(c.InboxRetention > 0 && c.InboxCleanupInterval > 0, "INBOX_RETENTION and INBOX_CLEANUP_INTERVAL must be positive")
+		"ORDERS_CONSUMER_CONCURRENCY must be 1..ORDERS_CONSUMER_PREFETCH")
+	check(c.ConsumerMaxDeliveries > 0, "ORDERS_CONSUMER_MAX_DELIVERIES must be positive")
+	check(c.ConsumerRetryDelay > 0, "ORDERS_CONSUMER_RETRY_DELAY must be positive")
+	check(c.ConsumerShutdownTimeout > 0, "ORDERS_CONSUMER_SHUTDOWN_TIMEOUT must be positive")
+	check(c.RelayBatchSize > 0, "ORDERS_RELAY_BATCH_SIZE must be positive")
+	check(c.RelayPollInterval > 0, "ORDERS_RELAY_POLL_INTERVAL must be positive")
+	check(c.RelayMaxAttempts > 0, "ORDERS_RELAY_MAX_ATTEMPTS must be positive")
+	check(c.OutboxRetention > 0 && c.OutboxCleanupInterval > 0, "ORDERS_OUTBOX_RETENTION and ORDERS_OUTBOX_CLEANUP_INTERVAL must be positive")
+	check(c.InboxRetention > 0 && c.InboxCleanupInterval > 0, "ORDERS_INBOX_RETENTION and ORDERS_INBOX_CLEANUP_INTERVAL must be positive")
 	check(c.IdempotencyKeyRetention > 0 && c.IdempotencyKeyCleanupInterval > 0,
-		"IDEMPOTENCY_KEY_RETENTION and IDEMPOTENCY_KEY_CLEANUP_INTERVAL must be positive")
-	check(c.HTTPShutdownTimeout > 0, "HTTP_SHUTDOWN_TIMEOUT must be positive")
+		"ORDERS_IDEMPOTENCY_KEY_RETENTION and ORDERS_IDEMPOTENCY_KEY_CLEANUP_INTERVAL must be positive")
+	check(c.HTTPShutdownTimeout > 0, "ORDERS_HTTP_SHUTDOWN_TIMEOUT must be positive")
 	return errors.Join(errs...)
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxshop/outboxshop/internal/problem"
@@ -30,7 +31,8 @@ type bundle struct {
 	store   *postgres.Store
 	srv     *httptest.Server
 	logs    *logBuffer
-	commits *counter // AfterCommit calls
+	commits *counter             // AfterCommit calls
+	reg     *prometheus.Registry // the HTTP metrics
 }
 
 type counter struct {
@@ -51,9 +53,12 @@ func setup(t *testing.T) *bundle {
 	require.NoError(t, postgres.Migrate(context.Background(), pool))
 	store, err := postgres.NewStore(pool, postgres.StoreConfig{Exchange: "test.events"})
 	require.NoError(t, err)
-	b := &bundle{pool: pool, store: store, logs: &logBuffer{}, commits: &counter{}}
+	b := &bundle{pool: pool, store: store, logs: &logBuffer{}, commits: &counter{}, reg: prometheus.NewPedanticRegistry()}
+	metrics, err := ordershttp.NewMetrics(b.reg, prometheus.Labels{"service": "test"})
+	require.NoError(t, err)
 	b.srv = httptest.NewServer(ordershttp.NewHandler(ordershttp.Config{
 		Orders:      store,
+		Metrics:     metrics,
 		Logger:      slog.New(slog.NewJSONHandler(b.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		AfterCommit: b.commits.inc,
 	}))

@@ -1,6 +1,7 @@
 // Package http is the orders service's HTTP API on chi: POST /orders, GET /orders/{id},
 // POST /orders/{id}/cancel, /healthz, /readyz and /metrics, with a request-id middleware, an
-// access log and RFC 9457 problem answers (application/problem+json) for every error.
+// access log, request metrics by route pattern ([Metrics]) and RFC 9457 problem answers
+// (application/problem+json) for every error.
 package http
 
 import (
@@ -41,6 +42,8 @@ type Config struct {
 	Orders OrderService
 	// Gatherer is served on /metrics. nil serves an empty registry.
 	Gatherer prometheus.Gatherer
+	// Metrics records every request (NewMetrics). nil records nothing.
+	Metrics *Metrics
 	// Logger receives the access log and the errors. nil discards.
 	Logger *slog.Logger
 	// AfterCommit is called after the transaction of a POST /orders that created an order
@@ -72,7 +75,7 @@ func NewHandler(cfg Config) *Handler {
 		dbTimeout:   cmp.Or(cfg.DatabaseTimeout, 5*time.Second),
 		retryAfter:  retryAfterSeconds(cmp.Or(cfg.RetryAfter, 5*time.Second)),
 	}
-	r := newRouter(h.log, h.retryAfter)
+	r := newRouter(h.log, h.retryAfter, cfg.Metrics)
 	r.Post("/orders", h.createOrder)
 	r.Get("/orders/{id}", h.getOrder)
 	r.Post("/orders/{id}/cancel", h.cancelOrder)
@@ -87,6 +90,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.router.S
 type OpsConfig struct {
 	// Gatherer is served on /metrics. nil serves an empty registry.
 	Gatherer prometheus.Gatherer
+	// Metrics records every request (NewMetrics). nil records nothing.
+	Metrics *Metrics
 	// Ready answers /readyz: nil error means ready. nil makes /readyz always ready.
 	Ready func(ctx context.Context) error
 	// Logger receives the access log. nil discards.
@@ -98,7 +103,7 @@ type OpsConfig struct {
 func NewOpsHandler(cfg OpsConfig) http.Handler {
 	log := cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
 	retryAfter := retryAfterSeconds(5 * time.Second)
-	r := newRouter(log, retryAfter)
+	r := newRouter(log, retryAfter, cfg.Metrics)
 	ready := func(w http.ResponseWriter, r *http.Request) {
 		if cfg.Ready != nil {
 			ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
@@ -114,9 +119,9 @@ func NewOpsHandler(cfg OpsConfig) http.Handler {
 	return r
 }
 
-func newRouter(log *slog.Logger, retryAfter string) chi.Router {
+func newRouter(log *slog.Logger, retryAfter string, m *Metrics) chi.Router {
 	r := chi.NewRouter()
-	r.Use(requestID, accessLog(log), recoverer(log, retryAfter), middleware.GetHead)
+	r.Use(requestID, accessLog(log), m.middleware, recoverer(log, retryAfter), middleware.GetHead)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, log, retryAfter, orders.Errorf(orders.ENOTFOUND, "No resource at %s.", r.URL.Path))
 	})

@@ -5,9 +5,11 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/outboxshop/outboxshop/internal/aftercommit"
 	"github.com/outboxshop/outboxshop/pkg/inbox"
 	"github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
 	outboxrabbitmq "github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq"
+	"github.com/outboxshop/outboxshop/services/warehouse"
 )
 
 // ConsumerName is the warehouse's inbox consumer name. Keep it stable: renaming it forgets
@@ -30,18 +32,22 @@ type ConsumerConfig struct {
 	ShutdownTimeout time.Duration
 	Logger          *slog.Logger
 	Hooks           rabbitmq.Hooks
+	// Committed is the handler's [Handler].Committed: called with every decision that changed
+	// something, after its transaction committed. Optional.
+	Committed func(warehouse.Decision)
 }
 
 // NewConsumer returns the inbox consumer of the warehouse queue: it declares cfg.Topology
 // on every connect, applies each message with a [Handler] in the inbox transaction on pool,
 // and dead-letters to the topology's dead-letter exchange with the queue name as routing
-// key.
+// key. Its transactions run the handler's Committed after they committed (aftercommit).
 func NewConsumer(pool inbox.TxBeginner, cfg ConsumerConfig) (*rabbitmq.Consumer, error) {
 	if err := cfg.Topology.Validate(); err != nil {
 		return nil, err
 	}
 	h := NewHandler(cfg.Topology.Exchange, cfg.Logger)
-	c, err := rabbitmq.NewConsumer(pool, rabbitmq.Config{
+	h.Committed = cfg.Committed
+	c, err := rabbitmq.NewConsumer(aftercommit.Wrap(pool), rabbitmq.Config{
 		URL:                  cfg.URL,
 		Queue:                cfg.Topology.Queue,
 		Name:                 ConsumerName,
@@ -64,8 +70,9 @@ func NewConsumer(pool inbox.TxBeginner, cfg ConsumerConfig) (*rabbitmq.Consumer,
 }
 
 // NewPublisher returns the outbox publisher of the warehouse's relay: it declares topology
-// on every new channel, so the events exchange exists before the first publish.
-func NewPublisher(url string, topology Topology, log *slog.Logger) (*outboxrabbitmq.Publisher, error) {
+// on every new channel, so the events exchange exists before the first publish. hooks
+// observe its connection (pkg/outbox/metrics' PublisherHooks).
+func NewPublisher(url string, topology Topology, log *slog.Logger, hooks outboxrabbitmq.Hooks) (*outboxrabbitmq.Publisher, error) {
 	if err := topology.Validate(); err != nil {
 		return nil, err
 	}
@@ -74,6 +81,7 @@ func NewPublisher(url string, topology Topology, log *slog.Logger) (*outboxrabbi
 		ConnectionName: "warehouse-relay",
 		Setup:          topology.Declare,
 		Logger:         log,
+		Hooks:          hooks,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("new publisher: %w", err)

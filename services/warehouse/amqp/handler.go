@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outboxshop/outboxshop/internal/aftercommit"
 	"github.com/outboxshop/outboxshop/pkg/inbox"
 	"github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
 	"github.com/outboxshop/outboxshop/pkg/outbox"
@@ -31,6 +32,14 @@ import (
 //   - Any other error (the database, a deadlock) is returned as it is: the transaction rolls
 //     back and the consumer retries the message.
 type Handler struct {
+	// Committed, when set, is called with the decision of every OrderCreated and
+	// OrderCancelled that changed something (not ActionIgnore), after the inbox transaction
+	// that applied it committed: never for a transaction that rolled back, nor for a
+	// duplicate, which the inbox skips before the handler. It needs the transaction to come
+	// from an aftercommit.Wrap'ped pool, as [NewConsumer]'s do; with another it is not called.
+	// Set it before the handler runs.
+	Committed func(warehouse.Decision)
+
 	exchange string
 	log      *slog.Logger
 	now      func() time.Time
@@ -97,6 +106,7 @@ func (h *Handler) orderCreated(ctx context.Context, tx pgx.Tx, d rabbitmq.Delive
 	if err := outbox.Add(ctx, tx, msg); err != nil {
 		return fmt.Errorf("order %s: write %s to the outbox: %w", ev.OrderID, msg.Type, err)
 	}
+	h.afterCommit(tx, dec)
 	log.InfoContext(ctx, "order handled", slog.String("decision", dec.String()), slog.Any("lines", ev.Items),
 		slog.Any("shortages", dec.Shortages), slog.String("answer_id", msg.ID.String()))
 	return nil
@@ -131,9 +141,17 @@ func (h *Handler) orderCancelled(ctx context.Context, tx pgx.Tx, d rabbitmq.Deli
 	if err := outbox.Add(ctx, tx, msg); err != nil {
 		return fmt.Errorf("order %s: write %s to the outbox: %w", ev.OrderID, msg.Type, err)
 	}
+	h.afterCommit(tx, dec)
 	log.InfoContext(ctx, "cancellation handled", slog.String("decision", dec.String()), slog.Any("released", released),
 		slog.String("answer_id", msg.ID.String()))
 	return nil
+}
+
+// afterCommit reports dec to Committed once tx has committed.
+func (h *Handler) afterCommit(tx pgx.Tx, dec warehouse.Decision) {
+	if h.Committed != nil {
+		aftercommit.Register(tx, func() { h.Committed(dec) })
+	}
 }
 
 // message builds the outbox message answering d: same saga (correlation id), caused by d.

@@ -1,4 +1,5 @@
-// Package app wires the warehouse: configuration, database, broker, HTTP, consumer and relay.
+// Package app wires the warehouse: configuration, database, broker, HTTP, consumer and relay,
+// and the metrics of docs/metrics.md for what each mode runs (service="warehouse").
 // cmd/warehouse parses the configuration and hands off to [Run]; tests call [Start] with
 // listeners on 127.0.0.1:0, read the address from [App.HTTPAddr], and stop the app with
 // [App.Stop] (or by cancelling the context).
@@ -21,9 +22,12 @@ import (
 
 	"github.com/outboxshop/outboxshop/internal/failpoint"
 	"github.com/outboxshop/outboxshop/internal/httpserver"
+	"github.com/outboxshop/outboxshop/internal/pgxpoolmetrics"
 	"github.com/outboxshop/outboxshop/pkg/inbox"
+	inboxmetrics "github.com/outboxshop/outboxshop/pkg/inbox/metrics"
 	"github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
 	"github.com/outboxshop/outboxshop/pkg/outbox"
+	outboxmetrics "github.com/outboxshop/outboxshop/pkg/outbox/metrics"
 	warehouseamqp "github.com/outboxshop/outboxshop/services/warehouse/amqp"
 	warehousehttp "github.com/outboxshop/outboxshop/services/warehouse/http"
 	"github.com/outboxshop/outboxshop/services/warehouse/postgres"
@@ -66,7 +70,8 @@ type App struct {
 	Mode Mode
 	// Logger is its logger.
 	Logger *slog.Logger
-	// Registry holds its metrics, served on /metrics; register more collectors on it.
+	// Registry holds its metrics, served on /metrics (docs/metrics.md: those of what the mode
+	// runs, with service="warehouse"); register more collectors on it.
 	Registry *prometheus.Registry
 	// Pool is its database pool, closed when the app has stopped.
 	Pool *pgxpool.Pool
@@ -126,9 +131,25 @@ func Start(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*App, 
 		return nil, err
 	}
 
+	// The metrics of every mode: the pool's statistics and the HTTP requests.
+	if err := a.Registry.Register(pgxpoolmetrics.New(pool, constLabels())); err != nil {
+		return fail(fmt.Errorf("register pool metrics: %w", err))
+	}
+	httpMetrics, err := warehousehttp.NewMetrics(a.Registry, constLabels())
+	if err != nil {
+		return fail(fmt.Errorf("register HTTP metrics: %w", err))
+	}
+	var svc *serviceMetrics
+	if api || consumer {
+		if svc, err = newServiceMetrics(a.Registry); err != nil {
+			return fail(fmt.Errorf("register service metrics: %w", err))
+		}
+	}
+
 	httpCfg := warehousehttp.Config{
 		Pinger:    a.Repo,
 		Gatherer:  a.Registry,
+		Metrics:   httpMetrics,
 		Status:    a.status,
 		DBTimeout: cfg.DBTimeout,
 		Logger:    log,
@@ -148,7 +169,27 @@ func Start(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*App, 
 		return httpserver.Serve(ctx, a.ln, handler, httpserver.Config{ShutdownTimeout: cfg.ShutdownTimeout}, log)
 	}})
 
+	if api {
+		// The backlog of the outbox table and the stock, read here and not by the relay, so
+		// that the backlog stays visible when the relay is down.
+		stats, err := outboxmetrics.NewStats(a.Registry, pool, outboxmetrics.StatsConfig{ConstLabels: constLabels(), Logger: log})
+		if err != nil {
+			return fail(fmt.Errorf("register outbox stats metrics: %w", err))
+		}
+		components = append(components,
+			component{"outbox stats", stats.Run},
+			component{"stock metrics", func(ctx context.Context) error {
+				return svc.runStockGauge(ctx, a.Repo, StockMetricsInterval, log)
+			}})
+	}
+
 	if consumer {
+		consumerMetrics, err := inboxmetrics.NewConsumer(a.Registry, inboxmetrics.Config{KnownTypes: consumedTypes, ConstLabels: constLabels()})
+		if err != nil {
+			return fail(fmt.Errorf("register consumer metrics: %w", err))
+		}
+		consumerMetrics.Init(warehouseamqp.ConsumerName)
+		consumerMetrics.SetWindow(warehouseamqp.ConsumerName, cfg.InboxRetention, redeliveryWindow(cfg))
 		c, err := warehouseamqp.NewConsumer(pool, warehouseamqp.ConsumerConfig{
 			URL:             cfg.AMQPURL,
 			Topology:        cfg.Topology(),
@@ -158,10 +199,11 @@ func Start(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*App, 
 			RetryDelay:      cfg.ConsumerRetryDelay,
 			ShutdownTimeout: cfg.ShutdownTimeout,
 			Logger:          log,
-			Hooks: rabbitmq.Hooks{
+			Hooks: consumerMetrics.Hooks(rabbitmq.Hooks{
 				Connected: func(_ string, up bool) { a.consuming.Store(up) },
 				Failpoint: fp.Func(),
-			},
+			}),
+			Committed: svc.committed,
 		})
 		if err != nil {
 			return fail(err)
@@ -174,17 +216,23 @@ func Start(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*App, 
 	}
 
 	if relay {
-		pub, err := warehouseamqp.NewPublisher(cfg.AMQPURL, cfg.Topology(), log)
+		relayMetrics, err := outboxmetrics.NewRelay(a.Registry, constLabels())
+		if err != nil {
+			return fail(fmt.Errorf("register relay metrics: %w", err))
+		}
+		pub, err := warehouseamqp.NewPublisher(cfg.AMQPURL, cfg.Topology(), log, relayMetrics.PublisherHooks())
 		if err != nil {
 			return fail(err)
 		}
 		cleanup = append(cleanup, func() { _ = pub.Close() })
 		a.relay, err = outbox.NewRelay(pool, pub, outbox.Config{
-			BatchSize:    cfg.RelayBatchSize,
-			PollInterval: cfg.RelayPollInterval,
-			MaxAttempts:  cfg.RelayMaxAttempts,
-			Logger:       log,
-			Hooks:        outbox.Hooks{Failpoint: fp.Func()},
+			BatchSize:      cfg.RelayBatchSize,
+			PollInterval:   cfg.RelayPollInterval,
+			MaxAttempts:    cfg.RelayMaxAttempts,
+			RetryBaseDelay: relayRetryBaseDelay,
+			RetryMaxDelay:  relayRetryMaxDelay,
+			Logger:         log,
+			Hooks:          relayMetrics.Hooks(outbox.Hooks{Failpoint: fp.Func()}),
 		})
 		if err != nil {
 			return fail(fmt.Errorf("new relay: %w", err))

@@ -16,6 +16,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxshop/outboxshop/internal/metricstest"
 	"github.com/outboxshop/outboxshop/internal/testinfra"
 	"github.com/outboxshop/outboxshop/services/warehouse"
 	"github.com/outboxshop/outboxshop/services/warehouse/app"
@@ -226,6 +227,16 @@ func TestModes(t *testing.T) {
 		status, _ = get(t, base+"/stock")
 		require.Equal(t, http.StatusNotFound, status)
 		require.False(t, a.Consuming())
+
+		// The relay's metrics, not the API's (docs/metrics.md).
+		_, families := metricstest.Scrape(t, base+"/metrics")
+		for _, name := range []string{"outbox_relay_state", "outbox_published_total", "pgxpool_total_conns", "http_requests_total"} {
+			require.Contains(t, families, name)
+		}
+		require.Contains(t, metricstest.LabelValues(families, "http_requests_total", "route"), "/healthz")
+		for _, name := range []string{"outbox_pending_messages", "inbox_messages_processed_total", "warehouse_stock_available", "warehouse_reservations_total"} {
+			require.NotContains(t, families, name)
+		}
 	})
 
 	t.Run("api reports its consumer on /readyz and serves /metrics", func(t *testing.T) {
@@ -239,6 +250,14 @@ func TestModes(t *testing.T) {
 		status, body = get(t, "http://"+a.HTTPAddr()+"/metrics")
 		require.Equal(t, http.StatusOK, status)
 		require.Contains(t, body, "go_goroutines")
+
+		// The API's metrics, with the outbox backlog, and not the relay's.
+		_, families := metricstest.Scrape(t, "http://"+a.HTTPAddr()+"/metrics")
+		for _, name := range []string{"outbox_pending_messages", "inbox_retention_seconds", "warehouse_stock_available",
+			"warehouse_reservations_total", "warehouse_releases_total", "pgxpool_max_conns", "http_requests_total"} {
+			require.Contains(t, families, name)
+		}
+		require.NotContains(t, families, "outbox_relay_state")
 	})
 
 	t.Run("creates its database when it does not exist", func(t *testing.T) {

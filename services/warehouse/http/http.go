@@ -8,6 +8,9 @@
 //	GET  /readyz                   readiness: the database answers (503 when not)
 //	GET  /metrics                  Prometheus metrics
 //
+// Every request is counted by route pattern ("/stock/{sku}", never the SKU itself), method and
+// status code, and timed, when Config.Metrics is set ([Metrics]).
+//
 // Errors are RFC 9457 problem documents (application/problem+json). Bad input is never a
 // 500: malformed JSON, unknown fields or trailing data are 400, values out of range 422, a
 // body over the limit 413, a body that is not JSON 415. When the database cannot be reached
@@ -70,6 +73,8 @@ type Config struct {
 	Pinger Pinger
 	// Gatherer is served on /metrics. Default: an empty registry.
 	Gatherer prometheus.Gatherer
+	// Metrics records every request (NewMetrics). nil records nothing.
+	Metrics *Metrics
 	// Status, when set, adds informational checks to /readyz's body (e.g. "consumer":
 	// "connected"); they do not change its status code.
 	Status func() map[string]string
@@ -99,7 +104,7 @@ func NewRouter(cfg Config) http.Handler {
 	s := &server{cfg: cfg, log: cmp.Or(cfg.Logger, slog.New(slog.NewTextHandler(io.Discard, nil)))}
 
 	r := chi.NewRouter()
-	r.Use(requestID, s.accessLog, s.recoverer, middleware.GetHead)
+	r.Use(requestID, s.accessLog, cfg.Metrics.middleware, s.recoverer, middleware.GetHead)
 	r.NotFound(s.notFound)
 	r.MethodNotAllowed(s.methodNotAllowed)
 

@@ -66,6 +66,9 @@ LEFT JOIN (
 	selectAllStockSQL = selectStockSQL + ` ORDER BY s.sku`
 	selectOneStockSQL = selectStockSQL + ` WHERE s.sku = $1`
 
+	// selectAvailableSQL reads the available stock of the given SKUs, without locking.
+	selectAvailableSQL = `SELECT sku, available FROM stock WHERE sku = ANY($1::text[])`
+
 	lockOneStockSQL   = `SELECT name, available FROM stock WHERE sku = $1 FOR UPDATE`
 	insertStockSQL    = `INSERT INTO stock (sku, name, available, updated_at) VALUES ($1, $2, $3, $4) ON CONFLICT (sku) DO NOTHING`
 	updateStockSQL    = `UPDATE stock SET name = $2, available = $3, updated_at = $4 WHERE sku = $1`

@@ -43,6 +43,27 @@ func (r *Repo) ListStock(ctx context.Context) ([]warehouse.StockItem, error) {
 	return items, nil
 }
 
+// Available returns the available stock of those of skus that exist, by SKU: one cheap
+// query, without locks, for the stock gauge.
+func (r *Repo) Available(ctx context.Context, skus []string) (map[string]int64, error) {
+	rows, err := r.pool.Query(ctx, selectAvailableSQL, skus)
+	if err != nil {
+		return nil, dbError("read available stock", err)
+	}
+	out := make(map[string]int64, len(skus))
+	var (
+		sku       string
+		available int64
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&sku, &available}, func() error {
+		out[sku] = available
+		return nil
+	}); err != nil {
+		return nil, dbError("read available stock", err)
+	}
+	return out, nil
+}
+
 // GetStock returns one SKU, or an error with CodeNotFound.
 func (r *Repo) GetStock(ctx context.Context, sku string) (warehouse.StockItem, error) {
 	return getStock(ctx, r.pool, sku)

@@ -14,6 +14,15 @@ import (
 func TestRepo(t *testing.T) {
 	t.Parallel()
 
+	t.Run("Available reads the stock of the SKUs asked for that exist", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.setStock(t, map[string]int64{"NEW-1": 7})
+		got, err := b.repo.Available(context.Background(), []string{"BOOK-1", "BAG-1", "NOPE-1"})
+		require.NoError(t, err)
+		require.Equal(t, map[string]int64{"BOOK-1": 100, "BAG-1": 10}, got)
+	})
+
 	t.Run("SetStock creates a SKU named after itself, then updates it with a ledger row each", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)

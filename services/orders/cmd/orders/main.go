@@ -1,12 +1,14 @@
 // Command orders runs the orders service of outboxshop.
 //
 //	orders api      the HTTP API and the consumer of the stock events (also: orders serve)
-//	orders relay    the outbox relay and its cleanup, with /healthz and /metrics on RELAY_HTTP_ADDR
+//	orders relay    the outbox relay and its cleanup, with /healthz and /metrics on ORDERS_RELAY_HTTP_ADDR
 //	orders all      everything in one process
 //	orders migrate  create the database if needed, apply the migrations, exit
 //
-// The configuration comes from environment variables: see the README or app.Config.
-// SIGINT and SIGTERM stop it gracefully.
+// The configuration comes from environment variables prefixed ORDERS_ (ORDERS_DATABASE_URL,
+// ORDERS_AMQP_URL, ORDERS_HTTP_ADDR, …), so that it can run from the same shell as the
+// warehouse (WAREHOUSE_…); CHAOS_FAILPOINTS, shared by both, arms crash points for chaos
+// tests. See the README or app.Config. SIGINT and SIGTERM stop it gracefully.
 package main
 
 import (
@@ -29,7 +31,7 @@ commands:
   all          run everything in one process
   migrate      create the database if needed and apply the migrations
 
-configuration: environment variables, see services/orders/README.md
+configuration: ORDERS_* environment variables (and CHAOS_FAILPOINTS), see services/orders/README.md
 `
 
 func main() {
