@@ -136,8 +136,16 @@ func exampleEnv() (pool *pgxpool.Pool, amqpURL string, cleanup func()) {
 	if err != nil {
 		log.Fatal(err)
 	}
-	return pool, os.Getenv("OUTBOXSHOP_TEST_AMQP_URL"), func() {
+	amqpURL = os.Getenv("OUTBOXSHOP_TEST_AMQP_URL")
+	return pool, amqpURL, func() {
 		pool.Close()
+		if conn, err := amqp.Dial(amqpURL); err == nil { // what Example declared
+			if ch, err := conn.Channel(); err == nil {
+				_, _ = ch.QueueDelete("example.orders", false, false, false)
+				_ = ch.ExchangeDelete("example.events", false, false)
+			}
+			_ = conn.Close()
+		}
 		_, _ = admin.Exec(ctx, "DROP DATABASE "+name+" WITH (FORCE)")
 		_ = admin.Close(ctx)
 	}
