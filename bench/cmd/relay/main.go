@@ -1,0 +1,73 @@
+// Command relay is the smallest relay process: one pkg/outbox Relay with the RabbitMQ
+// publisher, as a service's `relay` subcommand runs it, and nothing else. The bench starts
+// it as a separate process to read its peak RSS while it drains a backlog (item 8), so it
+// links no more than a relay needs.
+//
+//	relay -database-url URL -amqp-url URL [-batch N] [-rows N]
+//
+// With -rows it prints "drained <rows> <seconds>" once the BatchDone hook counted that many
+// rows published, and keeps running until SIGINT or SIGTERM.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxshop/outboxshop/pkg/outbox"
+	"github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stdout)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "relay:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("relay", flag.ContinueOnError)
+	dbURL := fs.String("database-url", "", "the database of the outbox")
+	amqpURL := fs.String("amqp-url", "amqp://guest:guest@127.0.0.1:5672/", "the broker")
+	batch := fs.Int("batch", 0, "rows per relay cycle (0: pkg/outbox's default)")
+	rows := fs.Int64("rows", 0, `print "drained" once this many rows were published`)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	pool, err := pgxpool.New(ctx, *dbURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	pub, err := rabbitmq.New(rabbitmq.Config{URL: *amqpURL, ConnectionName: "bench-relay-process"})
+	if err != nil {
+		return err
+	}
+	defer pub.Close()
+	var published atomic.Int64
+	start := time.Now()
+	relay, err := outbox.NewRelay(pool, pub, outbox.Config{
+		BatchSize: *batch,
+		Hooks: outbox.Hooks{BatchDone: func(_ context.Context, b outbox.BatchResult) {
+			n := published.Add(int64(len(b.Published)))
+			if before := n - int64(len(b.Published)); *rows > 0 && before < *rows && n >= *rows {
+				fmt.Fprintf(stdout, "drained %d %.3f\n", n, time.Since(start).Seconds())
+			}
+		}},
+	})
+	if err != nil {
+		return err
+	}
+	return relay.Run(ctx)
+}

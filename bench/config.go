@@ -1,0 +1,166 @@
+package bench
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Phases, in the order a run measures them. Each may be run alone with [Config].Phases; a
+// ratio whose reference phase did not run shows as "—".
+const (
+	PhaseLimits  = "limits"  // A: RabbitMQ publish limit; B: order + outbox transaction limit
+	PhaseDrain   = "drain"   // 3: relay drain of a backlog by 1, 2, 4 relays
+	PhasePeer    = "peer"    // 4: Watermill's forwarder draining the same kind of backlog
+	PhaseLatency = "latency" // 5: commit→confirm and commit→reservation at fixed rates
+	PhaseScale   = "scale"   // 6: claim and mark cost with many published rows
+	PhaseAPI     = "api"     // 7: POST /orders of the orders service
+	PhaseMemory  = "memory"  // 8: peak RSS of a relay process while draining
+)
+
+// AllPhases lists every phase in run order.
+var AllPhases = []string{PhaseLimits, PhaseDrain, PhasePeer, PhaseLatency, PhaseScale, PhaseAPI, PhaseMemory}
+
+// Sizes are the amounts of work of a run. [FullSizes] is `make bench`; [QuickSizes] is the
+// -quick run, for checking the harness on a busy machine.
+type Sizes struct {
+	// LimitDuration is how long each limit measurement (A and B) runs.
+	LimitDuration time.Duration
+	// ConfirmWindow is how many publishes limit A keeps unconfirmed at once, per channel.
+	ConfirmWindow int
+	// Channels are the channel counts of limit A (each on its own connection, as each
+	// relay has its own); the relay drain is compared with the same count.
+	Channels []int
+	// Concurrency are the concurrent writers of limit B.
+	Concurrency []int
+	// Backlog is the number of rows the relays drain (item 3).
+	Backlog int
+	// Relays are the relay counts of the drain.
+	Relays []int
+	// PeerRows is the number of rows Watermill's forwarder drains (item 4).
+	PeerRows int
+	// Rates are the fixed order rates of the latency runs (orders/s).
+	Rates []int
+	// Warmup runs at the rate before the measured RateDuration.
+	Warmup, RateDuration time.Duration
+	// ScaleRows are the published-row counts at which the claim and mark cost is measured.
+	ScaleRows []int
+	// ScaleBatches is how many batches of 100 pending rows are claimed and marked per level.
+	ScaleBatches int
+	// APIConcurrency and APIDuration drive POST /orders (item 7).
+	APIConcurrency int
+	APIDuration    time.Duration
+	// MemoryBacklog is the backlog the separate relay process drains (item 8).
+	MemoryBacklog int
+}
+
+// FullSizes are the sizes of `make bench`: about 8 minutes on 2 cores.
+func FullSizes() Sizes {
+	return Sizes{
+		LimitDuration:  5 * time.Second,
+		ConfirmWindow:  1000,
+		Channels:       []int{1, 2, 4},
+		Concurrency:    []int{1, 8, 16, 32},
+		Backlog:        200_000,
+		Relays:         []int{1, 2, 4},
+		PeerRows:       20_000,
+		Rates:          []int{500, 1000, 2000},
+		Warmup:         3 * time.Second,
+		RateDuration:   20 * time.Second,
+		ScaleRows:      []int{10_000, 100_000, 1_000_000},
+		ScaleBatches:   50,
+		APIConcurrency: 16,
+		APIDuration:    10 * time.Second,
+		MemoryBacklog:  200_000,
+	}
+}
+
+// QuickSizes are the sizes of -quick: under two minutes, to check the harness.
+func QuickSizes() Sizes {
+	return Sizes{
+		LimitDuration:  2 * time.Second,
+		ConfirmWindow:  1000,
+		Channels:       []int{1, 2, 4},
+		Concurrency:    []int{1, 8, 16, 32},
+		Backlog:        10_000,
+		Relays:         []int{1, 2, 4},
+		PeerRows:       5_000,
+		Rates:          []int{200},
+		Warmup:         time.Second,
+		RateDuration:   3 * time.Second,
+		ScaleRows:      []int{10_000, 100_000},
+		ScaleBatches:   20,
+		APIConcurrency: 16,
+		APIDuration:    3 * time.Second,
+		MemoryBacklog:  10_000,
+	}
+}
+
+// Config is one benchmark run.
+type Config struct {
+	// PostgresURL names a PostgreSQL server on which the run may create and drop databases
+	// (its database is only used to do so). Every database the run creates is named
+	// bench_<run id>_… and dropped at the end.
+	PostgresURL string
+	// AMQPURL is the RabbitMQ broker. Every exchange and queue is named bench.<run id>.… and
+	// deleted at the end.
+	AMQPURL string
+	// Sizes of the run.
+	Sizes Sizes
+	// Quick marks the table as a quick run.
+	Quick bool
+	// Phases to run; empty runs [AllPhases].
+	Phases []string
+	// BatchSize of the relays (drain, latency, memory). 0 is pkg/outbox's default.
+	BatchSize int
+	// CPUProfile, when set, is the file the CPU profile of the relay drain phase goes to.
+	CPUProfile string
+	// RelayBinary is the relay program of the memory phase. Empty builds
+	// ./bench/cmd/relay with `go build` into a temporary directory.
+	RelayBinary string
+	// Command is the command line printed above the table.
+	Command string
+	// Progress receives one line per step (stderr). nil discards.
+	Progress io.Writer
+	// Logger receives the logs of the libraries under test. nil discards.
+	Logger *slog.Logger
+}
+
+func (c Config) validate() error {
+	var errs []error
+	if c.PostgresURL == "" {
+		errs = append(errs, errors.New("no PostgreSQL URL"))
+	}
+	if c.AMQPURL == "" {
+		errs = append(errs, errors.New("no AMQP URL"))
+	}
+	for _, p := range c.Phases {
+		if !slices.Contains(AllPhases, p) {
+			errs = append(errs, fmt.Errorf("unknown phase %q (want one of %s)", p, strings.Join(AllPhases, ", ")))
+		}
+	}
+	s := c.Sizes
+	if s.Backlog < 1 || s.PeerRows < 1 || s.MemoryBacklog < 1 || s.ConfirmWindow < 1 || s.ScaleBatches < 1 ||
+		s.APIConcurrency < 1 || len(s.Channels) == 0 || len(s.Concurrency) == 0 || len(s.Relays) == 0 ||
+		len(s.Rates) == 0 || len(s.ScaleRows) == 0 {
+		errs = append(errs, errors.New("every size must be positive and every list non-empty"))
+	}
+	if c.BatchSize < 0 || c.BatchSize > 10_000 {
+		errs = append(errs, fmt.Errorf("batch size %d out of range 0..10000", c.BatchSize))
+	}
+	return errors.Join(errs...)
+}
+
+func (c Config) runs(phase string) bool {
+	return len(c.Phases) == 0 || slices.Contains(c.Phases, phase)
+}
+
+// StderrLogger logs warnings and errors as text to stderr, for -v.
+func StderrLogger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}

@@ -1,0 +1,57 @@
+module github.com/outboxshop/outboxshop/bench
+
+go 1.26.8
+
+replace (
+	github.com/outboxshop/outboxshop/internal => ../internal
+	github.com/outboxshop/outboxshop/loadgen => ../loadgen
+	github.com/outboxshop/outboxshop/pkg/inbox => ../pkg/inbox
+	github.com/outboxshop/outboxshop/pkg/outbox => ../pkg/outbox
+	github.com/outboxshop/outboxshop/services/orders => ../services/orders
+	github.com/outboxshop/outboxshop/services/warehouse => ../services/warehouse
+)
+
+require (
+	github.com/ThreeDotsLabs/watermill v1.5.1
+	github.com/ThreeDotsLabs/watermill-amqp/v3 v3.0.2
+	github.com/ThreeDotsLabs/watermill-sql/v4 v4.1.2
+	github.com/google/uuid v1.6.0
+	github.com/jackc/pgx/v5 v5.12.0
+	github.com/outboxshop/outboxshop/loadgen v0.0.0-00010101000000-000000000000
+	github.com/outboxshop/outboxshop/pkg/inbox v0.0.0-00010101000000-000000000000
+	github.com/outboxshop/outboxshop/pkg/outbox v0.0.0-00010101000000-000000000000
+	github.com/outboxshop/outboxshop/services/orders v0.0.0-00010101000000-000000000000
+	github.com/outboxshop/outboxshop/services/warehouse v0.0.0-00010101000000-000000000000
+	github.com/rabbitmq/amqp091-go v1.16.0
+	github.com/stretchr/testify v1.12.1
+)
+
+require (
+	github.com/beorn7/perks v1.0.1 // indirect
+	github.com/caarlos0/env/v11 v11.4.2 // indirect
+	github.com/cenkalti/backoff/v3 v3.2.2 // indirect
+	github.com/cenkalti/backoff/v5 v5.0.3 // indirect
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/go-chi/chi/v5 v5.5.0 // indirect
+	github.com/hashicorp/errwrap v1.1.0 // indirect
+	github.com/hashicorp/go-multierror v1.1.1 // indirect
+	github.com/jackc/pgpassfile v1.0.0 // indirect
+	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
+	github.com/jackc/puddle/v2 v2.2.3 // indirect
+	github.com/lib/pq v1.10.9 // indirect
+	github.com/lithammer/shortuuid/v3 v3.0.7 // indirect
+	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
+	github.com/oklog/ulid v1.3.1 // indirect
+	github.com/outboxshop/outboxshop/internal v0.0.0-00010101000000-000000000000 // indirect
+	github.com/pkg/errors v0.9.1 // indirect
+	github.com/prometheus/client_golang v1.25.0 // indirect
+	github.com/prometheus/client_model v0.6.3 // indirect
+	github.com/prometheus/common v0.72.0 // indirect
+	github.com/prometheus/procfs v0.22.0 // indirect
+	github.com/sony/gobreaker v1.0.0 // indirect
+	go.yaml.in/yaml/v3 v3.0.5 // indirect
+	golang.org/x/sync v0.24.0 // indirect
+	golang.org/x/sys v0.49.0 // indirect
+	golang.org/x/text v0.43.0 // indirect
+	google.golang.org/protobuf v1.36.12 // indirect
+)

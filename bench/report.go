@@ -1,0 +1,216 @@
+package bench
+
+import (
+	"fmt"
+	"math"
+	"strings"
+	"time"
+)
+
+// Targets read off the table (never a timed test).
+const (
+	TargetDrainOfLimitA   = 0.60                  // relay drain ≥ 60% of limit A, same channels
+	TargetTimesPeer       = 10                    // relay drain ≥ 10× Watermill's forwarder
+	TargetConfirmP99      = 10 * time.Millisecond // commit→confirm p99 at 1,000/s with NOTIFY
+	TargetReservedP99     = 30 * time.Millisecond // commit→reservation p99 at 1,000/s with NOTIFY
+	TargetLatencyRate     = 1000
+	TargetClaimGrowth     = 1.20 // claim cost at the largest table within 20% of the smallest
+	TargetRelayPeakRSSMiB = 40
+)
+
+// Report renders the run: a title, the machine, the command, and the table.
+func Report(r Results) string {
+	var b strings.Builder
+	title := "# outboxshop benchmarks"
+	if r.Quick {
+		title += " (quick run)"
+	}
+	fmt.Fprintf(&b, "%s\n\n", title)
+	fmt.Fprintf(&b, "- machine: %s\n", r.Machine)
+	fmt.Fprintf(&b, "- command: `%s`\n", r.Command)
+	fmt.Fprintf(&b, "- run: %s, %s\n", r.Started.UTC().Format("2006-01-02 15:04 MST"), r.Took.Round(time.Second))
+	if r.Quick {
+		b.WriteString("- **quick run**: small sizes, for checking the harness; the figures are indicative only.\n")
+	}
+	b.WriteString("\n")
+	b.WriteString(BuildTable(r).Markdown())
+	return b.String()
+}
+
+// BuildTable turns the figures into rows, with each ratio taken against a limit or the peer
+// measured in the same run.
+func BuildTable(r Results) Table {
+	var t Table
+	s := r.Sizes
+	limitA := map[int]float64{}
+	for _, m := range r.LimitA {
+		t.Add(Row{Item: "A", What: fmt.Sprintf("RabbitMQ publish: persistent 1 KiB, confirms, %s in flight, %d channel%s", FormatCount(s.ConfirmWindow), m.N, plural(m.N)),
+			Result: rateCell(m, "msg/s")})
+		if m.Err == nil {
+			limitA[m.N] = m.Rate
+		}
+	}
+	limitB := map[int]float64{}
+	for _, m := range r.LimitB {
+		t.Add(Row{Item: "B", What: fmt.Sprintf("PostgreSQL: orders row + outbox.Add (1 KiB) + commit, %d writers", m.N),
+			Result: rateCell(m, "tx/s")})
+		if m.Err == nil {
+			limitB[m.N] = m.Rate
+		}
+	}
+
+	drain := map[int]float64{}
+	for _, m := range r.Drain {
+		row := Row{Item: "3", What: fmt.Sprintf("relay drain of %s rows, %d relay%s, batch %d", FormatCount(s.Backlog), m.N, plural(m.N), r.BatchSize)}
+		ratio := math.NaN()
+		if m.Err != nil {
+			row.Result = errorCell(m.Err)
+		} else {
+			row.Result = FormatRate(m.Rate, "rows/s")
+			drain[m.N] = m.Rate
+			ratio = Ratio(m.Rate, nanIfMissing(limitA, m.N))
+		}
+		row.Ratio = FormatPercent(ratio) + fmt.Sprintf(" of A (%d ch)", m.N)
+		row.Target = AtLeast(ratio, TargetDrainOfLimitA, "≥ 60% of A").String()
+		t.Add(row)
+	}
+	for _, m := range r.Drain {
+		if m.Err != nil || m.N != 1 {
+			continue
+		}
+		t.Add(Row{Item: "3", What: fmt.Sprintf("… one relay's cycle (median of %s): claim · publish to last confirm · mark + commit", FormatCount(m.Cycles)),
+			Result: fmt.Sprintf("%s · %s · %s", FormatLatency(m.Claim), FormatLatency(m.Publish), FormatLatency(m.Finish))})
+	}
+	if p := r.Peer; p != nil {
+		row := Row{Item: "4", What: fmt.Sprintf("Watermill forwarder drain of %s rows (watermill-sql pgx → watermill-amqp, confirms)", FormatCount(p.N)),
+			Result: rateCell(*p, "rows/s")}
+		times := math.NaN()
+		if p.Err == nil {
+			times = Ratio(nanIfMissing(drain, 1), p.Rate)
+		}
+		row.Ratio = "1 relay = " + FormatTimes(times)
+		row.Target = AtLeast(times, TargetTimesPeer, "relay ≥ 10× peer").String()
+		t.Add(row)
+	}
+
+	// The latency targets are set for 1,000 orders/s with LISTEN/NOTIFY; a run without that
+	// rate (-quick) shows them at its highest rate below it, saying so.
+	targetRate := 0
+	for _, l := range r.Latency {
+		if l.Notify && l.Rate <= TargetLatencyRate {
+			targetRate = max(targetRate, l.Rate)
+		}
+	}
+	note := ""
+	if targetRate != TargetLatencyRate {
+		note = " (set for 1,000/s)"
+	}
+	for _, l := range r.Latency {
+		what := fmt.Sprintf("@ %s orders/s, %s", FormatCount(l.Rate), wakeUp(l.Notify))
+		if l.Achieved > 0 {
+			what += fmt.Sprintf(" (achieved %s/s)", FormatCount(int(math.Round(l.Achieved))))
+		}
+		target := l.Notify && l.Rate == targetRate
+		confirm := Row{Item: "5", What: "commit → broker confirm " + what}
+		reserved := Row{Item: "5", What: "commit → warehouse inbox commit " + what}
+		if l.Err != nil {
+			confirm.Result, reserved.Result = errorCell(l.Err), errorCell(l.Err)
+		} else {
+			confirm.Result, reserved.Result = FormatLatencies(l.Confirm), FormatLatencies(l.Reserved)
+			if l.Handled.N > 0 {
+				reserved.Ratio = fmt.Sprintf("handler start p50 %s · p99 %s", FormatLatency(l.Handled.P50), FormatLatency(l.Handled.P99))
+			}
+			if l.Missing > 0 {
+				reserved.Result += fmt.Sprintf(" (%d of %d missing)", l.Missing, l.Reserved.N+l.Missing)
+			}
+		}
+		if target {
+			confirm.Target = latencyCheck(l, l.Confirm, TargetConfirmP99, note).String()
+			reserved.Target = latencyCheck(l, l.Reserved, TargetReservedP99, note).String()
+		}
+		t.Add(confirm)
+		t.Add(reserved)
+	}
+
+	var base time.Duration
+	for i, sc := range r.Scale {
+		row := Row{Item: "6", What: fmt.Sprintf("claim + mark of batches of 100, %s published rows in the table", FormatCount(sc.Published))}
+		growth := math.NaN()
+		if sc.Err != nil {
+			row.Result = errorCell(sc.Err)
+		} else {
+			row.Result = fmt.Sprintf("claim %s/row · mark %s/row", FormatLatency(sc.Claim), FormatLatency(sc.Mark))
+			if i == 0 {
+				base = sc.Claim
+			} else if base > 0 {
+				growth = Ratio(float64(sc.Claim), float64(base))
+				row.Ratio = "claim " + FormatTimes(growth) + " of " + FormatCount(r.Scale[0].Published)
+			}
+		}
+		if i == len(r.Scale)-1 && i > 0 {
+			row.Target = AtMost(growth, TargetClaimGrowth, "claim within 20% of "+FormatCount(r.Scale[0].Published)).String()
+		}
+		t.Add(row)
+	}
+
+	if a := r.API; a != nil {
+		row := Row{Item: "7", What: fmt.Sprintf("orders API: POST /orders, loadgen with %d in flight, in-process service", a.Concurrency)}
+		ratio := math.NaN()
+		if a.Err != nil {
+			row.Result = errorCell(a.Err)
+		} else {
+			row.Result = fmt.Sprintf("%s · p50 %s · p99 %s · max %s", FormatRate(a.Rate, "orders/s"),
+				FormatLatency(a.Latency.P50), FormatLatency(a.Latency.P99), FormatLatency(a.Latency.Max))
+			if a.Failed > 0 {
+				row.Result += fmt.Sprintf(" (%d failed: %s)", a.Failed, a.FirstFailure)
+			}
+			ratio = Ratio(a.Rate, nanIfMissing(limitB, a.Concurrency))
+		}
+		row.Ratio = FormatPercent(ratio) + fmt.Sprintf(" of B (%d writers)", a.Concurrency)
+		t.Add(row)
+	}
+
+	if m := r.Memory; m != nil {
+		row := Row{Item: "8", What: fmt.Sprintf("relay process peak RSS (VmHWM) draining %s rows", FormatCount(m.Rows))}
+		mib := math.NaN()
+		if m.Err != nil {
+			row.Result = errorCell(m.Err)
+		} else {
+			row.Result = FormatMiB(m.PeakRSS)
+			row.Ratio = "drained at " + FormatRate(m.Rate, "rows/s")
+			mib = float64(m.PeakRSS) / (1 << 20)
+		}
+		row.Target = AtMost(mib, TargetRelayPeakRSSMiB, "≤ 40 MiB").String()
+		t.Add(row)
+	}
+	return t
+}
+
+func latencyCheck(l LatencyResult, lat Latencies, limit time.Duration, note string) Check {
+	got := math.NaN()
+	if l.Err == nil && lat.N > 0 {
+		got = float64(lat.P99)
+	}
+	return AtMost(got, float64(limit), "p99 ≤ "+FormatLatency(limit)+note)
+}
+
+func rateCell(m Measured, unit string) string {
+	if m.Err != nil {
+		return errorCell(m.Err)
+	}
+	return FormatRate(m.Rate, unit)
+}
+
+func nanIfMissing(m map[int]float64, n int) float64 {
+	if v, ok := m[n]; ok {
+		return v
+	}
+	return math.NaN()
+}
+
+func plural(n int) string {
+	if n == 1 {
+		return ""
+	}
+	return "s"
+}

@@ -1,0 +1,151 @@
+package bench_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxshop/outboxshop/bench"
+)
+
+// results is a complete run with round figures: every target but the latency ones is met.
+func results() bench.Results {
+	return bench.Results{
+		Sizes:     bench.FullSizes(),
+		BatchSize: 100,
+		Command:   "go run ./bench/cmd/bench",
+		LimitA:    []bench.Measured{{N: 1, Rate: 10_000}, {N: 2, Rate: 16_000}},
+		LimitB:    []bench.Measured{{N: 16, Rate: 4_000}},
+		Drain: []bench.DrainMeasured{
+			{N: 1, DrainResult: bench.DrainResult{Rate: 6_500, Cycles: 2000, Claim: time.Millisecond, Publish: 12 * time.Millisecond, Finish: 2 * time.Millisecond}},
+			{N: 2, DrainResult: bench.DrainResult{Rate: 8_000}},
+		},
+		Peer: &bench.Measured{N: 20_000, Rate: 500},
+		Latency: []bench.LatencyResult{
+			{Rate: 1000, Notify: true, Achieved: 999.6,
+				Confirm:  bench.Latencies{N: 20_000, P50: 3 * time.Millisecond, P99: 12 * time.Millisecond, P999: 20 * time.Millisecond},
+				Handled:  bench.Latencies{N: 20_000, P50: 5 * time.Millisecond, P99: 15 * time.Millisecond},
+				Reserved: bench.Latencies{N: 20_000, P50: 8 * time.Millisecond, P99: 25 * time.Millisecond, P999: 40 * time.Millisecond}},
+			{Rate: 1000, Notify: false, Err: errors.New("boom\nsecond line")},
+		},
+		Scale: []bench.ScaleResult{
+			{Published: 10_000, Claim: 20 * time.Microsecond, Mark: 30 * time.Microsecond},
+			{Published: 1_000_000, Claim: 22 * time.Microsecond, Mark: 31 * time.Microsecond},
+		},
+		API:    &bench.APIResult{Concurrency: 16, Rate: 2_000, Latency: bench.Latencies{N: 100, P50: 7 * time.Millisecond, P99: 20 * time.Millisecond}},
+		Memory: &bench.MemoryResult{Rows: 200_000, PeakRSS: 30 << 20, Rate: 6_000},
+	}
+}
+
+// row returns the first row whose What contains what.
+func row(t *testing.T, tab bench.Table, what string) bench.Row {
+	t.Helper()
+	for _, r := range tab.Rows {
+		if strings.Contains(r.What, what) {
+			return r
+		}
+	}
+	t.Fatalf("no row %q in\n%s", what, tab.Markdown())
+	return bench.Row{}
+}
+
+func TestBuildTable(t *testing.T) {
+	t.Parallel()
+
+	t.Run("RatiosAgainstTheSameRun", func(t *testing.T) {
+		t.Parallel()
+		tab := bench.BuildTable(results())
+		one := row(t, tab, "1 relay,")
+		require.Equal(t, "6,500 rows/s", one.Result)
+		require.Equal(t, "65% of A (1 ch)", one.Ratio)
+		require.Equal(t, "✓ ≥ 60% of A", one.Target)
+		two := row(t, tab, "2 relays")
+		require.Equal(t, "50% of A (2 ch)", two.Ratio, "compared with limit A on as many channels")
+		require.Equal(t, "✗ ≥ 60% of A", two.Target)
+		require.Equal(t, "1.00 ms · 12.0 ms · 2.00 ms", row(t, tab, "one relay's cycle").Result)
+
+		peer := row(t, tab, "Watermill")
+		require.Equal(t, "1 relay = 13.0×", peer.Ratio)
+		require.Equal(t, "✓ relay ≥ 10× peer", peer.Target)
+
+		api := row(t, tab, "POST /orders")
+		require.Equal(t, "50% of B (16 writers)", api.Ratio)
+		require.Equal(t, "2,000 orders/s · p50 7.00 ms · p99 20.0 ms · max 0", api.Result)
+	})
+
+	t.Run("LatencyTargetsAtTheTargetRateWithNotify", func(t *testing.T) {
+		t.Parallel()
+		tab := bench.BuildTable(results())
+		confirm := row(t, tab, "broker confirm @ 1,000 orders/s, LISTEN/NOTIFY")
+		require.Equal(t, "✗ p99 ≤ 10.0 ms", confirm.Target)
+		require.Contains(t, confirm.What, "(achieved 1,000/s)")
+		reserved := row(t, tab, "inbox commit @ 1,000 orders/s, LISTEN/NOTIFY")
+		require.Equal(t, "✓ p99 ≤ 30.0 ms", reserved.Target)
+		require.Equal(t, "handler start p50 5.00 ms · p99 15.0 ms", reserved.Ratio)
+		polling := row(t, tab, "broker confirm @ 1,000 orders/s, polling")
+		require.Equal(t, "error: boom second line", polling.Result, "an error stays on one line")
+		require.Empty(t, polling.Target, "the targets are for LISTEN/NOTIFY")
+	})
+
+	t.Run("QuickRunShowsLatencyTargetsAtItsRate", func(t *testing.T) {
+		t.Parallel()
+		r := results()
+		r.Latency = []bench.LatencyResult{
+			{Rate: 200, Notify: true, Confirm: bench.Latencies{N: 1, P99: 5 * time.Millisecond}, Reserved: bench.Latencies{N: 1, P99: time.Second}},
+			{Rate: 200, Notify: false, Confirm: bench.Latencies{N: 1, P99: 50 * time.Millisecond}},
+		}
+		tab := bench.BuildTable(r)
+		require.Equal(t, "✓ p99 ≤ 10.0 ms (set for 1,000/s)", row(t, tab, "broker confirm @ 200 orders/s, LISTEN/NOTIFY").Target)
+		require.Equal(t, "✗ p99 ≤ 30.0 ms (set for 1,000/s)", row(t, tab, "inbox commit @ 200 orders/s, LISTEN/NOTIFY").Target)
+		require.Empty(t, row(t, tab, "broker confirm @ 200 orders/s, polling").Target)
+	})
+
+	t.Run("ScaleAndMemory", func(t *testing.T) {
+		t.Parallel()
+		tab := bench.BuildTable(results())
+		big := row(t, tab, "1,000,000 published")
+		require.Equal(t, "claim 1.10× of 10,000", big.Ratio)
+		require.Equal(t, "✓ claim within 20% of 10,000", big.Target)
+		require.Empty(t, row(t, tab, "10,000 published").Target)
+		mem := row(t, tab, "peak RSS")
+		require.Equal(t, "30.0 MiB", mem.Result)
+		require.Equal(t, "✓ ≤ 40 MiB", mem.Target)
+	})
+
+	t.Run("MissingReferenceIsNotMeasured", func(t *testing.T) {
+		t.Parallel()
+		r := results()
+		r.LimitA = nil
+		r.Peer.Err = errors.New("forwarder stuck")
+		tab := bench.BuildTable(r)
+		one := row(t, tab, "1 relay,")
+		require.Equal(t, "— of A (1 ch)", one.Ratio)
+		require.Equal(t, "? ≥ 60% of A (not measured)", one.Target)
+		peer := row(t, tab, "Watermill")
+		require.Equal(t, "error: forwarder stuck", peer.Result)
+		require.Equal(t, "? relay ≥ 10× peer (not measured)", peer.Target)
+	})
+
+	t.Run("OnlyThePhasesThatRan", func(t *testing.T) {
+		t.Parallel()
+		r := bench.Results{Sizes: bench.QuickSizes(), LimitA: []bench.Measured{{N: 1, Rate: 5000}}}
+		require.Len(t, bench.BuildTable(r).Rows, 1)
+	})
+}
+
+func TestReport(t *testing.T) {
+	t.Parallel()
+	r := results()
+	r.Quick = true
+	r.Command = "go run ./bench/cmd/bench -quick"
+	r.Machine = bench.Machine{CPU: "AMD EPYC", Cores: 2, MemBytes: 24 << 30, Go: "go1.26.8 linux/amd64", Postgres: "15.20", RabbitMQ: "3.10.8"}
+	out := bench.Report(r)
+	require.True(t, strings.HasPrefix(out, "# outboxshop benchmarks (quick run)\n"))
+	require.Contains(t, out, "- machine: AMD EPYC, 2 cores, 24.0 GiB RAM · go1.26.8 linux/amd64 · PostgreSQL 15.20 · RabbitMQ 3.10.8\n")
+	require.Contains(t, out, "- command: `go run ./bench/cmd/bench -quick`\n")
+	require.Contains(t, out, "**quick run**")
+	require.Less(t, strings.Index(out, "command:"), strings.Index(out, "| # |"), "the command is above the table")
+}

@@ -1,0 +1,237 @@
+package bench
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"runtime/pprof"
+	"strings"
+	"time"
+)
+
+// Measured is a throughput measured at one setting: N channels, writers or relays.
+type Measured struct {
+	N    int
+	Rate float64
+	Err  error
+}
+
+// DrainMeasured is a drain by N relays.
+type DrainMeasured struct {
+	N int
+	DrainResult
+	Err error
+}
+
+// Results are the figures of a run, from which [Report] renders the table.
+type Results struct {
+	Machine Machine
+	Sizes   Sizes
+	Quick   bool
+	Command string
+	// BatchSize is the relays' batch size (pkg/outbox's default when not set).
+	BatchSize int
+	// Started is when the run began; Took how long it ran.
+	Started time.Time
+	Took    time.Duration
+
+	LimitA, LimitB []Measured
+	Drain          []DrainMeasured
+	Peer           *Measured
+	Latency        []LatencyResult
+	Scale          []ScaleResult
+	API            *APIResult
+	Memory         *MemoryResult
+}
+
+// Run measures the phases of cfg, one after the other, writes progress lines to
+// cfg.Progress, and writes the report (the machine, the command and the table) to out. A
+// phase that fails shows its error in its rows, and the run goes on. Everything the run
+// created on the servers is removed before Run returns, also when ctx is cancelled.
+func Run(ctx context.Context, cfg Config, out io.Writer) (err error) {
+	if err := cfg.validate(); err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	e := newEnv(cfg)
+	defer func() {
+		e.progress("cleaning up")
+		if cerr := e.close(ctx); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("clean up: %w", cerr))
+		}
+	}()
+	res := Results{
+		Sizes: cfg.Sizes, Quick: cfg.Quick, Command: cfg.Command,
+		BatchSize: cmp.Or(cfg.BatchSize, 100), Started: time.Now(),
+	}
+	res.Machine = e.readMachine(ctx)
+	e.progress("run %s on %s", e.id, res.Machine)
+	s := cfg.Sizes
+
+	if cfg.runs(PhaseLimits) && ctx.Err() == nil {
+		res.LimitA, res.LimitB = e.limits(ctx, s)
+	}
+	if cfg.runs(PhaseDrain) && ctx.Err() == nil {
+		e.progress("item 3: filling a backlog of %s rows", FormatCount(s.Backlog))
+		_, _, ferr := e.backlog(ctx, s.Backlog) // outside the profile
+		stopProfile, perr := startProfile(cfg.CPUProfile)
+		if perr != nil {
+			return perr
+		}
+		for _, n := range s.Relays {
+			e.progress("item 3: %d relay(s) drain %s rows", n, FormatCount(s.Backlog))
+			d, err := DrainResult{}, ferr
+			if err == nil {
+				d, err = e.drain(ctx, n, s.Backlog)
+			}
+			res.Drain = append(res.Drain, DrainMeasured{N: n, DrainResult: d, Err: err})
+			e.progress("  %s", resultOrError(fmt.Sprintf("%s; per cycle: claim %s, publish %s, mark+commit %s",
+				FormatRate(d.Rate, "rows/s"), FormatLatency(d.Claim), FormatLatency(d.Publish), FormatLatency(d.Finish)), err))
+		}
+		if err := stopProfile(); err != nil {
+			return err
+		}
+	}
+	if cfg.runs(PhasePeer) && ctx.Err() == nil {
+		e.progress("item 4: Watermill's forwarder drains %s rows", FormatCount(s.PeerRows))
+		rate, err := e.peer(ctx, s.PeerRows)
+		res.Peer = &Measured{N: s.PeerRows, Rate: rate, Err: err}
+		e.progress("  %s", resultOrError(FormatRate(rate, "rows/s"), err))
+	}
+	if cfg.runs(PhaseLatency) && ctx.Err() == nil {
+		res.Latency = e.latencies(ctx, s)
+	}
+	if cfg.runs(PhaseScale) && ctx.Err() == nil {
+		e.progress("item 6: claim and mark cost with %v published rows", s.ScaleRows)
+		res.Scale = e.scale(ctx, s.ScaleRows, s.ScaleBatches)
+	}
+	if cfg.runs(PhaseAPI) && ctx.Err() == nil {
+		e.progress("item 7: POST /orders, loadgen with %d in flight for %s", s.APIConcurrency, s.APIDuration)
+		a := e.api(ctx, s.APIConcurrency, s.APIDuration)
+		res.API = &a
+		e.progress("  %s", resultOrError(fmt.Sprintf("%s, p50 %s, p99 %s, %d failed", FormatRate(a.Rate, "orders/s"),
+			FormatLatency(a.Latency.P50), FormatLatency(a.Latency.P99), a.Failed), a.Err))
+	}
+	if cfg.runs(PhaseMemory) && ctx.Err() == nil {
+		e.progress("item 8: peak RSS of a relay process draining %s rows", FormatCount(s.MemoryBacklog))
+		m := e.memory(ctx, s.MemoryBacklog)
+		res.Memory = &m
+		e.progress("  %s", resultOrError(FormatMiB(m.PeakRSS), m.Err))
+	}
+	res.Took = time.Since(res.Started)
+	if _, werr := io.WriteString(out, Report(res)); werr != nil {
+		return werr
+	}
+	return ctx.Err()
+}
+
+func (e *env) limits(ctx context.Context, s Sizes) (a, b []Measured) {
+	top, err := e.declareTopology("limit")
+	var snk *sink
+	if err == nil {
+		snk, err = e.startSink(top.Queue, 250*time.Millisecond)
+	}
+	for _, n := range s.Channels {
+		e.progress("limit A: %d channel(s), window %d, for %s", n, s.ConfirmWindow, s.LimitDuration)
+		rate := 0.0
+		if err == nil {
+			rate, err = e.publishLimit(ctx, top, n, s.ConfirmWindow, s.LimitDuration)
+		}
+		a = append(a, Measured{N: n, Rate: rate, Err: err})
+		e.progress("  %s", resultOrError(FormatRate(rate, "msg/s"), err))
+	}
+	if snk != nil {
+		snk.Close()
+	}
+
+	dbURL, err := e.createDatabase(ctx, "limitb", "")
+	if err == nil {
+		pool, perr := openPool(ctx, dbURL, 1)
+		err = perr
+		if err == nil {
+			err = migrateWriter(ctx, pool)
+			defer pool.Close()
+		}
+		for _, n := range s.Concurrency {
+			e.progress("limit B: %d writer(s) for %s", n, s.LimitDuration)
+			rate := 0.0
+			if err == nil {
+				if _, err = pool.Exec(ctx, "TRUNCATE orders, outbox_messages"); err == nil {
+					rate, err = e.txLimit(ctx, dbURL, "bench.limitb", n, s.LimitDuration)
+				}
+			}
+			b = append(b, Measured{N: n, Rate: rate, Err: err})
+			e.progress("  %s", resultOrError(FormatRate(rate, "tx/s"), err))
+		}
+	} else {
+		for _, n := range s.Concurrency {
+			b = append(b, Measured{N: n, Err: err})
+		}
+	}
+	return a, b
+}
+
+func (e *env) latencies(ctx context.Context, s Sizes) []LatencyResult {
+	var out []LatencyResult
+	rig, err := e.newLatencyRig(ctx)
+	for _, notify := range []bool{true, false} {
+		for _, rate := range s.Rates {
+			if ctx.Err() != nil {
+				return out
+			}
+			e.progress("item 5: %d orders/s, %s, %s after %s warm-up", rate, wakeUp(notify), s.RateDuration, s.Warmup)
+			if err != nil {
+				out = append(out, LatencyResult{Rate: rate, Notify: notify, Err: err})
+				continue
+			}
+			r := rig.run(ctx, rate, notify, s.Warmup, s.RateDuration)
+			out = append(out, r)
+			e.progress("  confirm %s; reserved %s", resultOrError(FormatLatencies(r.Confirm), r.Err), FormatLatencies(r.Reserved))
+		}
+	}
+	return out
+}
+
+func wakeUp(notify bool) string {
+	if notify {
+		return "LISTEN/NOTIFY"
+	}
+	return "polling 100 ms"
+}
+
+func resultOrError(result string, err error) string {
+	if err != nil {
+		return "error: " + err.Error()
+	}
+	return result
+}
+
+// startProfile starts a CPU profile into path, when set, and returns its stop.
+func startProfile(path string) (func() error, error) {
+	if path == "" {
+		return func() error { return nil }, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("cpu profile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("cpu profile: %w", err)
+	}
+	return func() error {
+		pprof.StopCPUProfile()
+		return f.Close()
+	}, nil
+}
+
+// errorCell renders an error for a table cell, on one line and not too long.
+func errorCell(err error) string {
+	msg := strings.Join(strings.Fields(err.Error()), " ")
+	if r := []rune(msg); len(r) > 140 {
+		msg = string(r[:140]) + "…"
+	}
+	return "error: " + msg
+}

@@ -1,0 +1,66 @@
+package chaos
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// TestScenarios runs every scenario against the local target, as `make chaos` does: private
+// PostgreSQL servers and a private RabbitMQ node, the service binaries built fresh, about three
+// minutes in all. Without initdb or rabbitmq-server it skips, saying so; under CI=true that
+// is a failure instead. -short skips it.
+func TestScenarios(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: the chaos scenarios take about three minutes; run them with make chaos")
+	}
+	if missing := MissingTools(); len(missing) > 0 {
+		msg := "the chaos scenarios need " + strings.Join(missing, ", ") + " (the local target starts private servers)"
+		if os.Getenv("CI") == "true" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg + "; skipped (under CI=true this fails)")
+	}
+
+	// The canary's crash point is never reached: it must fail, or the runner would let a
+	// scenario whose fault did not happen pass.
+	canary := crashScenario("canary-never-reached", OrdersRelay, pointRelayAfterPublish, "a crash point armed beyond the load", nil)
+	canary.Failpoints = func(float64) map[Service]string {
+		return map[Service]string{OrdersRelay: pointRelayAfterPublish + "=kill@1000000"}
+	}
+	inject := canary.Inject
+	canary.Inject = func(ctx context.Context, e *Env) error {
+		ctx, cancel := context.WithDeadline(ctx, e.LoadStart.Add(e.Load+2*time.Second))
+		defer cancel()
+		return inject(ctx, e)
+	}
+
+	outcomes, err := Run(t.Context(), append(Scenarios(), canary), Options{Target: NewLocal(LocalConfig{}), Progress: t.Output()})
+	require.NoError(t, err)
+	require.Len(t, outcomes, len(Scenarios())+1)
+	outcomes, last := outcomes[:len(outcomes)-1], outcomes[len(outcomes)-1]
+	t.Log("\n" + Table(outcomes))
+	t.Run("FaultNotInjectedFails", func(t *testing.T) {
+		require.False(t, last.Passed(), "a scenario whose crash point was never reached passed")
+		require.Len(t, last.Failures, 1, "everything else held: %v", last.Failures)
+		require.Contains(t, last.Failures[0], "fault not injected: orders-relay never died at its crash point relay.after-publish")
+	})
+	for _, o := range outcomes {
+		t.Run(o.Scenario, func(t *testing.T) {
+			if o.Passed() {
+				return
+			}
+			t.Errorf("%s", Details([]Outcome{o}))
+			for svc, tail := range o.Logs {
+				t.Logf("last lines of %s:\n%s", svc, tail)
+			}
+		})
+	}
+}

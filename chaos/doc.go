@@ -1,0 +1,25 @@
+// Package chaos breaks the shop on purpose while orders flow, and proves that it kept its
+// promises: nothing acknowledged was lost, nothing was applied twice.
+//
+// A [Scenario] injects one fault — a service killed at one of its crash points
+// (internal/failpoint), the broker or the orders database killed, the network to the broker
+// cut or slowed, poison messages published — while the load generator (loadgen) places
+// orders at a steady rate with Idempotency-Keys, retrying through outages. Then the fault is
+// healed, the shop drains, and e2e/verify checks every invariant from both databases. A
+// runner's own queue on the events exchange counts the events published twice; the
+// consumers' inbox_duplicates_total (or their log lines) counts the duplicates their inboxes
+// absorbed. A scenario whose fault did not happen fails: it would prove nothing.
+//
+// # Targets
+//
+// [Run] runs scenarios against a [Target]. [Local] (what CI runs) builds the service
+// binaries, starts private PostgreSQL servers and a private RabbitMQ node on spare ports, and
+// supervises the four service processes; [Compose] drives the docker compose stack.
+//
+// # Running
+//
+//	go run ./chaos/cmd/chaos run all
+//	go run ./chaos/cmd/chaos run relay-after-publish -v
+//
+// See chaos/README.md for the scenarios and a diagram of each crash point.
+package chaos

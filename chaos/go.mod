@@ -1,0 +1,48 @@
+module github.com/outboxshop/outboxshop/chaos
+
+go 1.26.8
+
+replace (
+	github.com/outboxshop/outboxshop/e2e => ../e2e
+	github.com/outboxshop/outboxshop/internal => ../internal
+	github.com/outboxshop/outboxshop/loadgen => ../loadgen
+	github.com/outboxshop/outboxshop/pkg/inbox => ../pkg/inbox
+	github.com/outboxshop/outboxshop/pkg/outbox => ../pkg/outbox
+	github.com/outboxshop/outboxshop/services/orders => ../services/orders
+	github.com/outboxshop/outboxshop/services/warehouse => ../services/warehouse
+)
+
+require (
+	github.com/google/uuid v1.6.0
+	github.com/jackc/pgx/v5 v5.12.0
+	github.com/outboxshop/outboxshop/e2e v0.0.0-00010101000000-000000000000
+	github.com/outboxshop/outboxshop/internal v0.0.0-00010101000000-000000000000
+	github.com/outboxshop/outboxshop/loadgen v0.0.0-00010101000000-000000000000
+	github.com/outboxshop/outboxshop/pkg/inbox v0.0.0-00010101000000-000000000000
+	github.com/outboxshop/outboxshop/pkg/outbox v0.0.0-00010101000000-000000000000
+	github.com/outboxshop/outboxshop/services/orders v0.0.0-00010101000000-000000000000
+	github.com/outboxshop/outboxshop/services/warehouse v0.0.0-00010101000000-000000000000
+	github.com/rabbitmq/amqp091-go v1.16.0
+	github.com/stretchr/testify v1.12.1
+	go.uber.org/goleak v1.3.0
+)
+
+require (
+	github.com/beorn7/perks v1.0.1 // indirect
+	github.com/caarlos0/env/v11 v11.4.2 // indirect
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/go-chi/chi/v5 v5.5.0 // indirect
+	github.com/jackc/pgpassfile v1.0.0 // indirect
+	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
+	github.com/jackc/puddle/v2 v2.2.3 // indirect
+	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
+	github.com/prometheus/client_golang v1.25.0 // indirect
+	github.com/prometheus/client_model v0.6.3 // indirect
+	github.com/prometheus/common v0.72.1 // indirect
+	github.com/prometheus/procfs v0.22.0 // indirect
+	go.yaml.in/yaml/v3 v3.0.5 // indirect
+	golang.org/x/sync v0.24.0 // indirect
+	golang.org/x/sys v0.49.0 // indirect
+	golang.org/x/text v0.43.0 // indirect
+	google.golang.org/protobuf v1.36.12 // indirect
+)

@@ -1,0 +1,581 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outboxshop/outboxshop/chaos/internal/proxy"
+)
+
+// LocalConfig configures [NewLocal].
+type LocalConfig struct {
+	// RepoDir is the root of the outboxshop repository (where go.work is). Default: found
+	// from the working directory upwards.
+	RepoDir string
+	// RunDir holds the binaries, the servers' data and every log. Default: a new directory
+	// under os.TempDir(), removed by Close unless Keep is set.
+	RunDir string
+	// Keep leaves RunDir in place after Close, for inspection.
+	Keep bool
+	// RestartDelay is how long the supervisor waits before restarting a process that died.
+	// Default 500ms.
+	RestartDelay time.Duration
+	// Logger receives debug lines. nil discards.
+	Logger *slog.Logger
+}
+
+// Local is the target that CI runs: it builds the two service binaries, starts two private
+// PostgreSQL servers (one per service) and a private RabbitMQ node on spare ports, and runs
+// the four service processes under a supervisor. Every service reaches the broker through a
+// TCP proxy of the runner's, which network faults cut and slow down.
+type Local struct {
+	cfg    LocalConfig
+	log    *slog.Logger
+	runDir string
+	made   bool // runDir was created by us
+
+	bins                map[string]string
+	ordersPG, warehouse *pgServer
+	rabbit              *rabbitServer
+	brokerProxy         *proxy.Proxy
+	closeOnce           sync.Once
+	mu                  sync.Mutex
+	shop                *localShop
+	netBase             proxy.Stats // proxy counters when the current shop started
+}
+
+// localShop is one scenario's set of processes and databases.
+type localShop struct {
+	spec        ShopSpec
+	ordersDB    string
+	warehouseDB string
+	dir         string
+	procs       map[Service]*process
+}
+
+var _ Target = (*Local)(nil)
+
+// NewLocal returns the local target. Nothing is started before Prepare.
+func NewLocal(cfg LocalConfig) *Local {
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.RestartDelay == 0 {
+		cfg.RestartDelay = 500 * time.Millisecond
+	}
+	return &Local{cfg: cfg, log: log}
+}
+
+// Name implements Target.
+func (l *Local) Name() string { return "local" }
+
+// MissingTools lists the server binaries the local target needs and cannot find: initdb and
+// postgres, rabbitmq-server, go.
+func MissingTools() []string {
+	var missing []string
+	if _, err := lookBin("initdb", pgDirs...); err != nil {
+		missing = append(missing, "initdb (PostgreSQL server)")
+	}
+	if _, err := findRabbitScript(); err != nil {
+		missing = append(missing, "rabbitmq-server")
+	}
+	if _, err := exec.LookPath("go"); err != nil {
+		missing = append(missing, "go")
+	}
+	return missing
+}
+
+// FindRepo returns the repository root above dir: the first directory with a go.work and
+// services/orders.
+func FindRepo(dir string) (string, error) {
+	dir, err := filepath.Abs(dir)
+	if err != nil {
+		return "", err
+	}
+	for d := dir; ; d = filepath.Dir(d) {
+		if fileExists(filepath.Join(d, "go.work")) && fileExists(filepath.Join(d, "services", "orders")) {
+			return d, nil
+		}
+		if filepath.Dir(d) == d {
+			return "", fmt.Errorf("no outboxshop repository (go.work with services/orders) above %s", dir)
+		}
+	}
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}
+
+// Prepare implements Target: build, start both PostgreSQL servers and the broker (in
+// parallel: the broker takes several seconds), and the proxy.
+func (l *Local) Prepare(ctx context.Context, progress func(string)) error {
+	if missing := MissingTools(); len(missing) > 0 {
+		return fmt.Errorf("local target: missing %s", strings.Join(missing, ", "))
+	}
+	repo := l.cfg.RepoDir
+	if repo == "" {
+		wd, err := os.Getwd()
+		if err != nil {
+			return err
+		}
+		if repo, err = FindRepo(wd); err != nil {
+			return err
+		}
+	}
+	l.runDir = l.cfg.RunDir
+	if l.runDir == "" {
+		dir, err := os.MkdirTemp("", "outboxshop-chaos-")
+		if err != nil {
+			return err
+		}
+		l.runDir, l.made = dir, true
+	} else if err := os.MkdirAll(l.runDir, 0o755); err != nil {
+		return err
+	}
+	// The servers run as their own users and must reach their directories.
+	if err := os.Chmod(l.runDir, 0o755); err != nil {
+		return err
+	}
+	progress("run directory " + l.runDir)
+
+	suffix := strconv.Itoa(os.Getpid())
+	var err error
+	if l.ordersPG, err = newPGServer("orders-db", filepath.Join(l.runDir, "pg-orders")); err != nil {
+		return err
+	}
+	if l.warehouse, err = newPGServer("warehouse-db", filepath.Join(l.runDir, "pg-warehouse")); err != nil {
+		return err
+	}
+	if l.rabbit, err = newRabbitServer("chaos"+suffix+"@localhost", filepath.Join(l.runDir, "rabbitmq")); err != nil {
+		return err
+	}
+
+	var wg sync.WaitGroup
+	errs := make([]error, 3)
+	wg.Go(func() {
+		if errs[0] = l.rabbit.init(); errs[0] == nil {
+			errs[0] = l.rabbit.start(ctx)
+		}
+	})
+	wg.Go(func() {
+		for _, pg := range []*pgServer{l.ordersPG, l.warehouse} {
+			if errs[1] = pg.init(ctx); errs[1] != nil {
+				return
+			}
+			if errs[1] = pg.start(ctx); errs[1] != nil {
+				return
+			}
+		}
+	})
+	wg.Go(func() { errs[2] = l.build(ctx, repo) })
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	progress(fmt.Sprintf("built orders and warehouse; PostgreSQL on :%d (orders) and :%d (warehouse); RabbitMQ node %s on :%d",
+		l.ordersPG.port, l.warehouse.port, l.rabbit.node, l.rabbit.port))
+	if l.brokerProxy, err = proxy.Listen("127.0.0.1:0", l.rabbit.addr()); err != nil {
+		return err
+	}
+	return nil
+}
+
+// build compiles both service binaries into the run directory, once for every scenario.
+func (l *Local) build(ctx context.Context, repo string) error {
+	binDir := filepath.Join(l.runDir, "bin")
+	if err := os.MkdirAll(binDir, 0o755); err != nil {
+		return err
+	}
+	l.bins = map[string]string{}
+	for _, name := range []string{"orders", "warehouse"} {
+		out := filepath.Join(binDir, name)
+		cmd := exec.CommandContext(ctx, "go", "build", "-o", out, "./services/"+name+"/cmd/"+name)
+		cmd.Dir = repo
+		if b, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("go build %s: %w\n%s", name, err, b)
+		}
+		l.bins[name] = out
+	}
+	return nil
+}
+
+var nonWord = regexp.MustCompile(`[^a-z0-9]+`)
+
+// StartShop implements Target: fresh databases (named after the scenario), a broker without
+// the shop's exchanges and queues, and the four processes, started in order.
+func (l *Local) StartShop(ctx context.Context, spec ShopSpec) (Endpoints, error) {
+	l.mu.Lock()
+	if l.shop != nil {
+		l.mu.Unlock()
+		return Endpoints{}, errors.New("local target: a shop is already running")
+	}
+	l.mu.Unlock()
+	if !l.rabbit.running() {
+		if err := l.rabbit.start(ctx); err != nil {
+			return Endpoints{}, err
+		}
+	}
+	for _, pg := range []*pgServer{l.ordersPG, l.warehouse} {
+		if !pg.running() {
+			if err := pg.start(ctx); err != nil {
+				return Endpoints{}, err
+			}
+		}
+	}
+	if err := resetBroker(ctx, l.rabbit.URL()); err != nil {
+		return Endpoints{}, err
+	}
+	l.brokerProxy.Heal()
+	l.netBase = l.brokerProxy.Stats()
+
+	id := nonWord.ReplaceAllString(strings.ToLower(spec.Name), "_")
+	shop := &localShop{
+		spec: spec, ordersDB: "orders_" + id, warehouseDB: "warehouse_" + id,
+		dir: filepath.Join(l.runDir, "shops", id), procs: map[Service]*process{},
+	}
+	// A database of an earlier run with the same name would not be fresh.
+	if err := errors.Join(l.ordersPG.dropDatabase(ctx, shop.ordersDB), l.warehouse.dropDatabase(ctx, shop.warehouseDB)); err != nil {
+		return Endpoints{}, err
+	}
+	if err := os.MkdirAll(shop.dir, 0o755); err != nil {
+		return Endpoints{}, err
+	}
+	ports := map[Service]int{}
+	for _, s := range Services {
+		p, err := freePort()
+		if err != nil {
+			return Endpoints{}, err
+		}
+		ports[s] = p
+	}
+	brokerURL := fmt.Sprintf("amqp://guest:guest@%s/", l.brokerProxy.Addr())
+	addr := func(s Service) string { return "127.0.0.1:" + strconv.Itoa(ports[s]) }
+	base := []string{"PATH=" + os.Getenv("PATH"), "HOME=" + shop.dir, "TZ=UTC"}
+	ordersEnv := append(append([]string(nil), base...),
+		ordersSettings(l.ordersPG.URL(shop.ordersDB), brokerURL, addr(OrdersAPI), addr(OrdersRelay))...)
+	warehouseEnv := append(append([]string(nil), base...),
+		warehouseSettings(l.warehouse.URL(shop.warehouseDB), brokerURL, addr(Warehouse), addr(WarehouseRelay))...)
+	specs := map[Service]procSpec{
+		Warehouse:      {binary: l.bins["warehouse"], args: []string{"api"}, env: warehouseEnv, readyBody: `"consumer":"connected"`},
+		WarehouseRelay: {binary: l.bins["warehouse"], args: []string{"relay"}, env: warehouseEnv},
+		OrdersAPI:      {binary: l.bins["orders"], args: []string{"api"}, env: ordersEnv},
+		OrdersRelay:    {binary: l.bins["orders"], args: []string{"relay"}, env: ordersEnv},
+	}
+	l.mu.Lock()
+	l.shop = shop
+	l.mu.Unlock()
+	for _, s := range Services {
+		ps := specs[s]
+		ps.service = s
+		ps.failpoints = spec.Failpoints[s]
+		ps.logPath = filepath.Join(shop.dir, string(s)+".log")
+		ps.readyURL = "http://" + addr(s) + "/readyz"
+		p := newProcess(ps, l.cfg.RestartDelay)
+		shop.procs[s] = p
+		if err := p.start(); err != nil {
+			return Endpoints{}, err
+		}
+		rctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		err := p.waitReady(rctx)
+		cancel()
+		if err != nil {
+			return Endpoints{}, err
+		}
+		if s == OrdersAPI {
+			// The stock consumer's queue exists once the orders API consumes it.
+			if err := waitQueueConsumed(ctx, l.rabbit.URL(), "orders.stock"); err != nil {
+				return Endpoints{}, err
+			}
+		}
+	}
+	metrics := map[Service]string{}
+	for _, s := range Services {
+		metrics[s] = "http://" + addr(s) + "/metrics"
+	}
+	return Endpoints{
+		OrdersURL: "http://" + addr(OrdersAPI), StockURL: "http://" + addr(Warehouse),
+		OrdersDB: l.ordersPG.URL(shop.ordersDB), WarehouseDB: l.warehouse.URL(shop.warehouseDB),
+		AMQPURL: l.rabbit.URL(), Metrics: metrics,
+	}, nil
+}
+
+// ordersSettings is the orders service's environment in a shop: its database, the broker
+// (through the proxy), its addresses, and polls and retries faster than the defaults, so that
+// a scenario drains quickly.
+func ordersSettings(databaseURL, amqpURL, httpAddr, relayAddr string) []string {
+	return []string{
+		"ORDERS_DATABASE_URL=" + databaseURL,
+		"ORDERS_AMQP_URL=" + amqpURL,
+		"ORDERS_HTTP_ADDR=" + httpAddr,
+		"ORDERS_RELAY_HTTP_ADDR=" + relayAddr,
+		"ORDERS_RELAY_POLL_INTERVAL=200ms",
+		"ORDERS_CONSUMER_RETRY_DELAY=200ms",
+		"ORDERS_HTTP_SHUTDOWN_TIMEOUT=3s",
+		"ORDERS_CONSUMER_SHUTDOWN_TIMEOUT=3s",
+		"ORDERS_LOG_FORMAT=json",
+	}
+}
+
+// warehouseSettings is the warehouse's environment in a shop, as ordersSettings.
+func warehouseSettings(databaseURL, amqpURL, httpAddr, relayAddr string) []string {
+	return []string{
+		"WAREHOUSE_DATABASE_URL=" + databaseURL,
+		"WAREHOUSE_AMQP_URL=" + amqpURL,
+		"WAREHOUSE_HTTP_ADDR=" + httpAddr,
+		"WAREHOUSE_RELAY_HTTP_ADDR=" + relayAddr,
+		"WAREHOUSE_RELAY_POLL_INTERVAL=200ms",
+		"WAREHOUSE_CONSUMER_RETRY_DELAY=200ms",
+		"WAREHOUSE_SHUTDOWN_TIMEOUT=3s",
+		"WAREHOUSE_LOG_FORMAT=json",
+	}
+}
+
+func (l *Local) proc(svc Service) (*process, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.shop == nil || l.shop.procs[svc] == nil {
+		return nil, fmt.Errorf("local target: %s is not running", svc)
+	}
+	return l.shop.procs[svc], nil
+}
+
+// WaitDeath implements Target.
+func (l *Local) WaitDeath(ctx context.Context, svc Service) (Death, error) {
+	p, err := l.proc(svc)
+	if err != nil {
+		return Death{}, err
+	}
+	return p.waitDeath(ctx)
+}
+
+// Heal implements Target: the supervisor restarts a dead process by itself; Heal waits until
+// it is ready.
+func (l *Local) Heal(ctx context.Context, svc Service) error {
+	p, err := l.proc(svc)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	return p.waitReady(ctx)
+}
+
+// Deaths implements Target.
+func (l *Local) Deaths() []Death {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.shop == nil {
+		return nil
+	}
+	var all []Death
+	for _, s := range Services {
+		if p := l.shop.procs[s]; p != nil {
+			all = append(all, p.Deaths()...)
+		}
+	}
+	return all
+}
+
+// Kill implements Target.
+func (l *Local) Kill(ctx context.Context, c Component) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	switch c {
+	case Broker:
+		return l.rabbit.kill(ctx)
+	case OrdersDB:
+		return l.ordersPG.kill(ctx)
+	}
+	return fmt.Errorf("kill %s: %w", c, ErrUnsupported)
+}
+
+// Restart implements Target.
+func (l *Local) Restart(ctx context.Context, c Component) error {
+	switch c {
+	case Broker:
+		return l.rabbit.start(ctx)
+	case OrdersDB:
+		return l.ordersPG.start(ctx)
+	}
+	return fmt.Errorf("restart %s: %w", c, ErrUnsupported)
+}
+
+// CutNetwork implements Target.
+func (l *Local) CutNetwork(context.Context) error {
+	l.brokerProxy.Cut()
+	return nil
+}
+
+// DelayNetwork implements Target.
+func (l *Local) DelayNetwork(_ context.Context, d time.Duration) error {
+	l.brokerProxy.Delay(d)
+	return nil
+}
+
+// HealNetwork implements Target.
+func (l *Local) HealNetwork(context.Context) error {
+	l.brokerProxy.Heal()
+	return nil
+}
+
+// NetworkStats implements Target.
+func (l *Local) NetworkStats() NetworkStats {
+	s := l.brokerProxy.Stats()
+	return NetworkStats{Cut: s.Cut - l.netBase.Cut, Refused: s.Refused - l.netBase.Refused, Delayed: s.Delayed - l.netBase.Delayed}
+}
+
+// Logs implements Target.
+func (l *Local) Logs(_ context.Context, svc Service) (string, error) {
+	p, err := l.proc(svc)
+	if err != nil {
+		return "", err
+	}
+	b, err := os.ReadFile(p.spec.logPath)
+	return string(b), err
+}
+
+// LogPath is the file svc's output goes to in the current shop.
+func (l *Local) LogPath(svc Service) string {
+	p, err := l.proc(svc)
+	if err != nil {
+		return ""
+	}
+	return p.spec.logPath
+}
+
+// StopShop implements Target: the processes get SIGTERM (SIGKILL after 5s), the databases
+// are dropped. The logs stay in the run directory until Close.
+func (l *Local) StopShop(ctx context.Context) error {
+	l.mu.Lock()
+	shop := l.shop
+	l.shop = nil
+	l.mu.Unlock()
+	if shop == nil {
+		return nil
+	}
+	var wg sync.WaitGroup
+	for _, p := range shop.procs {
+		wg.Go(func() { p.stop(5 * time.Second) })
+	}
+	wg.Wait()
+	l.brokerProxy.Heal()
+	var errs []error
+	if l.ordersPG.running() {
+		errs = append(errs, l.ordersPG.dropDatabase(ctx, shop.ordersDB))
+	}
+	if l.warehouse.running() {
+		errs = append(errs, l.warehouse.dropDatabase(ctx, shop.warehouseDB))
+	}
+	return errors.Join(errs...)
+}
+
+// Close implements Target: everything stops, and the run directory is removed (unless Keep).
+func (l *Local) Close() error {
+	var err error
+	l.closeOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_ = l.StopShop(ctx)
+		if l.brokerProxy != nil {
+			_ = l.brokerProxy.Close()
+		}
+		if l.rabbit != nil {
+			err = errors.Join(err, l.rabbit.kill(ctx))
+		}
+		for _, pg := range []*pgServer{l.ordersPG, l.warehouse} {
+			if pg != nil {
+				err = errors.Join(err, pg.stop(ctx))
+			}
+		}
+		if l.made && !l.cfg.Keep && l.runDir != "" {
+			err = errors.Join(err, os.RemoveAll(l.runDir))
+		}
+	})
+	return err
+}
+
+// RunDir is where the binaries, data and logs are.
+func (l *Local) RunDir() string { return l.runDir }
+
+// shopQueues are every queue and exchange a shop declares, and the runner's observer queue:
+// deleting them gives the next scenario a broker as new.
+var (
+	shopQueues    = []string{"warehouse.orders", "warehouse.orders.dead", "orders.stock", "orders.stock.dead", observerQueue}
+	shopExchanges = []string{"shop.events", "shop.dlx"}
+)
+
+// resetBroker deletes the shop's queues and exchanges.
+func resetBroker(ctx context.Context, url string) error {
+	conn, err := dialAMQP(ctx, url)
+	if err != nil {
+		return fmt.Errorf("reset broker: %w", err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("reset broker: %w", err)
+	}
+	for _, q := range shopQueues {
+		if _, err := ch.QueueDelete(q, false, false, false); err != nil {
+			return fmt.Errorf("reset broker: delete queue %s: %w", q, err)
+		}
+	}
+	for _, x := range shopExchanges {
+		if err := ch.ExchangeDelete(x, false, false); err != nil {
+			return fmt.Errorf("reset broker: delete exchange %s: %w", x, err)
+		}
+	}
+	return nil
+}
+
+// waitQueueConsumed waits until queue exists and has a consumer.
+func waitQueueConsumed(ctx context.Context, url, queue string) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	err := poll(ctx, 100*time.Millisecond, func() (bool, error) {
+		q, err := inspectQueue(ctx, url, queue)
+		return err == nil && q.Consumers > 0, nil
+	})
+	if err != nil {
+		return fmt.Errorf("wait for a consumer on %s: %w", queue, err)
+	}
+	return nil
+}
+
+// inspectQueue returns a queue's depth and consumer count (a passive declare, which fails
+// when the queue does not exist).
+func inspectQueue(ctx context.Context, url, queue string) (amqp.Queue, error) {
+	conn, err := dialAMQP(ctx, url)
+	if err != nil {
+		return amqp.Queue{}, err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return amqp.Queue{}, err
+	}
+	return ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+}
+
+// dialAMQP connects with a bounded dial.
+func dialAMQP(ctx context.Context, url string) (*amqp.Connection, error) {
+	timeout := 5 * time.Second
+	if dl, ok := ctx.Deadline(); ok {
+		timeout = max(min(timeout, time.Until(dl)), 100*time.Millisecond)
+	}
+	return amqp.DialConfig(url, amqp.Config{Dial: amqp.DefaultDial(timeout)})
+}

@@ -1,0 +1,48 @@
+package chaos
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	ordersapp "github.com/outboxshop/outboxshop/services/orders/app"
+	warehouseapp "github.com/outboxshop/outboxshop/services/warehouse/app"
+)
+
+// envNames lists the environment variables a configuration struct reads (its env tags).
+func envNames(t reflect.Type) map[string]bool {
+	names := map[string]bool{}
+	for f := range t.Fields() {
+		if tag := f.Tag.Get("env"); tag != "" {
+			name, _, _ := strings.Cut(tag, ",")
+			names[name] = true
+		}
+	}
+	return names
+}
+
+// TestSettingsAreReadByTheServices guards against a renamed variable: the services ignore
+// variables they do not know, so a stale name would silently run a shop on the defaults
+// (the machine's own PostgreSQL and RabbitMQ).
+func TestSettingsAreReadByTheServices(t *testing.T) {
+	t.Parallel()
+	for name, c := range map[string]struct {
+		env   []string
+		known map[string]bool
+	}{
+		"orders":    {ordersSettings("db", "amqp", "a:1", "a:2"), envNames(reflect.TypeFor[ordersapp.Config]())},
+		"warehouse": {warehouseSettings("db", "amqp", "a:1", "a:2"), envNames(reflect.TypeFor[warehouseapp.Config]())},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			require.True(t, c.known["CHAOS_FAILPOINTS"] || name == "orders", "the warehouse reads CHAOS_FAILPOINTS through its config")
+			for _, kv := range c.env {
+				k, _, ok := strings.Cut(kv, "=")
+				require.True(t, ok)
+				require.True(t, c.known[k], "%s does not read %s", name, k)
+			}
+		})
+	}
+}

@@ -1,0 +1,185 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// observerQueue is the runner's own queue, bound to the events exchange with "#": it gets a
+// copy of every event every relay publishes.
+const observerQueue = "chaos.observer"
+
+// Deliveries counts messages per message id: a relay that publishes a message twice (it
+// crashed after the broker confirmed it, before it marked the row) shows as two deliveries
+// of one id. The zero value is ready to use; it is safe for concurrent use.
+type Deliveries struct {
+	mu    sync.Mutex
+	byID  map[string]int
+	byKey map[string]int
+	total int
+}
+
+// Add counts one delivery.
+func (d *Deliveries) Add(messageID, routingKey string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.byID == nil {
+		d.byID, d.byKey = map[string]int{}, map[string]int{}
+	}
+	d.byID[messageID]++
+	d.byKey[routingKey]++
+	d.total++
+}
+
+// DeliveryCounts summarises [Deliveries].
+type DeliveryCounts struct {
+	// Total counts deliveries, Distinct message ids.
+	Total, Distinct int
+	// Duplicates is Total - Distinct: deliveries of an id seen before.
+	Duplicates int
+	// ByRoutingKey counts deliveries per routing key.
+	ByRoutingKey map[string]int
+	// DuplicateIDs are up to 5 ids delivered more than once, for the report.
+	DuplicateIDs []string
+}
+
+// Counts returns the counts so far.
+func (d *Deliveries) Counts() DeliveryCounts {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	c := DeliveryCounts{Total: d.total, Distinct: len(d.byID), ByRoutingKey: map[string]int{}}
+	c.Duplicates = c.Total - c.Distinct
+	for k, n := range d.byKey {
+		c.ByRoutingKey[k] = n
+	}
+	var dup []string
+	for id, n := range d.byID {
+		if n > 1 {
+			dup = append(dup, id)
+		}
+	}
+	sort.Strings(dup)
+	if len(dup) > 5 {
+		dup = dup[:5]
+	}
+	c.DuplicateIDs = dup
+	return c
+}
+
+// observer consumes the observer queue into a Deliveries, reconnecting when the broker goes
+// away (the queue is durable, so nothing published meanwhile is missed). It consumes with
+// automatic acknowledgement: a delivery is never repeated by the broker, so every duplicate
+// it counts was published twice.
+type observer struct {
+	url, exchange string
+	counts        Deliveries
+	log           *slog.Logger
+	cancel        context.CancelFunc
+	done          chan struct{}
+}
+
+// startObserver declares the exchange (as the services do) and the observer queue, binds
+// it, and starts consuming; events published after it returns are all seen.
+func startObserver(ctx context.Context, url, exchange string, log *slog.Logger) (*observer, error) {
+	o := &observer{url: url, exchange: exchange, log: log, done: make(chan struct{})}
+	conn, deliveries, err := o.connect(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("observer: %w", err)
+	}
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	o.cancel = cancel
+	go o.run(runCtx, conn, deliveries)
+	return o, nil
+}
+
+func (o *observer) connect(ctx context.Context) (*amqp.Connection, <-chan amqp.Delivery, error) {
+	conn, err := dialAMQP(ctx, o.url)
+	if err != nil {
+		return nil, nil, err
+	}
+	ch, err := conn.Channel()
+	if err == nil {
+		err = ch.ExchangeDeclare(o.exchange, amqp.ExchangeTopic, true, false, false, false, nil)
+	}
+	if err == nil {
+		_, err = ch.QueueDeclare(observerQueue, true, false, false, false, nil)
+	}
+	if err == nil {
+		err = ch.QueueBind(observerQueue, "#", o.exchange, false, nil)
+	}
+	var deliveries <-chan amqp.Delivery
+	if err == nil {
+		deliveries, err = ch.Consume(observerQueue, "chaos-observer", true, false, false, false, nil)
+	}
+	if err != nil {
+		_ = conn.Close()
+		return nil, nil, err
+	}
+	return conn, deliveries, nil
+}
+
+func (o *observer) run(ctx context.Context, conn *amqp.Connection, deliveries <-chan amqp.Delivery) {
+	defer close(o.done)
+	for {
+		o.consume(ctx, deliveries)
+		_ = conn.Close()
+		if ctx.Err() != nil {
+			return
+		}
+		o.log.Debug("observer lost the broker; reconnecting")
+		for {
+			if !sleepCtx(ctx, 250*time.Millisecond) {
+				return
+			}
+			var err error
+			if conn, deliveries, err = o.connect(ctx); err == nil {
+				break
+			}
+		}
+	}
+}
+
+func (o *observer) consume(ctx context.Context, deliveries <-chan amqp.Delivery) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case d, ok := <-deliveries:
+			if !ok {
+				return
+			}
+			id := d.MessageId
+			if id == "" {
+				id = "(no message id)"
+			}
+			o.counts.Add(id, d.RoutingKey)
+		}
+	}
+}
+
+// drain waits until the observer queue is empty: every event published so far was counted.
+func (o *observer) drain(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	empty := 0
+	return poll(ctx, 100*time.Millisecond, func() (bool, error) {
+		q, err := inspectQueue(ctx, o.url, observerQueue)
+		if err != nil || q.Messages > 0 {
+			empty = 0
+			return false, nil
+		}
+		empty++
+		return empty >= 2, nil
+	})
+}
+
+func (o *observer) stop() {
+	o.cancel()
+	<-o.done
+}

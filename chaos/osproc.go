@@ -1,0 +1,157 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"strconv"
+	"syscall"
+	"time"
+)
+
+// freePort returns a TCP port on 127.0.0.1 that nobody listened on a moment ago.
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("find a free port: %w", err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+// account is a system user a server must run as when the runner is root (initdb and
+// postgres refuse root; rabbitmq-server wants its own user).
+type account struct {
+	cred *syscall.Credential
+	uid  int
+	gid  int
+}
+
+// runAs returns the account named name when the runner is root, and nil (run as the runner)
+// otherwise.
+func runAs(name string) (*account, error) {
+	if os.Geteuid() != 0 {
+		return nil, nil
+	}
+	u, err := user.Lookup(name)
+	if err != nil {
+		return nil, fmt.Errorf("running as root, the %s user is needed: %w", name, err)
+	}
+	uid, err1 := strconv.Atoi(u.Uid)
+	gid, err2 := strconv.Atoi(u.Gid)
+	if err := errors.Join(err1, err2); err != nil {
+		return nil, fmt.Errorf("user %s: %w", name, err)
+	}
+	return &account{cred: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, uid: uid, gid: gid}, nil
+}
+
+// chown gives paths to a, when there is one.
+func (a *account) chown(paths ...string) error {
+	if a == nil {
+		return nil
+	}
+	for _, p := range paths {
+		if err := os.Chown(p, a.uid, a.gid); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// mkdirOwned creates dir (and parents) and gives it to a.
+func (a *account) mkdirOwned(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	return a.chown(dir)
+}
+
+// groupAttr puts a child in a process group of its own, so that it and every process it
+// forks can be killed at once, and so that a Ctrl-C in the runner's terminal reaches only the
+// runner, which then stops its children in order. The child is killed if the runner dies.
+func groupAttr(a *account) *syscall.SysProcAttr {
+	attr := &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if a != nil {
+		attr.Credential = a.cred
+	}
+	return attr
+}
+
+// signalGroup sends sig to the process group led by pid. A group that is already gone is
+// not an error.
+func signalGroup(pid int, sig syscall.Signal) error {
+	if pid <= 0 {
+		return nil
+	}
+	if err := syscall.Kill(-pid, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return fmt.Errorf("signal process group %d: %w", pid, err)
+	}
+	return nil
+}
+
+// groupAlive reports whether any process of the group led by pid is still there.
+func groupAlive(pid int) bool {
+	return pid > 0 && syscall.Kill(-pid, 0) == nil
+}
+
+// waitGroupGone polls until the group led by pid has no process left, or ctx ends.
+func waitGroupGone(ctx context.Context, pid int) error {
+	return poll(ctx, 20*time.Millisecond, func() (bool, error) { return !groupAlive(pid), nil })
+}
+
+// poll calls cond every interval until it reports done, fails, or ctx ends.
+func poll(ctx context.Context, interval time.Duration, cond func() (bool, error)) error {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		done, err := cond()
+		if err != nil || done {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// sleepCtx waits for d or until ctx ends, and reports whether the whole wait passed.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// tcpAnswers reports whether something accepts connections on addr.
+func tcpAnswers(addr string) bool {
+	c, err := net.DialTimeout("tcp", addr, 300*time.Millisecond)
+	if err != nil {
+		return false
+	}
+	_ = c.Close()
+	return true
+}
+
+// lookBin finds a server binary: on PATH, or in the first of dirs that has it.
+func lookBin(name string, dirs ...string) (string, error) {
+	if p, err := exec.LookPath(name); err == nil {
+		return p, nil
+	}
+	for _, d := range dirs {
+		p := d + "/" + name
+		if st, err := os.Stat(p); err == nil && !st.IsDir() && st.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("%s not found on PATH nor in %v", name, dirs)
+}

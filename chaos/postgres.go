@@ -1,0 +1,196 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// pgDirs are where Debian and the PostgreSQL images keep the server binaries.
+var pgDirs = []string{"/usr/lib/postgresql/15/bin", "/usr/lib/postgresql/16/bin", "/usr/lib/postgresql/17/bin", "/usr/local/pgsql/bin"}
+
+// pgServer is a private PostgreSQL server of the local target: its own data directory, port
+// and socket directory, started and killed by the runner.
+type pgServer struct {
+	name    string
+	dir     string // owned by the postgres user; holds data/, the socket and the log
+	port    int
+	acct    *account
+	initdb  string
+	binary  string
+	logPath string
+
+	cmd    *exec.Cmd
+	exited chan struct{}
+}
+
+func newPGServer(name, dir string) (*pgServer, error) {
+	initdb, err := lookBin("initdb", pgDirs...)
+	if err != nil {
+		return nil, err
+	}
+	binary, err := lookBin("postgres", filepath.Dir(initdb))
+	if err != nil {
+		return nil, err
+	}
+	acct, err := runAs("postgres")
+	if err != nil {
+		return nil, err
+	}
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	return &pgServer{
+		name: name, dir: dir, port: port, acct: acct, initdb: initdb, binary: binary,
+		logPath: filepath.Join(dir, "postgres.log"),
+	}, nil
+}
+
+// URL is the URL of database db on this server.
+func (s *pgServer) URL(db string) string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", s.port, db)
+}
+
+func (s *pgServer) addr() string { return "127.0.0.1:" + strconv.Itoa(s.port) }
+
+// init creates the cluster.
+func (s *pgServer) init(ctx context.Context) error {
+	if err := s.acct.mkdirOwned(s.dir); err != nil {
+		return fmt.Errorf("%s: %w", s.name, err)
+	}
+	cmd := exec.CommandContext(ctx, s.initdb, "-D", filepath.Join(s.dir, "data"), "-U", "postgres",
+		"--auth=trust", "-E", "UTF8", "--no-locale", "--no-sync")
+	cmd.Dir = s.dir
+	cmd.SysProcAttr = groupAttr(s.acct)
+	cmd.Env = []string{"PATH=/usr/bin:/bin", "LANG=C"}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("%s: initdb: %w\n%s", s.name, err, out)
+	}
+	return nil
+}
+
+// start starts the server and returns once it accepts queries.
+//
+// fsync is off: the runner kills processes, never the machine, and what a killed server had
+// written is in the kernel's page cache, so a crash loses nothing; the shared CI machine is
+// spared the disk flushes.
+func (s *pgServer) start(ctx context.Context) error {
+	logf, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	cmd := exec.Command(s.binary, "-D", filepath.Join(s.dir, "data"), "-p", strconv.Itoa(s.port), "-k", s.dir,
+		"-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "max_connections=200",
+		"-c", "shared_buffers=32MB", "-c", "log_min_messages=warning")
+	cmd.Dir = s.dir
+	cmd.SysProcAttr = groupAttr(s.acct)
+	cmd.Env = []string{"PATH=/usr/bin:/bin", "LANG=C"}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("%s: start postgres: %w", s.name, err)
+	}
+	exited := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(exited)
+	}()
+	s.cmd, s.exited = cmd, exited
+
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	err = poll(ctx, 100*time.Millisecond, func() (bool, error) {
+		select {
+		case <-exited:
+			return false, fmt.Errorf("%s: postgres exited at start-up; see %s", s.name, s.logPath)
+		default:
+		}
+		conn, err := pgx.Connect(ctx, s.URL("postgres"))
+		if err != nil {
+			return false, nil
+		}
+		defer conn.Close(ctx)
+		return conn.Ping(ctx) == nil, nil
+	})
+	if err != nil {
+		return fmt.Errorf("%s: wait for postgres: %w", s.name, err)
+	}
+	return nil
+}
+
+// kill SIGKILLs the postmaster and all its backends at once, as a crash would, and returns
+// once they are gone. Killing only the postmaster would leave backends holding its shared
+// memory, and the next start would refuse to run.
+func (s *pgServer) kill(ctx context.Context) error {
+	if s.cmd == nil {
+		return nil
+	}
+	pid := s.cmd.Process.Pid
+	if err := signalGroup(pid, syscall.SIGKILL); err != nil {
+		return err
+	}
+	return s.waitGone(ctx, pid)
+}
+
+// stop shuts the server down fast (SIGINT: active sessions are ended), then kills it if it
+// takes too long.
+func (s *pgServer) stop(ctx context.Context) error {
+	if s.cmd == nil {
+		return nil
+	}
+	pid := s.cmd.Process.Pid
+	_ = signalGroup(pid, syscall.SIGINT)
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := s.waitGone(sctx, pid); err == nil {
+		return nil
+	}
+	return s.kill(ctx)
+}
+
+func (s *pgServer) waitGone(ctx context.Context, pid int) error {
+	select {
+	case <-s.exited:
+	case <-ctx.Done():
+		return fmt.Errorf("%s: postgres did not exit: %w", s.name, ctx.Err())
+	}
+	if err := waitGroupGone(ctx, pid); err != nil {
+		return fmt.Errorf("%s: postgres backends did not exit: %w", s.name, err)
+	}
+	s.cmd = nil
+	return nil
+}
+
+// running reports whether the server process is up.
+func (s *pgServer) running() bool {
+	if s.cmd == nil {
+		return false
+	}
+	select {
+	case <-s.exited:
+		return false
+	default:
+		return true
+	}
+}
+
+// dropDatabase drops db, ending its sessions.
+func (s *pgServer) dropDatabase(ctx context.Context, db string) error {
+	conn, err := pgx.Connect(ctx, s.URL("postgres"))
+	if err != nil {
+		return fmt.Errorf("%s: %w", s.name, err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{db}.Sanitize()+" WITH (FORCE)"); err != nil {
+		return fmt.Errorf("%s: drop database %s: %w", s.name, db, err)
+	}
+	return nil
+}

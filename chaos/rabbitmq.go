@@ -1,0 +1,214 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// rabbitServer is the local target's private RabbitMQ node: its own node name, ports, and
+// directories for its database, logs and configuration, so that the machine's own broker
+// (node rabbit@localhost on 5672) is never touched. Only the shared epmd (the Erlang port
+// mapper) is used, to register the node's name.
+type rabbitServer struct {
+	node     string
+	dir      string
+	port     int
+	distPort int
+	acct     *account
+	script   string
+
+	cmd    *exec.Cmd
+	exited chan struct{}
+}
+
+// rabbitScripts are the server start scripts, the unwrapped one first: Debian's
+// /usr/sbin/rabbitmq-server wrapper sends the output of a node run as the rabbitmq user to
+// the shared /var/log/rabbitmq/startup_log.
+var rabbitScripts = []string{"/usr/lib/rabbitmq/bin/rabbitmq-server", "/usr/sbin/rabbitmq-server", "/opt/rabbitmq/sbin/rabbitmq-server"}
+
+func findRabbitScript() (string, error) {
+	for _, p := range rabbitScripts {
+		if st, err := os.Stat(p); err == nil && !st.IsDir() {
+			return p, nil
+		}
+	}
+	if p, err := exec.LookPath("rabbitmq-server"); err == nil {
+		return p, nil
+	}
+	return "", fmt.Errorf("rabbitmq-server not found on PATH nor in %v", rabbitScripts)
+}
+
+func newRabbitServer(node, dir string) (*rabbitServer, error) {
+	script, err := findRabbitScript()
+	if err != nil {
+		return nil, err
+	}
+	acct, err := runAs("rabbitmq")
+	if err != nil {
+		return nil, err
+	}
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	distPort, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	return &rabbitServer{node: node, dir: dir, port: port, distPort: distPort, acct: acct, script: script}, nil
+}
+
+// URL is the broker's AMQP URL (user guest, allowed from anywhere by loopback_users = none:
+// through the proxy, connections still come from 127.0.0.1, but nothing here depends on it).
+func (s *rabbitServer) URL() string { return fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", s.port) }
+
+func (s *rabbitServer) addr() string { return "127.0.0.1:" + strconv.Itoa(s.port) }
+
+// init writes the node's configuration and directories.
+func (s *rabbitServer) init() error {
+	for _, d := range []string{s.dir, filepath.Join(s.dir, "mnesia"), filepath.Join(s.dir, "log")} {
+		if err := s.acct.mkdirOwned(d); err != nil {
+			return fmt.Errorf("rabbitmq: %w", err)
+		}
+	}
+	files := map[string]string{
+		"enabled_plugins": "[].\n",
+		"rabbitmq.conf": fmt.Sprintf("listeners.tcp.1 = 127.0.0.1:%d\nloopback_users = none\n"+
+			"log.console = true\nlog.console.level = warning\nlog.file = false\n", s.port),
+	}
+	for name, content := range files {
+		p := filepath.Join(s.dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			return fmt.Errorf("rabbitmq: %w", err)
+		}
+		if err := s.acct.chown(p); err != nil {
+			return fmt.Errorf("rabbitmq: %w", err)
+		}
+	}
+	return nil
+}
+
+// start starts the node in the foreground of its own process group and returns once it
+// accepts AMQP connections. Started again on the same directories after a kill, it recovers
+// its durable queues and their persistent messages.
+func (s *rabbitServer) start(ctx context.Context) error {
+	logPath := filepath.Join(s.dir, "log", "server.log")
+	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	cmd := exec.Command(s.script)
+	cmd.Dir = s.dir
+	cmd.SysProcAttr = groupAttr(s.acct)
+	d := func(name string) string { return filepath.Join(s.dir, name) }
+	cmd.Env = []string{
+		"PATH=/usr/sbin:/usr/bin:/sbin:/bin",
+		"LANG=C.UTF-8",
+		"HOME=" + s.dir, // a private Erlang cookie; the shared one is left alone
+		"RABBITMQ_NODENAME=" + s.node,
+		"RABBITMQ_DIST_PORT=" + strconv.Itoa(s.distPort),
+		"RABBITMQ_CONFIG_FILE=" + d("rabbitmq.conf"),
+		"RABBITMQ_MNESIA_BASE=" + d("mnesia"),
+		"RABBITMQ_LOG_BASE=" + d("log"),
+		"RABBITMQ_ENABLED_PLUGINS_FILE=" + d("enabled_plugins"),
+		"RABBITMQ_FEATURE_FLAGS_FILE=" + d("feature_flags"),
+		"RABBITMQ_PLUGINS_EXPAND_DIR=" + d("plugins-expand"),
+		"RABBITMQ_PID_FILE=" + d("pid"),
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("rabbitmq: start %s: %w", s.script, err)
+	}
+	exited := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(exited)
+	}()
+	s.cmd, s.exited = cmd, exited
+
+	ctx, cancel := context.WithTimeout(ctx, 90*time.Second)
+	defer cancel()
+	err = poll(ctx, 250*time.Millisecond, func() (bool, error) {
+		select {
+		case <-exited:
+			return false, fmt.Errorf("rabbitmq node %s exited at start-up: %s", s.node, tail(logPath, 20))
+		default:
+		}
+		if !tcpAnswers(s.addr()) {
+			return false, nil
+		}
+		conn, err := amqp.DialConfig(s.URL(), amqp.Config{Dial: amqp.DefaultDial(2 * time.Second)})
+		if err != nil {
+			return false, nil
+		}
+		_ = conn.Close()
+		return true, nil
+	})
+	if err != nil {
+		return fmt.Errorf("rabbitmq: wait for node %s: %w", s.node, err)
+	}
+	return nil
+}
+
+// kill SIGKILLs the node (the start script, erl and beam.smp, and their helpers) and returns
+// once it is gone and its port is closed.
+func (s *rabbitServer) kill(ctx context.Context) error {
+	if s.cmd == nil {
+		return nil
+	}
+	// The start script runs erl (which becomes beam.smp) as a background job of the same
+	// process group, so one signal to the group reaches the VM and its helpers.
+	pid := s.cmd.Process.Pid
+	if err := signalGroup(pid, syscall.SIGKILL); err != nil {
+		return err
+	}
+	select {
+	case <-s.exited:
+	case <-ctx.Done():
+		return fmt.Errorf("rabbitmq did not exit: %w", ctx.Err())
+	}
+	if err := waitGroupGone(ctx, pid); err != nil {
+		return fmt.Errorf("rabbitmq processes did not exit: %w", err)
+	}
+	if err := poll(ctx, 50*time.Millisecond, func() (bool, error) { return !tcpAnswers(s.addr()), nil }); err != nil {
+		return fmt.Errorf("rabbitmq port still open after the kill: %w", err)
+	}
+	s.cmd = nil
+	return nil
+}
+
+// running reports whether the node's process is up.
+func (s *rabbitServer) running() bool {
+	if s.cmd == nil {
+		return false
+	}
+	select {
+	case <-s.exited:
+		return false
+	default:
+		return true
+	}
+}
+
+// tail returns the last n lines of the file at path, for error messages.
+func tail(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Sprintf("(%s: %v)", path, err)
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}

@@ -1,0 +1,161 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Scenario is one fault, injected while orders flow, and what must hold afterwards.
+type Scenario struct {
+	// Name is the command-line name ("relay-after-publish").
+	Name string
+	// Summary says in one line what is broken and what must happen.
+	Summary string
+	// Failpoints arms crash points in the first incarnation of services, given the load's
+	// rate (so that the N of kill@N falls in the middle of the load).
+	Failpoints func(rate float64) map[Service]string
+	// Inject runs while the load runs: it injects the fault, waits for evidence that it
+	// happened, and heals it. An error means the fault could not be injected or healed,
+	// which fails the scenario: a fault that never happened proves nothing.
+	Inject func(ctx context.Context, e *Env) error
+	// Check adds the scenario's own expectations, once the shop drained.
+	Check func(ctx context.Context, e *Env, o *Outcome)
+}
+
+// Env is what a scenario's Inject and Check work with.
+type Env struct {
+	Target    Target
+	Endpoints Endpoints
+	// Rate and Load are the load's orders per second and duration.
+	Rate float64
+	Load time.Duration
+	// LoadStart is when the load started.
+	LoadStart time.Time
+	// Probe is an order placed before the load, by the runner, with its key and body.
+	Probe Probe
+	// Result is the load generator's result; Counts the observer's; Audit the databases'.
+	// Set before Check runs.
+	Result struct {
+		Retries, Replays, Duplicates int
+		Acknowledged                 map[string]string
+	}
+	Counts DeliveryCounts
+	Audit  audit
+
+	progress func(phase, msg string)
+
+	mu       sync.Mutex
+	faultAt  time.Time
+	injected []string
+	seen     []string
+}
+
+// Probe is the runner's own order.
+type Probe struct {
+	Key, ID string
+	Body    []byte
+}
+
+// Fault records that the fault happened at at (the first call sets the fault time, from
+// which the time to recover is measured) and what it was.
+func (e *Env) Fault(at time.Time, format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	e.mu.Lock()
+	if e.faultAt.IsZero() {
+		e.faultAt = at
+	}
+	e.injected = append(e.injected, fmt.Sprintf("%s (%.1fs into the load)", msg, at.Sub(e.LoadStart).Seconds()))
+	e.mu.Unlock()
+	e.progress("fault injected", msg)
+}
+
+// Healed records a heal.
+func (e *Env) Healed(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	e.mu.Lock()
+	e.injected = append(e.injected, fmt.Sprintf("healed: %s (%.1fs into the load)", msg, time.Since(e.LoadStart).Seconds()))
+	e.mu.Unlock()
+	e.progress("healed", msg)
+}
+
+// Saw records an observation.
+func (e *Env) Saw(format string, args ...any) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.seen = append(e.seen, fmt.Sprintf(format, args...))
+}
+
+// FaultAt is when the fault happened (zero when it did not).
+func (e *Env) FaultAt() time.Time {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.faultAt
+}
+
+// AtLoad waits until offset after the start of the load. It reports false if ctx ended.
+func (e *Env) AtLoad(ctx context.Context, offset time.Duration) bool {
+	return sleepCtx(ctx, time.Until(e.LoadStart.Add(offset)))
+}
+
+// registry is every scenario, in the order `run all` runs them.
+var registry []Scenario
+
+// register adds scenarios to the registry; names must be unique.
+func register(s ...Scenario) {
+	for _, sc := range s {
+		if _, ok := Lookup(sc.Name); ok {
+			panic("chaos: scenario registered twice: " + sc.Name)
+		}
+		registry = append(registry, sc)
+	}
+}
+
+// Scenarios returns every scenario, in the order `run all` runs them.
+func Scenarios() []Scenario { return slices.Clone(registry) }
+
+// Names returns the names of every scenario.
+func Names() []string {
+	names := make([]string, len(registry))
+	for i, s := range registry {
+		names[i] = s.Name
+	}
+	return names
+}
+
+// Lookup finds a scenario by name.
+func Lookup(name string) (Scenario, bool) {
+	for _, s := range registry {
+		if s.Name == name {
+			return s, true
+		}
+	}
+	return Scenario{}, false
+}
+
+// Select returns the scenarios named by arg: "all", one name, or several separated by
+// commas, in registry order without repeats.
+func Select(arg string) ([]Scenario, error) {
+	arg = strings.TrimSpace(arg)
+	if arg == "all" {
+		return Scenarios(), nil
+	}
+	want := map[string]bool{}
+	for _, name := range strings.Split(arg, ",") {
+		name = strings.TrimSpace(name)
+		if _, ok := Lookup(name); !ok {
+			return nil, fmt.Errorf("unknown scenario %q; the scenarios are: all, %s", name, strings.Join(Names(), ", "))
+		}
+		want[name] = true
+	}
+	var out []Scenario
+	for _, s := range registry {
+		if want[s.Name] {
+			out = append(out, s)
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,240 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// procSpec says how to run one service process.
+type procSpec struct {
+	service Service
+	binary  string
+	args    []string
+	// env is the process's environment, without CHAOS_FAILPOINTS.
+	env []string
+	// failpoints is CHAOS_FAILPOINTS of the first incarnation only.
+	failpoints string
+	logPath    string
+	// readyURL answers 200 once the process is ready; readyBody, when set, must appear in
+	// the answer too (the warehouse's /readyz says whether its consumer is connected).
+	readyURL, readyBody string
+}
+
+// process is a supervised service process: when it dies without the runner asking, the
+// supervisor records the death and starts it again after restartDelay, without its crash
+// points. That restart is the "heal" of a crash-point scenario.
+type process struct {
+	spec         procSpec
+	restartDelay time.Duration
+
+	mu          sync.Mutex
+	cmd         *exec.Cmd
+	incarnation int
+	wanted      bool // the runner wants it up: restart it when it dies
+	deaths      []Death
+	exited      chan struct{} // closed when the current incarnation exits
+	changed     chan struct{} // closed and replaced on every start and death
+	restarting  sync.WaitGroup
+	ctx         context.Context
+	cancel      context.CancelFunc
+	startErr    error
+}
+
+func newProcess(spec procSpec, restartDelay time.Duration) *process {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &process{spec: spec, restartDelay: restartDelay, changed: make(chan struct{}), ctx: ctx, cancel: cancel}
+}
+
+// start starts the next incarnation.
+func (p *process) start() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.startLocked()
+}
+
+func (p *process) startLocked() error {
+	logf, err := os.OpenFile(p.spec.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	p.incarnation++
+	env := append([]string(nil), p.spec.env...)
+	fp := ""
+	if p.incarnation == 1 && p.spec.failpoints != "" {
+		fp = p.spec.failpoints
+		env = append(env, "CHAOS_FAILPOINTS="+fp)
+	}
+	fmt.Fprintf(logf, "### chaos: %s incarnation %d started %s failpoints=%q\n",
+		p.spec.service, p.incarnation, time.Now().Format(time.RFC3339Nano), fp)
+	cmd := exec.Command(p.spec.binary, p.spec.args...)
+	cmd.Env = env
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = groupAttr(nil)
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start %s: %w", p.spec.service, err)
+	}
+	p.cmd, p.wanted = cmd, true
+	exited := make(chan struct{})
+	p.exited = exited
+	p.notifyLocked()
+	incarnation := p.incarnation
+	go p.wait(cmd, incarnation, exited)
+	return nil
+}
+
+func (p *process) notifyLocked() {
+	close(p.changed)
+	p.changed = make(chan struct{})
+}
+
+// wait records the end of one incarnation and restarts the process if the runner still
+// wants it.
+func (p *process) wait(cmd *exec.Cmd, incarnation int, exited chan struct{}) {
+	err := cmd.Wait()
+	now := time.Now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	close(exited)
+	if !p.wanted {
+		p.notifyLocked()
+		return // stopped by the runner
+	}
+	status := "exit status 0"
+	killed := false
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		status = ee.String()
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL {
+			killed = true
+		}
+	}
+	p.deaths = append(p.deaths, Death{Service: p.spec.service, Incarnation: incarnation, At: now, Killed: killed, Status: status})
+	if logf, err := os.OpenFile(p.spec.logPath, os.O_WRONLY|os.O_APPEND, 0o644); err == nil {
+		fmt.Fprintf(logf, "### chaos: %s incarnation %d ended by itself %s (%s); restarting in %s\n",
+			p.spec.service, incarnation, now.Format(time.RFC3339Nano), status, p.restartDelay)
+		_ = logf.Close()
+	}
+	p.cmd = nil
+	p.notifyLocked()
+	p.restarting.Add(1)
+	go func() {
+		defer p.restarting.Done()
+		if !sleepCtx(p.ctx, p.restartDelay) {
+			return
+		}
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if !p.wanted || p.cmd != nil {
+			return
+		}
+		if err := p.startLocked(); err != nil {
+			p.startErr = err
+			p.notifyLocked()
+		}
+	}()
+}
+
+// waitDeath waits for the first death of the process by itself.
+func (p *process) waitDeath(ctx context.Context) (Death, error) {
+	for {
+		p.mu.Lock()
+		if len(p.deaths) > 0 {
+			d := p.deaths[0]
+			p.mu.Unlock()
+			return d, nil
+		}
+		changed := p.changed
+		p.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return Death{}, ctx.Err()
+		case <-changed:
+		}
+	}
+}
+
+// Deaths returns the deaths so far.
+func (p *process) Deaths() []Death {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]Death(nil), p.deaths...)
+}
+
+// waitReady waits until an incarnation is running (after a restart: the supervisor starts it
+// after restartDelay) and then until it is ready.
+func (p *process) waitReady(ctx context.Context) error {
+	for {
+		p.mu.Lock()
+		running, changed, err := p.cmd != nil, p.changed, p.startErr
+		exited := p.exited
+		p.mu.Unlock()
+		if err != nil {
+			return err
+		}
+		if running {
+			return p.ready(ctx, exited)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s did not come back: %w", p.spec.service, ctx.Err())
+		case <-changed:
+		}
+	}
+}
+
+var readyClient = &http.Client{Timeout: 2 * time.Second}
+
+// ready polls the readiness URL until it answers as wanted, the incarnation exits, or ctx
+// ends.
+func (p *process) ready(ctx context.Context, exited <-chan struct{}) error {
+	err := poll(ctx, 100*time.Millisecond, func() (bool, error) {
+		select {
+		case <-exited:
+			return false, fmt.Errorf("%s exited while starting: %s", p.spec.service, tail(p.spec.logPath, 15))
+		default:
+		}
+		resp, err := readyClient.Get(p.spec.readyURL)
+		if err != nil {
+			return false, nil
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		return resp.StatusCode == http.StatusOK && strings.Contains(string(body), p.spec.readyBody), nil
+	})
+	if err != nil {
+		return fmt.Errorf("wait for %s to be ready (%s): %w", p.spec.service, p.spec.readyURL, err)
+	}
+	return nil
+}
+
+// stop stops the process for good: SIGTERM, and SIGKILL after grace.
+func (p *process) stop(grace time.Duration) {
+	p.mu.Lock()
+	p.wanted = false
+	cmd, exited := p.cmd, p.exited
+	p.mu.Unlock()
+	p.cancel()
+	p.restarting.Wait()
+	if cmd == nil {
+		return
+	}
+	_ = signalGroup(cmd.Process.Pid, syscall.SIGTERM)
+	t := time.NewTimer(grace)
+	defer t.Stop()
+	select {
+	case <-exited:
+	case <-t.C:
+		_ = signalGroup(cmd.Process.Pid, syscall.SIGKILL)
+		<-exited
+	}
+}

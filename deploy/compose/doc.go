@@ -1,0 +1,39 @@
+// Package compose checks the repository's Docker setup without a Docker engine:
+// docker-compose.yml, .env.example, Dockerfile and .dockerignore at the repository root. It has
+// no API; `go test` is the whole of it.
+//
+// # What the tests check
+//
+// The compose file is loaded with github.com/compose-spec/compose-go/v2, the loader docker
+// compose itself uses, with the repository root as project directory and .env.example as the
+// env file. Then:
+//
+//   - the services are exactly those that chaos, Prometheus and Alertmanager name; every build
+//     context, Dockerfile and bind-mounted file or folder exists;
+//   - every environment variable a service is given is one that its program reads, and every
+//     variable it needs is given. For the Go binaries that is read from their source with
+//     go/ast (caarlos0/env struct tags with their prefixes, os.Getenv and os.LookupEnv with
+//     constant names, and flags whose environment variable a function of the package names);
+//     for the images of others it is the documented list in [thirdPartyImages];
+//   - every Prometheus scrape and Alertmanager target, every Alertmanager webhook, Grafana's
+//     datasource and every healthcheck URL names a compose service and a port that service
+//     listens on (from its environment, its program's defaults or the image's documented
+//     ports);
+//   - Grafana's provisioning folders are mounted and hold the datasource and dashboard
+//     provider files, the providers' paths are mounted dashboards, and the home dashboard is
+//     one of them with uid outbox-inbox;
+//   - every service has a healthcheck, a restart policy and an image with a version tag;
+//     depends_on waits for service_healthy, orders the shop as the queues require and has no
+//     cycle; no two services publish the same host port;
+//   - the credentials come from the environment with the defaults of .env.example, and the
+//     database and broker URLs are built from them.
+//
+// The Dockerfile is parsed and linted with BuildKit's own parser and linter (what `docker build
+// --check` runs), its base images are pinned and its runtime stage runs as non-root; its COPY
+// instructions are replayed on the build context that .dockerignore leaves, and its go build
+// commands are run there, with CGO_ENABLED=0 and GOOS=linux, for every binary the compose file
+// builds. The result must be a static binary.
+//
+// What needs an engine is not checked: that the images pull and start, that the healthchecks
+// pass, that the services reach each other.
+package compose
