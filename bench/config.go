@@ -59,7 +59,7 @@ type Sizes struct {
 	MemoryBacklog int
 }
 
-// FullSizes are the sizes of `make bench`: about 8 minutes on 2 cores.
+// FullSizes are the sizes of `make bench`: 8 to 10 minutes on 2 cores.
 func FullSizes() Sizes {
 	return Sizes{
 		LimitDuration:  5 * time.Second,
@@ -70,13 +70,13 @@ func FullSizes() Sizes {
 		Relays:         []int{1, 2, 4},
 		PeerRows:       20_000,
 		Rates:          []int{500, 1000, 2000},
-		Warmup:         3 * time.Second,
+		Warmup:         2 * time.Second,
 		RateDuration:   20 * time.Second,
 		ScaleRows:      []int{10_000, 100_000, 1_000_000},
 		ScaleBatches:   50,
 		APIConcurrency: 16,
 		APIDuration:    10 * time.Second,
-		MemoryBacklog:  200_000,
+		MemoryBacklog:  50_000,
 	}
 }
 

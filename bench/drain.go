@@ -187,9 +187,11 @@ func (e *env) drain(ctx context.Context, relays, rows int) (DrainResult, error) 
 	}
 	mu.Lock()
 	defer mu.Unlock()
+	tenth := max(len(claims)/10, 1)
 	return DrainResult{
 		Rate: float64(rows) / elapsed.Seconds(), Cycles: len(claims),
 		Claim: Median(claims), Publish: Median(publishes), Finish: Median(finishes),
+		FirstClaims: Median(claims[:tenth]), LastClaims: Median(claims[len(claims)-tenth:]),
 	}, nil
 }
 
@@ -200,6 +202,9 @@ type DrainResult struct {
 	// steps: BEGIN + claim, publish until the last confirm, mark + COMMIT.
 	Cycles                 int
 	Claim, Publish, Finish time.Duration
+	// FirstClaims and LastClaims are the median claims of the first and the last tenth of
+	// the cycles: a claim that slows down as the backlog drains shows here.
+	FirstClaims, LastClaims time.Duration
 }
 
 // drainTimeout bounds a drain: 200 rows/s at the least, plus a minute.

@@ -196,19 +196,19 @@ func (e *env) declareTopology(suffix string) (topology, error) {
 	return t, nil
 }
 
-// deleteLater deletes exchanges and queues at the end of the run.
+// deleteLater deletes exchanges and queues at the end of the run. Deleting one that does not
+// exist is no error for RabbitMQ.
 func (e *env) deleteLater(exchanges, queues []string) {
 	e.later(func(context.Context) error {
 		return e.withChannel(func(ch *amqp.Channel) error {
-			var errs []error
 			for _, q := range queues {
 				if _, err := ch.QueueDelete(q, false, false, false); err != nil {
-					return errors.Join(append(errs, fmt.Errorf("delete queue %s: %w", q, err))...)
+					return fmt.Errorf("delete queue %s: %w", q, err)
 				}
 			}
 			for _, x := range exchanges {
 				if err := ch.ExchangeDelete(x, false, false); err != nil {
-					return errors.Join(append(errs, fmt.Errorf("delete exchange %s: %w", x, err))...)
+					return fmt.Errorf("delete exchange %s: %w", x, err)
 				}
 			}
 			return nil

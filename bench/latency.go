@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxshop/outboxshop/pkg/inbox"
 	inboxrabbitmq "github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
@@ -237,7 +238,7 @@ func (e *env) newLatencyRig(ctx context.Context) (*latencyRig, error) {
 }
 
 // run writes orders at rate for warmup + d with an open-loop pacer (16 writers), through a
-// relay woken by LISTEN/NOTIFY or polling every 100 ms, and measures the orders committed
+// relay woken by LISTEN/NOTIFY or polling every 100 ms, and measures the orders scheduled
 // after the warm-up.
 func (rig *latencyRig) run(ctx context.Context, rate int, notify bool, warmup, d time.Duration) LatencyResult {
 	res := LatencyResult{Rate: rate, Notify: notify}
@@ -285,15 +286,17 @@ func (rig *latencyRig) run(ctx context.Context, rate int, notify bool, warmup, d
 	}()
 	defer func() { stopRelay(); <-relayDone }()
 
-	// The pacer hands out order numbers at their scheduled time; the writers commit them.
+	// The pacer hands out each order at its scheduled time; the writers commit them. When
+	// every writer is busy and the queue is full, the order is dropped rather than queued:
+	// the run ends on time, and the achieved rate shows that the writers fell behind.
 	start := time.Now()
 	measureFrom, end := start.Add(warmup), start.Add(warmup+d)
-	jobs := make(chan time.Time, 10_000)
+	jobs := make(chan time.Time, writers)
 	go func() {
 		defer close(jobs)
 		for i := 0; ; i++ {
 			at := start.Add(time.Duration(float64(i) * float64(time.Second) / float64(rate)))
-			if !at.Before(end) {
+			if !at.Before(end) || ctx.Err() != nil {
 				return
 			}
 			if wait := time.Until(at); wait > 0 {
@@ -301,8 +304,7 @@ func (rig *latencyRig) run(ctx context.Context, rate int, notify bool, warmup, d
 			}
 			select {
 			case jobs <- at:
-			case <-ctx.Done():
-				return
+			default:
 			}
 		}
 	}()
@@ -341,11 +343,50 @@ func (rig *latencyRig) run(ctx context.Context, rate int, notify bool, warmup, d
 		res.Achieved = float64(measured.Load()) / max(span, d).Seconds()
 	}
 
-	deadline := time.Now().Add(30 * time.Second)
+	// Wait a bounded time for the stragglers: a consumer slower than the rate never catches
+	// up, and its backlog must not spill into the next run.
+	deadline := time.Now().Add(catchUp)
 	for !sw.complete() && time.Now().Before(deadline) && ctx.Err() == nil {
 		time.Sleep(20 * time.Millisecond)
 	}
 	confirm, handled, reserved, missing := sw.latencies()
 	res.Confirm, res.Handled, res.Reserved, res.Missing = Summarize(confirm), Summarize(handled), Summarize(reserved), missing
+	if missing > 0 {
+		if err := rig.reset(ctx, pool, sw); err != nil {
+			res.Err = fmt.Errorf("reset after a saturated run: %w", err)
+		}
+	}
 	return res
+}
+
+// catchUp is how long a latency run waits, after the last order, for the confirms and
+// reservations of the measured orders.
+const catchUp = 5 * time.Second
+
+// reset leaves the pipeline empty after a run the consumer could not keep up with: it marks
+// the outbox's pending rows published, purges the warehouse's queue, and waits until the
+// consumer finished the messages it had in hand.
+func (rig *latencyRig) reset(ctx context.Context, pool *pgxpool.Pool, sw *stopwatch) error {
+	if _, err := pool.Exec(ctx, "UPDATE outbox_messages SET published_at = now() WHERE published_at IS NULL"); err != nil {
+		return err
+	}
+	if err := rig.e.withChannel(func(ch *amqp.Channel) error {
+		_, err := ch.QueuePurge(rig.top.Queue, false)
+		return err
+	}); err != nil {
+		return fmt.Errorf("purge %s: %w", rig.top.Queue, err)
+	}
+	count := func() int {
+		sw.mu.Lock()
+		defer sw.mu.Unlock()
+		return len(sw.handled)
+	}
+	last, quietSince, deadline := count(), time.Now(), time.Now().Add(10*time.Second)
+	for time.Since(quietSince) < 500*time.Millisecond && time.Now().Before(deadline) && ctx.Err() == nil {
+		time.Sleep(20 * time.Millisecond)
+		if n := count(); n != last {
+			last, quietSince = n, time.Now()
+		}
+	}
+	return nil
 }

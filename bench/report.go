@@ -78,8 +78,12 @@ func BuildTable(r Results) Table {
 		if m.Err != nil || m.N != 1 {
 			continue
 		}
-		t.Add(Row{Item: "3", What: fmt.Sprintf("… one relay's cycle (median of %s): claim · publish to last confirm · mark + commit", FormatCount(m.Cycles)),
-			Result: fmt.Sprintf("%s · %s · %s", FormatLatency(m.Claim), FormatLatency(m.Publish), FormatLatency(m.Finish))})
+		row := Row{Item: "3", What: fmt.Sprintf("… one relay's cycle (median of %s): claim · publish to last confirm · mark + commit", FormatCount(m.Cycles)),
+			Result: fmt.Sprintf("%s · %s · %s", FormatLatency(m.Claim), FormatLatency(m.Publish), FormatLatency(m.Finish))}
+		if m.FirstClaims > 0 {
+			row.Ratio = fmt.Sprintf("claim %s in the first tenth, %s in the last", FormatLatency(m.FirstClaims), FormatLatency(m.LastClaims))
+		}
+		t.Add(row)
 	}
 	if p := r.Peer; p != nil {
 		row := Row{Item: "4", What: fmt.Sprintf("Watermill forwarder drain of %s rows (watermill-sql pgx → watermill-amqp, confirms)", FormatCount(p.N)),
@@ -121,7 +125,8 @@ func BuildTable(r Results) Table {
 				reserved.Ratio = fmt.Sprintf("handler start p50 %s · p99 %s", FormatLatency(l.Handled.P50), FormatLatency(l.Handled.P99))
 			}
 			if l.Missing > 0 {
-				reserved.Result += fmt.Sprintf(" (%d of %d missing)", l.Missing, l.Reserved.N+l.Missing)
+				reserved.Result += fmt.Sprintf("; %s of %s not reserved within %s of the last order (saturated: lower bounds)",
+					FormatCount(l.Missing), FormatCount(l.Reserved.N+l.Missing), catchUp)
 			}
 		}
 		if target {

@@ -20,7 +20,8 @@ func results() bench.Results {
 		LimitA:    []bench.Measured{{N: 1, Rate: 10_000}, {N: 2, Rate: 16_000}},
 		LimitB:    []bench.Measured{{N: 16, Rate: 4_000}},
 		Drain: []bench.DrainMeasured{
-			{N: 1, DrainResult: bench.DrainResult{Rate: 6_500, Cycles: 2000, Claim: time.Millisecond, Publish: 12 * time.Millisecond, Finish: 2 * time.Millisecond}},
+			{N: 1, DrainResult: bench.DrainResult{Rate: 6_500, Cycles: 2000, Claim: time.Millisecond, Publish: 12 * time.Millisecond, Finish: 2 * time.Millisecond,
+				FirstClaims: 900 * time.Microsecond, LastClaims: 1100 * time.Microsecond}},
 			{N: 2, DrainResult: bench.DrainResult{Rate: 8_000}},
 		},
 		Peer: &bench.Measured{N: 20_000, Rate: 500},
@@ -65,7 +66,9 @@ func TestBuildTable(t *testing.T) {
 		two := row(t, tab, "2 relays")
 		require.Equal(t, "50% of A (2 ch)", two.Ratio, "compared with limit A on as many channels")
 		require.Equal(t, "✗ ≥ 60% of A", two.Target)
-		require.Equal(t, "1.00 ms · 12.0 ms · 2.00 ms", row(t, tab, "one relay's cycle").Result)
+		cycle := row(t, tab, "one relay's cycle")
+		require.Equal(t, "1.00 ms · 12.0 ms · 2.00 ms", cycle.Result)
+		require.Equal(t, "claim 900 µs in the first tenth, 1.10 ms in the last", cycle.Ratio)
 
 		peer := row(t, tab, "Watermill")
 		require.Equal(t, "1 relay = 13.0×", peer.Ratio)

@@ -87,8 +87,9 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (err error) {
 				d, err = e.drain(ctx, n, s.Backlog)
 			}
 			res.Drain = append(res.Drain, DrainMeasured{N: n, DrainResult: d, Err: err})
-			e.progress("  %s", resultOrError(fmt.Sprintf("%s; per cycle: claim %s, publish %s, mark+commit %s",
-				FormatRate(d.Rate, "rows/s"), FormatLatency(d.Claim), FormatLatency(d.Publish), FormatLatency(d.Finish)), err))
+			e.progress("  %s", resultOrError(fmt.Sprintf("%s; per cycle: claim %s (first tenth %s, last tenth %s), publish %s, mark+commit %s",
+				FormatRate(d.Rate, "rows/s"), FormatLatency(d.Claim), FormatLatency(d.FirstClaims), FormatLatency(d.LastClaims),
+				FormatLatency(d.Publish), FormatLatency(d.Finish)), err))
 		}
 		if err := stopProfile(); err != nil {
 			return err

@@ -47,6 +47,14 @@ func (e *env) scale(ctx context.Context, levels []int, batches int) []ScaleResul
 		claimedAt, end time.Time
 	}
 	ls := make([]*level, len(levels))
+	defer func() { // free the disk for the phases after this one
+		for i, l := range ls {
+			if l != nil {
+				l.pool.Close()
+			}
+			_ = e.dropDatabase(context.WithoutCancel(ctx), e.dbName(fmt.Sprintf("scale%d", i)))
+		}
+	}()
 	for i, n := range levels {
 		out[i].Published = n
 		start := time.Now()
@@ -102,25 +110,30 @@ func (e *env) scaleLevel(ctx context.Context, i, published int, hooks outbox.Hoo
 	if err != nil {
 		return nil, nil, err
 	}
-	e.later(func(ctx context.Context) error { return e.dropDatabase(ctx, e.dbName(suffix)) }) // before the run's end
 	pool, err := openPool(ctx, dbURL, 1)
 	if err != nil {
 		return nil, nil, err
 	}
-	e.later(func(context.Context) error { pool.Close(); return nil })
-	if err := outbox.Migrate(ctx, pool); err != nil {
+	fail := func(err error) (*outbox.Relay, *pgxpool.Pool, error) {
+		pool.Close()
 		return nil, nil, err
+	}
+	if err := outbox.Migrate(ctx, pool); err != nil {
+		return fail(err)
 	}
 	for from := 0; from < published; from += 100_000 {
 		if _, err := pool.Exec(ctx, fillPublished, from, min(published, from+100_000)); err != nil {
-			return nil, nil, fmt.Errorf("insert published rows: %w", err)
+			return fail(fmt.Errorf("insert published rows: %w", err))
 		}
 	}
 	if _, err := pool.Exec(ctx, "VACUUM ANALYZE outbox_messages"); err != nil {
-		return nil, nil, fmt.Errorf("vacuum analyze: %w", err)
+		return fail(fmt.Errorf("vacuum analyze: %w", err))
 	}
 	relay, err := outbox.NewRelay(pool, nullPublisher{}, outbox.Config{BatchSize: 100, DisableNotify: true, Hooks: hooks})
-	return relay, pool, err
+	if err != nil {
+		return fail(err)
+	}
+	return relay, pool, nil
 }
 
 // writePending adds a batch of 100 pending rows, one aggregate each, in one transaction.
