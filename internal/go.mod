@@ -3,6 +3,7 @@ module github.com/outboxshop/outboxshop/internal
 go 1.26.8
 
 require (
+	github.com/go-chi/chi/v5 v5.5.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/client_model v0.6.3

@@ -121,7 +121,7 @@ func NewOpsHandler(cfg OpsConfig) http.Handler {
 
 func newRouter(log *slog.Logger, retryAfter string, m *Metrics) chi.Router {
 	r := chi.NewRouter()
-	r.Use(requestID, accessLog(log), m.middleware, recoverer(log, retryAfter), middleware.GetHead)
+	r.Use(requestID, accessLog(log), m.Middleware, recoverer(log, retryAfter), middleware.GetHead)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, log, retryAfter, orders.Errorf(orders.ENOTFOUND, "No resource at %s.", r.URL.Path))
 	})

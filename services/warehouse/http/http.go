@@ -104,7 +104,7 @@ func NewRouter(cfg Config) http.Handler {
 	s := &server{cfg: cfg, log: cmp.Or(cfg.Logger, slog.New(slog.NewTextHandler(io.Discard, nil)))}
 
 	r := chi.NewRouter()
-	r.Use(requestID, s.accessLog, cfg.Metrics.middleware, s.recoverer, middleware.GetHead)
+	r.Use(requestID, s.accessLog, cfg.Metrics.Middleware, s.recoverer, middleware.GetHead)
 	r.NotFound(s.notFound)
 	r.MethodNotAllowed(s.methodNotAllowed)
 
