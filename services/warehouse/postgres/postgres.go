@@ -17,14 +17,12 @@ import (
 	"embed"
 	"errors"
 	"fmt"
-	"io/fs"
-	"slices"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxshop/outboxshop/internal/pgmigrate"
 	"github.com/outboxshop/outboxshop/pkg/inbox"
 	"github.com/outboxshop/outboxshop/pkg/outbox"
 )
@@ -106,44 +104,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	if err := inbox.Migrate(ctx, pool); err != nil {
 		return fmt.Errorf("migrate inbox: %w", err)
 	}
-	names, err := fs.Glob(migrations, "migrations/*.sql")
-	if err != nil {
-		return fmt.Errorf("list migrations: %w", err)
-	}
-	slices.Sort(names)
-	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, lockMigrationsSQL, migrationLock); err != nil {
-			return fmt.Errorf("lock: %w", err)
-		}
-		if _, err := tx.Exec(ctx, createMigrationsTableSQL); err != nil {
-			return fmt.Errorf("create warehouse_schema_migrations: %w", err)
-		}
-		rows, err := tx.Query(ctx, selectMigrationsSQL)
-		if err != nil {
-			return fmt.Errorf("read applied migrations: %w", err)
-		}
-		applied, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			return fmt.Errorf("read applied migrations: %w", err)
-		}
-		for _, name := range names {
-			version := strings.TrimSuffix(strings.TrimPrefix(name, "migrations/"), ".sql")
-			if slices.Contains(applied, version) {
-				continue
-			}
-			sql, err := migrations.ReadFile(name)
-			if err != nil {
-				return fmt.Errorf("read %s: %w", name, err)
-			}
-			if _, err := tx.Exec(ctx, string(sql)); err != nil {
-				return fmt.Errorf("apply %s: %w", name, err)
-			}
-			if _, err := tx.Exec(ctx, insertMigrationSQL, version); err != nil {
-				return fmt.Errorf("record %s: %w", name, err)
-			}
-		}
-		return nil
-	})
+	err := pgmigrate.Apply(ctx, pool, migrations, "migrations", "warehouse_schema_migrations", migrationLock)
 	if err != nil {
 		return fmt.Errorf("migrate warehouse: %w", err)
 	}

@@ -4,14 +4,7 @@ package postgres
 // unnested, so that one statement handles every line of an order.
 
 const (
-	selectDatabaseExistsSQL  = `SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)`
-	lockMigrationsSQL        = `SELECT pg_advisory_xact_lock($1)`
-	createMigrationsTableSQL = `CREATE TABLE IF NOT EXISTS warehouse_schema_migrations (
-	version    text        PRIMARY KEY,
-	applied_at timestamptz NOT NULL DEFAULT now()
-)`
-	selectMigrationsSQL = `SELECT version FROM warehouse_schema_migrations`
-	insertMigrationSQL  = `INSERT INTO warehouse_schema_migrations (version) VALUES ($1)`
+	selectDatabaseExistsSQL = `SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)`
 )
 
 // Orders.
