@@ -48,7 +48,8 @@ type Config struct {
 	URL string
 	// ConnectionName shows in the management UI. Default "outbox-relay".
 	ConnectionName string
-	// DialTimeout bounds connecting. Default 5s.
+	// DialTimeout bounds connecting, and closing a connection the broker stopped answering
+	// on. Default 5s.
 	DialTimeout time.Duration
 	// Setup runs on every new channel, before the first publish: declare the exchanges the
 	// outbox publishes to there, so a restarted broker without them is repaired. Optional.
@@ -302,7 +303,9 @@ func (p *Publisher) openChannel(conn *amqp.Connection) (*amqp.Channel, error) {
 func (p *Publisher) resetLocked() error {
 	var err error
 	if p.conn != nil {
-		err = p.conn.Close()
+		// A deadline, because a hung broker (a resource alarm, a black-holed network) never
+		// answers connection.close, and Close would wait for it with p.mu held.
+		err = p.conn.CloseDeadline(time.Now().Add(p.cfg.DialTimeout))
 		if errors.Is(err, amqp.ErrClosed) {
 			err = nil
 		}

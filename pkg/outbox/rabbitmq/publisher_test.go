@@ -106,15 +106,21 @@ func TestPublisher(t *testing.T) {
 		t.Parallel()
 		url := testinfra.AMQPURL(t)
 		top := testinfra.DeclareTopology(t, url)
-		pub, err := rabbitmq.New(rabbitmq.Config{URL: url})
+		proxy := testinfra.NewProxy(t, fmt.Sprintf("%s:%d", must(amqp.ParseURI(url)).Host, must(amqp.ParseURI(url)).Port))
+		pub, err := rabbitmq.New(rabbitmq.Config{URL: proxy.RewriteURL(t, url), DialTimeout: time.Second})
 		require.NoError(t, err)
 		defer pub.Close()
-		expired, cancel := context.WithCancel(ctx)
-		cancel()
-		for _, err := range pub.Publish(expired, []outbox.Message{message(top.Exchange), message(top.Exchange)}) {
-			require.ErrorIs(t, err, outbox.ErrUnavailable)
+		require.NoError(t, pub.Publish(ctx, []outbox.Message{message(top.Exchange)})[0])
+
+		// The broker receives the messages but its confirms never arrive: the broker hangs.
+		proxy.Stall()
+		short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		defer cancel()
+		for _, err := range pub.Publish(short, []outbox.Message{message(top.Exchange), message(top.Exchange)}) {
+			require.ErrorIs(t, err, outbox.ErrUnavailable, "an unconfirmed message is never reported published")
 		}
-		require.NoError(t, pub.Publish(ctx, []outbox.Message{message(top.Exchange)})[0], "a fresh channel after the timeout")
+		proxy.Resume()
+		require.NoError(t, pub.Publish(ctx, []outbox.Message{message(top.Exchange)})[0], "a fresh connection after the timeout")
 	})
 
 	t.Run("BadConfig", func(t *testing.T) {
