@@ -223,11 +223,13 @@ func TestShopEndToEnd(t *testing.T) {
 	t.Run("VerifierIsNotVacuous", func(t *testing.T) {
 		// Break the databases the way a bug would, and see the verifier say so. (A second
 		// reserve movement for one order cannot even be written: a unique index forbids it.)
+		// Two different orders: one stuck, another whose reservation is released.
+		stuck := acked[fmt.Sprintf("TestShopEndToEnd-order-%d", 3)]
 		var reserved string
-		require.NoError(t, s.warehouse.QueryRow(ctx, `SELECT order_id::text FROM reservations WHERE status = 'RESERVED' LIMIT 1`).Scan(&reserved))
+		require.NoError(t, s.warehouse.QueryRow(ctx, `SELECT order_id::text FROM reservations WHERE status = 'RESERVED' AND order_id <> $1 LIMIT 1`, stuck).Scan(&reserved))
 		_, err := s.warehouse.Exec(ctx, `UPDATE reservations SET status = 'RELEASED' WHERE order_id = $1`, reserved) // released without giving stock back
 		require.NoError(t, err)
-		_, err = s.orders.Exec(ctx, `UPDATE orders SET status = 'PENDING' WHERE id = $1`, acked[fmt.Sprintf("TestShopEndToEnd-order-%d", 3)])
+		_, err = s.orders.Exec(ctx, `UPDATE orders SET status = 'PENDING' WHERE id = $1`, stuck)
 		require.NoError(t, err)
 		report, err := verify.Run(ctx, s.orders, s.warehouse, want)
 		require.NoError(t, err)
