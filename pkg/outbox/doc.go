@@ -59,10 +59,17 @@
 //
 // # Wake-ups
 //
-// An INSERT trigger runs pg_notify on [NotifyChannel]; relays LISTEN on a dedicated
-// connection and start a cycle at once, so the latency from commit to broker is a cycle, not
-// a poll interval. [Config].PollInterval remains as the fallback and as the clock for
-// retries.
+// A trigger runs pg_notify on [NotifyChannel] when a writing transaction commits; relays
+// LISTEN on a dedicated connection and start a cycle at once, so the latency from commit to
+// broker is a cycle, not a poll interval. [Config].PollInterval remains as the fallback and as
+// the clock for retries.
+//
+// Only one transaction at a time notifies. PostgreSQL serialises the commits of notifying
+// transactions cluster-wide, each holding a lock through its WAL flush; if every outbox write
+// notified, outbox writers could not commit faster than one disk flush at a time. So the
+// trigger notifies only if no other transaction of the database is notifying at that moment;
+// the writers that skip commit together with it, and the relay looks once more
+// [Config].NotifyRecheck after every notified cycle to publish their rows too.
 //
 // # Operating
 //

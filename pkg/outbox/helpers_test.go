@@ -172,3 +172,37 @@ func ids(msgs []outbox.Message) []uuid.UUID {
 	}
 	return out
 }
+
+// conn returns a dedicated connection to the bundle's database, closed when the test ends.
+func (b *bundle) conn(t testing.TB) *pgx.Conn {
+	t.Helper()
+	c, err := pgx.Connect(context.Background(), b.pool.Config().ConnString())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	return c
+}
+
+// writeOn adds msgs in one committed transaction on c.
+func writeOn(t testing.TB, b *bundle, c *pgx.Conn, msgs ...outbox.Message) {
+	t.Helper()
+	ctx := context.Background()
+	require.NoError(t, pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
+		return outbox.Add(ctx, tx, msgs...)
+	}))
+}
+
+// notifierLock is the advisory lock key the notify trigger tries (migrations/001_outbox.sql).
+const notifierLock = 8031453476610924398
+
+// holdNotifierLock runs fn while another session holds the trigger's notifier lock, as a
+// transaction in the middle of committing its notification does.
+func holdNotifierLock(t testing.TB, b *bundle, fn func()) {
+	t.Helper()
+	ctx := context.Background()
+	holder := b.conn(t)
+	_, err := holder.Exec(ctx, "SELECT pg_advisory_lock($1)", int64(notifierLock))
+	require.NoError(t, err)
+	fn()
+	_, err = holder.Exec(ctx, "SELECT pg_advisory_unlock($1)", int64(notifierLock))
+	require.NoError(t, err)
+}

@@ -51,6 +51,11 @@ type Config struct {
 	PollInterval time.Duration
 	// DisableNotify turns off LISTEN/NOTIFY wake-ups; the relay then only polls.
 	DisableNotify bool
+	// NotifyRecheck is how long after a cycle started by a notification the relay looks
+	// once more, for rows of transactions that committed during that notifier's commit and
+	// so did not notify themselves (see the trigger in migrations/001_outbox.sql). While
+	// re-checks find rows, they go on. Capped at PollInterval; default 3ms.
+	NotifyRecheck time.Duration
 	// MaxAttempts is how many failed publish attempts make a row dead. Default 10.
 	MaxAttempts int
 	// RetryBaseDelay and RetryMaxDelay bound the exponential backoff, with jitter, between
@@ -111,6 +116,7 @@ type Failure struct {
 func (c Config) withDefaults() (Config, error) {
 	c.BatchSize = cmp.Or(c.BatchSize, 100)
 	c.PollInterval = cmp.Or(c.PollInterval, time.Second)
+	c.NotifyRecheck = min(cmp.Or(c.NotifyRecheck, 3*time.Millisecond), c.PollInterval)
 	c.MaxAttempts = cmp.Or(c.MaxAttempts, 10)
 	c.RetryBaseDelay = cmp.Or(c.RetryBaseDelay, time.Second)
 	c.RetryMaxDelay = cmp.Or(c.RetryMaxDelay, 5*time.Minute)
@@ -126,7 +132,7 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("outbox: BatchSize %d out of range 1..10000", c.BatchSize)
 	case c.MaxAttempts < 0:
 		return c, fmt.Errorf("outbox: negative MaxAttempts %d", c.MaxAttempts)
-	case c.PollInterval < 0 || c.RetryBaseDelay < 0 || c.RetryMaxDelay < c.RetryBaseDelay ||
+	case c.PollInterval < 0 || c.NotifyRecheck < 0 || c.RetryBaseDelay < 0 || c.RetryMaxDelay < c.RetryBaseDelay ||
 		c.OutageBaseDelay < 0 || c.OutageMaxDelay < c.OutageBaseDelay || c.PublishTimeout < 0:
 		return c, errors.New("outbox: negative duration, or a max delay below its base delay")
 	case c.MaxMessageBytes < 0:
@@ -196,6 +202,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	failures := 0
+	start := byPoll // what started the current run of cycles
 	for {
 		if ctx.Err() != nil {
 			r.setState(StateStopped, nil)
@@ -207,6 +214,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		wakeUp := wake
 		var wait time.Duration
+		timerStart := byPoll
 		switch {
 		case err != nil:
 			failures++
@@ -217,6 +225,12 @@ func (r *Relay) Run(ctx context.Context) error {
 			failures = 0
 			r.setState(StateRunning, nil)
 			continue // a full batch: more rows are likely waiting
+		case start == byNotify || start == byRecheck && n > 0:
+			// Writers that committed during the notifier's commit skipped their NOTIFY;
+			// their rows may have become visible just after this cycle's claim.
+			failures = 0
+			r.setState(StateRunning, nil)
+			wait, timerStart = r.cfg.NotifyRecheck, byRecheck
 		default:
 			failures = 0
 			r.setState(StateRunning, nil)
@@ -226,10 +240,19 @@ func (r *Relay) Run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 		case <-wakeUp:
+			start = byNotify
 		case <-timer.C:
+			start = timerStart
 		}
 	}
 }
+
+// What started a relay cycle.
+const (
+	byPoll = iota
+	byNotify
+	byRecheck
+)
 
 // Errors that decide the relay's state.
 type (

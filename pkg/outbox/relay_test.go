@@ -64,6 +64,57 @@ func TestRelay(t *testing.T) {
 		testinfra.Eventually(t, waitFor, func() bool { return got.len() == 2 }, "second message delivered by notification")
 	})
 
+	t.Run("OneNotifierAtATime", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		listener := b.conn(t)
+		_, err := listener.Exec(ctx, "LISTEN "+outbox.NotifyChannel)
+		require.NoError(t, err)
+
+		// A transaction of many rows notifies once.
+		many := make([]outbox.Message, 50)
+		for i := range many {
+			many[i] = b.msg("many", i)
+		}
+		b.write(t, many...)
+		n, err := listener.WaitForNotification(ctx)
+		require.NoError(t, err)
+		require.Equal(t, outbox.NotifyChannel, n.Channel)
+
+		// While another transaction holds the notifier's lock (it is committing its own
+		// notification), a writer commits without notifying; the next writer notifies.
+		skipper, notifier := b.conn(t), b.conn(t)
+		holdNotifierLock(t, b, func() { writeOn(t, b, skipper, b.msg("skip", 1)) })
+		writeOn(t, b, notifier, b.msg("notify", 1))
+		n, err = listener.WaitForNotification(ctx)
+		require.NoError(t, err)
+		require.Equal(t, notifier.PgConn().PID(), n.PID, "the skipping writer notified; or the batch of 50 notified twice")
+	})
+
+	t.Run("RecheckPublishesRowsOfWritersThatSkippedNotify", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		got := consume(t, b.amqpURL, b.top.Queue)
+		skipper := b.conn(t)
+		var armed atomic.Bool
+		cfg := fastConfig(t)
+		cfg.PollInterval = time.Hour // only notifications and re-checks can wake it
+		// The race, made certain: a writer commits without notifying (another transaction
+		// holds the notifier's lock) after the notified cycle claimed, before it published.
+		cfg.Hooks.Failpoint = func(name string) {
+			if name == outbox.FailpointBeforePublish && armed.CompareAndSwap(true, false) {
+				holdNotifierLock(t, b, func() { writeOn(t, b, skipper, b.msg("late", 1)) })
+			}
+		}
+		b.startRelay(t, b.pool, b.pub, cfg)
+		b.write(t, b.msg("warm-up", 1)) // as in WakesOnNotifyNotOnPoll: now it listens for sure
+		testinfra.Eventually(t, waitFor, func() bool { return got.len() == 1 }, "warm-up delivered")
+		armed.Store(true)
+		b.write(t, b.msg("first", 1))
+		testinfra.Eventually(t, waitFor, func() bool { return got.len() == 3 }, "the skipped writer's row published by the re-check")
+		require.False(t, armed.Load(), "the race was not staged")
+	})
+
 	t.Run("BrokerOutageKeepsBacklogAndCostsNoAttempts", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)

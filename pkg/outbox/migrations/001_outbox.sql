@@ -44,18 +44,32 @@ CREATE INDEX IF NOT EXISTS outbox_messages_dead
     ON outbox_messages (dead_at)
     WHERE dead_at IS NOT NULL;
 
--- Wake relays as soon as rows commit (NOTIFY is delivered at commit, and several
--- notifications of one transaction fold into one). Relays also poll, so a lost
--- notification only costs latency.
+-- Wake relays as soon as rows commit. Relays also poll, so a lost notification only costs
+-- latency.
+--
+-- A transaction that has called pg_notify takes a cluster-wide lock at COMMIT and holds it
+-- through its WAL flush, so notifying in every writing transaction would let one outbox
+-- commit at a time reach the disk, in every database of the cluster: no group commit. So the
+-- trigger is deferred to COMMIT, and only the one transaction that gets the advisory lock
+-- below notifies; the others commit while it does, without the lock. Their rows are seen by
+-- the cycle the notification starts, or by the re-check a relay runs right after a notified
+-- cycle (Config.NotifyRecheck), or at worst by the next poll. The advisory lock is
+-- re-entrant and notifications of one transaction fold into one: a transaction of many rows
+-- notifies once.
+--
+-- 8031453476610924398 is 'outbox_n' as a bigint: a key no other lock of the library uses.
 CREATE OR REPLACE FUNCTION outbox_messages_notify() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM pg_notify('outbox_messages', '');
+    IF pg_try_advisory_xact_lock(8031453476610924398) THEN
+        PERFORM pg_notify('outbox_messages', '');
+    END IF;
     RETURN NULL;
 END;
 $$;
 
 DROP TRIGGER IF EXISTS outbox_messages_notify ON outbox_messages;
-CREATE TRIGGER outbox_messages_notify
+CREATE CONSTRAINT TRIGGER outbox_messages_notify
     AFTER INSERT ON outbox_messages
-    FOR EACH STATEMENT EXECUTE FUNCTION outbox_messages_notify();
+    DEFERRABLE INITIALLY DEFERRED
+    FOR EACH ROW EXECUTE FUNCTION outbox_messages_notify();
