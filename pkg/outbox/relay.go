@@ -52,9 +52,10 @@ type Config struct {
 	// DisableNotify turns off LISTEN/NOTIFY wake-ups; the relay then only polls.
 	DisableNotify bool
 	// NotifyRecheck is how long after a cycle started by a notification the relay looks
-	// once more, for rows of transactions that committed during that notifier's commit and
-	// so did not notify themselves (see the trigger in migrations/001_outbox.sql). While
-	// re-checks find rows, they go on. Capped at PollInterval; default 3ms.
+	// again, for rows of transactions that committed during that notifier's commit and so
+	// did not notify themselves (see the trigger in migrations/001_outbox.sql). A re-check
+	// that finds rows is followed by another; an empty one doubles the delay until it
+	// reaches PollInterval. Default 3ms; at PollInterval or above, there are no re-checks.
 	NotifyRecheck time.Duration
 	// MaxAttempts is how many failed publish attempts make a row dead. Default 10.
 	MaxAttempts int
@@ -202,7 +203,13 @@ func (r *Relay) Run(ctx context.Context) error {
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	failures := 0
-	start := byPoll // what started the current run of cycles
+	// After a cycle that a notification started, the relay looks again NotifyRecheck later
+	// for rows of writers that skipped their NOTIFY (see the trigger) and may have become
+	// visible only after the claim. A re-check that finds rows is followed by another; an
+	// empty one doubles the delay, until it reaches PollInterval and polling takes over. So a
+	// skipped row waits about as long again as its commit took, not a poll interval.
+	var recheck time.Duration // delay of the next re-check; 0: none due
+	notified := false         // a notification started this cycle
 	for {
 		if ctx.Err() != nil {
 			r.setState(StateStopped, nil)
@@ -214,45 +221,43 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		wakeUp := wake
 		var wait time.Duration
-		timerStart := byPoll
 		switch {
 		case err != nil:
 			failures++
 			r.setState(stateFor(err), err)
 			wait = backoff(failures, r.cfg.OutageBaseDelay, r.cfg.OutageMaxDelay)
 			wakeUp = nil // a notification must not cut an outage backoff short
+			recheck = 0
 		case n == r.cfg.BatchSize:
 			failures = 0
 			r.setState(StateRunning, nil)
 			continue // a full batch: more rows are likely waiting
-		case start == byNotify || start == byRecheck && n > 0:
-			// Writers that committed during the notifier's commit skipped their NOTIFY;
-			// their rows may have become visible just after this cycle's claim.
-			failures = 0
-			r.setState(StateRunning, nil)
-			wait, timerStart = r.cfg.NotifyRecheck, byRecheck
 		default:
 			failures = 0
 			r.setState(StateRunning, nil)
+			switch {
+			case notified || recheck > 0 && n > 0:
+				recheck = r.cfg.NotifyRecheck
+			case recheck > 0:
+				recheck *= 2
+			}
 			wait = r.cfg.PollInterval
+			if recheck > 0 && recheck < r.cfg.PollInterval {
+				wait = recheck
+			} else {
+				recheck = 0
+			}
 		}
 		timer.Reset(wait)
+		notified = false
 		select {
 		case <-ctx.Done():
 		case <-wakeUp:
-			start = byNotify
+			notified = true
 		case <-timer.C:
-			start = timerStart
 		}
 	}
 }
-
-// What started a relay cycle.
-const (
-	byPoll = iota
-	byNotify
-	byRecheck
-)
 
 // Errors that decide the relay's state.
 type (
