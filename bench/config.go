@@ -69,7 +69,7 @@ func FullSizes() Sizes {
 		Backlog:        200_000,
 		Relays:         []int{1, 2, 4},
 		PeerRows:       20_000,
-		Rates:          []int{500, 1000, 2000},
+		Rates:          []int{100, 300, 1000}, // the floor, the knee on 2 cores, the target
 		Warmup:         2 * time.Second,
 		RateDuration:   20 * time.Second,
 		ScaleRows:      []int{10_000, 100_000, 1_000_000},

@@ -68,8 +68,10 @@
 // transactions cluster-wide, each holding a lock through its WAL flush; if every outbox write
 // notified, outbox writers could not commit faster than one disk flush at a time. So the
 // trigger notifies only if no other transaction of the database is notifying at that moment;
-// the writers that skip commit together with it, and the relay looks once more
-// [Config].NotifyRecheck after every notified cycle to publish their rows too.
+// the writers that skip commit together with it, and the relay looks again
+// [Config].NotifyRecheck after every notified cycle to publish their rows too: again at once
+// while re-checks find rows, then less and less often until the poll interval takes over. A
+// row of a writer whose commit outlasts the re-checks waits for the next notification or poll.
 //
 // # Operating
 //

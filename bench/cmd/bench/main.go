@@ -43,7 +43,7 @@ func run(ctx context.Context, args []string) error {
 	batch := fs.Int("batch", 0, "relay batch size (default: pkg/outbox's, 100)")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the relay drain phase to this file")
 	relayBin := fs.String("relay-binary", "", "relay program of the memory phase (default: go build ./bench/cmd/relay)")
-	rates := fs.String("rates", "", "comma-separated orders/s of the latency phase (default: 500,1000,2000; -quick: 200)")
+	rates := fs.String("rates", "", "comma-separated orders/s of the latency phase (default: 100,300,1000; -quick: 200)")
 	relays := fs.String("relays", "", "comma-separated relay counts of the drain phase (default: 1,2,4)")
 	verbose := fs.Bool("v", false, "log the libraries' warnings and errors to stderr")
 	if err := fs.Parse(args); err != nil {
