@@ -19,7 +19,14 @@ type DBTX interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// insertMessages inserts any number of rows in one round trip.
+// insertMessage inserts one row, the common case: one event per business transaction.
+const insertMessage = `
+INSERT INTO outbox_messages (id, exchange, routing_key, type, aggregate_type, aggregate_id, payload, headers)
+VALUES ($1::uuid, $2, $3, $4, $5, $6, $7::text::jsonb, $8::text::jsonb)`
+
+// insertMessages inserts any number of rows in one round trip. For one row, insertMessage is
+// cheaper: with the deferred notify trigger, an INSERT … SELECT FROM unnest measured about a
+// third fewer transactions per second than the same row inserted with VALUES, at 16 writers.
 const insertMessages = `
 INSERT INTO outbox_messages (id, exchange, routing_key, type, aggregate_type, aggregate_id, payload, headers)
 SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[]::jsonb[], $8::text[]::jsonb[])`
@@ -67,6 +74,12 @@ func Add(ctx context.Context, tx DBTX, msgs ...Message) error {
 		exchanges[i], keys[i], types[i] = m.Exchange, m.RoutingKey, m.Type
 		aggTypes[i], aggIDs[i] = m.AggregateType, m.AggregateID
 		payloads[i], headers[i] = string(m.Payload), string(h)
+	}
+	if n == 1 {
+		if _, err := tx.Exec(ctx, insertMessage, ids[0], exchanges[0], keys[0], types[0], aggTypes[0], aggIDs[0], payloads[0], headers[0]); err != nil {
+			return fmt.Errorf("insert outbox message: %w", err)
+		}
+		return nil
 	}
 	if _, err := tx.Exec(ctx, insertMessages, ids, exchanges, keys, types, aggTypes, aggIDs, payloads, headers); err != nil {
 		return fmt.Errorf("insert %d outbox messages: %w", n, err)

@@ -79,6 +79,33 @@ func TestAdd(t *testing.T) {
 		require.Equal(t, m.Headers, headers)
 	})
 
+	t.Run("OneRowAndManyRowsAreStoredAlike", func(t *testing.T) {
+		// One message takes a VALUES insert, several an unnest insert.
+		t.Parallel()
+		b := setup(t)
+		one := b.msg("one", 1)
+		one.Headers = map[string]string{outbox.HeaderCorrelationID: "corr"}
+		many := []outbox.Message{b.msg("many", 1), b.msg("many", 2)}
+		many[0].Headers = one.Headers
+		one = b.write(t, one)[0]
+		many = b.write(t, many...)
+		const row = `SELECT exchange, routing_key, type, aggregate_type, payload::text, headers::text FROM outbox_messages WHERE id = $1`
+		read := func(id uuid.UUID) []any {
+			var ex, key, typ, agg, payload, headers string
+			require.NoError(t, b.pool.QueryRow(ctx, row, id).Scan(&ex, &key, &typ, &agg, &payload, &headers))
+			return []any{ex, key, typ, agg, payload, headers}
+		}
+		gotOne, gotMany := read(one.ID), read(many[0].ID)
+		require.Equal(t, gotMany[:4], gotOne[:4])
+		require.JSONEq(t, gotMany[5].(string), gotOne[5].(string))
+		require.JSONEq(t, string(one.Payload), gotOne[4].(string))
+		require.JSONEq(t, "{}", read(many[1].ID)[5].(string), "nil headers are stored as {}")
+		var oneSeq, manySeq int64
+		require.NoError(t, b.pool.QueryRow(ctx, "SELECT seq FROM outbox_messages WHERE id = $1", one.ID).Scan(&oneSeq))
+		require.NoError(t, b.pool.QueryRow(ctx, "SELECT seq FROM outbox_messages WHERE id = $1", many[1].ID).Scan(&manySeq))
+		require.Less(t, oneSeq, manySeq)
+	})
+
 	t.Run("RejectsInvalidMessagesBeforeWritingAny", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
