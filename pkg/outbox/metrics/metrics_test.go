@@ -29,6 +29,7 @@ func TestRelayAndStats(t *testing.T) {
 	url := testinfra.AMQPURL(t)
 	top := testinfra.DeclareTopology(t, url)
 	nowhere := testinfra.UniqueName(t, "nowhere")
+	testinfra.DeleteExchangeAtCleanup(t, url, nowhere)
 
 	reg := prometheus.NewPedanticRegistry()
 	relayMetrics, err := metrics.NewRelay(reg, prometheus.Labels{"service": "test"})

@@ -63,6 +63,7 @@ func TestPublisher(t *testing.T) {
 		t.Parallel()
 		url := testinfra.AMQPURL(t)
 		top := testinfra.DeclareTopology(t, url)
+		testinfra.DeleteExchangeAtCleanup(t, url, top.Exchange+".nowhere")
 		pub, err := rabbitmq.New(rabbitmq.Config{URL: url, Setup: func(ch *amqp.Channel) error {
 			return ch.ExchangeDeclare(top.Exchange+".nowhere", "topic", false, true, false, false, nil)
 		}})

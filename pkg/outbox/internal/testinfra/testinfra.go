@@ -299,6 +299,15 @@ func DeclareTopology(t testing.TB, amqpURL string) Topology {
 	return top
 }
 
+// DeleteExchangeAtCleanup deletes the exchange name when the test ends: an auto-delete
+// exchange that never had a binding is never deleted by the broker.
+func DeleteExchangeAtCleanup(t testing.TB, amqpURL, name string) {
+	t.Helper()
+	t.Cleanup(func() {
+		withChannel(t, amqpURL, func(ch *amqp.Channel) error { return ch.ExchangeDelete(name, false, false) })
+	})
+}
+
 func withChannel(t testing.TB, amqpURL string, fn func(*amqp.Channel) error) {
 	t.Helper()
 	conn, err := amqp.Dial(amqpURL)
