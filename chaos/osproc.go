@@ -93,6 +93,52 @@ func signalGroup(pid int, sig syscall.Signal) error {
 	return nil
 }
 
+// groupProcess is a started server (a PostgreSQL postmaster, a RabbitMQ start script) that
+// leads a process group of its own (see groupAttr).
+type groupProcess struct {
+	pid    int
+	exited chan struct{} // closed once the leader has exited
+}
+
+// startGroupProcess starts cmd and watches for its exit.
+func startGroupProcess(cmd *exec.Cmd) (*groupProcess, error) {
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	p := &groupProcess{pid: cmd.Process.Pid, exited: make(chan struct{})}
+	go func() {
+		_ = cmd.Wait()
+		close(p.exited)
+	}()
+	return p, nil
+}
+
+// running reports whether the leader is still there; false for a nil process.
+func (p *groupProcess) running() bool {
+	if p == nil {
+		return false
+	}
+	select {
+	case <-p.exited:
+		return false
+	default:
+		return true
+	}
+}
+
+// waitGone waits until the leader has exited and no process of its group is left.
+func (p *groupProcess) waitGone(ctx context.Context) error {
+	select {
+	case <-p.exited:
+	case <-ctx.Done():
+		return fmt.Errorf("did not exit: %w", ctx.Err())
+	}
+	if err := waitGroupGone(ctx, p.pid); err != nil {
+		return fmt.Errorf("processes of its group did not exit: %w", err)
+	}
+	return nil
+}
+
 // groupAlive reports whether any process of the group led by pid is still there.
 func groupAlive(pid int) bool {
 	return pid > 0 && syscall.Kill(-pid, 0) == nil

@@ -27,8 +27,7 @@ type pgServer struct {
 	binary  string
 	logPath string
 
-	cmd    *exec.Cmd
-	exited chan struct{}
+	proc *groupProcess // nil when not started or stopped
 }
 
 func newPGServer(name, dir string) (*pgServer, error) {
@@ -95,21 +94,17 @@ func (s *pgServer) start(ctx context.Context) error {
 	cmd.SysProcAttr = groupAttr(s.acct)
 	cmd.Env = []string{"PATH=/usr/bin:/bin", "LANG=C"}
 	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
+	proc, err := startGroupProcess(cmd)
+	if err != nil {
 		return fmt.Errorf("%s: start postgres: %w", s.name, err)
 	}
-	exited := make(chan struct{})
-	go func() {
-		_ = cmd.Wait()
-		close(exited)
-	}()
-	s.cmd, s.exited = cmd, exited
+	s.proc = proc
 
 	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
 	err = poll(ctx, 100*time.Millisecond, func() (bool, error) {
 		select {
-		case <-exited:
+		case <-proc.exited:
 			return false, fmt.Errorf("%s: postgres exited at start-up; see %s", s.name, s.logPath)
 		default:
 		}
@@ -130,57 +125,40 @@ func (s *pgServer) start(ctx context.Context) error {
 // once they are gone. Killing only the postmaster would leave backends holding its shared
 // memory, and the next start would refuse to run.
 func (s *pgServer) kill(ctx context.Context) error {
-	if s.cmd == nil {
+	if s.proc == nil {
 		return nil
 	}
-	pid := s.cmd.Process.Pid
-	if err := signalGroup(pid, syscall.SIGKILL); err != nil {
+	if err := signalGroup(s.proc.pid, syscall.SIGKILL); err != nil {
 		return err
 	}
-	return s.waitGone(ctx, pid)
+	return s.waitGone(ctx)
 }
 
 // stop shuts the server down fast (SIGINT: active sessions are ended), then kills it if it
 // takes too long.
 func (s *pgServer) stop(ctx context.Context) error {
-	if s.cmd == nil {
+	if s.proc == nil {
 		return nil
 	}
-	pid := s.cmd.Process.Pid
-	_ = signalGroup(pid, syscall.SIGINT)
+	_ = signalGroup(s.proc.pid, syscall.SIGINT)
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if err := s.waitGone(sctx, pid); err == nil {
+	if err := s.waitGone(sctx); err == nil {
 		return nil
 	}
 	return s.kill(ctx)
 }
 
-func (s *pgServer) waitGone(ctx context.Context, pid int) error {
-	select {
-	case <-s.exited:
-	case <-ctx.Done():
-		return fmt.Errorf("%s: postgres did not exit: %w", s.name, ctx.Err())
+func (s *pgServer) waitGone(ctx context.Context) error {
+	if err := s.proc.waitGone(ctx); err != nil {
+		return fmt.Errorf("%s: postgres %w", s.name, err)
 	}
-	if err := waitGroupGone(ctx, pid); err != nil {
-		return fmt.Errorf("%s: postgres backends did not exit: %w", s.name, err)
-	}
-	s.cmd = nil
+	s.proc = nil
 	return nil
 }
 
 // running reports whether the server process is up.
-func (s *pgServer) running() bool {
-	if s.cmd == nil {
-		return false
-	}
-	select {
-	case <-s.exited:
-		return false
-	default:
-		return true
-	}
-}
+func (s *pgServer) running() bool { return s.proc.running() }
 
 // dropDatabase drops db, ending its sessions.
 func (s *pgServer) dropDatabase(ctx context.Context, db string) error {

@@ -26,8 +26,7 @@ type rabbitServer struct {
 	acct     *account
 	script   string
 
-	cmd    *exec.Cmd
-	exited chan struct{}
+	proc *groupProcess // nil when not started or stopped
 }
 
 // rabbitScripts are the server start scripts, the unwrapped one first: Debian's
@@ -126,21 +125,17 @@ func (s *rabbitServer) start(ctx context.Context) error {
 		"RABBITMQ_PID_FILE=" + d("pid"),
 	}
 	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
+	proc, err := startGroupProcess(cmd)
+	if err != nil {
 		return fmt.Errorf("rabbitmq: start %s: %w", s.script, err)
 	}
-	exited := make(chan struct{})
-	go func() {
-		_ = cmd.Wait()
-		close(exited)
-	}()
-	s.cmd, s.exited = cmd, exited
+	s.proc = proc
 
 	ctx, cancel := context.WithTimeout(ctx, 90*time.Second)
 	defer cancel()
 	err = poll(ctx, 250*time.Millisecond, func() (bool, error) {
 		select {
-		case <-exited:
+		case <-proc.exited:
 			return false, fmt.Errorf("rabbitmq node %s exited at start-up: %s", s.node, tail(logPath, 20))
 		default:
 		}
@@ -163,42 +158,26 @@ func (s *rabbitServer) start(ctx context.Context) error {
 // kill SIGKILLs the node (the start script, erl and beam.smp, and their helpers) and returns
 // once it is gone and its port is closed.
 func (s *rabbitServer) kill(ctx context.Context) error {
-	if s.cmd == nil {
+	if s.proc == nil {
 		return nil
 	}
 	// The start script runs erl (which becomes beam.smp) as a background job of the same
 	// process group, so one signal to the group reaches the VM and its helpers.
-	pid := s.cmd.Process.Pid
-	if err := signalGroup(pid, syscall.SIGKILL); err != nil {
+	if err := signalGroup(s.proc.pid, syscall.SIGKILL); err != nil {
 		return err
 	}
-	select {
-	case <-s.exited:
-	case <-ctx.Done():
-		return fmt.Errorf("rabbitmq did not exit: %w", ctx.Err())
-	}
-	if err := waitGroupGone(ctx, pid); err != nil {
-		return fmt.Errorf("rabbitmq processes did not exit: %w", err)
+	if err := s.proc.waitGone(ctx); err != nil {
+		return fmt.Errorf("rabbitmq %w", err)
 	}
 	if err := poll(ctx, 50*time.Millisecond, func() (bool, error) { return !tcpAnswers(s.addr()), nil }); err != nil {
 		return fmt.Errorf("rabbitmq port still open after the kill: %w", err)
 	}
-	s.cmd = nil
+	s.proc = nil
 	return nil
 }
 
 // running reports whether the node's process is up.
-func (s *rabbitServer) running() bool {
-	if s.cmd == nil {
-		return false
-	}
-	select {
-	case <-s.exited:
-		return false
-	default:
-		return true
-	}
-}
+func (s *rabbitServer) running() bool { return s.proc.running() }
 
 // tail returns the last n lines of the file at path, for error messages.
 func tail(path string, n int) string {

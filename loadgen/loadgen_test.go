@@ -392,27 +392,11 @@ func TestStop(t *testing.T) {
 			return false
 		})
 		cfg.Rate = 200 // no Count, no Duration: until cancelled
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
-		results := make(chan loadgen.Result, 1)
-		go func() {
-			res, err := loadgen.Run(ctx, cfg)
-			if err != nil {
-				res.Errors = map[string]int{err.Error(): 1} // fails the test below
-			}
-			results <- res
-		}()
-		<-tenth
-		cancel()
-		select {
-		case res := <-results:
-			require.GreaterOrEqual(t, res.Placed, 10)
-			require.Empty(t, res.Errors, "the orders in flight finish")
-			require.Len(t, res.Acknowledged, res.Placed)
-			require.Len(t, shop.Orders(), res.Placed)
-		case <-time.After(10 * time.Second):
-			t.Fatal("Run did not return after its context was cancelled")
-		}
+		res := runUntilCancelled(t, cfg, tenth, "Run did not return after its context was cancelled")
+		require.GreaterOrEqual(t, res.Placed, 10)
+		require.Empty(t, res.Errors, "the orders in flight finish")
+		require.Len(t, res.Acknowledged, res.Placed)
+		require.Len(t, shop.Orders(), res.Placed)
 	})
 
 	t.Run("GraceRunsOut", func(t *testing.T) {
@@ -428,25 +412,9 @@ func TestStop(t *testing.T) {
 		})
 		cfg.Count, cfg.RetryFor = 1, time.Hour
 		cfg.Client = &http.Client{Timeout: 200 * time.Millisecond} // the grace after a stop
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
-		results := make(chan loadgen.Result, 1)
-		go func() {
-			res, err := loadgen.Run(ctx, cfg)
-			if err != nil {
-				res.Errors = map[string]int{err.Error(): 1} // fails the test below
-			}
-			results <- res
-		}()
-		<-retrying
-		cancel()
-		select {
-		case res := <-results:
-			require.Equal(t, map[string]int{"interrupted": 1}, res.Errors)
-			require.Equal(t, 1, res.Placed)
-		case <-time.After(10 * time.Second):
-			t.Fatal("Run did not abandon the retrying order after the grace period")
-		}
+		res := runUntilCancelled(t, cfg, retrying, "Run did not abandon the retrying order after the grace period")
+		require.Equal(t, map[string]int{"interrupted": 1}, res.Errors)
+		require.Equal(t, 1, res.Placed)
 	})
 }
 
@@ -525,4 +493,30 @@ func TestConfigValidation(t *testing.T) {
 		require.ErrorContains(t, err, "CancelFraction")
 	})
 	t.Cleanup(func() { require.Empty(t, shop.Requests(), "a bad config sends nothing") })
+}
+
+// runUntilCancelled runs loadgen.Run in the background, cancels its context once cue is
+// closed, and returns its result; it fails the test with stuck if Run does not return within
+// 10 s of the cancellation. An error from Run comes back as the result's only error.
+func runUntilCancelled(t *testing.T, cfg loadgen.Config, cue <-chan struct{}, stuck string) loadgen.Result {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	results := make(chan loadgen.Result, 1)
+	go func() {
+		res, err := loadgen.Run(ctx, cfg)
+		if err != nil {
+			res.Errors = map[string]int{err.Error(): 1}
+		}
+		results <- res
+	}()
+	<-cue
+	cancel()
+	select {
+	case res := <-results:
+		return res
+	case <-time.After(10 * time.Second):
+		t.Fatal(stuck)
+		return loadgen.Result{}
+	}
 }

@@ -300,6 +300,36 @@ func Value(fams Families, name string, labels map[string]string) (float64, bool)
 	return sum, found
 }
 
+// HTTPRequests gathers g and returns http_requests_total by "route method code", and the
+// sample counts of http_request_duration_seconds by "route method". Every metric must carry
+// service as its service label.
+func HTTPRequests(t testing.TB, g prometheus.Gatherer, service string) (map[string]float64, map[string]uint64) {
+	t.Helper()
+	fams, err := g.Gather()
+	if err != nil {
+		t.Fatalf("gather: %v", err)
+	}
+	counts, durations := map[string]float64{}, map[string]uint64{}
+	for _, f := range fams {
+		for _, m := range f.GetMetric() {
+			l := map[string]string{}
+			for _, p := range m.GetLabel() {
+				l[p.GetName()] = p.GetValue()
+			}
+			if l["service"] != service {
+				t.Fatalf("%s{%s}: service label %q, want %q", f.GetName(), labelString(m), l["service"], service)
+			}
+			switch f.GetName() {
+			case "http_requests_total":
+				counts[l["route"]+" "+l["method"]+" "+l["code"]] = m.GetCounter().GetValue()
+			case "http_request_duration_seconds":
+				durations[l["route"]+" "+l["method"]] = m.GetHistogram().GetSampleCount()
+			}
+		}
+	}
+	return counts, durations
+}
+
 func labelValue(m *dto.Metric, name string) (string, bool) {
 	for _, l := range m.GetLabel() {
 		if l.GetName() == name {

@@ -9,33 +9,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxshop/outboxshop/internal/metricstest"
 	ordershttp "github.com/outboxshop/outboxshop/services/orders/http"
 )
-
-// requests returns http_requests_total by "route method code", and the label sets of
-// http_request_duration_seconds by "route method" with their sample counts.
-func requests(t *testing.T, g prometheus.Gatherer) (map[string]float64, map[string]uint64) {
-	t.Helper()
-	fams, err := g.Gather()
-	require.NoError(t, err)
-	counts, durations := map[string]float64{}, map[string]uint64{}
-	for _, f := range fams {
-		for _, m := range f.GetMetric() {
-			l := map[string]string{}
-			for _, p := range m.GetLabel() {
-				l[p.GetName()] = p.GetValue()
-			}
-			require.Equal(t, "test", l["service"], "%s without the service label", f.GetName())
-			switch f.GetName() {
-			case "http_requests_total":
-				counts[l["route"]+" "+l["method"]+" "+l["code"]] = m.GetCounter().GetValue()
-			case "http_request_duration_seconds":
-				durations[l["route"]+" "+l["method"]] = m.GetHistogram().GetSampleCount()
-			}
-		}
-	}
-	return counts, durations
-}
 
 func TestMetrics(t *testing.T) {
 	t.Parallel()
@@ -54,7 +30,7 @@ func TestMetrics(t *testing.T) {
 		require.Equal(t, http.StatusMethodNotAllowed, b.do(t, "BREW", "/orders", "").StatusCode)
 		require.Equal(t, http.StatusOK, b.do(t, http.MethodGet, "/healthz", "").StatusCode)
 
-		counts, durations := requests(t, b.reg)
+		counts, durations := metricstest.HTTPRequests(t, b.reg, "test")
 		require.Equal(t, map[string]float64{
 			"/orders POST 201":      1,
 			"/orders/{id} GET 200":  1,
@@ -86,7 +62,7 @@ func TestMetrics(t *testing.T) {
 			require.NoError(t, err)
 			res.Body.Close()
 		}
-		counts, _ := requests(t, reg)
+		counts, _ := metricstest.HTTPRequests(t, reg, "test")
 		require.Equal(t, map[string]float64{"/healthz GET 200": 1, "/metrics GET 200": 1, "unmatched GET 404": 1}, counts)
 	})
 

@@ -10,34 +10,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxshop/outboxshop/internal/metricstest"
 	"github.com/outboxshop/outboxshop/internal/testinfra"
 	warehousehttp "github.com/outboxshop/outboxshop/services/warehouse/http"
 )
-
-// requests returns http_requests_total by "route method code", and the sample counts of
-// http_request_duration_seconds by "route method".
-func requests(t *testing.T, g prometheus.Gatherer) (map[string]float64, map[string]uint64) {
-	t.Helper()
-	fams, err := g.Gather()
-	require.NoError(t, err)
-	counts, durations := map[string]float64{}, map[string]uint64{}
-	for _, f := range fams {
-		for _, m := range f.GetMetric() {
-			l := map[string]string{}
-			for _, p := range m.GetLabel() {
-				l[p.GetName()] = p.GetValue()
-			}
-			require.Equal(t, "test", l["service"], "%s without the service label", f.GetName())
-			switch f.GetName() {
-			case "http_requests_total":
-				counts[l["route"]+" "+l["method"]+" "+l["code"]] = m.GetCounter().GetValue()
-			case "http_request_duration_seconds":
-				durations[l["route"]+" "+l["method"]] = m.GetHistogram().GetSampleCount()
-			}
-		}
-	}
-	return counts, durations
-}
 
 func TestMetrics(t *testing.T) {
 	t.Parallel()
@@ -66,7 +42,7 @@ func TestMetrics(t *testing.T) {
 			require.Equal(t, r.status, b.do(t, r.req).Code, "%s %s", r.req.method, r.req.path)
 		}
 
-		counts, durations := requests(t, reg)
+		counts, durations := metricstest.HTTPRequests(t, reg, "test")
 		require.Equal(t, map[string]float64{
 			"/stock GET 200":                   1,
 			"/stock/{sku} GET 200":             1,
@@ -93,7 +69,7 @@ func TestMetrics(t *testing.T) {
 		for _, path := range []string{"/healthz", "/metrics", "/stock"} {
 			h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, path, nil))
 		}
-		counts, _ := requests(t, reg)
+		counts, _ := metricstest.HTTPRequests(t, reg, "test")
 		require.Equal(t, map[string]float64{"/healthz GET 200": 1, "/metrics GET 200": 1, "unmatched GET 404": 1}, counts)
 	})
 }
