@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -18,9 +20,15 @@ import (
 // the head row of an aggregate, the others skip it, and the next row does not qualify because
 // the head is still pending in their snapshot.
 //
+// The walk follows the claimable index (pending and not waiting) in seq order. A row that is
+// not its aggregate's head is rejected by the subquery at the cost of one index probe; so
+// that a long backlog of one aggregate is not walked by every claim, [markWaiting] takes such
+// rows out of that index. The claim's cost is then about the batch, whatever one aggregate's
+// backlog.
+//
 // The check is written as "seq = (SELECT min(seq) …)" rather than NOT EXISTS on purpose: the
-// planner cannot turn a scalar subquery into a join, so it always walks the pending index in
-// seq order and probes one index entry per candidate, stopping at the LIMIT. NOT EXISTS let it
+// planner cannot turn a scalar subquery into a join, so it always walks the index in seq
+// order and probes one index entry per candidate, stopping at the LIMIT. NOT EXISTS let it
 // pick an anti join that scanned the whole backlog for every row on a freshly filled table
 // (100x slower before the first ANALYZE).
 //
@@ -29,9 +37,9 @@ import (
 // claim takes it: nothing is ever skipped for good.
 const claimBatch = `
 SELECT o.id, o.exchange, o.routing_key, o.type, o.aggregate_type, o.aggregate_id,
-       o.payload, o.headers, o.created_at, o.attempts
+       o.payload::text, o.headers::text, o.created_at, o.attempts
 FROM outbox_messages o
-WHERE o.published_at IS NULL AND o.dead_at IS NULL AND o.next_attempt_at <= now()
+WHERE o.published_at IS NULL AND o.dead_at IS NULL AND NOT o.waiting AND o.next_attempt_at <= now()
   AND o.seq = (
       SELECT min(head.seq) FROM outbox_messages head
       WHERE head.aggregate_type = o.aggregate_type AND head.aggregate_id = o.aggregate_id
@@ -40,20 +48,103 @@ ORDER BY o.seq
 LIMIT $1
 FOR UPDATE OF o SKIP LOCKED`
 
-// markPublished marks exactly the confirmed rows.
-const markPublished = `
-UPDATE outbox_messages SET published_at = now() WHERE id = ANY($1::uuid[])`
+// claimTimeouts bounds the claim transaction in the database itself ($1 and $2 in
+// milliseconds): if the relay is paused (SIGSTOP), hung, or cut off from the database, the
+// server ends its session after idle_in_transaction_session_timeout and the rows go back to
+// the other relays. statement_timeout bounds each statement of the cycle.
+const claimTimeouts = `
+SELECT set_config('idle_in_transaction_session_timeout', $1, true),
+       set_config('statement_timeout', $2, true)`
 
-// markFailed counts an attempt against each failed row, schedules its retry, and buries the
-// rows that gave up.
+// markPublished marks exactly the confirmed rows. clock_timestamp, not now(): now() is when
+// the claim began.
+const markPublished = `
+UPDATE outbox_messages SET published_at = clock_timestamp() WHERE id = ANY($1::uuid[])`
+
+// markFailed counts an attempt against each failed row, schedules its retry from the moment
+// of the failure, and buries the rows that gave up.
 const markFailed = `
 UPDATE outbox_messages o
 SET attempts        = o.attempts + 1,
     last_error      = f.error,
-    next_attempt_at = now() + f.delay_ms * interval '1 millisecond',
-    dead_at         = CASE WHEN f.dead THEN now() END
+    next_attempt_at = clock_timestamp() + f.delay_ms * interval '1 millisecond',
+    dead_at         = CASE WHEN f.dead THEN clock_timestamp() END
 FROM unnest($1::uuid[], $2::text[], $3::bigint[], $4::bool[]) AS f(id, error, delay_ms, dead)
 WHERE o.id = f.id`
+
+// markDeferred schedules a row later without counting an attempt: the broker refused it for
+// a reason of its own (a full queue, say), or it was not sent several times in a row.
+const markDeferred = `
+UPDATE outbox_messages o
+SET last_error      = f.error,
+    next_attempt_at = clock_timestamp() + f.delay_ms * interval '1 millisecond'
+FROM unnest($1::uuid[], $2::text[], $3::bigint[]) AS f(id, error, delay_ms)
+WHERE o.id = f.id`
+
+// releaseNext makes the new head of each aggregate whose head this cycle published or
+// buried claimable again, if it was waiting. It runs in the claim transaction after the
+// marks, so the old head is no longer pending here.
+//
+// Why no waiting row is left behind: markWaiting sets waiting only while it holds a KEY SHARE
+// lock on an older pending row of the aggregate, and skips rows that a relay holds. A relay
+// holds its claimed rows FOR UPDATE from its claim to its commit, so markWaiting can never
+// lean on a head that is being published; and a relay that claims a head after markWaiting
+// committed runs this statement later still, so it sees, and clears, what markWaiting set.
+const releaseNext = `
+UPDATE outbox_messages m SET waiting = false
+FROM unnest($1::text[], $2::text[]) AS a(aggregate_type, aggregate_id),
+LATERAL (
+    SELECT h.id FROM outbox_messages h
+    WHERE h.aggregate_type = a.aggregate_type AND h.aggregate_id = a.aggregate_id
+      AND h.published_at IS NULL AND h.dead_at IS NULL
+    ORDER BY h.seq
+    LIMIT 1) head
+WHERE m.id = head.id AND m.waiting`
+
+// markWaiting takes up to $1 rows out of the claim's index that cannot be claimed because an
+// older row of their aggregate is pending: the oldest claimable rows first, which is where a
+// hot aggregate's backlog sits. It is one statement, so it holds its locks for milliseconds;
+// it never waits for a lock (SKIP LOCKED everywhere). A row is marked only while the older
+// row it waits for is locked FOR KEY SHARE here, which a relay publishing that older row
+// (holding it FOR UPDATE) prevents: see releaseNext.
+const markWaiting = `
+WITH candidate AS (
+    SELECT c.id
+    FROM outbox_messages c
+    WHERE c.published_at IS NULL AND c.dead_at IS NULL AND NOT c.waiting
+      AND c.seq > (
+          SELECT min(head.seq) FROM outbox_messages head
+          WHERE head.aggregate_type = c.aggregate_type AND head.aggregate_id = c.aggregate_id
+            AND head.published_at IS NULL AND head.dead_at IS NULL)
+    ORDER BY c.seq
+    LIMIT $1
+), locked AS (
+    SELECT l.id, l.seq, l.aggregate_type, l.aggregate_id
+    FROM outbox_messages l
+    WHERE l.id IN (SELECT id FROM candidate)
+      AND l.published_at IS NULL AND l.dead_at IS NULL AND NOT l.waiting
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE outbox_messages m SET waiting = true
+FROM locked l
+WHERE m.id = l.id
+  AND EXISTS (
+      SELECT 1 FROM outbox_messages older
+      WHERE older.aggregate_type = l.aggregate_type AND older.aggregate_id = l.aggregate_id
+        AND older.published_at IS NULL AND older.dead_at IS NULL AND older.seq < l.seq
+      FOR KEY SHARE SKIP LOCKED)`
+
+// repairWaiting makes every aggregate's oldest pending row claimable. releaseNext already
+// does it as heads go; this is the safety net for rows changed by hand (an operator marking a
+// row dead in SQL, say), run now and then. It reads the whole backlog.
+const repairWaiting = `
+UPDATE outbox_messages m SET waiting = false
+FROM (
+    SELECT DISTINCT ON (aggregate_type, aggregate_id) id, waiting
+    FROM outbox_messages
+    WHERE published_at IS NULL AND dead_at IS NULL
+    ORDER BY aggregate_type, aggregate_id, seq) head
+WHERE m.id = head.id AND head.waiting`
 
 // PublishBatch runs one relay cycle: claim a batch of due rows, publish them, mark the
 // outcome, commit. It returns how many rows it claimed. [Relay.Run] calls it in a loop;
@@ -62,30 +153,49 @@ WHERE o.id = f.id`
 // Once the rows are claimed the cycle finishes even if ctx is cancelled, so a stopping relay
 // leaves no row half-done. If the process dies anywhere in the cycle, the transaction rolls
 // back: every claimed row is pending again, and rows the broker had already confirmed are
-// published a second time (at-least-once; the inbox absorbs the duplicate).
+// published a second time (at-least-once; the inbox absorbs the duplicate). If the process
+// is paused or hung instead, PostgreSQL ends the claim transaction after
+// [Config].ClaimTimeout, with the same effect.
 func (r *Relay) PublishBatch(ctx context.Context) (int, error) {
+	c, err := r.cycle(ctx)
+	return c.claimed, err
+}
+
+// cycleResult is what one cycle did, for Run's pacing.
+type cycleResult struct {
+	claimed int
+	// settled counts rows whose fate was decided: published, or an attempt counted.
+	settled int
+}
+
+func (r *Relay) cycle(ctx context.Context) (cycleResult, error) {
+	var res cycleResult
+	r.maybeMaintain(ctx)
+
 	// Until rows are claimed, cancelling ctx may abort the cycle: nothing is held yet.
-	claimCtx, cancelClaim := context.WithTimeout(ctx, r.cfg.PublishTimeout)
+	claimCtx, cancelClaim := context.WithTimeout(ctx, r.cfg.ClaimTimeout)
 	defer cancelClaim()
-	// After that, the cycle runs to its end on a context of its own, bounded in time.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.PublishTimeout+30*time.Second)
+	// After that, the cycle runs to its end on a context of its own, bounded in time: the
+	// publish by PublishTimeout, each statement by ClaimTimeout.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.PublishTimeout+2*r.cfg.ClaimTimeout)
 	defer cancel()
 
-	tx, err := r.pool.Begin(claimCtx)
+	tx, err := r.db.Begin(claimCtx)
 	if err != nil {
-		return 0, databaseError{fmt.Errorf("claim outbox batch: begin: %w", err)}
+		return res, databaseError{fmt.Errorf("claim outbox batch: begin: %w", err)}
 	}
-	defer tx.Rollback(ctx) //nolint:errcheck // no-op after commit
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
 
-	msgs, unreadable, err := claim(claimCtx, tx, r.cfg.BatchSize)
+	msgs, unreadable, err := r.claim(claimCtx, tx)
 	if err != nil {
-		return 0, databaseError{fmt.Errorf("claim outbox batch: %w", err)}
+		return res, databaseError{fmt.Errorf("claim outbox batch: %w", err)}
 	}
+	res.claimed = len(msgs)
 	if h := r.cfg.Hooks.Polled; h != nil {
 		h(ctx, len(msgs))
 	}
 	if len(msgs) == 0 {
-		return 0, nil
+		return res, nil
 	}
 
 	outcomes := r.publish(ctx, msgs, unreadable)
@@ -100,54 +210,156 @@ func (r *Relay) PublishBatch(ctx context.Context) (int, error) {
 			delays    []int64
 			dead      []bool
 		}
-		unavailable error
+		deferred struct {
+			ids, errs []string
+			delays    []int64
+		}
+		// The aggregates whose head is no longer pending after this cycle.
+		doneAggTypes, doneAggIDs []string
+		unavailable              error
 	)
 	for i, err := range outcomes {
 		m := msgs[i]
+		streak := 0
+		if err != nil && !errors.Is(err, ErrUnavailable) {
+			streak = r.streak(m.ID, errors.Is(err, ErrNotSent) || errors.Is(err, ErrRefused))
+		} else {
+			r.streak(m.ID, false)
+		}
 		switch {
 		case err == nil:
 			published = append(published, m.ID.String())
 			result.Published = append(result.Published, m)
-		case errors.Is(err, ErrUnavailable) || errors.Is(err, ErrNotSent):
-			// Not the message's fault: no attempt is counted.
+			doneAggTypes, doneAggIDs = append(doneAggTypes, m.AggregateType), append(doneAggIDs, m.AggregateID)
+			continue
+		case errors.Is(err, ErrUnavailable):
+			// The broker, not the message: no attempt is counted, and the relay pauses.
 			result.Untouched++
-			if unavailable == nil && errors.Is(err, ErrUnavailable) {
+			if unavailable == nil {
 				unavailable = err
 			}
-		default:
-			dead := IsPermanent(err) || m.Attempts+1 >= r.cfg.MaxAttempts
-			failed.ids = append(failed.ids, m.ID.String())
-			failed.errs = append(failed.errs, err.Error())
-			failed.delays = append(failed.delays, backoff(m.Attempts+1, r.cfg.RetryBaseDelay, r.cfg.RetryMaxDelay).Milliseconds())
-			failed.dead = append(failed.dead, dead)
-			result.Failed = append(result.Failed, Failure{Message: m, Err: err, Dead: dead})
-			logFailure(ctx, r.cfg, m, err, dead)
+			continue
+		case errors.Is(err, ErrNotSent) && streak < maxNotSentStreak:
+			// Not sent through no fault of its own: as it was, for the next cycle.
+			result.Untouched++
+			continue
+		case errors.Is(err, ErrRefused):
+			// The broker refused it for a reason of its own: later, no attempt counted.
+			deferred.ids = append(deferred.ids, m.ID.String())
+			deferred.errs = append(deferred.errs, err.Error())
+			deferred.delays = append(deferred.delays, backoff(streak, r.cfg.RetryBaseDelay, r.cfg.RetryMaxDelay).Milliseconds())
+			result.Deferred++
+			r.cfg.Logger.WarnContext(ctx, "outbox message refused by the broker; will retry without counting an attempt",
+				"message_id", m.ID, "message_type", m.Type, "aggregate_id", m.AggregateID, "error", err)
+			continue
+		case errors.Is(err, ErrNotSent):
+			err = fmt.Errorf("not sent %d times in a row: %w", streak, err)
 		}
+		dead := IsPermanent(err) || m.Attempts+1 >= r.cfg.MaxAttempts
+		failed.ids = append(failed.ids, m.ID.String())
+		failed.errs = append(failed.errs, err.Error())
+		failed.delays = append(failed.delays, backoff(m.Attempts+1, r.cfg.RetryBaseDelay, r.cfg.RetryMaxDelay).Milliseconds())
+		failed.dead = append(failed.dead, dead)
+		result.Failed = append(result.Failed, Failure{Message: m, Err: err, Dead: dead})
+		if dead {
+			doneAggTypes, doneAggIDs = append(doneAggTypes, m.AggregateType), append(doneAggIDs, m.AggregateID)
+		}
+		logFailure(ctx, r.cfg, m, err, dead)
 	}
+	res.settled = len(published) + len(failed.ids)
 
 	if len(published) > 0 {
 		if _, err := tx.Exec(ctx, markPublished, published); err != nil {
-			return len(msgs), databaseError{fmt.Errorf("mark %d outbox rows published: %w", len(published), err)}
+			return res, databaseError{fmt.Errorf("mark %d outbox rows published: %w", len(published), err)}
 		}
 	}
 	if len(failed.ids) > 0 {
 		if _, err := tx.Exec(ctx, markFailed, failed.ids, failed.errs, failed.delays, failed.dead); err != nil {
-			return len(msgs), databaseError{fmt.Errorf("mark %d outbox rows failed: %w", len(failed.ids), err)}
+			return res, databaseError{fmt.Errorf("mark %d outbox rows failed: %w", len(failed.ids), err)}
+		}
+	}
+	if len(deferred.ids) > 0 {
+		if _, err := tx.Exec(ctx, markDeferred, deferred.ids, deferred.errs, deferred.delays); err != nil {
+			return res, databaseError{fmt.Errorf("defer %d outbox rows: %w", len(deferred.ids), err)}
+		}
+	}
+	if len(doneAggTypes) > 0 {
+		if _, err := tx.Exec(ctx, releaseNext, doneAggTypes, doneAggIDs); err != nil {
+			return res, databaseError{fmt.Errorf("release the next rows of %d aggregates: %w", len(doneAggTypes), err)}
 		}
 	}
 	r.failpoint(FailpointAfterMark)
 	if err := tx.Commit(ctx); err != nil {
 		// The broker has the confirmed messages; they will be published again.
-		return len(msgs), databaseError{fmt.Errorf("commit outbox batch: %w", err)}
+		return res, databaseError{fmt.Errorf("commit outbox batch: %w", err)}
 	}
 	if h := r.cfg.Hooks.BatchDone; h != nil {
 		h(ctx, result)
 	}
 	if unavailable != nil {
-		return len(msgs), brokerError{fmt.Errorf("publish outbox batch: %w", unavailable)}
+		return res, brokerError{fmt.Errorf("publish outbox batch: %w", unavailable)}
 	}
-	return len(msgs), nil
+	return res, nil
 }
+
+// maxNotSentStreak is how many cycles in a row a row may come back [ErrNotSent] before the
+// relay counts an attempt against it: a publisher that never sends one message, whatever the
+// reason, must not hold its aggregate for ever.
+const maxNotSentStreak = 5
+
+// streak counts the consecutive cycles in which the row came back unsent or refused, and
+// returns the count including this one; keep false resets it.
+func (r *Relay) streak(id uuid.UUID, keep bool) int {
+	r.streakMu.Lock()
+	defer r.streakMu.Unlock()
+	if !keep {
+		delete(r.streaks, id)
+		return 0
+	}
+	if r.streaks == nil || len(r.streaks) > 100_000 { // rows another relay finished stay here
+		r.streaks = map[uuid.UUID]int{}
+	}
+	r.streaks[id]++
+	return r.streaks[id]
+}
+
+// maybeMaintain runs markWaiting when it is due: after a pass that marked rows (to finish
+// taking a backlog out of the claim's way), else once per PollInterval; and repairWaiting
+// once per repairEvery passes. Failures are logged and left to the next pass: the claim is
+// correct without them, only slower.
+func (r *Relay) maybeMaintain(ctx context.Context) {
+	r.maintMu.Lock()
+	defer r.maintMu.Unlock()
+	now := time.Now()
+	if !r.maintainNow && now.Sub(r.maintainedAt) < r.cfg.PollInterval {
+		return
+	}
+	r.maintainedAt = now
+	r.maintainPasses++
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.ClaimTimeout)
+	defer cancel()
+	if r.maintainPasses%repairEvery == 0 {
+		if _, err := r.db.Exec(ctx, repairWaiting); err != nil && ctx.Err() == nil {
+			r.cfg.Logger.WarnContext(ctx, "outbox relay: repair waiting rows", "error", err)
+		}
+	}
+	tag, err := r.db.Exec(ctx, markWaiting, markWaitingLimit)
+	if err != nil {
+		if ctx.Err() == nil {
+			r.cfg.Logger.WarnContext(ctx, "outbox relay: mark waiting rows", "error", err)
+		}
+		r.maintainNow = false
+		return
+	}
+	r.maintainNow = tag.RowsAffected() > 0
+}
+
+const (
+	// markWaitingLimit bounds the rows one markWaiting pass looks at.
+	markWaitingLimit = 5000
+	// repairEvery is how many markWaiting passes there are to one repairWaiting.
+	repairEvery = 60
+)
 
 // publish sends the messages that can be sent and returns one outcome per message.
 func (r *Relay) publish(ctx context.Context, msgs []Message, unreadable map[int]error) []error {
@@ -187,15 +399,19 @@ func (r *Relay) publish(ctx context.Context, msgs []Message, unreadable map[int]
 	return outcomes
 }
 
-// claim reads the claimed rows. A row whose headers are not a JSON object of strings (written
+// claim locks and reads a batch. A row whose headers are not a JSON object of strings (written
 // by hand, say) is returned in unreadable, so that it ends dead instead of failing every claim.
-func claim(ctx context.Context, tx pgx.Tx, limit int) (msgs []Message, unreadable map[int]error, err error) {
-	rows, err := tx.Query(ctx, claimBatch, limit)
+func (r *Relay) claim(ctx context.Context, tx pgx.Tx) (msgs []Message, unreadable map[int]error, err error) {
+	ms := strconv.FormatInt(r.cfg.ClaimTimeout.Milliseconds(), 10)
+	if _, err := tx.Exec(ctx, claimTimeouts, ms, ms); err != nil {
+		return nil, nil, fmt.Errorf("set timeouts: %w", err)
+	}
+	rows, err := tx.Query(ctx, claimBatch, r.cfg.BatchSize)
 	if err != nil {
 		return nil, nil, err
 	}
 	defer rows.Close()
-	msgs = make([]Message, 0, limit)
+	msgs = make([]Message, 0, r.cfg.BatchSize)
 	for rows.Next() {
 		var (
 			m       Message

@@ -32,6 +32,10 @@ var (
 	ErrUnavailable = errors.New("broker unavailable")
 	// ErrNotSent marks a message the publisher did not send, through no fault of its own.
 	ErrNotSent = errors.New("message not sent")
+	// ErrRefused marks a message the broker refused for a reason of its own, not the
+	// message's: a full queue that rejects publishes (its consumers are down), a queue
+	// without quorum. The row is retried after a backoff and no attempt is counted.
+	ErrRefused = errors.New("refused by the broker")
 	// ErrTooLarge is wrapped (as a permanent error) for a payload over Config.MaxMessageBytes.
 	ErrTooLarge = errors.New("message too large")
 )

@@ -11,7 +11,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -67,9 +69,18 @@ type Config struct {
 	// the database is unavailable. Defaults 100ms and 10s.
 	OutageBaseDelay time.Duration
 	OutageMaxDelay  time.Duration
-	// PublishTimeout bounds the wait for the broker's confirms of one batch; unconfirmed
+	// PublishTimeout bounds the publish of one batch, every step of it (waiting for the
+	// publisher, connecting, writing to the socket, the broker's confirms); unconfirmed
 	// messages are then treated as an outage, never as published. Default 30s.
 	PublishTimeout time.Duration
+	// ClaimTimeout bounds how long a claim transaction may sit idle, and each of its
+	// statements, in PostgreSQL itself (idle_in_transaction_session_timeout and
+	// statement_timeout, set for the transaction only). A relay that is paused (SIGSTOP),
+	// hung or cut off mid-batch thus loses its claim after at most ClaimTimeout, and another
+	// relay publishes its rows — a second time, if the broker had them already. It must
+	// exceed PublishTimeout, since the transaction is idle while the batch is published.
+	// Default PublishTimeout + 5s.
+	ClaimTimeout time.Duration
 	// MaxMessageBytes is the largest payload the relay sends. A larger row is marked dead at
 	// once with the reason: the broker would close the channel, which would look like an
 	// outage and be retried for ever. Default 16 MiB (RabbitMQ 4's max_message_size; 3.x
@@ -102,8 +113,12 @@ type BatchResult struct {
 	ConfirmedAt time.Time
 	// Failed rows counted an attempt; Dead ones among them will not be retried.
 	Failed []Failure
-	// Untouched counts rows left as they were because the broker was unavailable.
+	// Untouched counts rows left as they were because the broker was unavailable or the
+	// publisher did not send them.
 	Untouched int
+	// Deferred counts rows the broker refused for a reason of its own ([ErrRefused]): they
+	// are retried later, and no attempt is counted.
+	Deferred int
 }
 
 // Failure is a row whose publish attempt failed.
@@ -124,6 +139,7 @@ func (c Config) withDefaults() (Config, error) {
 	c.OutageBaseDelay = cmp.Or(c.OutageBaseDelay, 100*time.Millisecond)
 	c.OutageMaxDelay = cmp.Or(c.OutageMaxDelay, 10*time.Second)
 	c.PublishTimeout = cmp.Or(c.PublishTimeout, 30*time.Second)
+	c.ClaimTimeout = cmp.Or(c.ClaimTimeout, c.PublishTimeout+5*time.Second)
 	c.MaxMessageBytes = cmp.Or(c.MaxMessageBytes, 16<<20)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -136,6 +152,8 @@ func (c Config) withDefaults() (Config, error) {
 	case c.PollInterval < 0 || c.NotifyRecheck < 0 || c.RetryBaseDelay < 0 || c.RetryMaxDelay < c.RetryBaseDelay ||
 		c.OutageBaseDelay < 0 || c.OutageMaxDelay < c.OutageBaseDelay || c.PublishTimeout < 0:
 		return c, errors.New("outbox: negative duration, or a max delay below its base delay")
+	case c.ClaimTimeout <= c.PublishTimeout:
+		return c, fmt.Errorf("outbox: ClaimTimeout %v must exceed PublishTimeout %v", c.ClaimTimeout, c.PublishTimeout)
 	case c.MaxMessageBytes < 0:
 		return c, fmt.Errorf("outbox: negative MaxMessageBytes %d", c.MaxMessageBytes)
 	}
@@ -145,19 +163,37 @@ func (c Config) withDefaults() (Config, error) {
 // Relay publishes committed outbox rows to a broker. Several relays may run against one
 // table, in one process or many; see the package documentation for what that guarantees.
 type Relay struct {
-	pool *pgxpool.Pool
-	pub  Publisher
-	cfg  Config
+	db  RelayDB
+	pub Publisher
+	cfg Config
 
 	running atomic.Bool
 	mu      sync.Mutex
 	state   State
+
+	streakMu sync.Mutex
+	streaks  map[uuid.UUID]int // consecutive cycles a row came back unsent or refused
+
+	maintMu        sync.Mutex
+	maintainedAt   time.Time
+	maintainNow    bool // the last markWaiting pass marked rows: run the next one at once
+	maintainPasses int
 }
+
+// RelayDB is what a relay needs of the database: transactions and statements for its
+// cycles, and a connection of its own to LISTEN on. *pgxpool.Pool satisfies it.
+type RelayDB interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Acquire(ctx context.Context) (*pgxpool.Conn, error)
+}
+
+var _ RelayDB = (*pgxpool.Pool)(nil)
 
 // NewRelay returns a relay that publishes the rows of the outbox table in pool's database
 // through pub. The pool needs room for one extra connection, which the relay keeps for
 // LISTEN unless cfg.DisableNotify is set.
-func NewRelay(pool *pgxpool.Pool, pub Publisher, cfg Config) (*Relay, error) {
+func NewRelay(pool RelayDB, pub Publisher, cfg Config) (*Relay, error) {
 	if pool == nil || pub == nil {
 		return nil, errors.New("outbox: NewRelay needs a pool and a publisher")
 	}
@@ -165,7 +201,7 @@ func NewRelay(pool *pgxpool.Pool, pub Publisher, cfg Config) (*Relay, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Relay{pool: pool, pub: pub, cfg: cfg, state: StateStarting}, nil
+	return &Relay{db: pool, pub: pub, cfg: cfg, state: StateStarting}, nil
 }
 
 // State reports what the relay is doing now.
@@ -202,12 +238,15 @@ func (r *Relay) Run(ctx context.Context) error {
 
 	timer := time.NewTimer(0)
 	defer timer.Stop()
-	failures := 0
-	// After a cycle that a notification started, the relay looks again NotifyRecheck later
-	// for rows of writers that skipped their NOTIFY (see the trigger) and may have become
-	// visible only after the claim. A re-check that finds rows is followed by another; an
-	// empty one doubles the delay, until it reaches PollInterval and polling takes over. So a
-	// skipped row waits about as long again as its commit took, not a poll interval.
+	failures := 0 // consecutive cycles that failed (an outage)
+	idle := 0     // consecutive cycles that claimed rows but sent none of them
+	// After a cycle that found rows or that a notification started, the relay looks again
+	// NotifyRecheck later: for rows behind the ones it just published (the next row of an
+	// aggregate becomes claimable only once its predecessor's mark committed), and for rows of
+	// writers that skipped their NOTIFY (see the trigger) and may have become visible only
+	// after the claim. A re-check that finds rows is followed by another; an empty one doubles
+	// the delay, until it reaches PollInterval and polling takes over. So a skipped row waits
+	// about as long again as its commit took, not a poll interval.
 	var recheck time.Duration // delay of the next re-check; 0: none due
 	notified := false         // a notification started this cycle
 	for {
@@ -215,7 +254,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			r.setState(StateStopped, nil)
 			return nil
 		}
-		n, err := r.PublishBatch(ctx)
+		c, err := r.cycle(ctx)
 		if ctx.Err() != nil {
 			continue // stopping: an error caused by the cancellation is no outage
 		}
@@ -228,15 +267,25 @@ func (r *Relay) Run(ctx context.Context) error {
 			wait = backoff(failures, r.cfg.OutageBaseDelay, r.cfg.OutageMaxDelay)
 			wakeUp = nil // a notification must not cut an outage backoff short
 			recheck = 0
-		case n == r.cfg.BatchSize:
+		case c.claimed > 0 && c.settled == 0:
+			// Rows were claimed but none was published or failed: the publisher sent
+			// nothing, or the broker refused everything. Not an outage, but going round again
+			// at once would only repeat it.
 			failures = 0
+			idle++
+			r.setState(StateRunning, nil)
+			wait = backoff(idle, r.cfg.OutageBaseDelay, r.cfg.OutageMaxDelay)
+			wakeUp = nil
+			recheck = 0
+		case c.claimed == r.cfg.BatchSize:
+			failures, idle = 0, 0
 			r.setState(StateRunning, nil)
 			continue // a full batch: more rows are likely waiting
 		default:
-			failures = 0
+			failures, idle = 0, 0
 			r.setState(StateRunning, nil)
 			switch {
-			case notified || recheck > 0 && n > 0:
+			case notified || c.claimed > 0:
 				recheck = r.cfg.NotifyRecheck
 			case recheck > 0:
 				recheck *= 2
@@ -326,7 +375,7 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
 }
 
 func (r *Relay) listenOnce(ctx context.Context, wake chan<- struct{}, listening func()) error {
-	pc, err := r.pool.Acquire(ctx)
+	pc, err := r.db.Acquire(ctx)
 	if err != nil {
 		return fmt.Errorf("acquire listen connection: %w", err)
 	}
