@@ -110,7 +110,7 @@ func readableHeaders(raw []byte) map[string]string {
 	out := make(map[string]string, len(values))
 	for k, v := range values {
 		var s string
-		if json.Unmarshal(v, &s) == nil {
+		if len(v) > 0 && v[0] == '"' && json.Unmarshal(v, &s) == nil {
 			out[k] = s
 			continue
 		}

@@ -108,7 +108,7 @@ WHERE m.id = head.id AND m.waiting`
 // row it waits for is locked FOR KEY SHARE here, which a relay publishing that older row
 // (holding it FOR UPDATE) prevents: see releaseNext.
 const markWaiting = `
-WITH candidate AS (
+WITH candidate AS MATERIALIZED (
     SELECT c.id
     FROM outbox_messages c
     WHERE c.published_at IS NULL AND c.dead_at IS NULL AND NOT c.waiting
@@ -121,7 +121,7 @@ WITH candidate AS (
 ), locked AS (
     SELECT l.id, l.seq, l.aggregate_type, l.aggregate_id
     FROM outbox_messages l
-    WHERE l.id IN (SELECT id FROM candidate)
+    WHERE l.id = ANY (ARRAY(SELECT id FROM candidate))
       AND l.published_at IS NULL AND l.dead_at IS NULL AND NOT l.waiting
     FOR UPDATE SKIP LOCKED
 )
@@ -254,6 +254,7 @@ func (r *Relay) cycle(ctx context.Context) (cycleResult, error) {
 			continue
 		case errors.Is(err, ErrNotSent):
 			err = fmt.Errorf("not sent %d times in a row: %w", streak, err)
+			r.streak(m.ID, false)
 		}
 		dead := IsPermanent(err) || m.Attempts+1 >= r.cfg.MaxAttempts
 		failed.ids = append(failed.ids, m.ID.String())
