@@ -50,6 +50,9 @@ type Sizes struct {
 	Warmup, RateDuration time.Duration
 	// ScaleRows are the published-row counts at which the claim and mark cost is measured.
 	ScaleRows []int
+	// HotBacklog is the pending backlog of one aggregate whose claim cost is compared with
+	// the same backlog spread over as many aggregates (item 6b).
+	HotBacklog int
 	// ScaleBatches is how many batches of 100 pending rows are claimed and marked per level.
 	ScaleBatches int
 	// APIConcurrency and APIDuration drive POST /orders (item 7).
@@ -74,6 +77,7 @@ func FullSizes() Sizes {
 		RateDuration:   20 * time.Second,
 		ScaleRows:      []int{10_000, 100_000, 1_000_000},
 		ScaleBatches:   50,
+		HotBacklog:     50_000,
 		APIConcurrency: 16,
 		APIDuration:    10 * time.Second,
 		MemoryBacklog:  50_000,
@@ -95,6 +99,7 @@ func QuickSizes() Sizes {
 		RateDuration:   3 * time.Second,
 		ScaleRows:      []int{10_000, 100_000},
 		ScaleBatches:   20,
+		HotBacklog:     10_000,
 		APIConcurrency: 16,
 		APIDuration:    3 * time.Second,
 		MemoryBacklog:  10_000,
@@ -145,7 +150,7 @@ func (c Config) validate() error {
 		}
 	}
 	s := c.Sizes
-	if s.Backlog < 1 || s.PeerRows < 1 || s.MemoryBacklog < 1 || s.ConfirmWindow < 1 || s.ScaleBatches < 1 ||
+	if s.Backlog < 1 || s.PeerRows < 1 || s.MemoryBacklog < 1 || s.ConfirmWindow < 1 || s.ScaleBatches < 1 || s.HotBacklog < 1 ||
 		s.APIConcurrency < 1 || len(s.Channels) == 0 || len(s.Concurrency) == 0 || len(s.Relays) == 0 ||
 		len(s.Rates) == 0 || len(s.ScaleRows) == 0 {
 		errs = append(errs, errors.New("every size must be positive and every list non-empty"))

@@ -15,6 +15,7 @@ const (
 	TargetReservedP99     = 30 * time.Millisecond // commit→reservation p99 at 1,000/s with NOTIFY
 	TargetLatencyRate     = 1000
 	TargetClaimGrowth     = 1.20 // claim cost at the largest table within 20% of the smallest
+	TargetHotClaim        = 1.50 // claim cost behind one aggregate's backlog ≤ 1.5× the same backlog spread
 	TargetRelayPeakRSSMiB = 40
 )
 
@@ -155,6 +156,20 @@ func BuildTable(r Results) Table {
 		if i == len(r.Scale)-1 && i > 0 {
 			row.Target = AtMost(growth, TargetClaimGrowth, "claim within 20% of "+FormatCount(r.Scale[0].Published)).String()
 		}
+		t.Add(row)
+	}
+
+	if h := r.Hot; h != nil {
+		row := Row{Item: "6b", What: fmt.Sprintf("claim of a batch of 100, %s pending rows of one aggregate + 100 others", FormatCount(h.Backlog))}
+		ratio := math.NaN()
+		if h.Err != nil {
+			row.Result = errorCell(h.Err)
+		} else {
+			ratio = Ratio(float64(h.Hot), float64(h.Spread))
+			row.Result = fmt.Sprintf("claim %s/batch (spread over %s aggregates: %s)", FormatLatency(h.Hot), FormatCount(h.Backlog), FormatLatency(h.Spread))
+			row.Ratio = FormatTimes(ratio) + " of spread"
+		}
+		row.Target = AtMost(ratio, TargetHotClaim, "≤ 1.5× the spread backlog").String()
 		t.Add(row)
 	}
 

@@ -43,6 +43,7 @@ type Results struct {
 	Peer           *Measured
 	Latency        []LatencyResult
 	Scale          []ScaleResult
+	Hot            *HotResult
 	API            *APIResult
 	Memory         *MemoryResult
 }
@@ -107,6 +108,12 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (err error) {
 	if cfg.runs(PhaseScale) && ctx.Err() == nil {
 		e.progress("item 6: claim and mark cost with %v published rows", s.ScaleRows)
 		res.Scale = e.scale(ctx, s.ScaleRows, s.ScaleBatches)
+		if ctx.Err() == nil {
+			e.progress("item 6b: claim cost with %s pending rows of one aggregate, and spread", FormatCount(s.HotBacklog))
+			h := e.hot(ctx, s.HotBacklog, s.ScaleBatches)
+			res.Hot = &h
+			e.progress("  %s", resultOrError(fmt.Sprintf("hot %s, spread %s per claim", FormatLatency(h.Hot), FormatLatency(h.Spread)), h.Err))
+		}
 	}
 	if cfg.runs(PhaseAPI) && ctx.Err() == nil {
 		e.progress("item 7: POST /orders, loadgen with %d in flight for %s", s.APIConcurrency, s.APIDuration)
