@@ -9,11 +9,21 @@
 //
 // # Setup
 //
-// Apply the schema with [Migrate] at start-up, or copy migrations/*.sql into your own
-// migration tool. Write with [Add] in your transaction. Run a [Relay] in any process that can
-// reach the database and the broker: in the service itself or on its own.
+// Apply the schema with [Migrate] at start-up, or apply migrations/*.sql, in order and each
+// once, with your own migration tool. Write with [Add] in your transaction. Run a [Relay] in
+// any process that can reach the database and the broker: in the service itself or on its
+// own.
+//
+// Migrate records the versions it applied in the outbox_migrations table. When the schema is
+// current it takes no lock on the outbox table, so every replica of a rolling deploy may call
+// it at start-up while relays and writers run at full load; a migration that must change the
+// table waits at most two seconds for its lock (lock_timeout) and tries again, so writers
+// never queue behind it for long.
 //
 // # Guarantees
+//
+// Every failure is blamed on exactly one thing — the message, the broker, or the database —
+// and only a message's own fault costs it an attempt.
 //
 //   - Nothing is lost: a row stays pending until the broker confirmed it. The relay marks a row
 //     published only after its publisher confirm, in the same transaction that claimed it.
@@ -23,11 +33,29 @@
 //     package does it in the consumer's own transaction), which makes effects happen once.
 //   - A broker outage costs no attempts: connection-level failures ([ErrUnavailable]) pause the
 //     relay (its circuit breaker, visible as [StateBrokerUnavailable]) and it probes with
-//     backoff; only failures of a message itself (nack, unroutable return, encode error)
-//     count against [Config].MaxAttempts.
-//   - A poison message does not stall the outbox: after MaxAttempts, or at once for a
-//     permanent error or a payload over [Config].MaxMessageBytes, the row is marked dead and
-//     the rows behind it go on. [ListDead] and [Requeue] let an operator replay it later.
+//     backoff. A refusal for the broker's own reasons ([ErrRefused]: a full queue whose
+//     consumers are down, a queue without quorum) costs no attempt either: the row is retried
+//     after a backoff, and the relay stays running. Only failures of a message itself (an
+//     unroutable return, a missing exchange, content the broker rejects) count against
+//     [Config].MaxAttempts.
+//   - A poison message does not stall the outbox. [Add] refuses, with [ErrInvalidMessage],
+//     what the broker or PostgreSQL would refuse and the caller controls (see [Message]); a
+//     row that is bad all the same (written by other code or by hand) is marked dead in the
+//     cycle that first tries it, as is a payload over [Config].MaxMessageBytes; any other
+//     failing row is dead after MaxAttempts. The rows behind it go on, and
+//     [ListDead] and [Requeue] let an operator replay it later. A row the publisher leaves
+//     unsent ([ErrNotSent]) five cycles in a row is charged an attempt, so that not even a
+//     publisher that always skips one message can hold its aggregate for ever; and a cycle
+//     that sends nothing is followed by a backoff, never by a busy loop.
+//   - Every step is bounded in time. A batch's publish, every blocking step of it included,
+//     ends within [Config].PublishTimeout; the claim transaction is bounded in PostgreSQL
+//     itself by [Config].ClaimTimeout. A relay that is paused (SIGSTOP), hung or cut off
+//     mid-batch therefore holds its rows, their aggregates and the vacuum horizon for at most
+//     ClaimTimeout (default PublishTimeout + 5s = 35s); then the other relays publish them,
+//     a second time if the broker had them already.
+//   - The payload is published byte for byte as [Add] received it: the column is json, which
+//     checks the text and keeps it (key order, white space, duplicate keys, the \u0000
+//     escape), not jsonb, which would re-encode it.
 //
 // # Several relays
 //
@@ -55,14 +83,21 @@
 //     aggregate; the inbox drops it as a duplicate.
 //   - Rows of different aggregates have no order between them.
 //   - Throughput per aggregate is one row per relay cycle; throughput across aggregates is a
-//     whole batch per cycle.
+//     whole batch per cycle. After a cycle that found rows the relay looks again at once
+//     (see Wake-ups), so an aggregate's backlog drains at one row per cycle, not per poll.
+//   - One aggregate's backlog does not slow the others: rows that wait behind an older row
+//     of their aggregate are taken out of the claim's index (the relay's maintenance marks
+//     them, a few thousand per pass, and the row that takes the lead is released when its
+//     predecessor is published or dies), so a claim costs about its batch whatever one
+//     aggregate's backlog. make bench's item 6b measures it.
 //
 // # Wake-ups
 //
 // A trigger runs pg_notify on [NotifyChannel] when a writing transaction commits; relays
 // LISTEN on a dedicated connection and start a cycle at once, so the latency from commit to
 // broker is a cycle, not a poll interval. [Config].PollInterval remains as the fallback and as
-// the clock for retries.
+// the clock for retries. After any cycle that found rows, or that a notification started, the
+// relay looks again [Config].NotifyRecheck later.
 //
 // Only one transaction at a time notifies. PostgreSQL serialises the commits of notifying
 // transactions cluster-wide, each holding a lock through its WAL flush; if every outbox write
@@ -73,10 +108,17 @@
 // while re-checks find rows, then less and less often until the poll interval takes over. A
 // row of a writer whose commit outlasts the re-checks waits for the next notification or poll.
 //
+// The trigger is deferred to COMMIT. A writer that runs SET CONSTRAINTS ALL IMMEDIATE after
+// [Add] fires it early and holds the notifier's lock until its transaction ends; while it does,
+// other writers do not notify, and their rows are found by re-checks and polls instead. That
+// costs latency, never a row: leave the outbox trigger deferred (SET CONSTRAINTS names the
+// constraints it means).
+//
 // # Operating
 //
-// [ReadStats] reads the backlog, the age of its oldest row and the dead count cheaply from the
-// partial indexes; call it from a process other than the relay, so that a stalled relay is
+// [ReadStats] reads the backlog, the age of its oldest row and the dead count from the
+// partial indexes, in time proportional to the backlog (a few milliseconds for 50,000 rows);
+// call it every few seconds from a process other than the relay, so that a stalled relay is
 // seen. [Cleanup] and [RunCleanup] delete old published rows in bounded batches.
 // [Hooks] expose every cycle (for metrics) and the named crash points
 // ([FailpointBeforePublish], [FailpointAfterPublish], [FailpointAfterMark]) used by chaos
