@@ -170,7 +170,9 @@ type cycleResult struct {
 
 func (r *Relay) cycle(ctx context.Context) (cycleResult, error) {
 	var res cycleResult
-	r.maybeMaintain(ctx)
+	if !r.maintaining.Load() { // Run maintains on a goroutine of its own
+		r.maybeMaintain(ctx)
+	}
 
 	// Until rows are claimed, cancelling ctx may abort the cycle: nothing is held yet.
 	claimCtx, cancelClaim := context.WithTimeout(ctx, r.cfg.ClaimTimeout)
@@ -322,6 +324,31 @@ func (r *Relay) streak(id uuid.UUID, keep bool) int {
 	}
 	r.streaks[id]++
 	return r.streaks[id]
+}
+
+// maintain runs maybeMaintain until ctx ends, beside Run's cycles, so that a long pass never
+// delays a batch. A pass that marked rows held, for its few milliseconds, KEY SHARE locks on
+// the rows they wait for, and a claim meanwhile skipped those (SKIP LOCKED): so it wakes the
+// relay for another cycle.
+func (r *Relay) maintain(ctx context.Context, wake chan<- struct{}) {
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		r.maybeMaintain(ctx)
+		r.maintMu.Lock()
+		next := r.cfg.PollInterval
+		if r.maintainNow {
+			next = 0
+			signal(wake)
+		}
+		r.maintMu.Unlock()
+		t.Reset(next)
+	}
 }
 
 // maybeMaintain runs markWaiting when it is due: after a pass that marked rows (to finish

@@ -174,6 +174,7 @@ type Relay struct {
 	streakMu sync.Mutex
 	streaks  map[uuid.UUID]int // consecutive cycles a row came back unsent or refused
 
+	maintaining    atomic.Bool // Run's maintenance goroutine is running
 	maintMu        sync.Mutex
 	maintainedAt   time.Time
 	maintainNow    bool // the last markWaiting pass marked rows: run the next one at once
@@ -191,8 +192,10 @@ type RelayDB interface {
 var _ RelayDB = (*pgxpool.Pool)(nil)
 
 // NewRelay returns a relay that publishes the rows of the outbox table in pool's database
-// through pub. The pool needs room for one extra connection, which the relay keeps for
-// LISTEN unless cfg.DisableNotify is set.
+// through pub. While it runs, the relay uses up to three connections of the pool: one for its
+// cycles, one now and then for its maintenance (taking rows that wait behind their
+// aggregate's head out of the claim's way), and one it keeps for LISTEN unless
+// cfg.DisableNotify is set.
 func NewRelay(pool RelayDB, pub Publisher, cfg Config) (*Relay, error) {
 	if pool == nil || pub == nil {
 		return nil, errors.New("outbox: NewRelay needs a pool and a publisher")
@@ -235,6 +238,13 @@ func (r *Relay) Run(ctx context.Context) error {
 			r.listen(lctx, wake)
 		}()
 	}
+	r.maintaining.Store(true)
+	defer r.maintaining.Store(false)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		r.maintain(lctx, wake)
+	}()
 
 	timer := time.NewTimer(0)
 	defer timer.Stop()
