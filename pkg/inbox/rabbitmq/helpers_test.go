@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/url"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -174,6 +175,10 @@ type events struct {
 	handlerErrs  int
 	retried      []int
 	deadLettered []string
+	handBacks    []string
+	held         int // deliveries held now
+	maxHeld      int
+	errs         []error
 	connected    []bool
 	connectedCh  chan bool
 }
@@ -191,10 +196,26 @@ func (e *events) hooks() rabbitmq.Hooks {
 				e.processed++
 			}
 		},
-		HandlerError: func(string, string, error) {
+		HandlerError: func(_, _ string, err error) {
 			e.mu.Lock()
 			defer e.mu.Unlock()
 			e.handlerErrs++
+			e.errs = append(e.errs, err)
+		},
+		Held: func(_, _ string, held bool) {
+			e.mu.Lock()
+			defer e.mu.Unlock()
+			if held {
+				e.held++
+				e.maxHeld = max(e.maxHeld, e.held)
+			} else {
+				e.held--
+			}
+		},
+		HandedBack: func(_, _, reason string) {
+			e.mu.Lock()
+			defer e.mu.Unlock()
+			e.handBacks = append(e.handBacks, reason)
 		},
 		Retried: func(_, _ string, n int) {
 			e.mu.Lock()
@@ -221,6 +242,25 @@ func (e *events) counts() (processed, duplicates int) {
 	return e.processed, e.duplicates
 }
 
+func (e *events) handedBack() []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return slices.Clone(e.handBacks)
+}
+
+// heldNow returns the number of deliveries held now, and the most held at once.
+func (e *events) heldNow() (now, most int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.held, e.maxHeld
+}
+
+func (e *events) errors() []error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return slices.Clone(e.errs)
+}
+
 func (e *events) deadReasons() []string {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -241,6 +281,27 @@ func (e *events) waitConnected(t *testing.T, want bool) {
 			t.Fatalf("the consumer never reported connected=%v", want)
 		}
 	}
+}
+
+// waitHeldRetries waits until a delivery is held after a transient failure whose error
+// contains errText, and was retried in place at least n times more.
+func (b *bundle) waitHeldRetries(t *testing.T, errText string, n int) {
+	t.Helper()
+	matching := func(msg string) int {
+		count := 0
+		for _, r := range b.logs.find(msg) {
+			if err, ok := r.attrs["error"].(error); ok && strings.Contains(err.Error(), errText) {
+				count++
+			}
+		}
+		return count
+	}
+	testinfra.Eventually(t, 30*time.Second, func() bool {
+		return matching("transient failure; holding the message and retrying in place") == 1 &&
+			matching("transient failure; still holding the message") >= n
+	}, "no delivery held and retried %d times after %q", n, errText)
+	now, _ := b.events.heldNow()
+	require.Equal(t, 1, now)
 }
 
 // logStore keeps the records of every recordHandler derived from it.
