@@ -91,7 +91,8 @@ func hostPort(t testing.TB, rawURL string) string {
 	return u.Host
 }
 
-// latin1Pool returns a pool on a fresh LATIN1 database, dropped when the test ends.
+// latin1Pool returns a pool of UTF-8 clients on a fresh LATIN1 database, dropped when the
+// test ends.
 func latin1Pool(t testing.TB) *pgxpool.Pool {
 	t.Helper()
 	ctx := context.Background()
@@ -120,6 +121,10 @@ func latin1Pool(t testing.TB) *pgxpool.Pool {
 	u, err := url.Parse(admin)
 	require.NoError(t, err)
 	u.Path = "/" + name
+	// A UTF-8 client, so that the server converts what it is sent into LATIN1.
+	q := u.Query()
+	q.Set("client_encoding", "UTF8")
+	u.RawQuery = q.Encode()
 	pool, err := pgxpool.New(ctx, u.String())
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)

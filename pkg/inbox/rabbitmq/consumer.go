@@ -190,7 +190,7 @@ func (c *Consumer) session(ctx context.Context, onConnected func()) error {
 	defer cancelWait()
 	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
-	s := &session{pub: pub, waitCtx: waitCtx, workCtx: workCtx, cancelled: make(chan struct{})}
+	s := &session{pub: pub, runCtx: ctx, waitCtx: waitCtx, workCtx: workCtx, cancelled: make(chan struct{})}
 
 	// Stamp each delivery with its arrival: a delivery's hold is bounded from when the
 	// broker handed it over (its consumer_timeout clock), not from when a worker took it.
@@ -232,10 +232,13 @@ func (c *Consumer) session(ctx context.Context, onConnected func()) error {
 		})
 	case amqpErr := <-connClosed:
 		result = fmt.Errorf("connection closed: %w", closeErr(amqpErr))
+		close(s.cancelled) // the subscription ended with the connection
 	case amqpErr := <-chClosed:
 		result = fmt.Errorf("channel closed: %w", closeErr(amqpErr))
+		close(s.cancelled)
 	case <-workersDone:
 		result = errors.New("the broker cancelled the consumer (queue deleted?)")
+		close(s.cancelled)
 	}
 	cancelWait()
 
@@ -259,11 +262,15 @@ func (c *Consumer) session(ctx context.Context, onConnected func()) error {
 
 // session is the state shared by the workers of one connection.
 type session struct {
-	pub     *publisher
+	pub *publisher
+	// runCtx is Run's: it ends when the consumer is asked to stop. waitCtx ends with it or
+	// when the connection is lost; workCtx ends ShutdownTimeout after either.
+	runCtx  context.Context
 	waitCtx context.Context
 	workCtx context.Context
-	// stopping is set when Run's context ended; cancelled is closed once the broker
-	// confirmed the end of the subscription (or the attempt failed).
+	// stopping is set when the session saw Run's context end; cancelled is closed once the
+	// broker confirmed the end of the subscription (or the attempt failed, or the
+	// subscription ended with its channel).
 	stopping  atomic.Bool
 	cancelled chan struct{}
 }
@@ -276,6 +283,9 @@ type inbound struct {
 
 // stopped reports whether the session ended, by a stop (Run's context) or a lost connection.
 func (s *session) stopped() bool { return s.waitCtx.Err() != nil }
+
+// stopRequested reports whether Run's context ended. It may be true before stopping is set.
+func (s *session) stopRequested() bool { return s.runCtx.Err() != nil }
 
 // work handles deliveries until the delivery channel closes.
 func (c *Consumer) work(s *session, deliveries <-chan inbound) {

@@ -559,6 +559,10 @@ func TestNewConsumer(t *testing.T) {
 			"NegativeShutdown":    {with(valid, func(c *rabbitmq.Config) { c.ShutdownTimeout = -1 }), "shutdown timeout"},
 			"MaxBelowReconnect":   {with(valid, func(c *rabbitmq.Config) { c.ReconnectDelay, c.MaxReconnectDelay = time.Second, time.Millisecond }), "max reconnect delay"},
 			"NegativePublishWait": {with(valid, func(c *rabbitmq.Config) { c.PublishTimeout = -1 }), "publish timeout"},
+			"NegativeMaxHold":     {with(valid, func(c *rabbitmq.Config) { c.MaxHold = -1 }), "max hold"},
+			"NegativeMaxBody":     {with(valid, func(c *rabbitmq.Config) { c.MaxBodyBytes = -1 }), "max body bytes"},
+			"NULInName":           {with(valid, func(c *rabbitmq.Config) { c.Name = "orders\x00" }), "name: inbox: invalid consumer name"},
+			"NameTooLong":         {with(valid, func(c *rabbitmq.Config) { c.Name = strings.Repeat("n", 256) }), "name: inbox: invalid consumer name"},
 		} {
 			t.Run(name, func(t *testing.T) {
 				t.Parallel()

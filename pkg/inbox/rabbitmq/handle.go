@@ -365,17 +365,17 @@ func (c *Consumer) deadLetterStage(s *session, m *message, reason, detail string
 // both the original and the copy may exist, and the inbox absorbs whichever is second.
 func (c *Consumer) handBack(s *session, m *message, cause error) {
 	reason := HandBackHoldLimit
-	if s.stopped() {
+	stopping := s.stopRequested()
+	if stopping {
 		reason = HandBackShutdown
-	}
-	if s.stopping.Load() {
 		select {
 		case <-s.cancelled:
 		case <-s.workCtx.Done():
 		}
 	}
-	var err error
-	if s.workCtx.Err() == nil && (s.stopping.Load() || !s.stopped()) {
+	// After a lost connection (the session ended without a stop) nothing can be published.
+	err := errInterrupted
+	if s.workCtx.Err() == nil && (stopping || !s.stopped()) {
 		copied := c.copyOf(m.d, m.del)
 		forQueue(&copied, m.retries)
 		if err = s.pub.publish(s.workCtx, "", c.cfg.Queue, copied); err == nil {
@@ -389,8 +389,6 @@ func (c *Consumer) handBack(s *session, m *message, cause error) {
 				slog.Duration("since_arrival", time.Since(m.arrived).Round(time.Millisecond)))
 			return
 		}
-	} else {
-		err = errInterrupted
 	}
 	if nackErr := m.d.Nack(false, true); nackErr != nil {
 		m.log.DebugContext(s.workCtx, "nack failed; the broker redelivers the message once the channel is gone", slog.Any("error", nackErr))

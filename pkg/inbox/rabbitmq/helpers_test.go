@@ -92,12 +92,19 @@ func recordEffect(ctx context.Context, tx pgx.Tx, d rabbitmq.Delivery) error {
 // nil. The test's cleanup stops it too.
 func (b *bundle) run(t *testing.T, cfg rabbitmq.Config) (stop func()) {
 	t.Helper()
-	c, err := rabbitmq.NewConsumer(b.pool, cfg)
+	_, stop = b.start(t, b.pool, cfg)
+	return stop
+}
+
+// start is run with a pool of the test's choice; it also returns the consumer.
+func (b *bundle) start(t *testing.T, pool inbox.TxBeginner, cfg rabbitmq.Config) (*rabbitmq.Consumer, func()) {
+	t.Helper()
+	c, err := rabbitmq.NewConsumer(pool, cfg)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
-	stop = sync.OnceFunc(func() {
+	stop := sync.OnceFunc(func() {
 		cancel()
 		select {
 		case err := <-done:
@@ -107,7 +114,52 @@ func (b *bundle) run(t *testing.T, cfg rabbitmq.Config) (stop func()) {
 		}
 	})
 	t.Cleanup(stop)
-	return stop
+	return c, stop
+}
+
+// quorumQueue declares a quorum queue with the given delivery limit whose broker dead letters
+// go to the bundle's dead-letter queue, as the consumer's own do. It is deleted when the
+// test ends. Publish to it through the default exchange.
+func (b *bundle) quorumQueue(t *testing.T, deliveryLimit int) string {
+	t.Helper()
+	queue := testinfra.UniqueName(t, "qq")
+	_, err := b.ch.QueueDeclare(queue, true, false, false, false, amqp.Table{
+		"x-queue-type":              "quorum",
+		"x-delivery-limit":          deliveryLimit,
+		"x-dead-letter-exchange":    b.dead.Exchange,
+		"x-dead-letter-routing-key": "dead",
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = b.ch.QueueDelete(queue, false, false, false) })
+	return queue
+}
+
+// proxiedPool returns a pool on the bundle's database through a TCP proxy the test can cut:
+// the database becomes unreachable for the consumer while the test still reads it.
+func (b *bundle) proxiedPool(t *testing.T) (*pgxpool.Pool, *testinfra.Proxy) {
+	t.Helper()
+	u, err := url.Parse(b.dbURL)
+	require.NoError(t, err)
+	target := u.Host
+	if u.Port() == "" {
+		target = u.Hostname() + ":5432"
+	}
+	proxy := testinfra.NewProxy(t, target)
+	pool, err := pgxpool.New(context.Background(), proxy.RewriteURL(t, b.dbURL))
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool, proxy
+}
+
+// channel opens a channel on a connection of its own, closed when the test ends.
+func (b *bundle) channel(t *testing.T) *amqp.Channel {
+	t.Helper()
+	conn, err := amqp.Dial(b.amqpURL)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	return ch
 }
 
 // publish publishes msg to the test exchange and waits for the broker's confirm.
@@ -242,6 +294,12 @@ func (e *events) counts() (processed, duplicates int) {
 	return e.processed, e.duplicates
 }
 
+func (e *events) retries() []int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return slices.Clone(e.retried)
+}
+
 func (e *events) handedBack() []string {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -371,3 +429,11 @@ func hostPort(t *testing.T, rawURL string) string {
 }
 
 var errTransient = errors.New("transient failure")
+
+func (s *logStore) dump(t *testing.T) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, r := range s.records {
+		t.Logf("%s %s %v", r.level, r.msg, r.attrs)
+	}
+}
