@@ -235,7 +235,8 @@ type Config struct {
 	// at most MaxRetryDelay, jittered by up to half of it. Default 1s.
 	RetryDelay time.Duration
 	// MaxRetryDelay caps RetryDelay's growth. Default 30s (or RetryDelay if larger).
-	// RetryDelay and MaxRetryDelay also space the in-place retries of a held delivery.
+	// RetryDelay and MaxRetryDelay also space the in-place retries of a held delivery,
+	// capped at a quarter of MaxHold.
 	MaxRetryDelay time.Duration
 
 	// MaxHold bounds how long a delivery is held, counted from its receipt, while it fails

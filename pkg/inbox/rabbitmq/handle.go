@@ -92,7 +92,7 @@ func (c *Consumer) handle(s *session, in inbound) {
 			next = stage
 		}
 		m.failures++
-		delay := backoff(c.cfg.RetryDelay, c.cfg.MaxRetryDelay, m.failures-1)
+		delay := c.holdDelay(m.failures)
 		if !m.held {
 			m.held, m.holdStart = true, time.Now()
 			c.held.Add(1)
@@ -114,6 +114,14 @@ func (c *Consumer) handle(s *session, in inbound) {
 			return
 		}
 	}
+}
+
+// holdDelay is the wait before the n-th retry in place: the retry backoff, at most a quarter
+// of MaxHold (and starting at most at an eighth), so that a hold retries several times
+// before its delivery is handed back, and a hand-back never follows its arrival at once.
+func (c *Consumer) holdDelay(n int) time.Duration {
+	limit := min(c.cfg.MaxRetryDelay, c.cfg.MaxHold/4)
+	return backoff(min(c.cfg.RetryDelay, c.cfg.MaxHold/8, limit), limit, n-1)
 }
 
 // endHold ends m's hold, if it was held.

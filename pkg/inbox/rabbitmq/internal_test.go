@@ -241,3 +241,29 @@ func TestForQueue(t *testing.T) {
 	forQueue(&p, 2)
 	require.Equal(t, amqp.Table{"tenant": "acme", HeaderRetries: int32(2)}, p.Headers)
 }
+
+func TestHoldDelay(t *testing.T) {
+	t.Parallel()
+	for name, tc := range map[string]struct {
+		retry, maxRetry, maxHold time.Duration
+		first, limit             time.Duration
+	}{
+		"Defaults":             {DefaultRetryDelay, DefaultMaxRetryDelay, DefaultMaxHold, time.Second, 30 * time.Second},
+		"ShortHold":            {time.Second, 30 * time.Second, time.Second, time.Second / 8, time.Second / 4},
+		"RetryDelayAboveHold":  {time.Minute, time.Hour, 10 * time.Second, 10 * time.Second / 8, 10 * time.Second / 4},
+		"MaxRetryDelayBinding": {10 * time.Millisecond, 50 * time.Millisecond, time.Minute, 10 * time.Millisecond, 50 * time.Millisecond},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			c := &Consumer{cfg: Config{RetryDelay: tc.retry, MaxRetryDelay: tc.maxRetry, MaxHold: tc.maxHold}}
+			for range 20 {
+				require.LessOrEqual(t, c.holdDelay(1), tc.first)
+				require.GreaterOrEqual(t, c.holdDelay(1), tc.first/2)
+				for n := 2; n < 40; n++ {
+					require.LessOrEqual(t, c.holdDelay(n), tc.limit)
+				}
+				require.GreaterOrEqual(t, c.holdDelay(40), tc.limit/2)
+			}
+		})
+	}
+}
