@@ -88,9 +88,10 @@ func NewConsumer(pool inbox.TxBeginner, cfg Config) (*Consumer, error) {
 // connected and disconnected once, not each failed attempt.
 //
 // When ctx ends, Run stops taking messages (those already prefetched are handed back to the
-// broker), lets the messages being handled finish and acknowledges them, for at most
-// [Config].ShutdownTimeout, and closes the connection. Messages whose handlers were cut short
-// roll back and are redelivered later. No goroutine outlives Run.
+// broker), hands back the messages it holds after transient failures at once, without the
+// broker counting a delivery, lets the messages being handled finish and acknowledges them,
+// for at most [Config].ShutdownTimeout, and closes the connection. Messages whose handlers
+// were cut short roll back and are redelivered later. No goroutine outlives Run.
 //
 // Run returns an error only when it is already running.
 func (c *Consumer) Run(ctx context.Context) error {
