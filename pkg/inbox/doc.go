@@ -9,8 +9,8 @@
 // transaction; a redelivery finds the row and is skipped. The broker is acknowledged only
 // after the commit.
 //
-// The rabbitmq subpackage runs this loop for a RabbitMQ queue, with retries, dead-lettering
-// and reconnects; [Process] itself works with any broker.
+// The rabbitmq subpackage runs this loop for a RabbitMQ queue, with retries, dead-lettering,
+// reconnects, and holding messages through outages; [Process] itself works with any broker.
 //
 // # Setup
 //
@@ -46,6 +46,32 @@
 //   - A failed handler rolls back everything, the inbox row included, so the message can be
 //     retried. Mark errors that no retry can fix with [Permanent]; runners dead-letter those
 //     at once ([IsPermanent]).
+//   - What the inbox stores is checked before the transaction ([Message.Validate]): a
+//     message id or type that is not valid UTF-8, contains a NUL byte or is longer than 255
+//     bytes is refused with a [Permanent] error, instead of failing the INSERT on every
+//     redelivery.
+//
+// # Errors
+//
+// [Classify] sorts the error of a failed attempt into three classes, and the rabbitmq
+// runner acts on them:
+//
+//   - [ClassTransient]: the infrastructure failed (the database unreachable, restarting, out
+//     of connections, a connection lost mid-transaction, a statement timeout) or the
+//     transaction lost a race (serialization failure, deadlock, lock not available), or the
+//     error was marked with [Transient]. Retrying the same message later succeeds; a runner
+//     retries it without counting an attempt, so an outage of any length costs no message.
+//   - [ClassPermanent]: marked with [Permanent]. Dead-lettered at once.
+//   - [ClassFailed]: anything else, including constraint violations (SQLSTATE 23), data
+//     exceptions (22) and syntax or privilege errors (42). The attempt counts; a runner
+//     retries a bounded number of times, because some of these do resolve (a concurrent
+//     insert commits, a row that a foreign key needs arrives), then dead-letters.
+//
+// [Process] classifies its own failures the same way: a failed begin is transient, a failed
+// insert of the inbox row is permanent when PostgreSQL refused the value and transient
+// otherwise, a failed commit is classified as it is. A handler marks its own errors with
+// [Transient] (the service it calls is down) or [Permanent] (the payload breaks the
+// contract). See [Classify] for every rule.
 //
 // # Ordering
 //

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxshop/outboxshop/pkg/inbox"
@@ -148,4 +149,29 @@ func exampleDatabase(ctx context.Context) (*pgxpool.Pool, func()) {
 			panic(err)
 		}
 	}
+}
+
+// A handler marks what it knows: a dependency that is down is transient (the runner holds the
+// message and retries it in place, without counting an attempt), a payload that breaks the
+// contract is permanent (dead-lettered at once). PostgreSQL's errors are classified by their
+// SQLSTATE without a mark.
+func ExampleClassify() {
+	errPricing := errors.New("pricing service: 503 Service Unavailable")
+	for _, err := range []error{
+		fmt.Errorf("price order: %w", inbox.Transient(errPricing)),
+		inbox.Permanent(errors.New("order.placed version 3 is not supported")),
+		&pgconn.PgError{Severity: "ERROR", Code: "40P01", Message: "deadlock detected"},
+		&pgconn.PgError{Severity: "FATAL", Code: "57P01", Message: "terminating connection due to administrator command"},
+		&pgconn.PgError{Severity: "ERROR", Code: "23505", Message: "duplicate key value violates unique constraint"},
+		errors.New("warehouse says no"),
+	} {
+		fmt.Printf("%-9s %v\n", inbox.Classify(err), err)
+	}
+	// Output:
+	// transient price order: pricing service: 503 Service Unavailable
+	// permanent order.placed version 3 is not supported
+	// transient ERROR: deadlock detected (SQLSTATE 40P01)
+	// transient FATAL: terminating connection due to administrator command (SQLSTATE 57P01)
+	// failed    ERROR: duplicate key value violates unique constraint (SQLSTATE 23505)
+	// failed    warehouse says no
 }

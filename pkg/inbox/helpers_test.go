@@ -2,10 +2,13 @@ package inbox_test
 
 import (
 	"context"
+	"errors"
 	"log/slog"
+	"net/url"
 	"sync"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -67,4 +70,63 @@ func (h *recordHandler) int64Attrs(msg, key string) []int64 {
 		})
 	}
 	return out
+}
+
+// failingBeginner fails the test when Process begins a transaction.
+type failingBeginner struct{ t testing.TB }
+
+func (f failingBeginner) Begin(context.Context) (pgx.Tx, error) {
+	f.t.Error("Process began a transaction")
+	return nil, errors.New("no transaction expected")
+}
+
+// hostPort returns the host:port of a PostgreSQL URL.
+func hostPort(t testing.TB, rawURL string) string {
+	t.Helper()
+	u, err := url.Parse(rawURL)
+	require.NoError(t, err)
+	if u.Port() == "" {
+		return u.Hostname() + ":5432"
+	}
+	return u.Host
+}
+
+// latin1Pool returns a pool of UTF-8 clients on a fresh LATIN1 database, dropped when the
+// test ends.
+func latin1Pool(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	ctx := context.Background()
+	admin := testinfra.PostgresURL(t)
+	name := testinfra.UniqueName(t, "latin1")
+	if len(name) > 63 {
+		name = name[:63]
+	}
+	conn, err := pgx.Connect(ctx, admin)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()+
+		" ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0")
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		conn, err := pgx.Connect(ctx, admin)
+		if err != nil {
+			t.Errorf("drop database %s: %v", name, err)
+			return
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+			t.Errorf("drop database %s: %v", name, err)
+		}
+	})
+	u, err := url.Parse(admin)
+	require.NoError(t, err)
+	u.Path = "/" + name
+	// A UTF-8 client, so that the server converts what it is sent into LATIN1.
+	q := u.Query()
+	q.Set("client_encoding", "UTF8")
+	u.RawQuery = q.Encode()
+	pool, err := pgxpool.New(ctx, u.String())
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
 }

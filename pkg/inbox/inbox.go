@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -19,19 +21,81 @@ type TxBeginner interface {
 // Message is what the inbox needs to know about a received message.
 type Message struct {
 	// ID identifies the message across redeliveries and retries: the producer's message id
-	// (for RabbitMQ the message-id property), never a delivery tag. Required.
+	// (for RabbitMQ the message-id property), never a delivery tag. Required: valid UTF-8,
+	// without NUL bytes, at most [MaxMessageIDBytes] bytes.
 	ID string
-	// Type is the message type, recorded for operators (e.g. "order.placed"). May be empty.
+	// Type is the message type, recorded for operators (e.g. "order.placed"). May be empty;
+	// valid UTF-8, without NUL bytes, at most [MaxMessageTypeBytes] bytes.
 	Type string
 	// ReceivedAt is when the consumer received the message; the zero value means now.
 	ReceivedAt time.Time
 }
 
-// Errors returned by [Process] for input it refuses before touching the database.
-var (
-	ErrNoConsumer  = errors.New("inbox: consumer name is empty")
-	ErrNoMessageID = errors.New("inbox: message id is empty")
+// Limits of what the inbox stores. PostgreSQL's text cannot hold a NUL byte or invalid UTF-8
+// (in a UTF8 database), and a key much longer than these would not fit into the primary
+// key's index. 255 bytes is also the most an AMQP 0-9-1 message-id or type property can
+// hold, so no RabbitMQ message exceeds them.
+const (
+	MaxConsumerBytes    = 255
+	MaxMessageIDBytes   = 255
+	MaxMessageTypeBytes = 255
 )
+
+// Errors returned by [Process] and [Message.Validate] for input refused before touching the
+// database. The message errors are wrapped with [Permanent]: no retry can store them.
+// Test for them with errors.Is.
+var (
+	ErrNoConsumer         = errors.New("inbox: consumer name is empty")
+	ErrInvalidConsumer    = errors.New("inbox: invalid consumer name")
+	ErrNoMessageID        = errors.New("inbox: message id is empty")
+	ErrInvalidMessageID   = errors.New("inbox: invalid message id")
+	ErrInvalidMessageType = errors.New("inbox: invalid message type")
+)
+
+// Validate reports whether the inbox can store m: its ID is not empty, and its ID and Type
+// are valid UTF-8, contain no NUL byte and fit their limits ([MaxMessageIDBytes],
+// [MaxMessageTypeBytes]). The error wraps [ErrNoMessageID], [ErrInvalidMessageID] or
+// [ErrInvalidMessageType], says what is wrong without repeating the value, and is marked
+// [Permanent]. [Process] calls it first; a runner may call it earlier to dead-letter such a
+// message with its own reason.
+func (m Message) Validate() error {
+	if m.ID == "" {
+		return Permanent(ErrNoMessageID)
+	}
+	if why := invalidText(m.ID, MaxMessageIDBytes); why != "" {
+		return Permanent(fmt.Errorf("%w: %s", ErrInvalidMessageID, why))
+	}
+	if why := invalidText(m.Type, MaxMessageTypeBytes); why != "" {
+		return Permanent(fmt.Errorf("%w: %s", ErrInvalidMessageType, why))
+	}
+	return nil
+}
+
+// ValidateConsumer reports whether name can be a consumer name: not empty, valid UTF-8,
+// without NUL bytes, at most [MaxConsumerBytes] bytes. The error wraps [ErrNoConsumer] or
+// [ErrInvalidConsumer].
+func ValidateConsumer(name string) error {
+	if name == "" {
+		return ErrNoConsumer
+	}
+	if why := invalidText(name, MaxConsumerBytes); why != "" {
+		return fmt.Errorf("%w: %s", ErrInvalidConsumer, why)
+	}
+	return nil
+}
+
+// invalidText says why s cannot be stored as text of at most limit bytes, or returns "".
+func invalidText(s string, limit int) string {
+	switch {
+	case len(s) > limit:
+		return fmt.Sprintf("%d bytes long, more than %d", len(s), limit)
+	case !utf8.ValidString(s):
+		return "not valid UTF-8"
+	case strings.IndexByte(s, 0) >= 0:
+		return "contains a NUL byte"
+	}
+	return ""
+}
 
 // SQL run by Process. $1 consumer, $2 message id, $3 message type, $4 received at.
 const insertMessageSQL = `INSERT INTO inbox_messages (consumer, message_id, message_type, received_at)
@@ -48,14 +112,29 @@ ON CONFLICT (consumer, message_id) DO NOTHING`
 // Process returned a nil error.
 //
 // When fn returns an error, the whole transaction is rolled back, the inbox row included, so a
-// redelivery of the message tries again; the error is returned wrapped (errors.Is, errors.As
-// and [IsPermanent] see through the wrapping). A nil fn records the message without doing
-// anything else. When the commit itself fails, Process returns that error: the effect may or
-// may not have happened, and a redelivery resolves it, because the inbox tells whether the
-// commit went through.
+// redelivery of the message tries again; the error is returned wrapped (errors.Is, errors.As,
+// [Classify] and [IsPermanent] see through the wrapping). A nil fn records the message without
+// doing anything else. When the commit itself fails, Process returns that error: the effect
+// may or may not have happened, and a redelivery resolves it, because the inbox tells whether
+// the commit went through.
 //
-// An empty consumer or msg.ID returns [ErrNoConsumer] or [ErrNoMessageID] without touching the
-// database.
+// # Errors
+//
+// Process classifies its own failures for [Classify], so that a runner can tell the
+// infrastructure's fault from the message's:
+//
+//   - Input it refuses before touching the database: an invalid consumer name returns an
+//     error wrapping [ErrNoConsumer] or [ErrInvalidConsumer] (a configuration error); a
+//     message that fails [Message.Validate] returns its [Permanent] error.
+//   - A failed begin is marked [Transient]: no part of the message was sent yet.
+//   - A failed insert of the inbox row is marked [Permanent] when PostgreSQL refused a
+//     value (SQLSTATE class 22, data exception, or 54, program limit: an id or type
+//     [Message.Validate] let through but this database cannot store, say in a non-UTF8
+//     encoding), and [Transient] otherwise: the statement is fixed, so any other failure
+//     (connection lost, table missing, permission revoked, read-only standby) is the
+//     infrastructure's and must not use up the message's attempts.
+//   - fn's error and a failed commit are returned as they are, for [Classify] to judge: a
+//     deadlock or a lost connection is transient, a constraint violation is not.
 //
 // # Concurrent deliveries
 //
@@ -69,11 +148,11 @@ ON CONFLICT (consumer, message_id) DO NOTHING`
 // with a serialization error instead, which Process returns, and a redelivery then finds the
 // row and reports a duplicate.
 func Process(ctx context.Context, db TxBeginner, consumer string, msg Message, fn func(ctx context.Context, tx pgx.Tx) error) (duplicate bool, err error) {
-	if consumer == "" {
-		return false, ErrNoConsumer
+	if err := ValidateConsumer(consumer); err != nil {
+		return false, err
 	}
-	if msg.ID == "" {
-		return false, ErrNoMessageID
+	if err := msg.Validate(); err != nil {
+		return false, err
 	}
 	receivedAt := msg.ReceivedAt
 	if receivedAt.IsZero() {
@@ -82,7 +161,7 @@ func Process(ctx context.Context, db TxBeginner, consumer string, msg Message, f
 
 	tx, err := db.Begin(ctx)
 	if err != nil {
-		return false, fmt.Errorf("inbox: begin transaction for message %q: %w", msg.ID, err)
+		return false, Transient(fmt.Errorf("inbox: begin transaction for message %q: %w", msg.ID, err))
 	}
 	// Rolling back after a successful commit is a no-op. A cancelled ctx must not prevent the
 	// rollback, or the connection would go back to a pool inside a failed transaction.
@@ -90,7 +169,11 @@ func Process(ctx context.Context, db TxBeginner, consumer string, msg Message, f
 
 	tag, err := tx.Exec(ctx, insertMessageSQL, consumer, msg.ID, msg.Type, receivedAt)
 	if err != nil {
-		return false, fmt.Errorf("inbox: record message %q: %w", msg.ID, err)
+		err = fmt.Errorf("inbox: record message %q: %w", msg.ID, err)
+		if isDataException(err) {
+			return false, Permanent(err)
+		}
+		return false, Transient(err)
 	}
 	if tag.RowsAffected() == 0 {
 		return true, nil // processed before; the deferred rollback ends the empty transaction
@@ -112,25 +195,3 @@ func rollback(ctx context.Context, tx pgx.Tx) {
 	defer cancel()
 	_ = tx.Rollback(ctx) // pgx closes the connection itself when the rollback fails
 }
-
-// Permanent marks err as permanent: retrying the message cannot help (it is invalid, refers to
-// something that does not exist, breaks a business rule). A consumer runner such as the
-// rabbitmq subpackage dead-letters a message whose handler returned a permanent error at
-// once, instead of retrying it. Permanent(nil) is nil.
-func Permanent(err error) error {
-	if err == nil {
-		return nil
-	}
-	return &permanentError{err: err}
-}
-
-// IsPermanent reports whether err, or any error it wraps, was marked with [Permanent].
-func IsPermanent(err error) bool {
-	var p *permanentError
-	return errors.As(err, &p)
-}
-
-type permanentError struct{ err error }
-
-func (e *permanentError) Error() string { return e.err.Error() }
-func (e *permanentError) Unwrap() error { return e.err }

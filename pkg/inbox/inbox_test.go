@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -136,8 +137,87 @@ func TestProcess(t *testing.T) {
 
 		_, err := inbox.Process(ctx, b.pool, "", inbox.Message{ID: "m-1"}, fn)
 		require.ErrorIs(t, err, inbox.ErrNoConsumer)
-		_, err = inbox.Process(ctx, b.pool, "billing", inbox.Message{ID: ""}, fn)
-		require.ErrorIs(t, err, inbox.ErrNoMessageID)
+		_, err = inbox.Process(ctx, b.pool, "bill\x00ing", inbox.Message{ID: "m-1"}, fn)
+		require.ErrorIs(t, err, inbox.ErrInvalidConsumer)
+		for msg, want := range map[inbox.Message]error{
+			{ID: ""}:                             inbox.ErrNoMessageID,
+			{ID: "m\x001"}:                       inbox.ErrInvalidMessageID,
+			{ID: "k\xff\xfe"}:                    inbox.ErrInvalidMessageID,
+			{ID: strings.Repeat("m", 256)}:       inbox.ErrInvalidMessageID,
+			{ID: "m-1", Type: "order\x00placed"}: inbox.ErrInvalidMessageType,
+			{ID: "m-1", Type: "\xc3("}:           inbox.ErrInvalidMessageType,
+		} {
+			// Refused before a transaction: the begin would fail this test.
+			_, err = inbox.Process(ctx, failingBeginner{t}, "billing", msg, fn)
+			require.ErrorIs(t, err, want, "%q", msg.ID)
+			require.True(t, inbox.IsPermanent(err), "%v", err)
+		}
+		require.Zero(t, countRows(t, b.pool, `SELECT count(*) FROM inbox_messages`))
+	})
+
+	t.Run("FailedBeginIsTransient", func(t *testing.T) {
+		t.Parallel()
+		ctx := t.Context()
+		dbURL := testinfra.DatabaseURL(t)
+		proxy := testinfra.NewProxy(t, hostPort(t, dbURL))
+		pool, err := pgxpool.New(ctx, proxy.RewriteURL(t, dbURL))
+		require.NoError(t, err)
+		t.Cleanup(pool.Close)
+		require.NoError(t, inbox.Migrate(ctx, pool))
+		proxy.Cut()
+
+		_, err = inbox.Process(ctx, pool, "billing", inbox.Message{ID: "m-1"}, nil)
+		require.ErrorContains(t, err, "begin")
+		require.True(t, inbox.IsTransient(err), "%v", err)
+	})
+
+	t.Run("FailedInsertIsTransientUnlessTheValueIsBad", func(t *testing.T) {
+		t.Parallel()
+		ctx := t.Context()
+		// No inbox table: not the message's fault, and an operator fixes it.
+		pool := testinfra.NewPool(t)
+		_, err := inbox.Process(ctx, pool, "billing", inbox.Message{ID: "m-1"}, nil)
+		var pgErr *pgconn.PgError
+		require.ErrorAs(t, err, &pgErr)
+		require.Equal(t, "42P01", pgErr.Code)
+		require.True(t, inbox.IsTransient(err), "%v", err)
+
+		// A LATIN1 database cannot store the euro sign that Validate lets through: the
+		// message's fault, for good.
+		latin1 := latin1Pool(t)
+		require.NoError(t, inbox.Migrate(ctx, latin1))
+		_, err = inbox.Process(ctx, latin1, "billing", inbox.Message{ID: "price-in-€"}, nil)
+		require.ErrorAs(t, err, &pgErr)
+		require.Equal(t, "22P05", pgErr.Code) // untranslatable_character
+		require.True(t, inbox.IsPermanent(err), "%v", err)
+		_, err = inbox.Process(ctx, latin1, "billing", inbox.Message{ID: "price-in-eur"}, nil)
+		require.NoError(t, err)
+	})
+
+	t.Run("HandlerAndCommitErrorsAreClassifiedAsTheyAre", func(t *testing.T) {
+		t.Parallel()
+		ctx, b := setup(t)
+		for code, want := range map[string]inbox.Class{
+			"serialization_failure":       inbox.ClassTransient,
+			"deadlock_detected":           inbox.ClassTransient,
+			"unique_violation":            inbox.ClassFailed,
+			"invalid_text_representation": inbox.ClassFailed,
+		} {
+			_, err := inbox.Process(ctx, b.pool, "billing", inbox.Message{ID: "m-" + code}, func(ctx context.Context, tx pgx.Tx) error {
+				_, err := tx.Exec(ctx, `DO $$ BEGIN RAISE EXCEPTION 'boom' USING ERRCODE = '`+code+`'; END $$`)
+				return err
+			})
+			require.Equal(t, want, inbox.Classify(err), "%s: %v", code, err)
+		}
+		// A deferred constraint fails the commit: the handler's fault, counted.
+		_, err := b.pool.Exec(ctx, `CREATE TABLE reservations (sku text UNIQUE DEFERRABLE INITIALLY DEFERRED)`)
+		require.NoError(t, err)
+		_, err = inbox.Process(ctx, b.pool, "billing", inbox.Message{ID: "m-commit"}, func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `INSERT INTO reservations (sku) VALUES ('a'), ('a')`)
+			return err
+		})
+		require.ErrorContains(t, err, "commit")
+		require.Equal(t, inbox.ClassFailed, inbox.Classify(err))
 		require.Zero(t, countRows(t, b.pool, `SELECT count(*) FROM inbox_messages`))
 	})
 

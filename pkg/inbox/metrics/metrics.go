@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/outboxshop/outboxshop/pkg/inbox"
 	"github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
 )
 
@@ -34,10 +35,13 @@ type Consumer struct {
 	processed  *prometheus.CounterVec
 	duplicates *prometheus.CounterVec
 	errors     *prometheus.CounterVec
+	transient  *prometheus.CounterVec
 	retries    *prometheus.CounterVec
 	dead       *prometheus.CounterVec
+	handedBack *prometheus.CounterVec
 	duration   *prometheus.HistogramVec
 	connected  *prometheus.GaugeVec
+	held       *prometheus.GaugeVec
 	retention  *prometheus.GaugeVec
 	window     *prometheus.GaugeVec
 }
@@ -57,20 +61,23 @@ func NewConsumer(reg prometheus.Registerer, cfg Config) (*Consumer, error) {
 		known:      slices.Clone(cfg.KnownTypes),
 		processed:  counter("messages_processed_total", "Messages applied and committed."),
 		duplicates: counter("duplicates_total", "Deliveries skipped because the message was already processed."),
-		errors:     counter("handler_errors_total", "Failed attempts: handler or database errors."),
+		errors:     counter("handler_errors_total", "Failed attempts: handler or database errors, transient ones included."),
+		transient:  counter("transient_errors_total", "Failed attempts retried in place without counting: the database unreachable, a deadlock, an error marked transient."),
 		retries:    counter("retries_total", "Messages sent back for another attempt."),
 		dead:       counter("dead_lettered_total", "Messages sent to the dead-letter queue.", "reason"),
+		handedBack: counter("handed_back_total", "Deliveries given back to the broker unprocessed.", "reason"),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "inbox", Name: "handler_duration_seconds", ConstLabels: cfg.ConstLabels,
 			Help:    "Time from receipt to acknowledgement of a processed or duplicate message.",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
 		}, labels),
 		connected: gauge("broker_connected", "1 while the consumer is consuming."),
+		held:      gauge("held_messages", "Deliveries held for an in-place retry after transient failures."),
 		retention: gauge("retention_seconds", "How long processed message ids are kept."),
 		window:    gauge("redelivery_window_seconds", "The longest time in which a duplicate can still arrive."),
 	}
-	for _, c := range []prometheus.Collector{m.processed, m.duplicates, m.errors, m.retries, m.dead, m.duration,
-		m.connected, m.retention, m.window} {
+	for _, c := range []prometheus.Collector{m.processed, m.duplicates, m.errors, m.transient, m.retries, m.dead,
+		m.handedBack, m.duration, m.connected, m.held, m.retention, m.window} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -79,15 +86,23 @@ func NewConsumer(reg prometheus.Registerer, cfg Config) (*Consumer, error) {
 }
 
 // Init creates the series of a consumer at zero, so that rate() and absent() work before
-// the first message.
+// the first message, and increase() sees the first dead letter of every reason.
 func (m *Consumer) Init(consumer string) {
 	for _, t := range append(slices.Clone(m.known), OtherType) {
 		m.processed.WithLabelValues(consumer, t)
 		m.duplicates.WithLabelValues(consumer, t)
 		m.errors.WithLabelValues(consumer, t)
+		m.transient.WithLabelValues(consumer, t)
 		m.retries.WithLabelValues(consumer, t)
+		for _, reason := range rabbitmq.Reasons() {
+			m.dead.WithLabelValues(consumer, t, reason)
+		}
+		for _, reason := range []string{rabbitmq.HandBackHoldLimit, rabbitmq.HandBackShutdown, rabbitmq.HandBackRequeued} {
+			m.handedBack.WithLabelValues(consumer, t, reason)
+		}
 	}
 	m.connected.WithLabelValues(consumer)
+	m.held.WithLabelValues(consumer)
 }
 
 // SetWindow exports a consumer's inbox retention and the longest time a duplicate can still
@@ -108,6 +123,7 @@ func (m *Consumer) typ(t string) string {
 // Hooks returns h with the metric updates added; h's own callbacks still run.
 func (m *Consumer) Hooks(h rabbitmq.Hooks) rabbitmq.Hooks {
 	processed, handlerErr, retried, dead, connected := h.Processed, h.HandlerError, h.Retried, h.DeadLettered, h.Connected
+	held, handedBack := h.Held, h.HandedBack
 	h.Processed = func(consumer, msgType string, duplicate bool, d time.Duration) {
 		t := m.typ(msgType)
 		if duplicate {
@@ -122,6 +138,9 @@ func (m *Consumer) Hooks(h rabbitmq.Hooks) rabbitmq.Hooks {
 	}
 	h.HandlerError = func(consumer, msgType string, err error) {
 		m.errors.WithLabelValues(consumer, m.typ(msgType)).Inc()
+		if inbox.IsTransient(err) {
+			m.transient.WithLabelValues(consumer, m.typ(msgType)).Inc()
+		}
 		if handlerErr != nil {
 			handlerErr(consumer, msgType, err)
 		}
@@ -136,6 +155,22 @@ func (m *Consumer) Hooks(h rabbitmq.Hooks) rabbitmq.Hooks {
 		m.dead.WithLabelValues(consumer, m.typ(msgType), reason).Inc()
 		if dead != nil {
 			dead(consumer, msgType, reason)
+		}
+	}
+	h.Held = func(consumer, msgType string, on bool) {
+		if on {
+			m.held.WithLabelValues(consumer).Inc()
+		} else {
+			m.held.WithLabelValues(consumer).Dec()
+		}
+		if held != nil {
+			held(consumer, msgType, on)
+		}
+	}
+	h.HandedBack = func(consumer, msgType, reason string) {
+		m.handedBack.WithLabelValues(consumer, m.typ(msgType), reason).Inc()
+		if handedBack != nil {
+			handedBack(consumer, msgType, reason)
 		}
 	}
 	h.Connected = func(consumer string, up bool) {

@@ -2,7 +2,11 @@ package metrics_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -35,11 +39,19 @@ func TestConsumerMetrics(t *testing.T) {
 	m.Init("warehouse")
 	m.SetWindow("warehouse", 7*24*time.Hour, metrics.RetryWindow(5, time.Second, 30*time.Second))
 
+	var once sync.Once
 	c, err := rabbitmq.NewConsumer(pool, rabbitmq.Config{
 		URL: url, Queue: top.Queue, Name: "warehouse",
 		DeadLetterExchange: dead.Exchange, DeadLetterRoutingKey: "dead",
-		Handler: func(context.Context, pgx.Tx, rabbitmq.Delivery) error { return nil },
-		Hooks:   m.Hooks(rabbitmq.Hooks{}),
+		RetryDelay: 10 * time.Millisecond,
+		Handler: func(_ context.Context, _ pgx.Tx, d rabbitmq.Delivery) error {
+			var err error
+			if d.ID == "m4" {
+				once.Do(func() { err = inbox.Transient(errors.New("the stock service is down")) })
+			}
+			return err
+		},
+		Hooks: m.Hooks(rabbitmq.Hooks{}),
 	})
 	require.NoError(t, err)
 	runCtx, cancel := context.WithCancel(ctx)
@@ -60,27 +72,43 @@ func TestConsumerMetrics(t *testing.T) {
 	publish(amqp.Publishing{MessageId: "m1", Type: "OrderCreated", Body: []byte(`{}`)}) // duplicate
 	publish(amqp.Publishing{MessageId: "m2", Type: "Invented" + t.Name(), Body: []byte(`{}`)})
 	publish(amqp.Publishing{MessageId: "m3", Type: "OrderCreated", Body: []byte(`{not json`)})
+	publish(amqp.Publishing{MessageId: "m4", Type: "OrderCreated", Body: []byte(`{}`)}) // transient once
 
 	testinfra.Eventually(t, 20*time.Second, func() bool {
-		n, _ := testutil.GatherAndCount(reg, "inbox_dead_lettered_total")
-		return n == 1 && value(t, reg, "inbox_duplicates_total", "OrderCreated") == 1 &&
-			value(t, reg, "inbox_messages_processed_total", metrics.OtherType) == 1
+		return value(t, reg, "inbox_dead_lettered_total", "OrderCreated", "malformed-json") == 1 &&
+			value(t, reg, "inbox_duplicates_total", "OrderCreated") == 1 &&
+			value(t, reg, "inbox_messages_processed_total", metrics.OtherType) == 1 &&
+			value(t, reg, "inbox_messages_processed_total", "OrderCreated") == 2
 	}, "messages counted")
 
-	require.Equal(t, 1.0, value(t, reg, "inbox_messages_processed_total", "OrderCreated"))
 	require.Equal(t, 1.0, value(t, reg, "inbox_broker_connected", ""))
-	expected := `
+	require.Equal(t, 1.0, value(t, reg, "inbox_transient_errors_total", "OrderCreated"))
+	require.Equal(t, 1.0, value(t, reg, "inbox_handler_errors_total", "OrderCreated"))
+	require.Zero(t, value(t, reg, "inbox_held_messages", ""), "the hold ended")
+	var expected strings.Builder
+	expected.WriteString(`
 # HELP inbox_dead_lettered_total Messages sent to the dead-letter queue.
 # TYPE inbox_dead_lettered_total counter
-inbox_dead_lettered_total{consumer="warehouse",reason="malformed-json",service="test",type="OrderCreated"} 1
-# HELP inbox_retention_seconds How long processed message ids are kept.
+`)
+	for _, typ := range []string{"OrderCreated", metrics.OtherType} {
+		reasons := rabbitmq.Reasons()
+		slices.Sort(reasons) // the exposition format sorts series by label values
+		for _, reason := range reasons {
+			n := 0
+			if typ == "OrderCreated" && reason == rabbitmq.ReasonMalformedJSON {
+				n = 1
+			}
+			fmt.Fprintf(&expected, "inbox_dead_lettered_total{consumer=\"warehouse\",reason=%q,service=\"test\",type=%q} %d\n", reason, typ, n)
+		}
+	}
+	expected.WriteString(`# HELP inbox_retention_seconds How long processed message ids are kept.
 # TYPE inbox_retention_seconds gauge
 inbox_retention_seconds{consumer="warehouse",service="test"} 604800
 # HELP inbox_redelivery_window_seconds The longest time in which a duplicate can still arrive.
 # TYPE inbox_redelivery_window_seconds gauge
 inbox_redelivery_window_seconds{consumer="warehouse",service="test"} 15
-`
-	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(expected),
+`)
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(expected.String()),
 		"inbox_dead_lettered_total", "inbox_retention_seconds", "inbox_redelivery_window_seconds"))
 	problems, err := testutil.GatherAndLint(reg)
 	require.NoError(t, err)
@@ -94,8 +122,9 @@ func TestRetryWindow(t *testing.T) {
 	require.Equal(t, 17*time.Second, metrics.RetryWindow(6, time.Second, 5*time.Second)) // 1+2+4+5+5
 }
 
-// value reads the series of family name whose type label is typ (any series when typ is "").
-func value(t *testing.T, reg *prometheus.Registry, name, typ string) float64 {
+// value reads the series of family name whose type label is typ (any series when typ is "")
+// and, when given, whose reason label is reason.
+func value(t *testing.T, reg *prometheus.Registry, name, typ string, reason ...string) float64 {
 	t.Helper()
 	families, err := reg.Gather()
 	require.NoError(t, err)
@@ -104,11 +133,14 @@ func value(t *testing.T, reg *prometheus.Registry, name, typ string) float64 {
 			continue
 		}
 		for _, m := range f.GetMetric() {
+			labels := map[string]string{}
 			for _, l := range m.GetLabel() {
-				if typ == "" || l.GetName() == "type" && l.GetValue() == typ {
-					return m.GetCounter().GetValue() + m.GetGauge().GetValue()
-				}
+				labels[l.GetName()] = l.GetValue()
 			}
+			if typ != "" && labels["type"] != typ || len(reason) > 0 && labels["reason"] != reason[0] {
+				continue
+			}
+			return m.GetCounter().GetValue() + m.GetGauge().GetValue()
 		}
 	}
 	return 0

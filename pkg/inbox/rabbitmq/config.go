@@ -7,10 +7,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outboxshop/outboxshop/pkg/inbox"
 )
 
 // Headers the consumer reads and writes. Producers need not set any of them.
@@ -37,18 +40,61 @@ const (
 )
 
 // Reasons for dead-lettering, the first word of [HeaderDeadReason] and the reason passed to
-// [Hooks].DeadLettered (a short, fixed set: fit for a metric label).
+// [Hooks].DeadLettered (a short, fixed set: fit for a metric label; [Reasons] lists them).
+// Each names what a person must look at; none is used for a message that an outage or a
+// lost race made fail.
 const (
 	// ReasonMissingMessageID: the message has no message-id property, so the inbox cannot
 	// deduplicate it.
 	ReasonMissingMessageID = "missing-message-id"
+	// ReasonInvalidMessageID: the message-id cannot be stored by the inbox: it is not valid
+	// UTF-8, contains a NUL byte, or is longer than inbox.MaxMessageIDBytes.
+	ReasonInvalidMessageID = "invalid-message-id"
+	// ReasonInvalidMessageType: the type property cannot be stored by the inbox, for the same
+	// reasons (limit inbox.MaxMessageTypeBytes).
+	ReasonInvalidMessageType = "invalid-message-type"
+	// ReasonBodyTooLarge: the body is longer than [Config].MaxBodyBytes. It is not parsed.
+	ReasonBodyTooLarge = "body-too-large"
+	// ReasonUnsupportedContentType: the content type is not one of [Config].ContentTypes,
+	// or it is a JSON type with a charset other than UTF-8.
+	ReasonUnsupportedContentType = "unsupported-content-type"
+	// ReasonUnknownType: the type property is not one of [Config].Types.
+	ReasonUnknownType = "unknown-type"
 	// ReasonMalformedJSON: the content type is application/json (or empty, or ends in +json)
-	// and the body is not valid JSON.
+	// and the body is not valid JSON, or not valid UTF-8.
 	ReasonMalformedJSON = "malformed-json"
-	// ReasonPermanent: the handler returned an error marked with inbox.Permanent.
+	// ReasonPermanent: the handler returned an error marked with inbox.Permanent (an
+	// unknown schema version, a payload that breaks the contract), or the inbox could not
+	// store the message's id or type in this database.
 	ReasonPermanent = "permanent-error"
-	// ReasonMaxDeliveries: the handler failed on each of [Config].MaxDeliveries attempts.
+	// ReasonMaxDeliveries: the handler failed on each of [Config].MaxDeliveries attempts
+	// with errors that inbox.Classify does not call transient (a constraint violation, a
+	// data exception, an error of its own).
 	ReasonMaxDeliveries = "max-deliveries"
+)
+
+// Reasons returns every dead-letter reason, in the order the consumer checks them.
+func Reasons() []string {
+	return []string{ReasonMissingMessageID, ReasonInvalidMessageID, ReasonInvalidMessageType, ReasonBodyTooLarge,
+		ReasonUnsupportedContentType, ReasonUnknownType, ReasonMalformedJSON, ReasonPermanent, ReasonMaxDeliveries}
+}
+
+// Reasons for handing a delivery back to the broker unprocessed, passed to
+// [Hooks].HandedBack.
+const (
+	// HandBackHoldLimit: the delivery was held for [Config].MaxHold after transient
+	// failures. The consumer republished a copy to the tail of the queue and acknowledged
+	// the original: the broker does not count this as a delivery.
+	HandBackHoldLimit = "hold-limit"
+	// HandBackShutdown: the consumer stopped while holding the delivery. Handed back like
+	// HandBackHoldLimit, uncounted.
+	HandBackShutdown = "shutdown"
+	// HandBackRequeued: the delivery went back by a reject with requeue, or because its
+	// channel closed: it was prefetched but not started when the consumer stopped, its
+	// handler was cut short by [Config].ShutdownTimeout, the broker connection was lost,
+	// or the uncounted hand-back could not be published. The broker counts it (a quorum
+	// queue raises x-delivery-count and applies x-delivery-limit).
+	HandBackRequeued = "requeued"
 )
 
 // Failpoint names passed to [Hooks].Failpoint. A chaos test makes the hook kill the process
@@ -73,17 +119,31 @@ const (
 	DefaultMaxReconnectDelay = 30 * time.Second
 	DefaultPublishTimeout    = 30 * time.Second
 	DefaultShutdownTimeout   = 30 * time.Second
+	// DefaultMaxHold is half of RabbitMQ's default consumer_timeout (30 minutes since 3.8.17),
+	// the time after which the broker closes the channel of a consumer that holds an
+	// unacknowledged delivery.
+	DefaultMaxHold = 15 * time.Minute
+	// DefaultMaxBodyBytes is 1 MiB.
+	DefaultMaxBodyBytes = 1 << 20
 )
 
 // Handler applies one message inside the inbox transaction tx. It writes its changes through
 // tx and must not commit or roll it back. Returning nil commits the changes together with the
-// inbox row and acknowledges the message. Returning an error rolls everything back and
-// retries the message; wrap the error with inbox.Permanent to dead-letter it at once instead.
+// inbox row and acknowledges the message. Returning an error rolls everything back; what
+// happens next depends on inbox.Classify(err):
+//
+//   - transient (the database unreachable, a deadlock or serialization failure, a lost
+//     connection, an error wrapped with inbox.Transient): the consumer holds the delivery
+//     and calls the handler again in place, after a backoff, without counting an attempt;
+//   - permanent (wrapped with inbox.Permanent): the message is dead-lettered at once;
+//   - anything else, including constraint violations and data exceptions: the attempt
+//     counts, and the message is retried until [Config].MaxDeliveries, then dead-lettered.
 //
 // A handler may be called again for the same message after an error, a crash or a broker
 // outage, but its committed effects happen once. It may run concurrently with other
 // invocations (see [Config].Concurrency). ctx is cancelled when the consumer stops and the
-// handler did not finish within [Config].ShutdownTimeout.
+// handler did not finish within [Config].ShutdownTimeout, and at once on stop when the call
+// is a retry of a held delivery.
 type Handler func(ctx context.Context, tx pgx.Tx, d Delivery) error
 
 // Delivery is the message passed to a [Handler].
@@ -96,7 +156,8 @@ type Delivery struct {
 	// copies (which the consumer republishes through the default exchange).
 	Exchange   string
 	RoutingKey string
-	// Headers are the AMQP headers, including the consumer's own (x-outboxshop-…).
+	// Headers are the AMQP headers, including the consumer's own (x-outboxshop-…) and the
+	// broker's (x-delivery-count on a quorum queue's redeliveries).
 	Headers       amqp.Table
 	ContentType   string
 	CorrelationID string
@@ -106,19 +167,23 @@ type Delivery struct {
 	// (after a crash, a lost connection or a graceful stop).
 	Redelivered bool
 	// DeliveryCount is 1 on the first attempt, 2 on the first retry, and so on up to
-	// [Config].MaxDeliveries. Broker redeliveries (Redelivered) do not count.
+	// [Config].MaxDeliveries. Broker redeliveries (Redelivered), transient failures and
+	// hand-backs do not count.
 	DeliveryCount int
 }
 
 // Hooks are optional callbacks for metrics and fault injection. Nil fields are skipped. They
-// are called from the consumer's goroutines, concurrently, and must return quickly.
+// are called from the consumer's goroutines, concurrently, and must return quickly. msgType
+// is the message's type property as received: it may be anything, even invalid UTF-8, so map
+// it to a known set before using it as a metric label (the metrics subpackage does).
 type Hooks struct {
 	// Processed is called after a message was committed (duplicate == false) or found in the
 	// inbox (duplicate == true), and its acknowledgement was sent. d runs from receipt to
 	// acknowledgement.
 	Processed func(consumer, msgType string, duplicate bool, d time.Duration)
 	// HandlerError is called for every failed attempt: an error returned by the handler, or
-	// an error of the database (begin, insert, commit).
+	// an error of the database (begin, insert, commit), transient ones included. Use
+	// inbox.Classify(err) to tell them apart.
 	HandlerError func(consumer, msgType string, err error)
 	// Retried is called after a retry copy was published; deliveryCount is the number of the
 	// attempt that failed.
@@ -126,6 +191,12 @@ type Hooks struct {
 	// DeadLettered is called after a message was dead-lettered and acknowledged; reason is
 	// one of the Reason constants.
 	DeadLettered func(consumer, msgType, reason string)
+	// Held is called with true when a delivery starts being held after a transient failure,
+	// and with false when the hold ends (processed, dead-lettered, handed back).
+	Held func(consumer, msgType string, held bool)
+	// HandedBack is called when a delivery went back to the broker unprocessed; reason is
+	// one of the HandBack constants.
+	HandedBack func(consumer, msgType, reason string)
 	// Connected is called with true when the consumer starts consuming on a new connection,
 	// and with false when it lost it (or stopped).
 	Connected func(consumer string, connected bool)
@@ -143,7 +214,7 @@ type Config struct {
 	Queue string
 	// Name is the inbox consumer name: messages are deduplicated per name, so several
 	// handlers may consume copies of the same message into one database. Keep it stable
-	// across deployments. Required.
+	// across deployments. Required; valid UTF-8 without NUL, at most inbox.MaxConsumerBytes.
 	Name string
 	// Handler applies a message. Required.
 	Handler Handler
@@ -164,7 +235,36 @@ type Config struct {
 	// at most MaxRetryDelay, jittered by up to half of it. Default 1s.
 	RetryDelay time.Duration
 	// MaxRetryDelay caps RetryDelay's growth. Default 30s (or RetryDelay if larger).
+	// RetryDelay and MaxRetryDelay also space the in-place retries of a held delivery,
+	// capped at a quarter of MaxHold.
 	MaxRetryDelay time.Duration
+
+	// MaxHold bounds how long a delivery is held, counted from its receipt, while it fails
+	// transiently (the database unreachable, a deadlock, an error marked inbox.Transient).
+	// Then the consumer republishes a copy to the tail of the queue and acknowledges the
+	// original, which the broker does not count as a delivery, and the copy starts a new
+	// hold when it arrives. Keep it well below the broker's consumer_timeout (RabbitMQ
+	// closes the channel of a consumer that keeps a delivery unacknowledged longer, and
+	// counts a delivery for every message on it). Default 15 minutes, half of RabbitMQ's
+	// default consumer_timeout.
+	MaxHold time.Duration
+
+	// MaxBodyBytes is the largest body the consumer accepts; a larger message is
+	// dead-lettered (ReasonBodyTooLarge) before its body is parsed. The broker has already
+	// received the whole body by then (RabbitMQ's max_message_size bounds that), so this
+	// protects the handler's decoding, not the consumer's memory. Default 1 MiB.
+	MaxBodyBytes int
+	// ContentTypes, when not empty, are the media types the consumer accepts (compared
+	// case-insensitively, without parameters, e.g. "application/json"); a message with
+	// another content type is dead-lettered (ReasonUnsupportedContentType). List "" to
+	// accept messages without a content type. Empty accepts any content type. Independently
+	// of this list, a JSON content type whose charset parameter is not UTF-8 is refused: JSON
+	// between systems is UTF-8 (RFC 8259).
+	ContentTypes []string
+	// Types, when not empty, are the message types (the type property) the handler
+	// understands; a message of another type is dead-lettered (ReasonUnknownType) without
+	// a transaction. Empty accepts any type and leaves unknown types to the handler.
+	Types []string
 
 	// DeadLetterExchange and DeadLetterRoutingKey are where messages go that cannot be
 	// processed (see the Reason constants). Required: at least one must be set. An empty
@@ -177,6 +277,14 @@ type Config struct {
 	// Setup declares the topology on every (re)connect, before consuming, on the consuming
 	// channel (exchanges, the queue, its bindings, the dead-letter exchange and queue).
 	// Optional. An error ends the connection attempt; the consumer retries it with backoff.
+	//
+	// One error is tolerated: PRECONDITION_FAILED for an "inequivalent arg", which RabbitMQ
+	// answers when a queue or exchange exists with other arguments than declared (someone
+	// changed x-delivery-limit, say). The consumer logs a warning, reports it in
+	// [Status].SetupWarning, opens a new channel and consumes the existing queue as it is,
+	// if it exists. Setup stopped at the failed declaration, so declare the exchanges and
+	// the dead-letter queue before the consumed queue and its bindings, and change queue
+	// arguments through a policy or by recreating the queue (see the package doc).
 	Setup func(ch *amqp.Channel) error
 
 	// ReconnectDelay is the wait before the first reconnect attempt; it doubles per failed
@@ -210,6 +318,8 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.Name == "" {
 		errs = append(errs, errors.New("name (the inbox consumer name) is required"))
+	} else if err := inbox.ValidateConsumer(c.Name); err != nil {
+		errs = append(errs, fmt.Errorf("name: %w", err))
 	}
 	if c.Handler == nil {
 		errs = append(errs, errors.New("handler is required"))
@@ -239,6 +349,7 @@ func (c Config) withDefaults() (Config, error) {
 		{"max reconnect delay", c.MaxReconnectDelay},
 		{"publish timeout", c.PublishTimeout},
 		{"shutdown timeout", c.ShutdownTimeout},
+		{"max hold", c.MaxHold},
 	} {
 		if d.value < 0 {
 			errs = append(errs, fmt.Errorf("%s must be >= 0 (0 means the default), got %s", d.name, d.value))
@@ -256,6 +367,17 @@ func (c Config) withDefaults() (Config, error) {
 	c.MaxReconnectDelay = cmp.Or(c.MaxReconnectDelay, max(DefaultMaxReconnectDelay, c.ReconnectDelay))
 	c.PublishTimeout = cmp.Or(c.PublishTimeout, DefaultPublishTimeout)
 	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, DefaultShutdownTimeout)
+	c.MaxHold = cmp.Or(c.MaxHold, DefaultMaxHold)
+	if c.MaxBodyBytes < 0 {
+		errs = append(errs, fmt.Errorf("max body bytes must be >= 0 (0 means the default, %d), got %d", DefaultMaxBodyBytes, c.MaxBodyBytes))
+	}
+	c.MaxBodyBytes = cmp.Or(c.MaxBodyBytes, DefaultMaxBodyBytes)
+	contentTypes := make([]string, 0, len(c.ContentTypes))
+	for _, ct := range c.ContentTypes {
+		contentTypes = append(contentTypes, mediaType(ct))
+	}
+	c.ContentTypes = contentTypes
+	c.Types = slices.Clone(c.Types)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}

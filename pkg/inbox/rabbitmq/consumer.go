@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,9 +32,33 @@ type Consumer struct {
 	user string
 
 	running atomic.Bool
-	// infraFailures counts consecutive failures that were not the handler's (database down,
-	// publish failed); it sets the wait before such a message is handed back to the broker.
-	infraFailures atomic.Int64
+	// held counts the deliveries held for an in-place retry.
+	held atomic.Int64
+
+	mu     sync.Mutex
+	status Status // Running, Connected, Since, LastError, SetupWarning; Held comes from held
+}
+
+// Status is a snapshot of a consumer's state, for readiness checks and status pages.
+type Status struct {
+	// Running: Run is running.
+	Running bool
+	// Connected: the consumer is consuming on a live broker connection.
+	Connected bool
+	// Since is when Connected last changed: when the consumer last started consuming, or
+	// last lost or failed to get its connection. For a consumer that never connected, when
+	// Run started.
+	Since time.Time
+	// LastError is why the consumer is not connected: the error that ended the last
+	// connection, or of the last failed attempt. Nil while connected.
+	LastError error
+	// SetupWarning is the PRECONDITION_FAILED error that [Config].Setup returned on the last
+	// connect and that the consumer tolerated (see [Config].Setup); nil when Setup
+	// succeeded.
+	SetupWarning error
+	// Held is the number of deliveries held for an in-place retry after transient failures
+	// (the database unreachable, say).
+	Held int
 }
 
 // NewConsumer checks cfg, fills in its defaults and returns a consumer that processes each
@@ -63,9 +88,10 @@ func NewConsumer(pool inbox.TxBeginner, cfg Config) (*Consumer, error) {
 // connected and disconnected once, not each failed attempt.
 //
 // When ctx ends, Run stops taking messages (those already prefetched are handed back to the
-// broker), lets the messages being handled finish and acknowledges them, for at most
-// [Config].ShutdownTimeout, and closes the connection. Messages whose handlers were cut short
-// roll back and are redelivered later. No goroutine outlives Run.
+// broker), hands back the messages it holds after transient failures at once, without the
+// broker counting a delivery, lets the messages being handled finish and acknowledges them,
+// for at most [Config].ShutdownTimeout, and closes the connection. Messages whose handlers
+// were cut short roll back and are redelivered later. No goroutine outlives Run.
 //
 // Run returns an error only when it is already running.
 func (c *Consumer) Run(ctx context.Context) error {
@@ -79,10 +105,15 @@ func (c *Consumer) Run(ctx context.Context) error {
 		failures  int // failed attempts since the last successful connection
 		downSince = time.Now()
 	)
+	c.setStatus(func(st *Status) { *st = Status{Running: true, Since: downSince} })
+	defer c.setStatus(func(st *Status) {
+		st.Running, st.Connected, st.Since, st.LastError = false, false, time.Now(), errors.New("the consumer stopped")
+	})
 	onConnected := func() {
 		c.log.InfoContext(ctx, "consuming",
 			slog.Int("failed_attempts", failures), slog.Duration("down_for", time.Since(downSince).Round(time.Millisecond)))
 		connected, failures = true, 0
+		c.setStatus(func(st *Status) { st.Connected, st.Since, st.LastError = true, time.Now(), nil })
 		c.hookConnected(true)
 	}
 	for {
@@ -94,10 +125,16 @@ func (c *Consumer) Run(ctx context.Context) error {
 			c.log.InfoContext(ctx, "consumer stopped")
 			return nil
 		}
+		if connected {
+			downSince = time.Now()
+			c.setStatus(func(st *Status) { st.Connected, st.Since, st.LastError = false, downSince, err })
+		} else {
+			c.setStatus(func(st *Status) { st.LastError = err })
+		}
 		switch {
 		case connected:
 			c.log.WarnContext(ctx, "lost the broker connection; reconnecting", slog.Any("error", err))
-			connected, downSince = false, time.Now()
+			connected = false
 			c.hookConnected(false)
 		case failures == 0:
 			c.log.WarnContext(ctx, "cannot consume; retrying with backoff", slog.Any("error", err))
@@ -128,8 +165,8 @@ func (c *Consumer) session(ctx context.Context, onConnected func()) error {
 	}
 	chClosed := ch.NotifyClose(make(chan *amqp.Error, 1))
 	if c.cfg.Setup != nil {
-		if err := c.cfg.Setup(ch); err != nil {
-			return fmt.Errorf("setup: %w", err)
+		if ch, chClosed, err = c.setup(ctx, conn, ch, chClosed); err != nil {
+			return err
 		}
 	}
 	if err := ch.Qos(c.cfg.Prefetch, 0, false); err != nil {
@@ -154,11 +191,22 @@ func (c *Consumer) session(ctx context.Context, onConnected func()) error {
 	defer cancelWait()
 	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
-	s := &session{pub: pub, waitCtx: waitCtx, workCtx: workCtx, cancelled: make(chan struct{})}
+	s := &session{pub: pub, runCtx: ctx, waitCtx: waitCtx, workCtx: workCtx, cancelled: make(chan struct{})}
 
+	// Stamp each delivery with its arrival: a delivery's hold is bounded from when the
+	// broker handed it over (its consumer_timeout clock), not from when a worker took it.
+	// At most Prefetch deliveries are unacknowledged, so the buffer never fills; the
+	// goroutine ends when the delivery channel closes, which happens before workersDone.
+	arrived := make(chan inbound, c.cfg.Prefetch)
+	go func() {
+		defer close(arrived)
+		for d := range deliveries {
+			arrived <- inbound{Delivery: d, at: time.Now()}
+		}
+	}()
 	var workers sync.WaitGroup
 	for range c.cfg.Concurrency {
-		workers.Go(func() { c.work(s, deliveries) })
+		workers.Go(func() { c.work(s, arrived) })
 	}
 	workersDone := make(chan struct{})
 	go func() {
@@ -185,10 +233,13 @@ func (c *Consumer) session(ctx context.Context, onConnected func()) error {
 		})
 	case amqpErr := <-connClosed:
 		result = fmt.Errorf("connection closed: %w", closeErr(amqpErr))
+		close(s.cancelled) // the subscription ended with the connection
 	case amqpErr := <-chClosed:
 		result = fmt.Errorf("channel closed: %w", closeErr(amqpErr))
+		close(s.cancelled)
 	case <-workersDone:
 		result = errors.New("the broker cancelled the consumer (queue deleted?)")
+		close(s.cancelled)
 	}
 	cancelWait()
 
@@ -212,27 +263,127 @@ func (c *Consumer) session(ctx context.Context, onConnected func()) error {
 
 // session is the state shared by the workers of one connection.
 type session struct {
-	pub     *publisher
+	pub *publisher
+	// runCtx is Run's: it ends when the consumer is asked to stop. waitCtx ends with it or
+	// when the connection is lost; workCtx ends ShutdownTimeout after either.
+	runCtx  context.Context
 	waitCtx context.Context
 	workCtx context.Context
-	// stopping is set when Run's context ended; cancelled is closed once the broker
-	// confirmed the end of the subscription (or the attempt failed).
+	// stopping is set when the session saw Run's context end; cancelled is closed once the
+	// broker confirmed the end of the subscription (or the attempt failed, or the
+	// subscription ended with its channel).
 	stopping  atomic.Bool
 	cancelled chan struct{}
 }
 
+// inbound is a delivery and when it arrived.
+type inbound struct {
+	amqp.Delivery
+	at time.Time
+}
+
+// stopped reports whether the session ended, by a stop (Run's context) or a lost connection.
+func (s *session) stopped() bool { return s.waitCtx.Err() != nil }
+
+// stopRequested reports whether Run's context ended. It may be true before stopping is set.
+func (s *session) stopRequested() bool { return s.runCtx.Err() != nil }
+
 // work handles deliveries until the delivery channel closes.
-func (c *Consumer) work(s *session, deliveries <-chan amqp.Delivery) {
+func (c *Consumer) work(s *session, deliveries <-chan inbound) {
 	for d := range deliveries {
 		if s.stopping.Load() {
 			// Stopping: hand prefetched messages back at once, for other consumers; after the
-			// subscription ended, or the broker would deliver them right back to us.
+			// subscription ended, or the broker would deliver them right back to us. This
+			// costs each a delivery on a quorum queue, as a crash would; republishing them
+			// instead would move every prefetched message behind the queue on every
+			// restart.
 			<-s.cancelled
 			_ = d.Nack(false, true)
+			c.hookHandedBack(d.Type, HandBackRequeued)
 			continue
 		}
 		c.handle(s, d)
 	}
+}
+
+// setup runs Config.Setup on ch. It tolerates an "inequivalent arg" PRECONDITION_FAILED (a
+// queue or exchange that exists with other arguments): it warns, opens a new channel (the
+// error closed ch) and checks that the queue to consume exists. It returns the channel to
+// consume on and its close notifications.
+func (c *Consumer) setup(ctx context.Context, conn *amqp.Connection, ch *amqp.Channel, chClosed chan *amqp.Error) (*amqp.Channel, chan *amqp.Error, error) {
+	err := c.cfg.Setup(ch)
+	if err == nil {
+		c.setStatus(func(st *Status) { st.SetupWarning = nil })
+		return ch, chClosed, nil
+	}
+	amqpErr, ok := errors.AsType[*amqp.Error](err)
+	if !ok || amqpErr.Code != amqp.PreconditionFailed || !strings.Contains(amqpErr.Reason, "inequivalent arg") {
+		return nil, nil, fmt.Errorf("setup: %w", err)
+	}
+	ch, err2 := conn.Channel()
+	if err2 != nil {
+		return nil, nil, fmt.Errorf("open channel after setup failed (%v): %w", err, err2)
+	}
+	chClosed = ch.NotifyClose(make(chan *amqp.Error, 1))
+	if _, err2 := ch.QueueDeclarePassive(c.cfg.Queue, false, false, false, false, nil); err2 != nil {
+		return nil, nil, fmt.Errorf("setup: %w; and the queue cannot be consumed as it is: %w", err, err2)
+	}
+	var first bool
+	c.setStatus(func(st *Status) {
+		first = st.SetupWarning == nil || st.SetupWarning.Error() != err.Error()
+		st.SetupWarning = err
+	})
+	level := slog.LevelDebug
+	if first {
+		level = slog.LevelWarn
+	}
+	c.log.Log(ctx, level, "topology exists with other arguments than Setup declares; consuming the existing queue as it is "+
+		"(declarations after the failed one were skipped; change queue arguments through a policy, or recreate the queue)",
+		slog.Any("error", err))
+	return ch, chClosed, nil
+}
+
+// Status returns the consumer's state.
+func (c *Consumer) Status() Status {
+	c.mu.Lock()
+	st := c.status
+	c.mu.Unlock()
+	st.Held = int(c.held.Load())
+	return st
+}
+
+// Connected reports whether the consumer is consuming on a live broker connection.
+func (c *Consumer) Connected() bool { return c.Status().Connected }
+
+// Ready returns nil when the consumer can do its job: it is running, and connected to the
+// broker or disconnected for at most maxDisconnected (a reconnect usually takes a second or
+// two; a readiness check should not flap on that). Otherwise it returns an error that says
+// why, for a readiness endpoint to answer 503 with.
+//
+// Ready does not look at the database: a consumer whose database is unreachable holds its
+// deliveries ([Status].Held) and loses nothing; check the database separately.
+func (c *Consumer) Ready(maxDisconnected time.Duration) error {
+	st := c.Status()
+	switch {
+	case !st.Running:
+		return errors.New("rabbitmq consumer: not running")
+	case st.Connected:
+		return nil
+	}
+	down := time.Since(st.Since)
+	if down <= maxDisconnected {
+		return nil
+	}
+	if st.LastError != nil {
+		return fmt.Errorf("rabbitmq consumer: not connected to the broker for %s: %w", down.Round(time.Second), st.LastError)
+	}
+	return fmt.Errorf("rabbitmq consumer: not connected to the broker for %s", down.Round(time.Second))
+}
+
+func (c *Consumer) setStatus(change func(*Status)) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	change(&c.status)
 }
 
 func (c *Consumer) dial(ctx context.Context) (*amqp.Connection, error) {
@@ -254,6 +405,12 @@ func (c *Consumer) dial(ctx context.Context) (*amqp.Connection, error) {
 			return conn, nil
 		},
 	})
+}
+
+func (c *Consumer) hookHandedBack(msgType, reason string) {
+	if h := c.cfg.Hooks.HandedBack; h != nil {
+		h(c.cfg.Name, msgType, reason)
+	}
 }
 
 func (c *Consumer) hookConnected(connected bool) {

@@ -9,9 +9,11 @@ import (
 	"maps"
 	"mime"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -22,84 +24,239 @@ import (
 // maxReasonLen bounds the dead-reason header; error texts can be long.
 const maxReasonLen = 4096
 
+// headerDeliveryCount is the header in which a quorum queue tells how often it delivered a
+// message before. The consumer strips it from the copies it publishes to the queue, which
+// the broker counts from zero.
+const headerDeliveryCount = "x-delivery-count"
+
+// message is one delivery on its way through the consumer.
+type message struct {
+	d   amqp.Delivery
+	del Delivery
+	log *slog.Logger
+	// arrived is when the delivery reached the consumer (its consumer_timeout clock runs
+	// from there); start is when a worker took it.
+	arrived, start time.Time
+	// retries is the retry count a copy of this message carries back to the queue:
+	// DeliveryCount-1, or DeliveryCount once this attempt failed and counts.
+	retries int
+	// held is set while the delivery is held after transient failures, since holdStart;
+	// failures counts them.
+	held      bool
+	holdStart time.Time
+	failures  int
+}
+
+// step is one stage of a delivery's handling. It returns the stage to run next (nil when the
+// delivery is settled) and nil, or, when it failed transiently, the stage to retry in place
+// and the error. An error wrapping errInterrupted means the session ended under it.
+type step func() (next step, err error)
+
+// errInterrupted marks a stage cut short because the consumer is stopping or lost its
+// connection.
+var errInterrupted = errors.New("interrupted: the consumer is stopping or lost its broker connection")
+
 // handle takes one delivery to its end: acknowledged after commit or as a duplicate, retried,
 // dead-lettered, or handed back to the broker. It never drops a message: every path that
 // does not end in a confirmed republish and an ack ends in a Nack with requeue, or leaves the
 // message unacknowledged for the broker to redeliver.
-func (c *Consumer) handle(s *session, d amqp.Delivery) {
-	start := time.Now()
-	del := newDelivery(d)
-	ctx := s.workCtx
-	log := c.log.With(
-		slog.String("message_id", d.MessageId),
-		slog.String("message_type", d.Type),
-		slog.Int("delivery_count", del.DeliveryCount),
+//
+// A stage that fails transiently (the database unreachable, a deadlock, a failed publish) is
+// retried in place with backoff while the delivery stays unacknowledged, which the broker
+// does not count as a delivery. The hold ends when the stage succeeds, when MaxHold since
+// the delivery's arrival would be exceeded, or when the session ends; then the delivery is
+// handed back (see handBack).
+func (c *Consumer) handle(s *session, in inbound) {
+	m := &message{d: in.Delivery, del: newDelivery(in.Delivery), arrived: in.at, start: time.Now()}
+	m.retries = m.del.DeliveryCount - 1
+	m.log = c.log.With(
+		slog.String("message_id", m.d.MessageId),
+		slog.String("message_type", m.d.Type),
+		slog.Int("delivery_count", m.del.DeliveryCount),
 	)
+	defer c.endHold(m)
 
-	// Messages that can never succeed go to the dead-letter destination at once.
-	if d.MessageId == "" {
-		c.deadLetter(s, d, del, log, ReasonMissingMessageID, "the message has no message-id property, so the inbox cannot deduplicate it")
-		return
-	}
-	if isJSON(d.ContentType) {
-		if err := checkJSON(d.Body); err != nil {
-			c.deadLetter(s, d, del, log, ReasonMalformedJSON, err.Error())
+	next := c.check(s, m)
+	for next != nil {
+		stage := next
+		var err error
+		next, err = stage()
+		if err == nil {
+			continue
+		}
+		if errors.Is(err, errInterrupted) || s.stopped() {
+			c.handBack(s, m, err)
+			return
+		}
+		if next == nil {
+			next = stage
+		}
+		m.failures++
+		delay := c.holdDelay(m.failures)
+		if !m.held {
+			m.held, m.holdStart = true, time.Now()
+			c.held.Add(1)
+			if h := c.cfg.Hooks.Held; h != nil {
+				h(c.cfg.Name, m.d.Type, true)
+			}
+			m.log.WarnContext(s.workCtx, "transient failure; holding the message and retrying in place",
+				slog.Any("error", err), slog.Duration("retry_in", delay), slog.Duration("max_hold", c.cfg.MaxHold))
+		} else {
+			m.log.DebugContext(s.workCtx, "transient failure; still holding the message",
+				slog.Any("error", err), slog.Int("failures", m.failures), slog.Duration("retry_in", delay))
+		}
+		if time.Since(m.arrived)+delay > c.cfg.MaxHold {
+			c.handBack(s, m, err)
+			return
+		}
+		if !sleep(s.waitCtx, delay) {
+			c.handBack(s, m, errInterrupted)
 			return
 		}
 	}
+}
 
-	// The inbox row, the handler's writes and the commit are one transaction.
-	var handlerErr error
-	msg := inbox.Message{ID: d.MessageId, Type: d.Type, ReceivedAt: start}
-	duplicate, err := inbox.Process(ctx, c.pool, c.cfg.Name, msg, func(ctx context.Context, tx pgx.Tx) error {
-		if err := c.callHandler(ctx, tx, del, log); err != nil {
-			handlerErr = err
-			return err
-		}
-		c.failpoint(FailpointBeforeCommit)
-		return nil
-	})
-	if err == nil {
-		if !duplicate {
-			c.failpoint(FailpointAfterCommit)
-		}
-		c.infraFailures.Store(0)
-		// Acknowledge only now that the effect is committed (or was, by an earlier delivery).
-		if err := d.Ack(false); err != nil {
-			log.WarnContext(ctx, "ack after commit failed; the broker will redeliver the message and the inbox will skip it",
-				slog.Any("error", err))
-		}
-		if h := c.cfg.Hooks.Processed; h != nil {
-			h(c.cfg.Name, d.Type, duplicate, time.Since(start))
-		}
-		if duplicate {
-			log.InfoContext(ctx, "duplicate message skipped", slog.Bool("redelivered", d.Redelivered))
-		} else {
-			log.DebugContext(ctx, "message processed", slog.Duration("took", time.Since(start)))
-		}
+// holdDelay is the wait before the n-th retry in place: the retry backoff, at most a quarter
+// of MaxHold (and starting at most at an eighth), so that a hold retries several times
+// before its delivery is handed back, and a hand-back never follows its arrival at once.
+func (c *Consumer) holdDelay(n int) time.Duration {
+	limit := min(c.cfg.MaxRetryDelay, c.cfg.MaxHold/4)
+	return backoff(min(c.cfg.RetryDelay, c.cfg.MaxHold/8, limit), limit, n-1)
+}
+
+// endHold ends m's hold, if it was held.
+func (c *Consumer) endHold(m *message) {
+	if !m.held {
 		return
 	}
+	m.held = false
+	c.held.Add(-1)
+	if h := c.cfg.Hooks.Held; h != nil {
+		h(c.cfg.Name, m.d.Type, false)
+	}
+}
 
-	if h := c.cfg.Hooks.HandlerError; h != nil {
-		h(c.cfg.Name, d.Type, err)
+// check returns the first stage for m: dead-lettering when the message can never succeed,
+// processing otherwise.
+func (c *Consumer) check(s *session, m *message) step {
+	if reason, detail := c.refuse(m.d); reason != "" {
+		return c.deadLetterStage(s, m, reason, detail)
+	}
+	return c.processStage(s, m)
+}
+
+// refuse returns the reason and details for dead-lettering d without a transaction, or "".
+// The checks run in the order of [Reasons]; the body is parsed only when it is small enough.
+func (c *Consumer) refuse(d amqp.Delivery) (reason, detail string) {
+	if d.MessageId == "" {
+		return ReasonMissingMessageID, "the message has no message-id property, so the inbox cannot deduplicate it"
+	}
+	if err := (inbox.Message{ID: d.MessageId, Type: d.Type}).Validate(); err != nil {
+		if errors.Is(err, inbox.ErrInvalidMessageType) {
+			return ReasonInvalidMessageType, err.Error()
+		}
+		return ReasonInvalidMessageID, err.Error()
+	}
+	if len(d.Body) > c.cfg.MaxBodyBytes {
+		return ReasonBodyTooLarge, fmt.Sprintf("the body has %d bytes, more than the %d accepted", len(d.Body), c.cfg.MaxBodyBytes)
+	}
+	mt := mediaType(d.ContentType)
+	if len(c.cfg.ContentTypes) > 0 && !slices.Contains(c.cfg.ContentTypes, mt) {
+		return ReasonUnsupportedContentType, fmt.Sprintf("content type %q is not one of %q", d.ContentType, c.cfg.ContentTypes)
+	}
+	jsonBody := isJSON(mt)
+	if jsonBody {
+		if cs := charset(d.ContentType); cs != "" && !strings.EqualFold(cs, "utf-8") && !strings.EqualFold(cs, "utf8") {
+			return ReasonUnsupportedContentType, fmt.Sprintf("content type %q: JSON must be UTF-8", d.ContentType)
+		}
+	}
+	if len(c.cfg.Types) > 0 && !slices.Contains(c.cfg.Types, d.Type) {
+		return ReasonUnknownType, fmt.Sprintf("type %q is not one of %q", d.Type, c.cfg.Types)
+	}
+	if jsonBody {
+		if err := checkJSON(d.Body); err != nil {
+			return ReasonMalformedJSON, err.Error()
+		}
+	}
+	return "", ""
+}
+
+// processStage runs the inbox transaction: the inbox row, the handler's writes and the
+// commit. The first attempt runs on workCtx, which outlives a stop by ShutdownTimeout; the
+// retries of a held delivery run on waitCtx, so that a stop ends them at once.
+func (c *Consumer) processStage(s *session, m *message) step {
+	var self step
+	self = func() (step, error) {
+		ctx := s.workCtx
+		if m.held {
+			ctx = s.waitCtx
+		}
+		var handlerErr error
+		msg := inbox.Message{ID: m.d.MessageId, Type: m.d.Type, ReceivedAt: m.start}
+		duplicate, err := inbox.Process(ctx, c.pool, c.cfg.Name, msg, func(ctx context.Context, tx pgx.Tx) error {
+			if err := c.callHandler(ctx, tx, m.del, m.log); err != nil {
+				handlerErr = err
+				return err
+			}
+			c.failpoint(FailpointBeforeCommit)
+			return nil
+		})
+		if err == nil {
+			c.processed(s, m, duplicate)
+			return nil, nil
+		}
+		if h := c.cfg.Hooks.HandlerError; h != nil {
+			h(c.cfg.Name, m.d.Type, err)
+		}
+		if ctx.Err() != nil {
+			// A stop or a lost connection cut the attempt short; it rolled back. Not the
+			// message's fault.
+			return self, fmt.Errorf("%w: %w", errInterrupted, err)
+		}
+		// After a failed commit the effect may have happened; the next attempt finds out
+		// through the inbox.
+		cause := err
+		if handlerErr != nil {
+			cause = handlerErr
+		}
+		class := inbox.Classify(err)
+		switch {
+		case class == inbox.ClassTransient:
+			return self, err
+		case class == inbox.ClassPermanent:
+			return c.deadLetterStage(s, m, ReasonPermanent, cause.Error()), nil
+		case m.del.DeliveryCount >= c.cfg.MaxDeliveries:
+			return c.deadLetterStage(s, m, ReasonMaxDeliveries,
+				fmt.Sprintf("failed on all %d attempts; last error: %v", m.del.DeliveryCount, cause)), nil
+		default:
+			m.retries = m.del.DeliveryCount
+			return c.retryStage(s, m, cause), nil
+		}
+	}
+	return self
+}
+
+// processed acknowledges a committed or duplicate message.
+func (c *Consumer) processed(s *session, m *message, duplicate bool) {
+	if !duplicate {
+		c.failpoint(FailpointAfterCommit)
+	}
+	// Acknowledge only now that the effect is committed (or was, by an earlier delivery).
+	if err := m.d.Ack(false); err != nil {
+		m.log.WarnContext(s.workCtx, "ack after commit failed; the broker will redeliver the message and the inbox will skip it",
+			slog.Any("error", err))
+	}
+	if h := c.cfg.Hooks.Processed; h != nil {
+		h(c.cfg.Name, m.d.Type, duplicate, time.Since(m.start))
 	}
 	switch {
-	case ctx.Err() != nil:
-		// The shutdown timeout cut the handler short; it rolled back. Not the message's fault.
-		log.WarnContext(ctx, "handling cut short by shutdown; the message goes back to the queue", slog.Any("error", err))
-		_ = d.Nack(false, true)
-	case handlerErr == nil:
-		// The database failed (begin, insert, commit), not the handler: no attempt is counted,
-		// so an outage does not dead-letter healthy messages. After a failed commit the effect
-		// may have happened; the redelivery finds out through the inbox.
-		c.requeueLater(s, d, log, "processing failed outside the handler", err)
-	case inbox.IsPermanent(handlerErr):
-		c.deadLetter(s, d, del, log, ReasonPermanent, handlerErr.Error())
-	case del.DeliveryCount >= c.cfg.MaxDeliveries:
-		c.deadLetter(s, d, del, log, ReasonMaxDeliveries,
-			fmt.Sprintf("failed on all %d attempts; last error: %v", del.DeliveryCount, handlerErr))
+	case m.held:
+		m.log.InfoContext(s.workCtx, "message processed after transient failures", slog.Bool("duplicate", duplicate),
+			slog.Int("failures", m.failures), slog.Duration("held_for", time.Since(m.holdStart).Round(time.Millisecond)))
+	case duplicate:
+		m.log.InfoContext(s.workCtx, "duplicate message skipped", slog.Bool("redelivered", m.d.Redelivered))
 	default:
-		c.retry(s, d, del, log, handlerErr)
+		m.log.DebugContext(s.workCtx, "message processed", slog.Duration("took", time.Since(m.start)))
 	}
 }
 
@@ -125,82 +282,140 @@ func (c *Consumer) failpoint(name string) {
 	}
 }
 
-// retry waits the backoff, republishes a copy of the message with its retry count increased
-// to the tail of the queue, and then acknowledges the original.
-func (c *Consumer) retry(s *session, d amqp.Delivery, del Delivery, log *slog.Logger, cause error) {
-	delay := backoff(c.cfg.RetryDelay, c.cfg.MaxRetryDelay, del.DeliveryCount-1)
-	log.WarnContext(s.workCtx, "handler failed; retrying",
-		slog.Any("error", cause), slog.Duration("retry_in", delay), slog.Int("max_deliveries", c.cfg.MaxDeliveries))
-	if !sleep(s.waitCtx, delay) {
-		// Stopping, or the connection is gone: the original goes back to the queue as it is,
-		// and this attempt is not counted.
-		_ = d.Nack(false, true)
-		return
-	}
-	copied := c.copyOf(d, del)
-	delete(copied.Headers, HeaderDeadReason) // a replayed dead letter starts over; its retries do not
-	delete(copied.Headers, HeaderOriginalQueue)
-	copied.Headers[HeaderRetries] = int32(del.DeliveryCount)
-	// The copy is confirmed before the original is acknowledged, so the message exists in the
-	// broker at every moment. If the process dies in between, the broker redelivers the
-	// original as well: both carry the same message id, so whichever is processed second is
-	// absorbed by the inbox as a duplicate.
-	if err := s.pub.publish(s.workCtx, "", c.cfg.Queue, copied); err != nil {
-		c.requeueLater(s, d, log, "publishing the retry copy failed", err)
-		return
-	}
-	if err := d.Ack(false); err != nil {
-		log.WarnContext(s.workCtx, "ack of the retried original failed; the inbox absorbs its redelivery if the copy succeeds first",
-			slog.Any("error", err))
-	}
-	if h := c.cfg.Hooks.Retried; h != nil {
-		h(c.cfg.Name, d.Type, del.DeliveryCount)
+// retryStage waits the backoff of a counted failure, then publishes the retry copy.
+func (c *Consumer) retryStage(s *session, m *message, cause error) step {
+	return func() (step, error) {
+		delay := backoff(c.cfg.RetryDelay, c.cfg.MaxRetryDelay, m.del.DeliveryCount-1)
+		m.log.WarnContext(s.workCtx, "handler failed; retrying",
+			slog.Any("error", cause), slog.Duration("retry_in", delay), slog.Int("max_deliveries", c.cfg.MaxDeliveries))
+		if !sleep(s.waitCtx, delay) {
+			return nil, errInterrupted
+		}
+		return c.publishRetryStage(s, m), nil
 	}
 }
 
-// deadLetter publishes a copy of the message to the dead-letter destination with the reason,
-// and acknowledges the original only after the broker confirmed the copy. When that fails
-// the original goes back to the queue: a message is never lost.
-func (c *Consumer) deadLetter(s *session, d amqp.Delivery, del Delivery, log *slog.Logger, reason, detail string) {
+// publishRetryStage republishes a copy of the message with its retry count increased to the
+// tail of the queue, and then acknowledges the original.
+func (c *Consumer) publishRetryStage(s *session, m *message) step {
+	var self step
+	self = func() (step, error) {
+		copied := c.copyOf(m.d, m.del)
+		forQueue(&copied, m.del.DeliveryCount)
+		// The copy is confirmed before the original is acknowledged, so the message exists
+		// in the broker at every moment. If the process dies in between, the broker
+		// redelivers the original as well: both carry the same message id, so whichever is
+		// processed second is absorbed by the inbox as a duplicate.
+		if err := s.pub.publish(s.workCtx, "", c.cfg.Queue, copied); err != nil {
+			return self, fmt.Errorf("publish the retry copy: %w", err)
+		}
+		if err := m.d.Ack(false); err != nil {
+			m.log.WarnContext(s.workCtx, "ack of the retried original failed; the inbox absorbs its redelivery if the copy succeeds first",
+				slog.Any("error", err))
+		}
+		if h := c.cfg.Hooks.Retried; h != nil {
+			h(c.cfg.Name, m.d.Type, m.del.DeliveryCount)
+		}
+		return nil, nil
+	}
+	return self
+}
+
+// deadLetterStage publishes a copy of the message to the dead-letter destination with the
+// reason, and acknowledges the original only after the broker confirmed the copy. When the
+// publish fails the message is held and the publish retried: a message is never lost.
+func (c *Consumer) deadLetterStage(s *session, m *message, reason, detail string) step {
 	text := reason + ": " + detail
 	if len(text) > maxReasonLen {
-		text = text[:maxReasonLen]
+		text = strings.ToValidUTF8(text[:maxReasonLen], "")
 	}
-	copied := c.copyOf(d, del)
-	copied.Headers[HeaderDeadReason] = text
-	copied.Headers[HeaderOriginalQueue] = c.cfg.Queue
-	// A dead letter must outlive a broker restart and must not expire before someone looks.
-	copied.DeliveryMode = amqp.Persistent
-	if copied.Expiration != "" {
-		copied.Headers[HeaderOriginalExpiration] = copied.Expiration
-		copied.Expiration = ""
+	var self step
+	self = func() (step, error) {
+		copied := c.copyOf(m.d, m.del)
+		copied.Headers[HeaderDeadReason] = text
+		copied.Headers[HeaderOriginalQueue] = c.cfg.Queue
+		// A dead letter must outlive a broker restart and must not expire before someone
+		// looks.
+		copied.DeliveryMode = amqp.Persistent
+		if copied.Expiration != "" {
+			copied.Headers[HeaderOriginalExpiration] = copied.Expiration
+			copied.Expiration = ""
+		}
+		if err := s.pub.publish(s.workCtx, c.cfg.DeadLetterExchange, c.cfg.DeadLetterRoutingKey, copied); err != nil {
+			return self, fmt.Errorf("dead-lettering failed (%s): %w", text, err)
+		}
+		if err := m.d.Ack(false); err != nil {
+			m.log.WarnContext(s.workCtx, "ack after dead-lettering failed; the message will be redelivered and dead-lettered again",
+				slog.Any("error", err))
+		}
+		if h := c.cfg.Hooks.DeadLettered; h != nil {
+			h(c.cfg.Name, m.d.Type, reason)
+		}
+		m.log.WarnContext(s.workCtx, "message dead-lettered", slog.String("reason", text),
+			slog.String("dead_letter_exchange", c.cfg.DeadLetterExchange), slog.String("dead_letter_routing_key", c.cfg.DeadLetterRoutingKey))
+		return nil, nil
 	}
-	if err := s.pub.publish(s.workCtx, c.cfg.DeadLetterExchange, c.cfg.DeadLetterRoutingKey, copied); err != nil {
-		c.requeueLater(s, d, log, "dead-lettering failed ("+text+")", err)
-		return
-	}
-	c.infraFailures.Store(0)
-	if err := d.Ack(false); err != nil {
-		log.WarnContext(s.workCtx, "ack after dead-lettering failed; the message will be redelivered and dead-lettered again",
-			slog.Any("error", err))
-	}
-	if h := c.cfg.Hooks.DeadLettered; h != nil {
-		h(c.cfg.Name, d.Type, reason)
-	}
-	log.WarnContext(s.workCtx, "message dead-lettered", slog.String("reason", text),
-		slog.String("dead_letter_exchange", c.cfg.DeadLetterExchange), slog.String("dead_letter_routing_key", c.cfg.DeadLetterRoutingKey))
+	return self
 }
 
-// requeueLater hands the message back to the broker after a backoff that grows with the
-// number of consecutive such failures, so an outage does not turn into a hot loop.
-func (c *Consumer) requeueLater(s *session, d amqp.Delivery, log *slog.Logger, what string, err error) {
-	n := c.infraFailures.Add(1)
-	delay := backoff(c.cfg.RetryDelay, c.cfg.MaxRetryDelay, int(min(n-1, 32)))
-	log.ErrorContext(s.workCtx, what+"; the message goes back to the queue",
-		slog.Any("error", err), slog.Duration("requeue_in", delay))
-	sleep(s.waitCtx, delay)
-	if err := d.Nack(false, true); err != nil {
-		log.DebugContext(s.workCtx, "nack failed; the broker redelivers the message once the channel is gone", slog.Any("error", err))
+// handBack returns a delivery that the consumer cannot finish now to the broker, unprocessed.
+//
+// It republishes a copy to the tail of the queue through the default exchange (same message
+// id, body, properties and retry count; the quorum queue's x-delivery-count removed), waits
+// for the broker's confirm and then acknowledges the original. The broker counts no delivery
+// for that: a quorum queue's x-delivery-limit counts rejects and closed channels, and the
+// copy starts at zero. When the consumer is stopping, the copy is published after the
+// subscription ended, so that it goes to another consumer or waits for the next start.
+//
+// When that cannot be done (the connection is gone, the shutdown timeout passed, the publish
+// failed), the original is rejected with requeue, or left to the broker if its channel is
+// closed; then the broker counts a delivery. A message is never dropped: until the ack,
+// both the original and the copy may exist, and the inbox absorbs whichever is second.
+func (c *Consumer) handBack(s *session, m *message, cause error) {
+	reason := HandBackHoldLimit
+	stopping := s.stopRequested()
+	if stopping {
+		reason = HandBackShutdown
+		select {
+		case <-s.cancelled:
+		case <-s.workCtx.Done():
+		}
+	}
+	// After a lost connection (the session ended without a stop) nothing can be published.
+	err := errInterrupted
+	if s.workCtx.Err() == nil && (stopping || !s.stopped()) {
+		copied := c.copyOf(m.d, m.del)
+		forQueue(&copied, m.retries)
+		if err = s.pub.publish(s.workCtx, "", c.cfg.Queue, copied); err == nil {
+			if err := m.d.Ack(false); err != nil {
+				m.log.WarnContext(s.workCtx, "ack of a handed-back message failed; the inbox absorbs the second of the two copies",
+					slog.Any("error", err))
+			}
+			c.hookHandedBack(m.d.Type, reason)
+			m.log.WarnContext(s.workCtx, "message handed back to the queue without counting a delivery",
+				slog.String("reason", reason), slog.Any("error", cause), slog.Int("failures", m.failures),
+				slog.Duration("since_arrival", time.Since(m.arrived).Round(time.Millisecond)))
+			return
+		}
+	}
+	if nackErr := m.d.Nack(false, true); nackErr != nil {
+		m.log.DebugContext(s.workCtx, "nack failed; the broker redelivers the message once the channel is gone", slog.Any("error", nackErr))
+	}
+	c.hookHandedBack(m.d.Type, HandBackRequeued)
+	m.log.WarnContext(s.workCtx, "message goes back to the queue; the broker counts a delivery",
+		slog.Any("error", cause), slog.Any("hand_back_error", err))
+}
+
+// forQueue prepares a copy for the consumer's own queue: it carries retries as its retry
+// count, and none of the dead-letter or broker headers of its original.
+func forQueue(p *amqp.Publishing, retries int) {
+	delete(p.Headers, HeaderDeadReason) // a replayed dead letter starts over; its copies do not
+	delete(p.Headers, HeaderOriginalQueue)
+	delete(p.Headers, headerDeliveryCount)
+	if retries > 0 {
+		p.Headers[HeaderRetries] = int32(retries)
+	} else {
+		delete(p.Headers, HeaderRetries)
 	}
 }
 
@@ -293,20 +508,38 @@ func headerInt(v any) int {
 // isJSON reports whether a body of this content type must be JSON: application/json, any
 // +json type, or no content type at all.
 func isJSON(contentType string) bool {
-	if strings.TrimSpace(contentType) == "" {
-		return true
-	}
+	mt := mediaType(contentType)
+	return mt == "" || mt == "application/json" || strings.HasSuffix(mt, "+json")
+}
+
+// mediaType returns the media type of a content type, lower case and without parameters;
+// "" for an empty one.
+func mediaType(contentType string) string {
 	mt, _, err := mime.ParseMediaType(contentType)
 	if err != nil {
 		mt, _, _ = strings.Cut(contentType, ";")
 		mt = strings.ToLower(strings.TrimSpace(mt))
 	}
-	return mt == "application/json" || strings.HasSuffix(mt, "+json")
+	return mt
 }
 
-// checkJSON returns why body is not valid JSON, or nil.
+// charset returns the charset parameter of a content type, or "".
+func charset(contentType string) string {
+	_, params, err := mime.ParseMediaType(contentType)
+	if err != nil {
+		return ""
+	}
+	return params["charset"]
+}
+
+// checkJSON returns why body is not valid JSON, or nil. JSON exchanged between systems is
+// UTF-8 (RFC 8259): encoding/json would silently turn invalid bytes inside strings into
+// U+FFFD, so they are refused here.
 func checkJSON(body []byte) error {
 	if json.Valid(body) {
+		if !utf8.Valid(body) {
+			return errors.New("body is not valid UTF-8")
+		}
 		return nil
 	}
 	var raw json.RawMessage

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/url"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -91,12 +92,19 @@ func recordEffect(ctx context.Context, tx pgx.Tx, d rabbitmq.Delivery) error {
 // nil. The test's cleanup stops it too.
 func (b *bundle) run(t *testing.T, cfg rabbitmq.Config) (stop func()) {
 	t.Helper()
-	c, err := rabbitmq.NewConsumer(b.pool, cfg)
+	_, stop = b.start(t, b.pool, cfg)
+	return stop
+}
+
+// start is run with a pool of the test's choice; it also returns the consumer.
+func (b *bundle) start(t *testing.T, pool inbox.TxBeginner, cfg rabbitmq.Config) (*rabbitmq.Consumer, func()) {
+	t.Helper()
+	c, err := rabbitmq.NewConsumer(pool, cfg)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
-	stop = sync.OnceFunc(func() {
+	stop := sync.OnceFunc(func() {
 		cancel()
 		select {
 		case err := <-done:
@@ -106,7 +114,52 @@ func (b *bundle) run(t *testing.T, cfg rabbitmq.Config) (stop func()) {
 		}
 	})
 	t.Cleanup(stop)
-	return stop
+	return c, stop
+}
+
+// quorumQueue declares a quorum queue with the given delivery limit whose broker dead letters
+// go to the bundle's dead-letter queue, as the consumer's own do. It is deleted when the
+// test ends. Publish to it through the default exchange.
+func (b *bundle) quorumQueue(t *testing.T, deliveryLimit int) string {
+	t.Helper()
+	queue := testinfra.UniqueName(t, "qq")
+	_, err := b.ch.QueueDeclare(queue, true, false, false, false, amqp.Table{
+		"x-queue-type":              "quorum",
+		"x-delivery-limit":          deliveryLimit,
+		"x-dead-letter-exchange":    b.dead.Exchange,
+		"x-dead-letter-routing-key": "dead",
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = b.ch.QueueDelete(queue, false, false, false) })
+	return queue
+}
+
+// proxiedPool returns a pool on the bundle's database through a TCP proxy the test can cut:
+// the database becomes unreachable for the consumer while the test still reads it.
+func (b *bundle) proxiedPool(t *testing.T) (*pgxpool.Pool, *testinfra.Proxy) {
+	t.Helper()
+	u, err := url.Parse(b.dbURL)
+	require.NoError(t, err)
+	target := u.Host
+	if u.Port() == "" {
+		target = u.Hostname() + ":5432"
+	}
+	proxy := testinfra.NewProxy(t, target)
+	pool, err := pgxpool.New(context.Background(), proxy.RewriteURL(t, b.dbURL))
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool, proxy
+}
+
+// channel opens a channel on a connection of its own, closed when the test ends.
+func (b *bundle) channel(t *testing.T) *amqp.Channel {
+	t.Helper()
+	conn, err := amqp.Dial(b.amqpURL)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	return ch
 }
 
 // publish publishes msg to the test exchange and waits for the broker's confirm.
@@ -174,6 +227,10 @@ type events struct {
 	handlerErrs  int
 	retried      []int
 	deadLettered []string
+	handBacks    []string
+	held         int // deliveries held now
+	maxHeld      int
+	errs         []error
 	connected    []bool
 	connectedCh  chan bool
 }
@@ -191,10 +248,26 @@ func (e *events) hooks() rabbitmq.Hooks {
 				e.processed++
 			}
 		},
-		HandlerError: func(string, string, error) {
+		HandlerError: func(_, _ string, err error) {
 			e.mu.Lock()
 			defer e.mu.Unlock()
 			e.handlerErrs++
+			e.errs = append(e.errs, err)
+		},
+		Held: func(_, _ string, held bool) {
+			e.mu.Lock()
+			defer e.mu.Unlock()
+			if held {
+				e.held++
+				e.maxHeld = max(e.maxHeld, e.held)
+			} else {
+				e.held--
+			}
+		},
+		HandedBack: func(_, _, reason string) {
+			e.mu.Lock()
+			defer e.mu.Unlock()
+			e.handBacks = append(e.handBacks, reason)
 		},
 		Retried: func(_, _ string, n int) {
 			e.mu.Lock()
@@ -221,6 +294,31 @@ func (e *events) counts() (processed, duplicates int) {
 	return e.processed, e.duplicates
 }
 
+func (e *events) retries() []int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return slices.Clone(e.retried)
+}
+
+func (e *events) handedBack() []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return slices.Clone(e.handBacks)
+}
+
+// heldNow returns the number of deliveries held now, and the most held at once.
+func (e *events) heldNow() (now, most int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.held, e.maxHeld
+}
+
+func (e *events) errors() []error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return slices.Clone(e.errs)
+}
+
 func (e *events) deadReasons() []string {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -241,6 +339,27 @@ func (e *events) waitConnected(t *testing.T, want bool) {
 			t.Fatalf("the consumer never reported connected=%v", want)
 		}
 	}
+}
+
+// waitHeldRetries waits until a delivery is held after a transient failure whose error
+// contains errText, and was retried in place at least n times more.
+func (b *bundle) waitHeldRetries(t *testing.T, errText string, n int) {
+	t.Helper()
+	matching := func(msg string) int {
+		count := 0
+		for _, r := range b.logs.find(msg) {
+			if err, ok := r.attrs["error"].(error); ok && strings.Contains(err.Error(), errText) {
+				count++
+			}
+		}
+		return count
+	}
+	testinfra.Eventually(t, 30*time.Second, func() bool {
+		return matching("transient failure; holding the message and retrying in place") == 1 &&
+			matching("transient failure; still holding the message") >= n
+	}, "no delivery held and retried %d times after %q", n, errText)
+	now, _ := b.events.heldNow()
+	require.Equal(t, 1, now)
 }
 
 // logStore keeps the records of every recordHandler derived from it.
@@ -310,3 +429,11 @@ func hostPort(t *testing.T, rawURL string) string {
 }
 
 var errTransient = errors.New("transient failure")
+
+func (s *logStore) dump(t *testing.T) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, r := range s.records {
+		t.Logf("%s %s %v", r.level, r.msg, r.attrs)
+	}
+}

@@ -1,10 +1,15 @@
 package rabbitmq
 
 import (
+	"context"
 	"encoding/json"
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 )
@@ -117,6 +122,8 @@ func FuzzDecodeDelivery(f *testing.F) {
 	f.Add("", []byte(`{`), "-1", "")
 	f.Add("application/vnd.x+json; charset=utf-8", []byte("\xff"), "99999999999999999999", "k")
 	f.Add("text/plain", []byte("hello"), "x", "orders.#")
+	f.Add("application/json; charset=iso-8859-1", []byte("{\"a\":\"\xe9\"}"), "1", "")
+	f.Add("application/json", []byte(`"\ud800"`), "0", "")
 	f.Fuzz(func(t *testing.T, contentType string, body []byte, retries, routingKey string) {
 		d := newDelivery(amqp.Delivery{
 			MessageId:   "m",
@@ -131,8 +138,132 @@ func FuzzDecodeDelivery(f *testing.F) {
 			t.Fatalf("routing key %q, want %q", d.RoutingKey, routingKey)
 		}
 		_ = isJSON(contentType)
-		if err := checkJSON(body); (err == nil) != json.Valid(body) {
-			t.Fatalf("checkJSON(%q) = %v, json.Valid = %v", body, err, json.Valid(body))
+		_ = charset(contentType)
+		if mt := mediaType(contentType); mt != strings.ToLower(mt) {
+			t.Fatalf("media type %q is not lower case", mt)
+		}
+		valid := json.Valid(body) && utf8.Valid(body)
+		if err := checkJSON(body); (err == nil) != valid {
+			t.Fatalf("checkJSON(%q) = %v, want valid %v", body, err, valid)
 		}
 	})
+}
+
+func TestRefuse(t *testing.T) {
+	t.Parallel()
+	cfg, err := Config{
+		URL: "amqp://guest:guest@127.0.0.1:5672/", Queue: "q", Name: "n", DeadLetterExchange: "dead",
+		Handler:      func(context.Context, pgx.Tx, Delivery) error { return nil },
+		MaxBodyBytes: 16,
+		ContentTypes: []string{"Application/JSON", "text/plain", ""},
+		Types:        []string{"order.placed", "note"},
+	}.withDefaults()
+	require.NoError(t, err)
+	c := &Consumer{cfg: cfg, log: slog.New(slog.DiscardHandler)}
+	ok := amqp.Delivery{MessageId: "m", Type: "order.placed", ContentType: "application/json", Body: []byte(`{}`)}
+	with := func(change func(*amqp.Delivery)) amqp.Delivery {
+		d := ok
+		change(&d)
+		return d
+	}
+	for name, tc := range map[string]struct {
+		d      amqp.Delivery
+		reason string
+	}{
+		"Valid":                {ok, ""},
+		"ValidWithParameters":  {with(func(d *amqp.Delivery) { d.ContentType = "application/json; charset=UTF-8" }), ""},
+		"NoContentType":        {with(func(d *amqp.Delivery) { d.ContentType = "" }), ""},
+		"PlainTextNotParsed":   {with(func(d *amqp.Delivery) { d.ContentType, d.Type, d.Body = "text/plain", "note", []byte("{") }), ""},
+		"BodyAtLimit":          {with(func(d *amqp.Delivery) { d.Body = []byte(`{"a":"01234567"}`) }), ""},
+		"MissingID":            {with(func(d *amqp.Delivery) { d.MessageId = "" }), ReasonMissingMessageID},
+		"NULInID":              {with(func(d *amqp.Delivery) { d.MessageId = "m\x00" }), ReasonInvalidMessageID},
+		"InvalidUTF8ID":        {with(func(d *amqp.Delivery) { d.MessageId = "\xff" }), ReasonInvalidMessageID},
+		"OversizedID":          {with(func(d *amqp.Delivery) { d.MessageId = strings.Repeat("m", 256) }), ReasonInvalidMessageID},
+		"OversizedType":        {with(func(d *amqp.Delivery) { d.Type = strings.Repeat("t", 256) }), ReasonInvalidMessageType},
+		"NULInType":            {with(func(d *amqp.Delivery) { d.Type = "order\x00" }), ReasonInvalidMessageType},
+		"BodyTooLarge":         {with(func(d *amqp.Delivery) { d.Body = []byte(`{"a":"012345678"}`) }), ReasonBodyTooLarge},
+		"TooLargeBeforeJSON":   {with(func(d *amqp.Delivery) { d.Body = []byte(strings.Repeat("{", 17)) }), ReasonBodyTooLarge},
+		"OtherContentType":     {with(func(d *amqp.Delivery) { d.ContentType = "application/xml" }), ReasonUnsupportedContentType},
+		"JSONInLatin1":         {with(func(d *amqp.Delivery) { d.ContentType = "application/json; charset=latin1" }), ReasonUnsupportedContentType},
+		"UnknownType":          {with(func(d *amqp.Delivery) { d.Type = "order.exploded" }), ReasonUnknownType},
+		"EmptyTypeNotListed":   {with(func(d *amqp.Delivery) { d.Type = "" }), ReasonUnknownType},
+		"MalformedJSON":        {with(func(d *amqp.Delivery) { d.Body = []byte(`{`) }), ReasonMalformedJSON},
+		"InvalidUTF8InJSON":    {with(func(d *amqp.Delivery) { d.Body = []byte("\"\xff\"") }), ReasonMalformedJSON},
+		"IDCheckedBeforeBody":  {with(func(d *amqp.Delivery) { d.MessageId, d.Body = "\xff", []byte(strings.Repeat("x", 99)) }), ReasonInvalidMessageID},
+		"TypeCheckedBeforeCT":  {with(func(d *amqp.Delivery) { d.Type, d.ContentType = "\xff", "image/png" }), ReasonInvalidMessageType},
+		"ContentTypeBeforeTyp": {with(func(d *amqp.Delivery) { d.Type, d.ContentType = "x", "image/png" }), ReasonUnsupportedContentType},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			reason, detail := c.refuse(tc.d)
+			require.Equal(t, tc.reason, reason, detail)
+			require.True(t, utf8.ValidString(detail), "the detail repeats invalid bytes: %q", detail)
+		})
+	}
+
+	t.Run("AnyContentTypeAndTypeByDefault", func(t *testing.T) {
+		t.Parallel()
+		cfg, err := Config{
+			URL: "amqp://guest:guest@127.0.0.1:5672/", Queue: "q", Name: "n", DeadLetterExchange: "dead",
+			Handler: func(context.Context, pgx.Tx, Delivery) error { return nil },
+		}.withDefaults()
+		require.NoError(t, err)
+		require.Equal(t, DefaultMaxBodyBytes, cfg.MaxBodyBytes)
+		require.Equal(t, DefaultMaxHold, cfg.MaxHold)
+		c := &Consumer{cfg: cfg}
+		reason, _ := c.refuse(amqp.Delivery{MessageId: "m", Type: "anything", ContentType: "application/x-protobuf", Body: []byte{0, 1}})
+		require.Empty(t, reason)
+	})
+}
+
+func TestMediaTypeAndCharset(t *testing.T) {
+	t.Parallel()
+	for ct, want := range map[string][2]string{
+		"":                                   {"", ""},
+		"application/json":                   {"application/json", ""},
+		"Application/JSON; Charset=UTF-8":    {"application/json", "UTF-8"},
+		"application/json;;":                 {"application/json", ""},
+		"text/plain; charset=\"iso-8859-1\"": {"text/plain", "iso-8859-1"},
+	} {
+		require.Equal(t, want[0], mediaType(ct), ct)
+		require.Equal(t, want[1], charset(ct), ct)
+	}
+}
+
+func TestForQueue(t *testing.T) {
+	t.Parallel()
+	p := amqp.Publishing{Headers: amqp.Table{
+		HeaderDeadReason: "max-deliveries: x", HeaderOriginalQueue: "q", headerDeliveryCount: int64(2),
+		HeaderRetries: int32(4), "tenant": "acme",
+	}}
+	forQueue(&p, 0)
+	require.Equal(t, amqp.Table{"tenant": "acme"}, p.Headers)
+	forQueue(&p, 2)
+	require.Equal(t, amqp.Table{"tenant": "acme", HeaderRetries: int32(2)}, p.Headers)
+}
+
+func TestHoldDelay(t *testing.T) {
+	t.Parallel()
+	for name, tc := range map[string]struct {
+		retry, maxRetry, maxHold time.Duration
+		first, limit             time.Duration
+	}{
+		"Defaults":             {DefaultRetryDelay, DefaultMaxRetryDelay, DefaultMaxHold, time.Second, 30 * time.Second},
+		"ShortHold":            {time.Second, 30 * time.Second, time.Second, time.Second / 8, time.Second / 4},
+		"RetryDelayAboveHold":  {time.Minute, time.Hour, 10 * time.Second, 10 * time.Second / 8, 10 * time.Second / 4},
+		"MaxRetryDelayBinding": {10 * time.Millisecond, 50 * time.Millisecond, time.Minute, 10 * time.Millisecond, 50 * time.Millisecond},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			c := &Consumer{cfg: Config{RetryDelay: tc.retry, MaxRetryDelay: tc.maxRetry, MaxHold: tc.maxHold}}
+			for range 20 {
+				require.LessOrEqual(t, c.holdDelay(1), tc.first)
+				require.GreaterOrEqual(t, c.holdDelay(1), tc.first/2)
+				for n := 2; n < 40; n++ {
+					require.LessOrEqual(t, c.holdDelay(n), tc.limit)
+				}
+				require.GreaterOrEqual(t, c.holdDelay(40), tc.limit/2)
+			}
+		})
+	}
 }
