@@ -125,19 +125,17 @@ func (m Message) Validate() error {
 		}
 	}
 	for k, v := range m.Headers {
-		field := "header name " + quoteShort(k)
 		if problem := textProblem(k, true); problem != "" {
-			return invalid(field, "%s", problem)
+			return invalid("header name "+quoteShort(k), "%s", problem)
 		}
 		switch k {
 		case HeaderAggregateType, HeaderAggregateID:
-			return invalid(field, "is reserved: the publisher sets it from the message's aggregate")
+			return invalid("header name "+quoteShort(k), "is reserved: the publisher sets it from the message's aggregate")
 		case headerCC, headerBCC:
-			return invalid(field, "is reserved: RabbitMQ reads it as an array of routing keys and refuses a string")
+			return invalid("header name "+quoteShort(k), "is reserved: RabbitMQ reads it as an array of routing keys and refuses a string")
 		}
-		field = "header " + quoteShort(k)
 		if problem := textProblem(v, k == HeaderCorrelationID); problem != "" {
-			return invalid(field, "%s", problem)
+			return invalid("header "+quoteShort(k), "%s", problem)
 		}
 	}
 	if n := m.HeaderBytes(); n > MaxHeaderBytes {
