@@ -49,6 +49,8 @@ type poisonCase struct {
 	// maxAttempts, when set, replaces the relay's MaxAttempts (for a failure that is
 	// retried rather than permanent).
 	maxAttempts int
+	// maxMessageBytes, when set, replaces the corpus's MaxMessageBytes.
+	maxMessageBytes int
 }
 
 // handRow is a row as an operator's INSERT might write it.
@@ -365,6 +367,9 @@ func runPoisonCase(t *testing.T, b *poisonBundle, c poisonCase, pubCfg rabbitmq.
 	cfg := fastConfig(t)
 	cfg.MaxMessageBytes = corpusMaxMessageBytes
 	cfg.RetryBaseDelay, cfg.RetryMaxDelay = time.Nanosecond, time.Nanosecond // retries due at once
+	if c.maxMessageBytes > 0 {
+		cfg.MaxMessageBytes = c.maxMessageBytes
+	}
 	if c.maxAttempts > 0 {
 		cfg.MaxAttempts = c.maxAttempts
 	}
@@ -401,7 +406,7 @@ func runPoisonCase(t *testing.T, b *poisonBundle, c poisonCase, pubCfg rabbitmq.
 			wantDepth++
 		}
 	}
-	require.Equal(t, wantDepth, queueDepth(t, b.amqpURL, b.top.Queue), "every confirmed message is in the queue")
+	require.Equal(t, wantDepth, queueDepth(t, b.amqpURL, b.top.Queue), "every confirmed message is in the queue, once")
 
 	w.mu.Lock()
 	defer w.mu.Unlock()
