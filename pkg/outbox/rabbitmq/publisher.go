@@ -18,13 +18,15 @@
 //     rows written by hand or by older code: the broker would close the channel or the whole
 //     connection over them, which would look like an outage;
 //   - the broker closed the channel without saying which message it objects to (RabbitMQ
-//     names none: a CC header of the wrong type, a body over its max_message_size, an
-//     exchange that does not exist): the publisher republishes the unconfirmed messages one
-//     at a time on fresh channels of the same connection, within the same deadline, until
-//     it finds the ones the broker refuses. Each of those is charged: outbox.Permanent for a
+//     names none: a body over its max_message_size, an exchange that does not exist, a
+//     header it cannot accept): the publisher republishes the unconfirmed messages one at a
+//     time on fresh channels of the same connection, within the same deadline, until it
+//     finds the ones the broker refuses. Each of those is charged: outbox.Permanent for a
 //     refusal of its content (406 PRECONDITION_FAILED: invalid message, message size), a
 //     plain error otherwise (404 NOT_FOUND: the exchange may be declared later). The others
-//     are published, or outbox.ErrNotSent if the deadline passed first;
+//     are published, or outbox.ErrNotSent if the deadline passed first. A message sent
+//     before the refused one may have reached its queue without its confirm (the channel
+//     closed first): it is published again, at least once as always;
 //   - no confirm before the deadline, the connection lost, or the connection blocked by the
 //     broker (connection.blocked: a memory or disk alarm): outbox.ErrUnavailable. Such a
 //     message is never reported as published. While the broker blocks the connection,
@@ -42,7 +44,8 @@
 // black-holed network) would hold a write for ever: when the deadline passes with the call
 // still under way, the publisher closes the connection's socket, which ends every blocked
 // step at once, and the next call connects again. Publish returns within the deadline plus
-// a few milliseconds.
+// the moment it takes to close a socket. The search for a refused message (above) stops a
+// little before the deadline, so that running out of time there costs no reconnect.
 //
 // # Messages
 //
