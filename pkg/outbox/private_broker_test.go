@@ -196,9 +196,11 @@ func TestPrivateBroker(t *testing.T) {
 		testinfra.Eventually(t, waitFor, func() bool {
 			return b.count(t, "published_at IS NOT NULL AND aggregate_id LIKE 'agg-%'") == len(msgs)
 		}, "everything published after the alarm cleared")
-		mu.Lock()
-		require.True(t, recovered, "the relay is running again")
-		mu.Unlock()
+		testinfra.Eventually(t, waitFor, func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return recovered
+		}, "the relay is running again")
 		require.Zero(t, b.count(t, "dead_at IS NOT NULL OR attempts > 0"), "the alarm cost no attempts")
 		require.LessOrEqual(t, connects.Load(), int32(2), "no reconnect storm")
 		require.GreaterOrEqual(t, queueDepth(t, node.URL, b.top.Queue), 1+len(msgs), "every message reached the queue (at least once)")
