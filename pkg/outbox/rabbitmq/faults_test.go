@@ -151,6 +151,30 @@ func TestPublisherBlamesOneThing(t *testing.T) {
 		require.Equal(t, int32(1), connects.Load())
 	})
 
+	t.Run("SeveralRefusedMessagesInOneBatch", func(t *testing.T) {
+		t.Parallel()
+		url := testinfra.AMQPURL(t)
+		top := testinfra.DeclareTopology(t, url)
+		pub, connects := countingPublisher(t, rabbitmq.Config{URL: url})
+		batch := make([]outbox.Message, 30)
+		guilty := map[int]bool{3: true, 4: true, 17: true, 29: true}
+		for i := range batch {
+			batch[i] = message(top.Exchange)
+			if guilty[i] {
+				batch[i] = message(fmt.Sprintf("%s.missing-%d", top.Exchange, i))
+			}
+		}
+		for i, err := range pub.Publish(ctx, batch) {
+			if guilty[i] {
+				require.ErrorContains(t, err, "404", "message %d", i)
+				continue
+			}
+			require.NoError(t, err, "message %d", i)
+		}
+		require.GreaterOrEqual(t, queueDepth(t, url, top.Queue), 30-len(guilty))
+		require.Equal(t, int32(1), connects.Load())
+	})
+
 	t.Run("NackIsRefusedNotTheMessagesFault", func(t *testing.T) {
 		// A full queue with overflow reject-publish nacks: the consumers are down, the
 		// message is fine.

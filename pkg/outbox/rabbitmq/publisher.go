@@ -457,11 +457,14 @@ wait:
 	return res
 }
 
-// isolate publishes msgs[idx] one at a time, each on an open channel of the current
-// connection, after the broker closed a channel over one or more of them without naming
-// which. A message whose own publish makes the broker close the channel is charged with the
-// broker's reason; the others are settled by their own confirms. Whatever the deadline leaves
-// undone is outbox.ErrNotSent: the broker is fine, and no fault of those messages is known.
+// isolate finds the messages of msgs[idx] the broker refuses, after it closed a channel over
+// one or more of them without naming which. It publishes them one at a time, each on an open
+// channel of the current connection, until one makes the broker close the channel: that one
+// is charged with the broker's reason; the others are settled by their own confirms. Then it
+// sends the rest together again, and searches again among them if the broker closes that
+// channel too: one refused message costs a round trip per message before it, and one batch.
+// Whatever the deadline leaves undone is outbox.ErrNotSent: the broker is fine, and no fault
+// of those messages is known.
 //
 // The search stops a little before ctx's deadline, so that running out of time leaves the
 // connection open: the guard closes the socket only when the deadline itself passes.
@@ -474,29 +477,52 @@ func (p *Publisher) isolate(ctx context.Context, msgs []outbox.Message, idx []in
 		defer cancel()
 	}
 	outOfTime := fmt.Errorf("%w: the deadline passed while looking for the message the broker refused (%v)", outbox.ErrNotSent, first)
-	for k, i := range idx {
+	// send attempts msgs[some] on an open channel; it reports whether the caller is to go on,
+	// having filled errs for every message of some the broker did not settle otherwise.
+	send := func(some []int) (attemptResult, bool) {
 		if ctx.Err() != nil {
-			fill(errs, idx[k:], outOfTime)
-			return
+			fill(errs, some, outOfTime)
+			return attemptResult{}, false
 		}
 		if err := p.ensureChannel(ctx); err != nil {
-			fill(errs, idx[k:], p.unavailable(ctx, err))
-			return
+			fill(errs, some, p.unavailable(ctx, err))
+			return attemptResult{}, false
 		}
-		a := p.attempt(ctx, msgs, idx[k:k+1], errs)
+		a := p.attempt(ctx, msgs, some, errs)
 		switch {
-		case len(a.unsettled) == 0:
-		case a.isolate():
-			errs[i] = refusal(a.closeErr)
-			p.cfg.Logger.WarnContext(ctx, "rabbitmq publisher: the broker refused a message",
-				"message_id", msgs[i].ID, "message_type", msgs[i].Type, "aggregate_id", msgs[i].AggregateID, "error", errs[i])
+		case len(a.unsettled) == 0, a.isolate():
+			return a, true
 		case a.timedOut && a.connOpen:
-			fill(errs, idx[k:], outOfTime)
-			return
+			fill(errs, a.unsettled, outOfTime)
 		default:
-			fill(errs, idx[k:], a.unavailable)
+			fill(errs, a.unsettled, a.unavailable)
+		}
+		return a, false
+	}
+	for len(idx) > 0 {
+		refused := -1
+		for k, i := range idx {
+			a, ok := send(idx[k : k+1])
+			if !ok {
+				fill(errs, idx[k+1:], errs[i])
+				return
+			}
+			if len(a.unsettled) > 0 {
+				errs[i] = refusal(a.closeErr)
+				p.cfg.Logger.WarnContext(ctx, "rabbitmq publisher: the broker refused a message",
+					"message_id", msgs[i].ID, "message_type", msgs[i].Type, "aggregate_id", msgs[i].AggregateID, "error", errs[i])
+				refused = k
+				break
+			}
+		}
+		if refused < 0 || refused == len(idx)-1 {
 			return
 		}
+		a, ok := send(idx[refused+1:])
+		if !ok || len(a.unsettled) == 0 {
+			return
+		}
+		idx = a.unsettled // the broker closed this channel too: search among these
 	}
 }
 
