@@ -75,9 +75,10 @@ type Message struct {
 
 // Validate reports whether m can be stored and published, and if not, which field is wrong
 // and why, in an error wrapping [ErrInvalidMessage]. [Add] calls it for every message before
-// writing any, and the RabbitMQ publisher calls it again for every row it is given (rows
-// written by hand or by older code): a message that fails it is never sent, and its row is
-// marked dead with the reason.
+// writing any. The RabbitMQ publisher checks every row it is given with it again (rows
+// written by hand or by older code), but for the payload's JSON syntax and the two
+// aggregate headers (see its package documentation): a message that fails is never sent,
+// and its row is marked dead with the reason.
 //
 // The rules are what PostgreSQL cannot store and what the broker would refuse, by closing the
 // channel or the whole connection, which would otherwise look like a broker outage:

@@ -12,7 +12,9 @@
 //     a quorum, an internal error), never for the message's content, so no attempt is
 //     counted;
 //   - a message that fails outbox.Message.Validate (but for the body's JSON syntax, which
-//     the broker does not read and a json column cannot get wrong), whose content header
+//     the broker does not read and a json column cannot get wrong, and for headers named
+//     aggregate_type or aggregate_id, which older code could store and the publisher
+//     overwrites with the aggregate's, as it always did), whose content header
 //     would not fit in the frame size negotiated with the broker, or whose body is over
 //     [Config].MaxBodyBytes: outbox.Permanent with the cause, and it is never sent. These are
 //     rows written by hand or by older code: the broker would close the channel or the whole
@@ -69,6 +71,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"sync"
 	"time"
@@ -280,6 +283,15 @@ func (p *Publisher) validate(m outbox.Message) error {
 	}
 	envelope := m
 	envelope.Payload = emptyObject
+	_, aggType := m.Headers[outbox.HeaderAggregateType]
+	_, aggID := m.Headers[outbox.HeaderAggregateID]
+	if aggType || aggID {
+		// Add refuses these names, but older code stored them, and the publisher always
+		// overwrote them with the aggregate's: it still does, rather than bury the row.
+		envelope.Headers = maps.Clone(m.Headers)
+		delete(envelope.Headers, outbox.HeaderAggregateType)
+		delete(envelope.Headers, outbox.HeaderAggregateID)
+	}
 	if err := envelope.Validate(); err != nil {
 		return outbox.Permanent(err)
 	}
