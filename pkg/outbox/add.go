@@ -39,9 +39,10 @@ var ErrInvalidMessage = errors.New("invalid outbox message")
 // transaction of its own, so a business change and its events are saved together or not
 // at all.
 //
-// Add fills in msgs[i].ID when it is zero. It checks every message before writing any, and
-// returns an error wrapping [ErrInvalidMessage] for a missing field or a payload that is not
-// JSON.
+// Add fills in msgs[i].ID when it is zero. It checks every message with [Message.Validate]
+// before writing any, and returns an error wrapping [ErrInvalidMessage], naming the message
+// and the field, for the first one that fails: nothing is written then, and tx is left
+// usable.
 func Add(ctx context.Context, tx DBTX, msgs ...Message) error {
 	if len(msgs) == 0 {
 		return nil
@@ -53,8 +54,8 @@ func Add(ctx context.Context, tx DBTX, msgs ...Message) error {
 	payloads, headers := make([]string, n), make([]string, n)
 	for i := range msgs {
 		m := &msgs[i]
-		if err := validate(m); err != nil {
-			return fmt.Errorf("add outbox message %d (%s): %w", i, m.Type, err)
+		if err := m.Validate(); err != nil {
+			return fmt.Errorf("add outbox message %d: %w", i, err)
 		}
 		if m.ID == uuid.Nil {
 			id, err := uuid.NewV7()
@@ -83,20 +84,6 @@ func Add(ctx context.Context, tx DBTX, msgs ...Message) error {
 	}
 	if _, err := tx.Exec(ctx, insertMessages, ids, exchanges, keys, types, aggTypes, aggIDs, payloads, headers); err != nil {
 		return fmt.Errorf("insert %d outbox messages: %w", n, err)
-	}
-	return nil
-}
-
-func validate(m *Message) error {
-	switch {
-	case m.Type == "":
-		return fmt.Errorf("%w: empty Type", ErrInvalidMessage)
-	case m.AggregateType == "" || m.AggregateID == "":
-		return fmt.Errorf("%w: empty AggregateType or AggregateID", ErrInvalidMessage)
-	case m.Exchange == "" && m.RoutingKey == "":
-		return fmt.Errorf("%w: no destination (Exchange and RoutingKey both empty)", ErrInvalidMessage)
-	case !json.Valid(m.Payload):
-		return fmt.Errorf("%w: payload is not valid JSON", ErrInvalidMessage)
 	}
 	return nil
 }

@@ -10,33 +10,46 @@ import (
 //
 // Publish must return exactly one error per message, in order. nil means the broker confirmed
 // the message (for RabbitMQ: a publisher-confirm ack, and no return). A message whose confirm
-// never came must not be reported as nil. The relay reads the other errors as follows:
+// never came must not be reported as nil. Every failure is blamed on exactly one thing, the
+// broker, the message, or neither, and the relay reads the errors as follows:
 //
-//   - errors.Is(err, [ErrUnavailable]): the broker or the connection failed, not the message.
-//     The row is left as it was (no attempt is counted) and the relay pauses with backoff.
-//   - errors.Is(err, [ErrNotSent]): the publisher gave up on the message before the broker saw
-//     it, through no fault of the message (say, an earlier message of the batch closed the
-//     channel). The row is left as it was and the relay carries on.
-//   - [IsPermanent](err): no retry can help (the message cannot be encoded, say). The row is
-//     marked dead at once.
-//   - any other error (a nack, an unroutable return): the row's attempt counts, and it is
-//     retried with backoff until [Config].MaxAttempts.
+//   - errors.Is(err, [ErrUnavailable]): the broker or the connection failed, not the message
+//     (unreachable, closed the connection, stopped reading or confirming, blocked by a
+//     resource alarm). The row is left as it was (no attempt is counted) and the relay pauses
+//     with backoff.
+//   - errors.Is(err, [ErrNotSent]): the publisher gave up on the message through no fault of
+//     the message, with the broker not known to be down (say, another message of the batch
+//     closed the channel, or the deadline passed while another caller had the publisher).
+//     The row is left as it was and the relay carries on.
+//   - errors.Is(err, [ErrRefused]): the broker refused the message for a reason of its own,
+//     not because of its content (for RabbitMQ, a nack: a full queue with overflow
+//     reject-publish, i.e. its consumers are down; a quorum queue without a quorum; an
+//     internal error). No attempt is counted; the relay retries the row after a backoff.
+//   - [IsPermanent](err): no retry can help: the message fails [Message.Validate] or the
+//     broker refused its content. The row is marked dead at once, with err as last_error.
+//   - any other error (an unroutable return; a channel closed by the broker over this
+//     message, e.g. its exchange does not exist): the row's attempt counts, and it is retried
+//     with backoff until [Config].MaxAttempts.
 //
-// The relay calls Publish from one goroutine at a time; ctx carries the publish deadline.
+// Publish must return within the deadline of ctx (plus a moment to clean up), whatever the
+// broker or the network does. Several relays may share one Publisher; ctx carries each
+// caller's publish deadline, and time spent waiting for another caller counts against it.
 type Publisher interface {
 	Publish(ctx context.Context, msgs []Message) []error
 }
 
 var (
-	// ErrUnavailable marks a connection-level failure: the broker cannot be reached.
+	// ErrUnavailable marks a connection-level failure: the broker cannot be reached, or does
+	// not take messages now.
 	ErrUnavailable = errors.New("broker unavailable")
 	// ErrNotSent marks a message the publisher did not send, through no fault of its own.
 	ErrNotSent = errors.New("message not sent")
-	// ErrRefused marks a message the broker refused for a reason of its own, not the
-	// message's: a full queue that rejects publishes (its consumers are down), a queue
-	// without quorum. The row is retried after a backoff and no attempt is counted.
+	// ErrRefused marks a message the broker refused for a reason of its own, not because of
+	// the message (a full queue that rejects publishes because its consumers are down, a
+	// queue without quorum): no attempt is counted, and the relay retries it after a backoff.
 	ErrRefused = errors.New("refused by the broker")
-	// ErrTooLarge is wrapped (as a permanent error) for a payload over Config.MaxMessageBytes.
+	// ErrTooLarge is wrapped (as a permanent error) for a payload over Config.MaxMessageBytes,
+	// or over the broker's own limit where the publisher knows it.
 	ErrTooLarge = errors.New("message too large")
 )
 

@@ -1,30 +1,78 @@
 // Package rabbitmq publishes outbox messages to RabbitMQ with publisher confirms.
 //
 // [Publisher] implements outbox.Publisher. A batch goes out on one confirm-mode channel with
-// every message in flight at once, and each message's fate is read from its own confirm:
+// every message in flight at once, and each message's fate is read from its own confirm. Every
+// failure is blamed on exactly one thing, the message, the broker, or neither:
 //
 //   - ack, and no basic.return: published (nil);
-//   - basic.return (mandatory, routed to no queue): an error wrapping [ErrUnroutable];
-//   - nack: an error wrapping [ErrNacked];
-//   - no confirm before the deadline, or the connection closed first: outbox.ErrUnavailable.
-//     Such a message is never reported as published.
+//   - basic.return (mandatory, routed to no queue): an error wrapping [ErrUnroutable]; the
+//     relay counts an attempt;
+//   - nack: an error wrapping both [ErrNacked] and outbox.ErrRefused. RabbitMQ nacks for
+//     reasons of its own (a full queue with overflow reject-publish, a quorum queue without
+//     a quorum, an internal error), never for the message's content, so no attempt is
+//     counted;
+//   - a message that fails outbox.Message.Validate (but for the body's JSON syntax, which
+//     the broker does not read and a json column cannot get wrong, and for headers named
+//     aggregate_type or aggregate_id, which older code could store and the publisher
+//     overwrites with the aggregate's, as it always did), whose content header
+//     would not fit in the frame size negotiated with the broker, or whose body is over
+//     [Config].MaxBodyBytes: outbox.Permanent with the cause, and it is never sent. These are
+//     rows written by hand or by older code: the broker would close the channel or the whole
+//     connection over them, which would look like an outage;
+//   - the broker closed the channel without saying which message it objects to (RabbitMQ
+//     names none: a body over its max_message_size, an exchange that does not exist, a
+//     header it cannot accept): the publisher republishes the unconfirmed messages one at a
+//     time on fresh channels of the same connection, within the same deadline, until it
+//     finds the ones the broker refuses. Each of those is charged: outbox.Permanent for a
+//     refusal of its content (406 PRECONDITION_FAILED: invalid message, message size), a
+//     plain error otherwise (404 NOT_FOUND: the exchange may be declared later). The others
+//     are published, or outbox.ErrNotSent if the deadline passed first. A message sent
+//     before the refused one may have reached its queue without its confirm (the channel
+//     closed first): it is published again, at least once as always;
+//   - no confirm before the deadline, the connection lost, or the connection blocked by the
+//     broker (connection.blocked: a memory or disk alarm): outbox.ErrUnavailable. Such a
+//     message is never reported as published. While the broker blocks the connection,
+//     Publish returns outbox.ErrUnavailable at once without sending anything;
+//   - the deadline passed while another caller had the publisher: outbox.ErrNotSent, and
+//     nothing was sent.
+//
+// # Deadlines
+//
+// The deadline of the context given to Publish (the relay passes its PublishTimeout) bounds
+// every step: the wait for the publisher (it serialises callers; a caller whose deadline
+// passes first gives up), dialling and the AMQP handshake, opening a channel and running
+// [Config].Setup, socket writes, and the confirms. amqp091-go writes to the socket
+// synchronously and without a deadline, so a broker that stops reading (a resource alarm, a
+// black-holed network) would hold a write for ever: when the deadline passes with the call
+// still under way, the publisher closes the connection's socket, which ends every blocked
+// step at once, and the next call connects again. Publish returns within the deadline plus
+// the moment it takes to close a socket. The search for a refused message (above) stops a
+// little before the deadline, so that running out of time there costs no reconnect.
+//
+// # Messages
 //
 // Messages are persistent, mandatory, and carry the outbox id as message-id, the event type,
 // the creation time as timestamp, content type application/json, the correlation id, and the
 // outbox headers plus aggregate_type and aggregate_id.
 //
-// The publisher connects lazily and again after the connection or channel closed: each
-// Publish call first makes sure it has an open channel (an explicit supervisor; amqp091-go's
-// own recovery is not used, so every reconnect is visible here and in [Hooks]).
+// # Connections
+//
+// The publisher connects lazily and again after the connection closed: each Publish call first
+// makes sure it has an open channel (an explicit supervisor; amqp091-go's own recovery is not
+// used, so every reconnect is visible here and in [Hooks]). A channel the broker closed over
+// one message is replaced by a new channel on the same connection: a message's fault never
+// costs a reconnect.
 package rabbitmq
 
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
+	"maps"
+	"net"
 	"sync"
 	"time"
 
@@ -36,9 +84,13 @@ import (
 var (
 	// ErrUnroutable: the broker returned the message because no queue is bound for it.
 	ErrUnroutable = errors.New("unroutable")
-	// ErrNacked: the broker refused the message (a full queue with reject-publish, say).
+	// ErrNacked: the broker refused the message for a reason of its own (a full queue with
+	// reject-publish, say). Errors wrapping it also wrap outbox.ErrRefused.
 	ErrNacked = errors.New("nacked by broker")
 )
+
+// errNacked is what a nacked message gets: both sentinels, so that errors.Is finds either.
+var errNacked = fmt.Errorf("%w (%w)", ErrNacked, outbox.ErrRefused)
 
 var _ outbox.Publisher = (*Publisher)(nil)
 
@@ -48,9 +100,14 @@ type Config struct {
 	URL string
 	// ConnectionName shows in the management UI. Default "outbox-relay".
 	ConnectionName string
-	// DialTimeout bounds connecting, and closing a connection the broker stopped answering
-	// on. Default 5s.
+	// DialTimeout bounds connecting (within the caller's deadline), and closing a connection
+	// in [Publisher.Close]. Default 5s.
 	DialTimeout time.Duration
+	// MaxBodyBytes is the broker's max_message_size, when known: a larger body is reported
+	// as outbox.Permanent wrapping outbox.ErrTooLarge and never sent. 0 (the default) checks
+	// nothing here; RabbitMQ then refuses such a message by closing the channel, and the
+	// publisher finds and charges it all the same, at the cost of a few round trips.
+	MaxBodyBytes int
 	// Setup runs on every new channel, before the first publish: declare the exchanges the
 	// outbox publishes to there, so a restarted broker without them is repaired. Optional.
 	Setup func(ch *amqp.Channel) error
@@ -68,16 +125,43 @@ type Hooks struct {
 }
 
 // Publisher publishes batches of outbox messages on one channel. It is safe for concurrent
-// use; batches are sent one after the other.
+// use; batches are sent one after the other, and a caller waits for its turn only until its
+// context's deadline.
 type Publisher struct {
 	cfg Config
 
-	mu      sync.Mutex // serialises Publish and guards the fields below
-	conn    *amqp.Connection
+	// turn holds a token while a Publish or Close runs: a channel rather than a mutex, so
+	// that a caller can stop waiting when its deadline passes.
+	turn chan struct{}
+	// guard closes the socket in use when the current caller's deadline passes.
+	guard guard
+
+	// Owned by the holder of the turn.
+	sess *session
+	ch   *channel
+	up   bool
+}
+
+// session is one AMQP connection and what the publisher knows about it.
+type session struct {
+	conn *amqp.Connection
+	raw  net.Conn
+
+	mu            sync.Mutex
+	blocked       bool
+	blockedReason string
+	changed       chan struct{} // poked (capacity 1) whenever blocked changes
+	watched       chan struct{} // closed when the goroutine reading connection.blocked ended
+}
+
+// channel is one confirm-mode channel and its notifications.
+type channel struct {
 	ch      *amqp.Channel
 	returns chan amqp.Return
-	closed  chan *amqp.Error // the channel's close notification
-	up      bool
+	closed  chan *amqp.Error
+	// stale is set when confirms or returns may still arrive for an earlier batch: the next
+	// batch starts on a new channel, so that they cannot be taken for its own.
+	stale bool
 }
 
 // New returns a Publisher. It does not connect: the first Publish does.
@@ -88,53 +172,177 @@ func New(cfg Config) (*Publisher, error) {
 	if _, err := amqp.ParseURI(cfg.URL); err != nil {
 		return nil, fmt.Errorf("rabbitmq publisher: %w", err)
 	}
+	if cfg.MaxBodyBytes < 0 {
+		return nil, fmt.Errorf("rabbitmq publisher: negative MaxBodyBytes %d", cfg.MaxBodyBytes)
+	}
 	cfg.ConnectionName = cmp.Or(cfg.ConnectionName, "outbox-relay")
 	cfg.DialTimeout = cmp.Or(cfg.DialTimeout, 5*time.Second)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Publisher{cfg: cfg}, nil
+	return &Publisher{cfg: cfg, turn: make(chan struct{}, 1)}, nil
 }
 
-// Close closes the connection. A later Publish connects again.
+// Close closes the connection, after the Publish under way, if any, returned. A later
+// Publish connects again.
 func (p *Publisher) Close() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.resetLocked()
+	p.turn <- struct{}{}
+	defer func() { <-p.turn }()
+	return p.closeSession(time.Now().Add(p.cfg.DialTimeout), nil)
 }
 
 // Publish sends msgs and waits for their confirms; see the package documentation for the
 // meaning of each returned error.
 func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) []error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
 	errs := make([]error, len(msgs))
-	if err := p.ensureChannelLocked(); err != nil {
-		fill(errs, 0, fmt.Errorf("%w: %v", outbox.ErrUnavailable, err))
+	send := make([]int, 0, len(msgs))
+	for i := range msgs {
+		if err := p.validate(msgs[i]); err != nil {
+			errs[i] = err
+			continue
+		}
+		send = append(send, i)
+	}
+	if len(send) == 0 {
 		return errs
 	}
 
-	confirms := make([]*amqp.DeferredConfirmation, len(msgs))
-	sent := len(msgs)
-	for i, m := range msgs {
-		dc, err := p.ch.PublishWithDeferredConfirm(m.Exchange, m.RoutingKey, true, false, publishing(m))
-		if err != nil {
-			if errors.Is(err, amqp.ErrFieldType) {
-				errs[i] = outbox.Permanent(fmt.Errorf("encode headers: %w", err))
-				continue
-			}
-			// The channel or connection is gone; nothing after this was sent.
-			sent = i
-			break
+	if !p.takeTurn(ctx) {
+		fill(errs, send, fmt.Errorf("%w: the deadline passed while another batch had the publisher: %v", outbox.ErrNotSent, ctx.Err()))
+		return errs
+	}
+	defer func() { <-p.turn }()
+
+	disarm := p.guard.arm(ctx)
+	var hung bool // the broker left confirms owed until the deadline
+	defer func() {
+		if disarm() || hung {
+			// The deadline closed the socket mid-call, or passed with confirms owed: a
+			// broker that does not answer holds this connection (a channel.close on it
+			// would hang too), so the next call starts on a new one.
+			_ = p.closeSession(time.Now(), fmt.Errorf("publish deadline: %w", ctx.Err()))
 		}
-		confirms[i] = dc
+	}()
+
+	if err := p.ensureChannel(ctx); err != nil {
+		fill(errs, send, p.unavailable(ctx, err))
+		return errs
+	}
+	frameMax := p.sess.conn.Config.FrameSize
+	kept := send[:0]
+	for _, i := range send {
+		if err := fitsFrame(msgs[i], frameMax); err != nil {
+			errs[i] = err
+			continue
+		}
+		kept = append(kept, i)
+	}
+	send = kept
+	if len(send) == 0 {
+		return errs
 	}
 
-	// Wait for every confirm, collecting returns as they come. RabbitMQ sends a message's
-	// basic.return before its ack, and amqp091-go hands both over from one goroutine in
-	// that order; so once the last ack is in, every return is in p.returns or already read.
+	a := p.attempt(ctx, msgs, send, errs)
+	hung = a.timedOut
+	switch {
+	case len(a.unsettled) == 0:
+	case a.isolate():
+		p.isolate(ctx, msgs, a.unsettled, errs, a.closeErr)
+	default:
+		fill(errs, a.unsettled, a.unavailable)
+	}
+	return errs
+}
+
+// takeTurn waits for the publisher until ctx ends, and reports whether the caller has it.
+func (p *Publisher) takeTurn(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return false
+	}
+	select {
+	case p.turn <- struct{}{}:
+	case <-ctx.Done():
+		return false
+	}
+	if ctx.Err() != nil { // both were ready, and select took the turn
+		<-p.turn
+		return false
+	}
+	return true
+}
+
+// validate returns outbox.Permanent with the reason if m can never be published: it fails
+// Validate, or its body is over MaxBodyBytes.
+//
+// The body's JSON syntax is not checked here: the broker does not read the body, and
+// PostgreSQL's json columns hold valid JSON only, so parsing every payload again would cost
+// the relay CPU for nothing (encoding/json validates about as fast as it parses).
+func (p *Publisher) validate(m outbox.Message) error {
+	if len(m.Payload) == 0 {
+		return outbox.Permanent(fmt.Errorf("%w: Payload is empty", outbox.ErrInvalidMessage))
+	}
+	envelope := m
+	envelope.Payload = emptyObject
+	_, aggType := m.Headers[outbox.HeaderAggregateType]
+	_, aggID := m.Headers[outbox.HeaderAggregateID]
+	if aggType || aggID {
+		// Add refuses these names, but older code stored them, and the publisher always
+		// overwrote them with the aggregate's: it still does, rather than bury the row.
+		envelope.Headers = maps.Clone(m.Headers)
+		delete(envelope.Headers, outbox.HeaderAggregateType)
+		delete(envelope.Headers, outbox.HeaderAggregateID)
+	}
+	if err := envelope.Validate(); err != nil {
+		return outbox.Permanent(err)
+	}
+	if p.cfg.MaxBodyBytes > 0 && len(m.Payload) > p.cfg.MaxBodyBytes {
+		return outbox.Permanent(fmt.Errorf("%w: body of %d bytes is over the broker's max_message_size of %d (Config.MaxBodyBytes)",
+			outbox.ErrTooLarge, len(m.Payload), p.cfg.MaxBodyBytes))
+	}
+	return nil
+}
+
+// fitsFrame returns outbox.Permanent if m's content header would not fit in one frame of
+// frameMax bytes (0: no limit). Validate keeps the headers well under RabbitMQ's default
+// frame_max; this catches a broker configured with a smaller one.
+func fitsFrame(m outbox.Message, frameMax int) error {
+	if n := contentHeaderFrameSize(m); frameMax > 0 && n > frameMax {
+		return outbox.Permanent(fmt.Errorf("%w: its content header frame would take %d bytes, over the frame_max of %d negotiated with the broker",
+			outbox.ErrInvalidMessage, n, frameMax))
+	}
+	return nil
+}
+
+// attemptResult is what one attempt left unsettled, and why.
+type attemptResult struct {
+	// unsettled are the messages that got no verdict of the broker: unconfirmed, not sent,
+	// or nacked by amqp091-go itself when the channel closed.
+	unsettled []int
+	// closeErr is why the channel closed, when it closed.
+	closeErr *amqp.Error
+	// connOpen is whether the connection was still usable afterwards.
+	connOpen bool
+	// timedOut is whether ctx ended before every confirm came.
+	timedOut bool
+	// unavailable is the error for the unsettled messages when the cause is the broker or
+	// the connection.
+	unavailable error
+}
+
+// isolate reports whether the unsettled messages are to be published one at a time to find
+// the one the broker refused: the broker closed the channel with a soft error (the
+// connection is fine) and named no message.
+func (a attemptResult) isolate() bool {
+	return a.unavailable == nil && a.closeErr != nil && a.connOpen
+}
+
+// attempt publishes msgs[idx] on the current channel, waits for their confirms, and sets
+// errs for every message the broker settled: acked (nil or unroutable) or nacked.
+func (p *Publisher) attempt(ctx context.Context, msgs []outbox.Message, idx []int, errs []error) attemptResult {
+	c, s := p.ch, p.sess
+	confirms := make([]*amqp.DeferredConfirmation, len(idx))
 	returned := map[string]string{}
-	returns := p.returns // nil once closed: a closed channel would be read for ever
+	returns := c.returns // nil once closed: a closed channel would be read for ever
 	takeReturn := func(r amqp.Return, ok bool) {
 		if !ok {
 			returns = nil
@@ -142,83 +350,216 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) []error 
 		}
 		returned[r.MessageId] = fmt.Sprintf("%d %s", r.ReplyCode, r.ReplyText)
 	}
-	timedOut := false
-wait:
-	for i := 0; i < sent; i++ {
-		if confirms[i] == nil {
-			continue
-		}
-		for {
+	drainReturns := func() {
+		for returns != nil {
 			select {
 			case r, ok := <-returns:
 				takeReturn(r, ok)
-				continue
-			case <-confirms[i].Done():
+			default:
+				return
+			}
+		}
+	}
+
+	sent := 0
+	for j, i := range idx {
+		if _, blocked := s.isBlocked(); blocked || ctx.Err() != nil {
+			break
+		}
+		dc, err := c.ch.PublishWithDeferredConfirm(msgs[i].Exchange, msgs[i].RoutingKey, true, false, publishing(msgs[i]))
+		if err != nil {
+			break // the channel or the connection is gone: nothing after this was sent
+		}
+		confirms[j] = dc
+		sent = j + 1
+		drainReturns() // the library waits only so long for a reader before it drops a return
+	}
+
+	// Wait for every confirm, collecting returns as they come. RabbitMQ sends a message's
+	// basic.return before its ack, and amqp091-go hands both over from one goroutine in
+	// that order; so once the last ack is in, every return is in c.returns or already read.
+	var (
+		closeErr   *amqp.Error
+		closedSeen bool
+		closed     = c.closed
+		timedOut   bool
+	)
+	takeClose := func(e *amqp.Error) {
+		closeErr, closedSeen, closed = e, true, nil
+	}
+wait:
+	for j := 0; j < sent; j++ {
+		for !isDone(confirms[j]) {
+			select {
+			case r, ok := <-returns:
+				takeReturn(r, ok)
+			case <-confirms[j].Done():
+			case e := <-closed:
+				// amqp091-go settles every pending confirm as a nack right after.
+				takeClose(e)
+			case <-s.changed:
+				if _, blocked := s.isBlocked(); blocked {
+					break wait
+				}
 			case <-ctx.Done():
 				timedOut = true
 				break wait
 			}
-			break
 		}
 	}
-	for returns != nil {
+	drainReturns()
+	if !closedSeen {
 		select {
-		case r, ok := <-returns:
-			takeReturn(r, ok)
+		case e := <-closed:
+			takeClose(e)
 		default:
-			returns = nil
+			if c.ch.IsClosed() {
+				// The channel is closing: its reason follows at once (the library notifies
+				// before it settles the pending confirms).
+				select {
+				case e := <-closed:
+					takeClose(e)
+				case <-ctx.Done():
+					timedOut = true
+				}
+			}
 		}
 	}
 
-	var closeErr *amqp.Error
-	select {
-	case closeErr = <-p.closed:
-	default:
-	}
-	channelGone := closeErr != nil || p.ch.IsClosed()
-	for i := range msgs {
-		if errs[i] != nil {
-			continue
-		}
-		dc := confirms[i]
+	var res attemptResult
+	for j, i := range idx {
+		dc := confirms[j]
 		switch {
-		case i >= sent:
-			errs[i] = p.closedError(closeErr, outbox.Message{}) // never sent: never its fault
-		case dc == nil:
-			errs[i] = fmt.Errorf("%w: no confirmation", outbox.ErrUnavailable)
-		case !isDone(dc):
-			errs[i] = fmt.Errorf("%w: no confirm within the deadline: %v", outbox.ErrUnavailable, ctx.Err())
+		case j >= sent || !isDone(dc):
+			res.unsettled = append(res.unsettled, i)
 		case dc.Acked():
 			if reason, ok := returned[msgs[i].ID.String()]; ok {
 				errs[i] = fmt.Errorf("%w: %s", ErrUnroutable, reason)
 			}
-		case channelGone:
+		case closedSeen:
 			// amqp091-go nacks every pending confirm when the channel closes: that is
 			// not the broker's verdict on the message.
-			errs[i] = p.closedError(closeErr, msgs[i])
+			res.unsettled = append(res.unsettled, i)
 		default:
-			errs[i] = ErrNacked
+			errs[i] = errNacked
 		}
 	}
-	if timedOut || channelGone || sent < len(msgs) {
-		// Confirms may still be owed on this channel; start the next batch on a fresh one.
-		_ = p.resetLocked()
+	res.closeErr, res.timedOut = closeErr, timedOut || ctx.Err() != nil && len(res.unsettled) > 0
+	res.connOpen = !s.conn.IsClosed() && !p.guard.hasFired()
+	if len(res.unsettled) > 0 {
+		// Confirms or returns may still come for this channel's messages.
+		c.stale = true
 	}
-	return errs
+	if len(res.unsettled) == 0 {
+		return res
+	}
+	reason, blocked := s.isBlocked()
+	switch {
+	case blocked:
+		res.unavailable = fmt.Errorf("%w: the broker blocked the connection: %s", outbox.ErrUnavailable, reason)
+	case res.timedOut:
+		res.unavailable = fmt.Errorf("%w: no confirm within the deadline: %v", outbox.ErrUnavailable, ctx.Err())
+	case !res.connOpen:
+		res.unavailable = fmt.Errorf("%w: connection closed: %v", outbox.ErrUnavailable, closeErr)
+	case closeErr == nil || !closeErr.Server || !closeErr.Recover:
+		// Closed by the client library, or a hard error on a connection still open
+		// (neither should happen; be safe).
+		res.unavailable = fmt.Errorf("%w: channel closed: %v", outbox.ErrUnavailable, closeErr)
+	}
+	return res
 }
 
-// closedError classifies a message that was unconfirmed when its channel closed. A channel
-// closed by a soft error (the broker refusing one message, e.g. 404 no such exchange) leaves
-// the connection open: the message it names fails, the others were merely not sent. Anything
-// else is an outage.
-func (p *Publisher) closedError(closeErr *amqp.Error, m outbox.Message) error {
-	if closeErr == nil || closeErr.Server && !closeErr.Recover || p.conn == nil || p.conn.IsClosed() {
-		return fmt.Errorf("%w: channel closed: %v", outbox.ErrUnavailable, closeErr)
+// isolate finds the messages of msgs[idx] the broker refuses, after it closed a channel over
+// one or more of them without naming which. It publishes them one at a time, each on an open
+// channel of the current connection, until one makes the broker close the channel: that one
+// is charged with the broker's reason; the others are settled by their own confirms. Then it
+// sends the rest together again, and searches again among them if the broker closes that
+// channel too: one refused message costs a round trip per message before it, and one batch.
+// Whatever the deadline leaves undone is outbox.ErrNotSent: the broker is fine, and no fault
+// of those messages is known.
+//
+// The search stops a little before ctx's deadline, so that running out of time leaves the
+// connection open: the guard closes the socket only when the deadline itself passes.
+func (p *Publisher) isolate(ctx context.Context, msgs []outbox.Message, idx []int, errs []error, first *amqp.Error) {
+	p.cfg.Logger.WarnContext(ctx, "rabbitmq publisher: the broker closed the channel without naming a message; publishing the unconfirmed ones one at a time",
+		"connection_name", p.cfg.ConnectionName, "reason", first, "unconfirmed", len(idx))
+	if d, ok := ctx.Deadline(); ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, d.Add(-min(time.Until(d)/10, isolateMargin)))
+		defer cancel()
 	}
-	if m.Exchange != "" && strings.Contains(closeErr.Reason, "'"+m.Exchange+"'") {
-		return fmt.Errorf("channel closed by broker: %s", closeErr.Reason)
+	outOfTime := fmt.Errorf("%w: the deadline passed while looking for the message the broker refused (%v)", outbox.ErrNotSent, first)
+	// send attempts msgs[some] on an open channel; it reports whether the caller is to go on,
+	// having filled errs for every message of some the broker did not settle otherwise.
+	send := func(some []int) (attemptResult, bool) {
+		if ctx.Err() != nil {
+			fill(errs, some, outOfTime)
+			return attemptResult{}, false
+		}
+		if err := p.ensureChannel(ctx); err != nil {
+			fill(errs, some, p.unavailable(ctx, err))
+			return attemptResult{}, false
+		}
+		a := p.attempt(ctx, msgs, some, errs)
+		switch {
+		case len(a.unsettled) == 0, a.isolate():
+			return a, true
+		case a.timedOut && a.connOpen:
+			fill(errs, a.unsettled, outOfTime)
+		default:
+			fill(errs, a.unsettled, a.unavailable)
+		}
+		return a, false
 	}
-	return fmt.Errorf("%w: channel closed by broker: %s", outbox.ErrNotSent, closeErr.Reason)
+	for len(idx) > 0 {
+		refused := -1
+		for k, i := range idx {
+			a, ok := send(idx[k : k+1])
+			if !ok {
+				fill(errs, idx[k+1:], errs[i])
+				return
+			}
+			if len(a.unsettled) > 0 {
+				errs[i] = refusal(a.closeErr)
+				p.cfg.Logger.WarnContext(ctx, "rabbitmq publisher: the broker refused a message",
+					"message_id", msgs[i].ID, "message_type", msgs[i].Type, "aggregate_id", msgs[i].AggregateID, "error", errs[i])
+				refused = k
+				break
+			}
+		}
+		if refused < 0 || refused == len(idx)-1 {
+			return
+		}
+		a, ok := send(idx[refused+1:])
+		if !ok || len(a.unsettled) == 0 {
+			return
+		}
+		idx = a.unsettled // the broker closed this channel too: search among these
+	}
+}
+
+// isolateMargin is how long before the deadline the search for a refused message stops.
+const isolateMargin = 250 * time.Millisecond
+
+// refusal is the error of a message the broker closed the channel over. 406
+// PRECONDITION_FAILED on a publish is about the message itself (RabbitMQ: "invalid message",
+// "message size … is larger than …"): no retry can help. Anything else (404 NOT_FOUND for an
+// exchange, 403 ACCESS_REFUSED) may be repaired by declaring or granting, so the row's
+// attempts count as usual.
+func refusal(e *amqp.Error) error {
+	err := fmt.Errorf("the broker closed the channel over this message: %d %s", e.Code, e.Reason)
+	if e.Code == amqp.PreconditionFailed {
+		return outbox.Permanent(err)
+	}
+	return err
+}
+
+// unavailable wraps a failure to get a channel.
+func (p *Publisher) unavailable(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return fmt.Errorf("%w: %v (deadline: %v)", outbox.ErrUnavailable, err, ctx.Err())
+	}
+	return fmt.Errorf("%w: %v", outbox.ErrUnavailable, err)
 }
 
 func isDone(dc *amqp.DeferredConfirmation) bool {
@@ -230,8 +571,8 @@ func isDone(dc *amqp.DeferredConfirmation) bool {
 	}
 }
 
-func fill(errs []error, from int, err error) {
-	for i := from; i < len(errs); i++ {
+func fill(errs []error, idx []int, err error) {
+	for _, i := range idx {
 		errs[i] = err
 	}
 }
@@ -241,11 +582,11 @@ func publishing(m outbox.Message) amqp.Publishing {
 	for k, v := range m.Headers {
 		headers[k] = v
 	}
-	headers["aggregate_type"] = m.AggregateType
-	headers["aggregate_id"] = m.AggregateID
+	headers[outbox.HeaderAggregateType] = m.AggregateType
+	headers[outbox.HeaderAggregateID] = m.AggregateID
 	return amqp.Publishing{
 		Headers:       headers,
-		ContentType:   "application/json",
+		ContentType:   contentType,
 		DeliveryMode:  amqp.Persistent,
 		CorrelationId: m.Headers[outbox.HeaderCorrelationID],
 		MessageId:     m.ID.String(),
@@ -255,34 +596,138 @@ func publishing(m outbox.Message) amqp.Publishing {
 	}
 }
 
-// ensureChannelLocked makes sure p.ch is an open confirm-mode channel, connecting if needed.
-func (p *Publisher) ensureChannelLocked() error {
-	if p.ch != nil && !p.ch.IsClosed() && p.conn != nil && !p.conn.IsClosed() {
+const contentType = "application/json"
+
+var emptyObject = json.RawMessage(`{}`)
+
+// contentHeaderFrameSize is the size on the wire of the content header frame that carries the
+// properties [publishing] gives m, as amqp091-go writes it: the frame's type, channel and size
+// (7 bytes) and end byte, then class, weight, body size and property flags, then each
+// property present. RabbitMQ closes the connection (501 frame_too_large) when it exceeds the
+// negotiated frame_max.
+func contentHeaderFrameSize(m outbox.Message) int {
+	n := 7 + 1 + 2 + 2 + 8 + 2
+	short := func(s string) {
+		if s != "" {
+			n += 1 + len(s)
+		}
+	}
+	short(contentType)
+	n += m.HeaderBytes() // never empty: aggregate_type and aggregate_id are always there
+	n++                  // delivery mode
+	short(m.Headers[outbox.HeaderCorrelationID])
+	short(m.ID.String())
+	if !m.CreatedAt.IsZero() {
+		n += 8
+	}
+	short(m.Type)
+	return n
+}
+
+// ensureChannel makes sure p.ch is an open, fresh confirm-mode channel, connecting if needed.
+// It sends nothing while the broker blocks the connection.
+func (p *Publisher) ensureChannel(ctx context.Context) error {
+	if p.sess != nil && p.sess.conn.IsClosed() {
+		_ = p.closeSession(time.Now(), errors.New("connection closed"))
+	}
+	if p.sess == nil {
+		if err := p.connect(ctx); err != nil {
+			p.setUp(false, err)
+			return fmt.Errorf("connect: %w", err)
+		}
+		p.setUp(true, nil)
+	}
+	if reason, blocked := p.sess.isBlocked(); blocked {
+		// It reads nothing from this connection until it unblocks it.
+		return fmt.Errorf("the broker blocks the connection: %s", reason)
+	}
+	if p.ch != nil && (p.ch.stale || p.ch.ch.IsClosed()) {
+		_ = p.ch.ch.Close() // an RPC (nothing to do if closed already): the guard bounds it
+		p.ch = nil
+	}
+	if p.ch != nil {
 		return nil
 	}
-	_ = p.resetLocked()
-	conn, err := amqp.DialConfig(p.cfg.URL, amqp.Config{
-		Dial:       amqp.DefaultDial(p.cfg.DialTimeout),
-		Heartbeat:  10 * time.Second,
-		Properties: amqp.Table{"connection_name": p.cfg.ConnectionName},
-	})
+	c, err := p.openChannel()
 	if err != nil {
-		p.setUp(false, err)
-		return fmt.Errorf("dial: %w", err)
-	}
-	ch, err := p.openChannel(conn)
-	if err != nil {
-		_ = conn.Close()
-		p.setUp(false, err)
+		if p.sess.conn.IsClosed() || p.guard.hasFired() {
+			_ = p.closeSession(time.Now(), err)
+		}
 		return err
 	}
-	p.conn, p.ch = conn, ch
-	p.setUp(true, nil)
+	p.ch = c
 	return nil
 }
 
-func (p *Publisher) openChannel(conn *amqp.Connection) (*amqp.Channel, error) {
-	ch, err := conn.Channel()
+// connect dials the broker within ctx's deadline (and DialTimeout).
+func (p *Publisher) connect(ctx context.Context) error {
+	deadline := time.Now().Add(p.cfg.DialTimeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	s := &session{changed: make(chan struct{}, 1), watched: make(chan struct{})}
+	props := amqp.NewConnectionProperties()
+	props.SetClientConnectionName(p.cfg.ConnectionName)
+	conn, err := amqp.DialConfig(p.cfg.URL, amqp.Config{
+		Heartbeat:  10 * time.Second,
+		Properties: props,
+		Dial: func(network, addr string) (net.Conn, error) {
+			d := net.Dialer{Deadline: deadline}
+			raw, err := d.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			// The handshake's deadline; amqp091-go clears it once the connection is open.
+			if err := raw.SetDeadline(deadline); err != nil {
+				_ = raw.Close()
+				return nil, err
+			}
+			s.raw = raw
+			p.guard.use(raw)
+			return raw, nil
+		},
+	})
+	if err != nil {
+		if s.raw != nil {
+			_ = s.raw.Close()
+		}
+		return fmt.Errorf("dial: %w", err)
+	}
+	s.conn = conn
+	blocks := conn.NotifyBlocked(make(chan amqp.Blocking, 4))
+	go s.watchBlocked(blocks, p.cfg.Logger.With("connection_name", p.cfg.ConnectionName))
+	p.sess = s
+	return nil
+}
+
+// watchBlocked follows connection.blocked and connection.unblocked until the connection
+// closes.
+func (s *session) watchBlocked(blocks <-chan amqp.Blocking, log *slog.Logger) {
+	defer close(s.watched)
+	for b := range blocks {
+		s.mu.Lock()
+		s.blocked, s.blockedReason = b.Active, b.Reason
+		s.mu.Unlock()
+		select {
+		case s.changed <- struct{}{}:
+		default:
+		}
+		if b.Active {
+			log.Warn("rabbitmq publisher: the broker blocked the connection; nothing is sent until it unblocks it", "reason", b.Reason)
+		} else {
+			log.Info("rabbitmq publisher: the broker unblocked the connection")
+		}
+	}
+}
+
+func (s *session) isBlocked() (reason string, blocked bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.blockedReason, s.blocked
+}
+
+func (p *Publisher) openChannel() (*channel, error) {
+	ch, err := p.sess.conn.Channel()
 	if err != nil {
 		return nil, fmt.Errorf("open channel: %w", err)
 	}
@@ -291,29 +736,44 @@ func (p *Publisher) openChannel(conn *amqp.Connection) (*amqp.Channel, error) {
 	}
 	if p.cfg.Setup != nil {
 		if err := p.cfg.Setup(ch); err != nil {
+			_ = ch.Close()
 			return nil, fmt.Errorf("setup: %w", err)
 		}
 	}
-	// Buffered: the library drops a return it cannot hand over within a few seconds.
-	p.returns = ch.NotifyReturn(make(chan amqp.Return, 1024))
-	p.closed = ch.NotifyClose(make(chan *amqp.Error, 1))
-	return ch, nil
+	return &channel{
+		ch: ch,
+		// Buffered: the library drops a return it cannot hand over within a few seconds.
+		returns: ch.NotifyReturn(make(chan amqp.Return, 1024)),
+		closed:  ch.NotifyClose(make(chan *amqp.Error, 1)),
+	}, nil
 }
 
-func (p *Publisher) resetLocked() error {
-	var err error
-	if p.conn != nil {
-		// A deadline, because a hung broker (a resource alarm, a black-holed network) never
-		// answers connection.close, and Close would wait for it with p.mu held.
-		err = p.conn.CloseDeadline(time.Now().Add(p.cfg.DialTimeout))
-		if errors.Is(err, amqp.ErrClosed) {
-			err = nil
-		}
-		if p.up {
-			p.setUp(false, nil)
-		}
+// closeSession closes the connection, waiting for the broker's answer until deadline, and
+// forgets it. cause is nil for a deliberate close.
+func (p *Publisher) closeSession(deadline time.Time, cause error) error {
+	s := p.sess
+	p.sess, p.ch = nil, nil
+	if s == nil {
+		return nil
 	}
-	p.conn, p.ch, p.returns, p.closed = nil, nil, nil, nil
+	var err error
+	if time.Now().Before(deadline) {
+		err = s.conn.CloseDeadline(deadline)
+	}
+	// However the close went, the socket goes: nothing may be left blocked on it.
+	_ = s.raw.Close()
+	if errors.Is(err, amqp.ErrClosed) {
+		err = nil
+	}
+	// The connection's shutdown ends the watcher; wait for it, so that no goroutine outlives
+	// the connection (bounded: the socket is closed).
+	select {
+	case <-s.watched:
+	case <-time.After(time.Second):
+	}
+	if p.up {
+		p.setUp(false, cause)
+	}
 	return err
 }
 
@@ -333,4 +793,61 @@ func (p *Publisher) setUp(up bool, cause error) {
 	if h := p.cfg.Hooks.Connected; h != nil && (changed || !up) {
 		h(up)
 	}
+}
+
+// guard closes the socket in use when the deadline of the call under way passes. That ends
+// every step amqp091-go could be stuck in: a socket write to a broker that stopped reading, an
+// RPC it never answers (channel.open, confirm.select, Setup's declarations), the handshake.
+type guard struct {
+	mu    sync.Mutex
+	call  uint64 // counts arm calls: a late fire of an earlier call must not close anything
+	armed bool
+	fired bool
+	raw   net.Conn
+}
+
+// arm starts watching ctx. The returned disarm reports whether the deadline closed the
+// socket during the call.
+func (g *guard) arm(ctx context.Context) (disarm func() bool) {
+	g.mu.Lock()
+	g.call++
+	call := g.call
+	g.armed, g.fired = true, false
+	g.mu.Unlock()
+	stop := context.AfterFunc(ctx, func() { g.fire(call) })
+	return func() bool {
+		stop()
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		g.armed = false
+		return g.fired
+	}
+}
+
+// use makes raw the socket the guard closes; at once if the deadline already passed.
+func (g *guard) use(raw net.Conn) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.raw = raw
+	if g.armed && g.fired {
+		_ = raw.Close()
+	}
+}
+
+func (g *guard) fire(call uint64) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.armed || g.call != call {
+		return
+	}
+	g.fired = true
+	if g.raw != nil {
+		_ = g.raw.Close()
+	}
+}
+
+func (g *guard) hasFired() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.armed && g.fired
 }

@@ -10,7 +10,9 @@ import (
 // Proxy is a TCP proxy in front of a server. Cut drops every connection and refuses new ones
 // (the server looks dead to clients); Heal lets connections through again. Stall holds back
 // everything the server sends while the connections stay open (the server looks hung, as a
-// broker under a resource alarm or behind a black-holed network does); Resume delivers it.
+// broker under a resource alarm or behind a black-holed network does); Freeze also stops
+// reading what the clients send, so that their writes block once the socket buffers are
+// full; Resume ends both and delivers what was held.
 // Tests use it to take a shared broker away from the code under test without touching the
 // broker itself.
 type Proxy struct {
@@ -21,6 +23,7 @@ type Proxy struct {
 	flowing *sync.Cond // signalled when stalled or cut changes
 	cut     bool
 	stalled bool
+	frozen  bool
 	conns   map[net.Conn]struct{}
 	wg      sync.WaitGroup
 }
@@ -74,18 +77,37 @@ func (p *Proxy) Stall() {
 	p.mu.Unlock()
 }
 
-// Resume delivers what Stall held back and lets the server's bytes through again.
+// Freeze stops forwarding in both directions until Resume: the proxy reads at most one
+// more chunk from each side, so a client writing to the server blocks once its socket
+// buffers are full.
+func (p *Proxy) Freeze() {
+	p.mu.Lock()
+	p.frozen = true
+	p.mu.Unlock()
+}
+
+// Resume delivers what Stall or Freeze held back and lets bytes through again.
 func (p *Proxy) Resume() {
 	p.mu.Lock()
-	p.stalled = false
+	p.stalled, p.frozen = false, false
 	p.flowing.Broadcast()
 	p.mu.Unlock()
 }
 
-// waitFlowing blocks while server-to-client traffic is stalled, unless the proxy is cut.
+// waitFlowing blocks while server-to-client traffic is stalled or frozen, unless the proxy
+// is cut.
 func (p *Proxy) waitFlowing() {
 	p.mu.Lock()
-	for p.stalled && !p.cut {
+	for (p.stalled || p.frozen) && !p.cut {
+		p.flowing.Wait()
+	}
+	p.mu.Unlock()
+}
+
+// waitThawed blocks while the proxy is frozen, unless it is cut.
+func (p *Proxy) waitThawed() {
+	p.mu.Lock()
+	for p.frozen && !p.cut {
 		p.flowing.Wait()
 	}
 	p.mu.Unlock()
@@ -141,7 +163,7 @@ func (p *Proxy) accept() {
 			continue
 		}
 		p.wg.Add(2)
-		go p.pipe(server, client, nil)
+		go p.pipe(server, client, p.waitThawed)
 		go p.pipe(client, server, p.waitFlowing)
 	}
 }
