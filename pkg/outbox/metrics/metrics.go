@@ -145,6 +145,9 @@ func (m *Relay) observe(b outbox.BatchResult) {
 	if b.Untouched > 0 {
 		m.errors.WithLabelValues(ReasonUnavailable).Add(float64(b.Untouched))
 	}
+	if b.Deferred > 0 { // refused by the broker (nacks): retried later, no attempt counted
+		m.errors.WithLabelValues(ReasonNacked).Add(float64(b.Deferred))
+	}
 }
 
 func (m *Relay) setState(s outbox.State) {
