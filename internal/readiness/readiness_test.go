@@ -23,7 +23,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 type answer struct {
 	problem.Details
-	Checks     map[string]string `json:"checks"`
+	Checks map[string]string `json:"checks"`
 }
 
 func probe(t *testing.T, h http.Handler) (*httptest.ResponseRecorder, answer) {
