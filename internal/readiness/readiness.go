@@ -34,6 +34,7 @@ import (
 	"time"
 
 	"github.com/outboxshop/outboxshop/internal/problem"
+	"github.com/outboxshop/outboxshop/pkg/outbox"
 )
 
 // Check is one dependency of a process.
@@ -97,7 +98,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		wg.Go(func() {
 			ctx, cancel := context.WithTimeout(r.Context(), h.timeout)
 			defer cancel()
-			results[i] = result{c.Name, run(ctx, c, h.timeout)}
+			results[i] = result{c.Name, h.run(ctx, c)}
 		})
 	}
 	wg.Wait()
@@ -135,17 +136,18 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}, checks})
 }
 
-// run runs c, turning a panic into an error and a check that outlives its context into a
-// timeout.
-func run(ctx context.Context, c Check, timeout time.Duration) (err error) {
+// run runs c, turning a panic into an error (the panic itself goes to the log, not to the
+// caller) and a check that outlives its context into a timeout.
+func (h *handler) run(ctx context.Context, c Check) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
-			err = fmt.Errorf("check panicked: %v", v)
+			h.log.ErrorContext(ctx, "readiness check panicked", slog.String("check", c.Name), slog.Any("panic", v))
+			err = errors.New("check failed unexpectedly")
 		}
 	}()
 	err = c.Check(ctx)
 	if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		return fmt.Errorf("no answer within %s", timeout)
+		return fmt.Errorf("no answer within %s", h.timeout)
 	}
 	return err
 }
@@ -235,5 +237,36 @@ func Connection(s State, grace time.Duration) func(ctx context.Context) error {
 			msg = fmt.Sprintf("%s for %s (more than %s)", reason, down.Round(time.Second), grace)
 		}
 		return errors.New(msg)
+	}
+}
+
+// ConsumerConnected is a pkg/inbox/rabbitmq Hooks.Connected that keeps l up to date: up while
+// the consumer consumes, down from the moment it lost its connection (or stopped) until it
+// consumes again.
+func ConsumerConnected(l *Link) func(consumer string, connected bool) {
+	return func(_ string, connected bool) {
+		if connected {
+			l.Set(true, "")
+			return
+		}
+		l.Set(false, "disconnected from the broker")
+	}
+}
+
+// RelayState is a pkg/outbox Hooks.StateChanged that keeps l up to date: up while the relay
+// is starting or running; down while the broker or the database is unavailable to it, or
+// once it stopped, with its state and the cause as the reason.
+func RelayState(l *Link) func(from, to outbox.State, err error) {
+	return func(_, to outbox.State, err error) {
+		switch to {
+		case outbox.StateStarting, outbox.StateRunning:
+			l.Set(true, "")
+		case outbox.StateBrokerUnavailable:
+			l.Set(false, "cannot publish to the broker")
+		case outbox.StateDatabaseUnavailable:
+			l.Set(false, "cannot reach the database")
+		default:
+			l.Set(false, string(to))
+		}
 	}
 }

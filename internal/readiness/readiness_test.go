@@ -17,6 +17,7 @@ import (
 
 	"github.com/outboxshop/outboxshop/internal/problem"
 	"github.com/outboxshop/outboxshop/internal/readiness"
+	"github.com/outboxshop/outboxshop/pkg/outbox"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -112,4 +113,36 @@ func TestConnection(t *testing.T) {
 	err := check(context.Background())
 	require.ErrorContains(t, err, "connection attempt failed for")
 	require.ErrorContains(t, err, "more than 100ms")
+}
+
+func TestHooks(t *testing.T) {
+	t.Parallel()
+	consumer := readiness.NewLink("not connected yet")
+	connected := readiness.ConsumerConnected(consumer)
+	connected("orders", true)
+	up, _, _ := consumer.LinkState()
+	require.True(t, up)
+	connected("orders", false)
+	up, _, reason := consumer.LinkState()
+	require.False(t, up)
+	require.Equal(t, "disconnected from the broker", reason)
+
+	relay := readiness.NewLink("starting")
+	changed := readiness.RelayState(relay)
+	for _, tc := range []struct {
+		to     outbox.State
+		up     bool
+		reason string
+	}{
+		{outbox.StateRunning, true, ""},
+		{outbox.StateBrokerUnavailable, false, "cannot publish to the broker"},
+		{outbox.StateDatabaseUnavailable, false, "cannot reach the database"},
+		{outbox.StateRunning, true, ""},
+		{outbox.StateStopped, false, "stopped"},
+	} {
+		changed(outbox.StateStarting, tc.to, errors.New("cause"))
+		up, _, reason := relay.LinkState()
+		require.Equal(t, tc.up, up, tc.to)
+		require.Equal(t, tc.reason, reason, tc.to)
+	}
 }
