@@ -172,6 +172,18 @@ func TestOpen(t *testing.T) {
 		}
 	})
 
+	t.Run("opens a database that exists as it is", func(t *testing.T) {
+		t.Parallel()
+		pool := testinfra.NewPool(t)
+		_, err := pool.Exec(context.Background(), "CREATE TABLE kept (id int)")
+		require.NoError(t, err)
+		opened, err := pgdb.Open(context.Background(), pgdb.Config{URL: pool.Config().ConnString(), MaxConns: 2})
+		require.NoError(t, err)
+		defer opened.Close()
+		_, err = opened.Exec(context.Background(), "INSERT INTO kept VALUES (1)")
+		require.NoError(t, err)
+	})
+
 	t.Run("another process creating the database at the same time is no error", func(t *testing.T) {
 		t.Parallel()
 		dbURL := freshDatabaseURL(t, "")
