@@ -396,6 +396,10 @@ func TestTopologyDeclare(t *testing.T) {
 	dq, err := ch.QueueDeclarePassive(top.DeadQueue, true, false, false, false, nil)
 	require.NoError(t, err)
 	require.Equal(t, 1, dq.Messages)
+	// The dead-letter queue has no delivery limit (docs/events.md): the broker accepts a
+	// declaration of it as a quorum queue without one, which it would refuse otherwise.
+	_, err = ch.QueueDeclare(top.DeadQueue, true, false, false, false, amqp.Table{amqp.QueueTypeArg: amqp.QueueTypeQuorum})
+	require.NoError(t, err)
 }
 
 // logBuffer collects JSON log lines safely from concurrent handlers.
