@@ -110,6 +110,11 @@ func call(method, url, key string, body any) (int, bool, orderResponse, error) {
 	if key != "" {
 		req.Header.Set("Idempotency-Key", key)
 	}
+	if method == http.MethodPut {
+		// A restock before the load sets the level whatever it is: PUT /stock/{sku} needs a
+		// precondition, and * is the one that says so.
+		req.Header.Set("If-Match", "*")
+	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return 0, false, orderResponse{}, err

@@ -9,6 +9,28 @@ import (
 // ContentType is the media type of a problem document.
 const ContentType = "application/problem+json"
 
+// TypePrefix starts the type URI of every problem the services answer with.
+const TypePrefix = "urn:outboxshop:problem:"
+
+// The problem types both services use, one per kind of failure; each service adds its own
+// for its domain (an order whose status forbids a cancel, say).
+const (
+	TypeMalformedBody        = TypePrefix + "malformed-body"         // 400: not the JSON accepted
+	TypeValidation           = TypePrefix + "validation"             // 422: fields with values not accepted
+	TypeBodyTooLarge         = TypePrefix + "body-too-large"         // 413
+	TypeUnsupportedMediaType = TypePrefix + "unsupported-media-type" // 415: not application/json in UTF-8
+	TypeInvalidHeader        = TypePrefix + "invalid-header"         // 400: a header breaks the input policy
+	TypeInvalidQuery         = TypePrefix + "invalid-query"          // 400: a query parameter is not accepted
+	TypeNotFound             = TypePrefix + "not-found"              // 404
+	TypeMethodNotAllowed     = TypePrefix + "method-not-allowed"     // 405, with Allow
+	TypeConflict             = TypePrefix + "conflict"               // 409
+	TypePreconditionFailed   = TypePrefix + "precondition-failed"    // 412: If-Match did not match
+	TypePreconditionRequired = TypePrefix + "precondition-required"  // 428: If-Match missing
+	TypeUnavailable          = TypePrefix + "unavailable"            // 503, with Retry-After
+	TypeNotReady             = TypePrefix + "not-ready"              // 503 of /readyz
+	TypeInternal             = TypePrefix + "internal"               // 500
+)
+
 // Details is a problem document. Type defaults to "about:blank" and Title to the status text.
 type Details struct {
 	Type     string `json:"type"`

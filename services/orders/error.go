@@ -3,6 +3,8 @@ package orders
 import (
 	"errors"
 	"fmt"
+
+	"github.com/outboxshop/outboxshop/internal/input"
 )
 
 // Error codes of the service. The http package maps each to one HTTP status in one function
@@ -85,4 +87,31 @@ func ErrorFields(err error) []FieldError {
 		return e.Fields
 	}
 	return nil
+}
+
+// FromInput returns err as an *Error when it is a refusal of the input policy
+// (internal/input), under this service's codes: Malformed is EMALFORMED, Invalid EINVALID
+// (with its field errors), TooLarge ETOOLARGE, UnsupportedMediaType EUNSUPPORTED, BadHeader
+// EBADHEADER. Other errors are returned as they are.
+func FromInput(err error) error {
+	var in *input.Error
+	if !errors.As(err, &in) {
+		return err
+	}
+	code := EMALFORMED
+	switch in.Kind {
+	case input.Invalid:
+		code = EINVALID
+	case input.TooLarge:
+		code = ETOOLARGE
+	case input.UnsupportedMediaType:
+		code = EUNSUPPORTED
+	case input.BadHeader:
+		code = EBADHEADER
+	}
+	e := &Error{Code: code, Message: in.Message, Err: err}
+	for _, f := range in.Fields {
+		e.Fields = append(e.Fields, FieldError(f))
+	}
+	return e
 }

@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/outboxshop/outboxshop/internal/input"
 )
 
 // Limits of a create-order request.
@@ -54,116 +56,34 @@ type itemJSON struct {
 	Quantity json.RawMessage `json:"quantity"`
 }
 
-// DecodeOrderRequest reads one JSON object from r and checks it against the rules of a new
-// order. It is the only way the HTTP API turns a body into an OrderRequest.
+// DecodeOrderRequest reads one JSON object from r under the input policy of
+// internal/input and checks it against the rules of a new order. It is the only way the HTTP
+// API turns a body into an OrderRequest.
 //
 // The errors are *Error values:
 //   - ETOOLARGE when r is an http.MaxBytesReader whose limit was hit;
-//   - EMALFORMED when the body is empty, not JSON, not an object, has a field of the wrong
-//     JSON type, an unknown field, or anything after the object;
-//   - EINVALID, with one FieldError per broken rule, when the customer id is empty or longer
-//     than MaxCustomerIDLength, there are no items or more than MaxLines, a SKU is empty or
-//     longer than MaxSKULength, a quantity is missing, not a whole number, below 1 or above
-//     MaxQuantity, or two lines have the same SKU.
+//   - EMALFORMED when the body is empty, not valid UTF-8, not JSON, not an object, has a
+//     duplicate member, an unknown field or a field in another case ("Customer_ID"), a lone
+//     UTF-16 surrogate escape, or anything after the object;
+//   - EINVALID, with one FieldError per broken rule, when a field has a value of the wrong
+//     JSON type, the customer id is empty, longer than MaxCustomerIDLength or holds a
+//     character no identifier may (input.IdentifierProblem: NUL, control and bidirectional
+//     formatting characters), there are no items or more than MaxLines, a SKU is empty,
+//     longer than MaxSKULength or holds such a character, a quantity is missing, not a whole
+//     number, below 1 or above MaxQuantity, or two lines have the same SKU.
 func DecodeOrderRequest(r io.Reader) (OrderRequest, error) {
 	raw, err := io.ReadAll(r)
+	if tooLarge, ok := errors.AsType[*http.MaxBytesError](err); ok {
+		return OrderRequest{}, Wrap(ETOOLARGE, err, fmt.Sprintf("The request body is larger than %d bytes.", tooLarge.Limit))
+	}
 	if err != nil {
-		return OrderRequest{}, decodeError(err)
+		return OrderRequest{}, Wrap(EMALFORMED, err, "The request body could not be read.")
 	}
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.DisallowUnknownFields()
-	var body *createOrderJSON
-	if err := dec.Decode(&body); err != nil {
-		return OrderRequest{}, decodeError(err)
-	}
-	if body == nil {
-		return OrderRequest{}, Errorf(EMALFORMED, "The request body must be a JSON object, not null.")
-	}
-	// Exactly one value: anything but white space after it is an error.
-	if err := dec.Decode(&struct{}{}); !errors.Is(err, io.EOF) {
-		return OrderRequest{}, Errorf(EMALFORMED, "The request body must hold one JSON object and nothing after it.")
-	}
-	if err := exactKeys(raw); err != nil {
-		return OrderRequest{}, err
+	var body createOrderJSON
+	if err := input.DecodeJSON(raw, &body, input.DecodeOptions{}); err != nil {
+		return OrderRequest{}, FromInput(err)
 	}
 	return body.validate()
-}
-
-// fieldNames are the names of the request's fields, spelled as they must be.
-var fieldNames = map[string]bool{"customer_id": true, "items": true, "sku": true, "quantity": true}
-
-// exactKeys refuses object keys that encoding/json matched to a field without regard to case
-// ("Customer_ID"): the API's field names are case-sensitive. raw is known to be valid JSON in
-// which every key names a field of its object up to case.
-func exactKeys(raw []byte) error {
-	type frame struct{ object, wantKey bool }
-	var stack []frame
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	for {
-		tok, err := dec.Token()
-		if err != nil { // io.EOF at the end; nothing else can happen on valid JSON
-			return nil
-		}
-		top := len(stack) - 1
-		if top >= 0 && stack[top].object {
-			if key, ok := tok.(string); ok && stack[top].wantKey {
-				if !fieldNames[key] {
-					return Errorf(EMALFORMED, "Unknown field %q (field names are lower case).", key)
-				}
-				stack[top].wantKey = false
-				continue
-			}
-			stack[top].wantKey = true // tok starts or is the value; the next token is a key
-		}
-		switch tok {
-		case json.Delim('{'):
-			stack = append(stack, frame{object: true, wantKey: true})
-		case json.Delim('['):
-			stack = append(stack, frame{})
-		case json.Delim('}'), json.Delim(']'):
-			stack = stack[:top]
-		}
-	}
-}
-
-// decodeError turns an error of json.Decoder into an *Error.
-func decodeError(err error) *Error {
-	var (
-		tooLarge *http.MaxBytesError
-		syntax   *json.SyntaxError
-		typ      *json.UnmarshalTypeError
-	)
-	switch {
-	case errors.As(err, &tooLarge):
-		return Wrap(ETOOLARGE, err, fmt.Sprintf("The request body is larger than %d bytes.", tooLarge.Limit))
-	case errors.Is(err, io.EOF):
-		return Wrap(EMALFORMED, err, "The request body is empty; it must be a JSON object.")
-	case errors.Is(err, io.ErrUnexpectedEOF):
-		return Wrap(EMALFORMED, err, "The request body ends in the middle of a JSON value.")
-	case errors.As(err, &syntax):
-		return Wrap(EMALFORMED, err, fmt.Sprintf("The request body is not valid JSON (at byte %d): %s.", syntax.Offset, strings.TrimPrefix(syntax.Error(), "json: ")))
-	case errors.As(err, &typ):
-		if typ.Field == "" {
-			return Wrap(EMALFORMED, err, fmt.Sprintf("The request body must be a JSON object, not %s.", typ.Value))
-		}
-		return Wrap(EMALFORMED, err, fmt.Sprintf("Field %q has a JSON %s where %s is expected.", typ.Field, typ.Value, jsonKind(typ.Type.Kind().String())))
-	case strings.HasPrefix(err.Error(), "json: unknown field "):
-		// encoding/json has no type for this error; its text is stable ("json: unknown field \"x\"").
-		return Wrap(EMALFORMED, err, "Unknown field "+strings.TrimPrefix(err.Error(), "json: unknown field ")+".")
-	}
-	return Wrap(EMALFORMED, err, "The request body could not be read as JSON.")
-}
-
-func jsonKind(goKind string) string {
-	switch goKind {
-	case "string":
-		return "a string"
-	case "slice", "array":
-		return "an array"
-	case "struct", "map", "ptr":
-		return "an object"
-	}
-	return "a " + goKind
 }
 
 // validate checks the decoded body and returns the request, or EINVALID with every broken
@@ -178,6 +98,8 @@ func (b *createOrderJSON) validate() (OrderRequest, error) {
 		add("customer_id", "is required")
 	case n > MaxCustomerIDLength:
 		add("customer_id", "must be at most %d characters long", MaxCustomerIDLength)
+	case input.IdentifierProblem(b.CustomerID) != "":
+		add("customer_id", "%s", input.IdentifierProblem(b.CustomerID))
 	}
 	req := OrderRequest{CustomerID: b.CustomerID}
 	switch {
@@ -195,6 +117,8 @@ func (b *createOrderJSON) validate() (OrderRequest, error) {
 				add(field+".sku", "is required")
 			case n > MaxSKULength:
 				add(field+".sku", "must be at most %d characters long", MaxSKULength)
+			case input.IdentifierProblem(it.SKU) != "":
+				add(field+".sku", "%s", input.IdentifierProblem(it.SKU))
 			default:
 				if first, dup := seen[it.SKU]; dup {
 					add(field+".sku", "%q is already on items[%d]: put the whole quantity on one line", it.SKU, first)
@@ -246,7 +170,8 @@ func parseQuantity(raw json.RawMessage) (int, string) {
 // for every request DecodeOrderRequest accepts (the fuzz test checks that).
 func (r OrderRequest) Validate() error {
 	var errs []error
-	if strings.TrimSpace(r.CustomerID) == "" || utf8.RuneCountInString(r.CustomerID) > MaxCustomerIDLength {
+	if strings.TrimSpace(r.CustomerID) == "" || utf8.RuneCountInString(r.CustomerID) > MaxCustomerIDLength ||
+		input.IdentifierProblem(r.CustomerID) != "" {
 		errs = append(errs, fmt.Errorf("customer_id %q", r.CustomerID))
 	}
 	if len(r.Items) == 0 || len(r.Items) > MaxLines {
@@ -254,7 +179,8 @@ func (r OrderRequest) Validate() error {
 	}
 	seen := map[string]bool{}
 	for i, it := range r.Items {
-		if strings.TrimSpace(it.SKU) == "" || utf8.RuneCountInString(it.SKU) > MaxSKULength || seen[it.SKU] {
+		if strings.TrimSpace(it.SKU) == "" || utf8.RuneCountInString(it.SKU) > MaxSKULength || seen[it.SKU] ||
+			input.IdentifierProblem(it.SKU) != "" {
 			errs = append(errs, fmt.Errorf("items[%d].sku %q", i, it.SKU))
 		}
 		seen[it.SKU] = true

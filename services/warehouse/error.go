@@ -3,6 +3,8 @@ package warehouse
 import (
 	"errors"
 	"fmt"
+
+	"github.com/outboxshop/outboxshop/internal/input"
 )
 
 // Code classifies an [Error]. The http package maps each code to one HTTP status, in one
@@ -23,8 +25,19 @@ const (
 	CodeConflict Code = "conflict"
 	// CodeTooLarge: the request body is larger than allowed.
 	CodeTooLarge Code = "too_large"
-	// CodeUnsupportedMediaType: the request body is not JSON.
+	// CodeUnsupportedMediaType: the request body is not JSON in UTF-8.
 	CodeUnsupportedMediaType Code = "unsupported_media_type"
+	// CodeBadHeader: a request header breaks the input policy (a malformed If-Match, say).
+	CodeBadHeader Code = "bad_header"
+	// CodeBadQuery: a query parameter is not acceptable (a limit out of range, a cursor that
+	// is not one of ours).
+	CodeBadQuery Code = "bad_query"
+	// CodePreconditionFailed: the SKU changed since the caller read it (If-Match), or exists
+	// already (If-None-Match: *).
+	CodePreconditionFailed Code = "precondition_failed"
+	// CodePreconditionRequired: a write that needs If-Match (or If-None-Match: *) came
+	// without.
+	CodePreconditionRequired Code = "precondition_required"
 	// CodeUnavailable: a dependency (the database) cannot be reached; try again later.
 	CodeUnavailable Code = "unavailable"
 	// CodeInternal: a bug or an unexpected failure.
@@ -91,4 +104,31 @@ func ErrorFields(err error) []FieldError {
 		return e.Fields
 	}
 	return nil
+}
+
+// FromInput returns err as an *Error when it is a refusal of the input policy
+// (internal/input), under this service's codes: Malformed is CodeInvalid, Invalid
+// CodeValidation (with its field errors), TooLarge CodeTooLarge, UnsupportedMediaType
+// CodeUnsupportedMediaType, BadHeader CodeBadHeader. Other errors are returned as they are.
+func FromInput(err error) error {
+	in, ok := errors.AsType[*input.Error](err)
+	if !ok {
+		return err
+	}
+	code := CodeInvalid
+	switch in.Kind {
+	case input.Invalid:
+		code = CodeValidation
+	case input.TooLarge:
+		code = CodeTooLarge
+	case input.UnsupportedMediaType:
+		code = CodeUnsupportedMediaType
+	case input.BadHeader:
+		code = CodeBadHeader
+	}
+	e := &Error{Code: code, Message: in.Message, Err: err}
+	for _, f := range in.Fields {
+		e.Fields = append(e.Fields, FieldError(f))
+	}
+	return e
 }

@@ -1,12 +1,15 @@
 package warehouse
 
 import (
-	"bytes"
 	"encoding/json"
+	"errors"
 	"math"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/outboxshop/outboxshop/internal/input"
 )
 
 // EventVersion is the schema version of every event the warehouse reads and writes.
@@ -83,45 +86,85 @@ type StockReleased struct {
 	ReleasedAt time.Time `json:"released_at"`
 }
 
-// checkVersion reads the version field of an event body. A body that is not a JSON object,
-// or whose version is missing or not EventVersion, is refused.
-func checkVersion(body []byte) error {
+// decodeEvent reads an event body under the input policy of internal/input (valid UTF-8, one
+// JSON object, no duplicate members, no lone surrogate escapes, field names spelled exactly;
+// fields it does not know are ignored: adding one is not a new version) into v, after
+// checking that its version is EventVersion. Errors are *Error with CodeInvalid.
+func decodeEvent(typ string, body []byte, v any) error {
 	var env struct {
-		Version *json.RawMessage `json:"version"`
+		Version json.RawMessage `json:"version"`
 	}
-	if err := json.Unmarshal(body, &env); err != nil {
-		return Errorf(CodeInvalid, "event body is not a JSON object: %v", err)
+	opts := input.DecodeOptions{AllowUnknownFields: true}
+	if err := input.DecodeJSON(body, &env, opts); err != nil {
+		return Errorf(CodeInvalid, "event body is not a JSON object we accept: %s", inputMessage(err))
 	}
-	if env.Version == nil {
+	if env.Version == nil || string(env.Version) == "null" {
 		return Errorf(CodeInvalid, "event has no version field")
 	}
-	if v := bytes.TrimSpace(*env.Version); string(v) != "1" {
-		return Errorf(CodeInvalid, "unsupported event version %s (this warehouse understands version %d)", v, EventVersion)
+	if string(env.Version) != "1" {
+		return Errorf(CodeInvalid, "unsupported event version %s (this warehouse understands version %d)", env.Version, EventVersion)
+	}
+	if err := input.DecodeJSON(body, v, opts); err != nil {
+		return Errorf(CodeInvalid, "decode %s: %s", typ, inputMessage(err))
 	}
 	return nil
 }
 
-// DecodeOrderCreated parses and checks an OrderCreated body: version 1, a non-nil order id,
-// 1 to MaxOrderLines items, each with a non-empty SKU of at most MaxSKULength bytes and a
-// quantity from 1 to MaxLineQuantity. The items it returns are merged per SKU and sorted.
-// Errors are *Error with CodeInvalid.
+// inputMessage is the message of an input-policy refusal, with its field errors.
+func inputMessage(err error) string {
+	in, ok := errors.AsType[*input.Error](err)
+	if !ok {
+		return err.Error()
+	}
+	msg := in.Message
+	for _, f := range in.Fields {
+		msg += " " + f.Field + " " + f.Message + "."
+	}
+	return strings.TrimSuffix(msg, ".")
+}
+
+// eventOrderID reads the order_id of an event: a UUID in its canonical form (input.ParseID),
+// not nil.
+func eventOrderID(typ, raw string) (uuid.UUID, error) {
+	id, ok := input.ParseID(raw)
+	switch {
+	case raw == "":
+		return uuid.Nil, Errorf(CodeInvalid, "%s has no order_id", typ)
+	case !ok:
+		return uuid.Nil, Errorf(CodeInvalid, "%s order_id %q is not a lowercase UUID", typ, raw)
+	case id == uuid.Nil:
+		return uuid.Nil, Errorf(CodeInvalid, "%s has the nil UUID as order_id", typ)
+	}
+	return id, nil
+}
+
+// DecodeOrderCreated parses and checks an OrderCreated body: version 1, an order id in its
+// canonical form and not nil, 1 to MaxOrderLines items, each with a SKU of 1 to
+// MaxSKULength bytes that an identifier may be (input.IdentifierProblem: no NUL, control or
+// bidirectional formatting characters) and a quantity from 1 to MaxLineQuantity. The items
+// it returns are merged per SKU and sorted. Errors are *Error with CodeInvalid.
 func DecodeOrderCreated(body []byte) (OrderCreated, error) {
-	if err := checkVersion(body); err != nil {
+	var raw struct {
+		OrderID string `json:"order_id"`
+		Items   []Line `json:"items"`
+	}
+	if err := decodeEvent(TypeOrderCreated, body, &raw); err != nil {
 		return OrderCreated{}, err
 	}
-	var ev OrderCreated
-	if err := json.Unmarshal(body, &ev); err != nil {
-		return OrderCreated{}, Errorf(CodeInvalid, "decode OrderCreated: %v", err)
+	id, err := eventOrderID(TypeOrderCreated, raw.OrderID)
+	if err != nil {
+		return OrderCreated{}, err
 	}
-	if ev.OrderID == uuid.Nil {
-		return OrderCreated{}, Errorf(CodeInvalid, "OrderCreated has no order_id")
-	}
+	ev := OrderCreated{Version: EventVersion, OrderID: id, Items: raw.Items}
 	if len(ev.Items) == 0 || len(ev.Items) > MaxOrderLines {
 		return OrderCreated{}, Errorf(CodeInvalid, "OrderCreated must have 1 to %d items, has %d", MaxOrderLines, len(ev.Items))
 	}
 	for i, l := range ev.Items {
 		if l.SKU == "" || len(l.SKU) > MaxSKULength {
 			return OrderCreated{}, Errorf(CodeInvalid, "OrderCreated items[%d]: sku must have 1 to %d bytes", i, MaxSKULength)
+		}
+		if p := input.IdentifierProblem(l.SKU); p != "" {
+			return OrderCreated{}, Errorf(CodeInvalid, "OrderCreated items[%d]: sku %s", i, p)
 		}
 		if l.Quantity < 1 || l.Quantity > MaxLineQuantity {
 			return OrderCreated{}, Errorf(CodeInvalid, "OrderCreated items[%d] (%s): quantity must be 1 to %d, is %d", i, l.SKU, MaxLineQuantity, l.Quantity)
@@ -131,20 +174,20 @@ func DecodeOrderCreated(body []byte) (OrderCreated, error) {
 	return ev, nil
 }
 
-// DecodeOrderCancelled parses and checks an OrderCancelled body: version 1 and a non-nil
-// order id. Errors are *Error with CodeInvalid.
+// DecodeOrderCancelled parses and checks an OrderCancelled body: version 1 and an order id in
+// its canonical form, not nil. Errors are *Error with CodeInvalid.
 func DecodeOrderCancelled(body []byte) (OrderCancelled, error) {
-	if err := checkVersion(body); err != nil {
+	var raw struct {
+		OrderID string `json:"order_id"`
+	}
+	if err := decodeEvent(TypeOrderCancelled, body, &raw); err != nil {
 		return OrderCancelled{}, err
 	}
-	var ev OrderCancelled
-	if err := json.Unmarshal(body, &ev); err != nil {
-		return OrderCancelled{}, Errorf(CodeInvalid, "decode OrderCancelled: %v", err)
+	id, err := eventOrderID(TypeOrderCancelled, raw.OrderID)
+	if err != nil {
+		return OrderCancelled{}, err
 	}
-	if ev.OrderID == uuid.Nil {
-		return OrderCancelled{}, Errorf(CodeInvalid, "OrderCancelled has no order_id")
-	}
-	return ev, nil
+	return OrderCancelled{Version: EventVersion, OrderID: id}, nil
 }
 
 // nonNil returns s, or an empty slice for nil, so that JSON shows [] rather than null.

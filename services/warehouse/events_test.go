@@ -2,12 +2,14 @@ package warehouse_test
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxshop/outboxshop/internal/input"
 	"github.com/outboxshop/outboxshop/services/warehouse"
 )
 
@@ -38,7 +40,19 @@ func TestDecodeOrderCreated(t *testing.T) {
 		{"version as string", `{"version": "1", "order_id": "` + orderID + `", "items": [{"sku": "A", "quantity": 1}]}`, "unsupported event version"},
 		{"version null", `{"version": null, "order_id": "` + orderID + `", "items": [{"sku": "A", "quantity": 1}]}`, "no version"},
 		{"no order id", `{"version": 1, "items": [{"sku": "A", "quantity": 1}]}`, "no order_id"},
-		{"order id not a UUID", `{"version": 1, "order_id": "o-1", "items": [{"sku": "A", "quantity": 1}]}`, "decode OrderCreated"},
+		{"order id not a UUID", `{"version": 1, "order_id": "o-1", "items": [{"sku": "A", "quantity": 1}]}`, "not a lowercase UUID"},
+		{"order id in upper case", `{"version": 1, "order_id": "` + strings.ToUpper(orderID) + `", "items": [{"sku": "A", "quantity": 1}]}`, "not a lowercase UUID"},
+		{"order id as a URN", `{"version": 1, "order_id": "urn:uuid:` + orderID + `", "items": [{"sku": "A", "quantity": 1}]}`, "not a lowercase UUID"},
+		{"the nil order id", `{"version": 1, "order_id": "00000000-0000-0000-0000-000000000000", "items": [{"sku": "A", "quantity": 1}]}`, "nil UUID"},
+		// The input policy of internal/input.
+		{"a duplicate member", `{"version": 1, "order_id": "` + orderID + `", "items": [{"sku": "A", "quantity": 1}], "items": []}`, "more than once"},
+		{"a field in another case", `{"version": 1, "Order_ID": "` + orderID + `", "items": [{"sku": "A", "quantity": 1}]}`, "case-sensitive"},
+		{"invalid UTF-8", "{\"version\": 1, \"order_id\": \"" + orderID + "\", \"items\": [{\"sku\": \"A\xff\", \"quantity\": 1}]}", "UTF-8"},
+		{"a lone surrogate", `{"version": 1, "order_id": "` + orderID + `", "items": [{"sku": "A\ud800", "quantity": 1}]}`, "surrogate"},
+		{"NUL in a SKU", `{"version": 1, "order_id": "` + orderID + `", "items": [{"sku": "A\u0000", "quantity": 1}]}`, "NUL"},
+		{"a control character in a SKU", `{"version": 1, "order_id": "` + orderID + `", "items": [{"sku": "A\u001b", "quantity": 1}]}`, "control"},
+		{"a bidi override in a SKU", `{"version": 1, "order_id": "` + orderID + `", "items": [{"sku": "\u202eA", "quantity": 1}]}`, "bidirectional"},
+		{"a quantity as a string", `{"version": 1, "order_id": "` + orderID + `", "items": [{"sku": "A", "quantity": "1"}]}`, "items[0].quantity must be an integer"},
 		{"no items", `{"version": 1, "order_id": "` + orderID + `", "items": []}`, "1 to 1000 items"},
 		{"zero quantity", `{"version": 1, "order_id": "` + orderID + `", "items": [{"sku": "A", "quantity": 0}]}`, "quantity must be"},
 		{"negative quantity", `{"version": 1, "order_id": "` + orderID + `", "items": [{"sku": "A", "quantity": -3}]}`, "quantity must be"},
@@ -109,6 +123,13 @@ func FuzzDecodeOrderCreated(f *testing.F) {
 		`{"version": 1, "order_id": "` + orderID + `", "items": [{"sku": "BOOK-1", "quantity": 2}]}`,
 		`{"version": 1, "order_id": "` + orderID + `", "items": [{"sku": "A", "quantity": 1}, {"sku": "A", "quantity": 2147483647}]}`,
 		`{"version": 2}`, `{"version": 1e0, "order_id": null}`, `[]`, `null`, ``, `{"items": {}}`,
+		`{"version": 1, "order_id": "` + orderID + `", "items": [{"sku": "A\u0000", "quantity": 1}]}`,
+		`{"version": 1, "order_id": "` + orderID + `", "items": [{"sku": "\u202eA\u2066", "quantity": 1}]}`,
+		`{"version": 1, "order_id": "` + orderID + `", "items": [{"sku": "\ud800", "quantity": 1}]}`,
+		"{\"version\": 1, \"order_id\": \"" + orderID + "\", \"items\": [{\"sku\": \"k\xff\xfe\", \"quantity\": 1}]}",
+		`{"version": 1, "version": 1, "order_id": "` + orderID + `", "items": [{"sku": "A", "quantity": 1}]}`,
+		`{"version": 1, "ORDER_ID": "` + orderID + `", "items": [{"sku": "A", "quantity": 1}]}`,
+		`{"version": 1, "order_id": "urn:uuid:` + orderID + `", "items": [{"sku": "A", "quantity": 1}]}`,
 	} {
 		f.Add([]byte(seed))
 	}
@@ -123,6 +144,7 @@ func FuzzDecodeOrderCreated(f *testing.F) {
 		for i, l := range ev.Items {
 			require.Positive(t, l.Quantity)
 			require.NotEmpty(t, l.SKU)
+			require.Empty(t, input.IdentifierProblem(l.SKU), "a SKU PostgreSQL can store and a log shows as it is")
 			if i > 0 {
 				require.Less(t, ev.Items[i-1].SKU, l.SKU, "merged and sorted")
 			}

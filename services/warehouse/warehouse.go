@@ -34,6 +34,36 @@ type StockItem struct {
 	// Reserved is what RESERVED reservations hold (not part of Available).
 	Reserved  int64
 	UpdatedAt time.Time
+	// Version grows with every change of the row (a reservation, a release, a write of the
+	// API): the HTTP API's ETag.
+	Version int64
+}
+
+// Precondition is what a write of a SKU's stock requires of the SKU as it is (the HTTP API's
+// If-Match and If-None-Match), so that an operator's write based on an old read cannot
+// overwrite a change made since, such as a reservation. The zero value requires nothing.
+type Precondition struct {
+	// Versions: the SKU must exist with one of these versions (If-Match with ETags).
+	Versions []int64
+	// Exists: the SKU must exist, whatever its version (If-Match: *).
+	Exists bool
+	// Absent: the SKU must not exist yet (If-None-Match: *): the write creates it.
+	Absent bool
+}
+
+// Check returns nil when a SKU that exists (or not) with version satisfies p, else an error
+// with CodePreconditionFailed.
+func (p Precondition) Check(sku string, exists bool, version int64) error {
+	switch {
+	case !exists && (p.Exists || len(p.Versions) > 0):
+		return Errorf(CodePreconditionFailed, "SKU %q does not exist; create it with If-None-Match: *.", sku)
+	case exists && p.Absent:
+		return Errorf(CodePreconditionFailed, "SKU %q exists already; change it with If-Match and the ETag of GET /stock/%s.", sku, sku)
+	case exists && len(p.Versions) > 0 && !slices.Contains(p.Versions, version):
+		return Errorf(CodePreconditionFailed,
+			"SKU %q changed since it was read (a reservation, say); read it again with GET /stock/%s and retry with its ETag.", sku, sku)
+	}
+	return nil
 }
 
 // Line is a quantity of one SKU, in an order or a reservation.

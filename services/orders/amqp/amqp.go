@@ -6,15 +6,15 @@ package amqp
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/outboxshop/outboxshop/internal/amqptopo"
+	"github.com/outboxshop/outboxshop/internal/input"
 	"github.com/outboxshop/outboxshop/pkg/inbox"
 	"github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
 	"github.com/outboxshop/outboxshop/services/orders"
@@ -36,7 +36,8 @@ const (
 // Topology is what the orders service declares on the broker: the events exchange (topic), the
 // dead-letter exchange (direct), its queue of stock events bound to stock.reserved,
 // stock.rejected and stock.released, and the queue of its dead letters, bound to the
-// dead-letter exchange with the queue's name. Zero fields take the defaults above.
+// dead-letter exchange with the queue's name (docs/events.md). Zero fields take the defaults
+// above.
 type Topology struct {
 	Exchange           string
 	DeadLetterExchange string
@@ -61,40 +62,21 @@ func (t Topology) WithDefaults() Topology {
 // StockRoutingKeys are the routing keys the orders queue is bound to.
 var StockRoutingKeys = []string{orders.RoutingKeyStockReserved, orders.RoutingKeyStockRejected, orders.RoutingKeyStockReleased}
 
-// Declare declares the topology. Every declaration is idempotent, so it runs on every
-// (re)connect, as the Setup of both the outbox publisher and the inbox consumer.
-func (t Topology) Declare(ch *amqp.Channel) error {
+// Shared returns t, with its defaults, as internal/amqptopo declares it: the queue bound to
+// StockRoutingKeys, dead-lettering to the dead-letter exchange, and a dead-letter queue
+// without a delivery limit. The service declares it with an amqptopo.Declarer, which keeps a
+// queue that exists with other arguments instead of failing.
+func (t Topology) Shared() amqptopo.Topology {
 	t = t.WithDefaults()
-	if err := ch.ExchangeDeclare(t.Exchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
-		return fmt.Errorf("declare exchange %s: %w", t.Exchange, err)
+	return amqptopo.Topology{
+		Exchange: t.Exchange, DeadLetterExchange: t.DeadLetterExchange,
+		Queue: t.Queue, RoutingKeys: StockRoutingKeys, DeadLetterQueue: t.DeadQueue, DeliveryLimit: t.DeliveryLimit,
 	}
-	if err := ch.ExchangeDeclare(t.DeadLetterExchange, amqp.ExchangeDirect, true, false, false, false, nil); err != nil {
-		return fmt.Errorf("declare dead-letter exchange %s: %w", t.DeadLetterExchange, err)
-	}
-	if _, err := ch.QueueDeclare(t.DeadQueue, true, false, false, false, amqp.Table{
-		amqp.QueueTypeArg: amqp.QueueTypeQuorum,
-	}); err != nil {
-		return fmt.Errorf("declare queue %s: %w", t.DeadQueue, err)
-	}
-	if err := ch.QueueBind(t.DeadQueue, t.Queue, t.DeadLetterExchange, false, nil); err != nil {
-		return fmt.Errorf("bind queue %s: %w", t.DeadQueue, err)
-	}
-	if _, err := ch.QueueDeclare(t.Queue, true, false, false, false, amqp.Table{
-		amqp.QueueTypeArg:  amqp.QueueTypeQuorum,
-		"x-delivery-limit": int32(t.DeliveryLimit),
-		// A message dropped by the broker at the delivery limit goes to the dead letters too.
-		"x-dead-letter-exchange":    t.DeadLetterExchange,
-		"x-dead-letter-routing-key": t.Queue,
-	}); err != nil {
-		return fmt.Errorf("declare queue %s: %w", t.Queue, err)
-	}
-	for _, key := range StockRoutingKeys {
-		if err := ch.QueueBind(t.Queue, key, t.Exchange, false, nil); err != nil {
-			return fmt.Errorf("bind queue %s to %s: %w", t.Queue, key, err)
-		}
-	}
-	return nil
 }
+
+// Declare declares the topology on ch and fails on the first refusal (amqptopo.Topology's
+// Declare): for tests that own the broker.
+func (t Topology) Declare(ch *amqp.Channel) error { return t.Shared().Declare(ch) }
 
 // StockApplier applies a stock event to its order inside the inbox transaction.
 // *postgres.Store implements it.
@@ -141,16 +123,22 @@ func decodeStockEvent(d rabbitmq.Delivery) (orders.StockUpdate, error) {
 	default:
 		return orders.StockUpdate{}, fmt.Errorf("%w: unknown event type %q", errNotStockEvent, d.Type)
 	}
+	// The input policy of the HTTP API holds for events too (internal/input): valid UTF-8, no
+	// duplicate members, field names spelled exactly; fields added in a later release of the
+	// warehouse are ignored.
 	var ev orders.StockEvent
-	if err := json.Unmarshal(d.Body, &ev); err != nil {
+	if err := input.DecodeJSON(d.Body, &ev, input.DecodeOptions{AllowUnknownFields: true}); err != nil {
 		return orders.StockUpdate{}, fmt.Errorf("%w: decode %s: %w", errNotStockEvent, d.Type, err)
 	}
 	if ev.Version != orders.EventVersion {
 		return orders.StockUpdate{}, fmt.Errorf("%w: unsupported version %d of %s (want %d)", errNotStockEvent, ev.Version, d.Type, orders.EventVersion)
 	}
-	id, err := uuid.Parse(ev.OrderID)
-	if err != nil {
-		return orders.StockUpdate{}, fmt.Errorf("%w: %s: order_id %q: %w", errNotStockEvent, d.Type, ev.OrderID, err)
+	id, ok := input.ParseID(ev.OrderID)
+	if !ok {
+		return orders.StockUpdate{}, fmt.Errorf("%w: %s: order_id %q is not a lowercase UUID", errNotStockEvent, d.Type, ev.OrderID)
+	}
+	if p := input.IdentifierProblem(ev.Reason); p != "" {
+		return orders.StockUpdate{}, fmt.Errorf("%w: %s: reason %s", errNotStockEvent, d.Type, p)
 	}
 	return orders.StockUpdate{Event: d.Type, OrderID: id, Reason: ev.Reason, MessageID: d.ID}, nil
 }

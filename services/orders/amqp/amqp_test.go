@@ -322,6 +322,13 @@ func TestConsumer(t *testing.T) {
 			{"m-orderid", "StockRejected", "stock.rejected", `{"version":1,"order_id":"nope"}`, "order_id"},
 			{"m-shape", "StockReleased", "stock.released", `{"version":"1"}`, "decode"},
 			{"m-json", "StockReserved", "stock.reserved", `{"version":`, "malformed-json"},
+			// The input policy holds for events too (internal/input).
+			{"m-dupkey", "StockReserved", "stock.reserved", fmt.Sprintf(`{"version":1,"order_id":%q,"order_id":%q}`, o.ID, o.ID), "more than once"},
+			{"m-case", "StockReserved", "stock.reserved", fmt.Sprintf(`{"version":1,"ORDER_ID":%q}`, o.ID), "case-sensitive"},
+			{"m-utf8", "StockRejected", "stock.rejected", fmt.Sprintf("{\"version\":1,\"order_id\":%q,\"reason\":\"x\xff\"}", o.ID), "UTF-8"},
+			{"m-nul", "StockRejected", "stock.rejected", fmt.Sprintf(`{"version":1,"order_id":%q,"reason":"x\u0000"}`, o.ID), "NUL"},
+			{"m-bidi", "StockRejected", "stock.rejected", fmt.Sprintf(`{"version":1,"order_id":%q,"reason":"x\u202e"}`, o.ID), "bidirectional"},
+			{"m-upper", "StockReserved", "stock.reserved", fmt.Sprintf(`{"version":1,"order_id":%q}`, strings.ToUpper(o.ID.String())), "lowercase UUID"},
 		}
 		for _, m := range bad {
 			b.publish(t, m.id, m.typ, m.key, m.body)
@@ -389,6 +396,10 @@ func TestTopologyDeclare(t *testing.T) {
 	dq, err := ch.QueueDeclarePassive(top.DeadQueue, true, false, false, false, nil)
 	require.NoError(t, err)
 	require.Equal(t, 1, dq.Messages)
+	// The dead-letter queue has no delivery limit (docs/events.md): the broker accepts a
+	// declaration of it as a quorum queue without one, which it would refuse otherwise.
+	_, err = ch.QueueDeclare(top.DeadQueue, true, false, false, false, amqp.Table{amqp.QueueTypeArg: amqp.QueueTypeQuorum})
+	require.NoError(t, err)
 }
 
 // logBuffer collects JSON log lines safely from concurrent handlers.

@@ -26,9 +26,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/outboxshop/outboxshop/internal/aftercommit"
+	"github.com/outboxshop/outboxshop/internal/amqptopo"
 	"github.com/outboxshop/outboxshop/internal/failpoint"
 	"github.com/outboxshop/outboxshop/internal/httpserver"
+	"github.com/outboxshop/outboxshop/internal/pgdb"
 	"github.com/outboxshop/outboxshop/internal/pgxpoolmetrics"
+	"github.com/outboxshop/outboxshop/internal/readiness"
 	"github.com/outboxshop/outboxshop/pkg/inbox"
 	inboxmetrics "github.com/outboxshop/outboxshop/pkg/inbox/metrics"
 	inboxrabbitmq "github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
@@ -82,6 +85,8 @@ type App struct {
 	pool        *pgxpool.Pool
 	store       *postgres.Store
 	topology    ordersamqp.Topology
+	declarer    *amqptopo.Declarer
+	checks      []readiness.Check // of /readyz, besides the database
 	httpMetrics *ordershttp.Metrics
 	apiLn       net.Listener
 	opsLn       net.Listener
@@ -131,55 +136,39 @@ func NewRegistry() *prometheus.Registry {
 }
 
 // Migrate creates the database when it does not exist and applies every migration (the
-// service's, the outbox's and the inbox's). It is the `orders migrate` subcommand; Start does
-// it too.
+// service's, the outbox's and the inbox's), waiting for a database that is not there yet
+// until ctx ends (internal/pgdb). It is the `orders migrate` subcommand; Start does it too.
 func Migrate(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	pool, err := connect(ctx, cfg, log)
+	pool, err := openDatabase(ctx, cfg, log)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	if err := postgres.Migrate(ctx, pool); err != nil {
-		return err
-	}
+	pool.Close()
 	log.InfoContext(ctx, "database migrated")
 	return nil
 }
 
-// connect opens the pool, creating the database if needed, and retries an unreachable
-// database for up to cfg.StartupTimeout.
-func connect(ctx context.Context, cfg Config, log *slog.Logger) (*pgxpool.Pool, error) {
-	deadline := time.Now().Add(cfg.StartupTimeout)
-	delay := 250 * time.Millisecond
-	for {
-		attemptCtx, cancel := context.WithTimeout(ctx, cfg.DatabaseTimeout)
-		pool, err := postgres.Connect(attemptCtx, cfg.DatabaseURL, postgres.PoolConfig{
-			MaxConns: cfg.DatabaseMaxConns, ConnectTimeout: cfg.DatabaseTimeout,
-		})
-		cancel()
-		if err == nil {
-			return pool, nil
-		}
-		if ctx.Err() != nil || !postgres.IsUnavailable(err) || time.Now().Add(delay).After(deadline) {
-			return nil, fmt.Errorf("connect to the database: %w", err)
-		}
-		log.WarnContext(ctx, "database unavailable, retrying", "error", err, "retry_in", delay)
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("connect to the database: %w", ctx.Err())
-		case <-time.After(delay):
-		}
-		delay = min(2*delay, 5*time.Second)
-	}
+// openDatabase opens the pool, creating the database if needed, and migrates it. While the
+// server cannot be reached it retries with backoff and a log line per attempt until ctx ends;
+// it gives up at once only on a configuration error (pgdb.ConfigError).
+func openDatabase(ctx context.Context, cfg Config, log *slog.Logger) (*pgxpool.Pool, error) {
+	return pgdb.Open(ctx, pgdb.Config{
+		URL:            cfg.DatabaseURL,
+		MaxConns:       cfg.DatabaseMaxConns,
+		ConnectTimeout: cfg.DatabaseTimeout,
+		Migrate:        postgres.Migrate,
+		Logger:         log,
+	})
 }
 
-// Start connects to and migrates the database, binds the listeners, and starts the mode's
-// components in the background. When it returns nil, Addr and OpsAddr are listening. The
-// components run until ctx is cancelled or Stop is called; if one fails, the others are
-// stopped too, Done is closed, and Stop returns the error.
+// Start connects to and migrates the database (waiting for it until ctx ends, see
+// openDatabase), binds the listeners, and starts the mode's components in the background.
+// When it returns nil, Addr and OpsAddr are listening. The components run until ctx is
+// cancelled or Stop is called; if one fails, the others are stopped too, Done is closed, and
+// Stop returns the error.
 func (a *App) Start(ctx context.Context) (err error) {
 	a.log.InfoContext(ctx, "orders starting", "mode", a.mode, "failpoints", a.fp.Armed())
 	defer func() {
@@ -187,13 +176,15 @@ func (a *App) Start(ctx context.Context) (err error) {
 			a.closeResources()
 		}
 	}()
-	if a.pool, err = connect(ctx, a.cfg, a.log); err != nil {
-		return err
-	}
-	if err := postgres.Migrate(ctx, a.pool); err != nil {
+	if a.pool, err = openDatabase(ctx, a.cfg, a.log); err != nil {
 		return err
 	}
 	if a.store, err = postgres.NewStore(a.pool, postgres.StoreConfig{Exchange: a.topology.Exchange}); err != nil {
+		return err
+	}
+	// The consumer and the relay declare the topology on every (re)connect, keeping a queue
+	// that exists with other arguments (a changed delivery limit) instead of failing.
+	if a.declarer, err = amqptopo.NewDeclarer(a.cfg.AMQPURL, a.topology.Shared(), a.log); err != nil {
 		return err
 	}
 	// The metrics of every mode: the pool's statistics and the HTTP requests of whichever
@@ -218,16 +209,17 @@ func (a *App) Start(ctx context.Context) (err error) {
 
 	// Everything is built before anything runs, so that a configuration error leaves nothing
 	// behind.
+	// The relay's are built first, so that in ModeAll the API's /readyz checks the relay too.
 	var components []component
-	if a.apiLn != nil {
-		c, err := a.apiComponents()
+	if a.mode == ModeRelay || a.mode == ModeAll {
+		c, err := a.relayComponents()
 		if err != nil {
 			return err
 		}
 		components = append(components, c...)
 	}
-	if a.mode == ModeRelay || a.mode == ModeAll {
-		c, err := a.relayComponents()
+	if a.apiLn != nil {
+		c, err := a.apiComponents()
 		if err != nil {
 			return err
 		}
@@ -280,7 +272,12 @@ func (a *App) apiComponents() ([]component, error) {
 	consumerMetrics.Init(ordersamqp.ConsumerName)
 	consumerMetrics.SetWindow(ordersamqp.ConsumerName, a.cfg.InboxRetention, redeliveryWindow(a.cfg))
 
+	// /readyz: the database, and the consumer's broker connection, which may be away for
+	// BrokerDownGrace (a broker restart) before the process counts as not ready.
+	consumerLink := readiness.NewLink("not connected to the broker yet")
+	a.checks = append(a.checks, readiness.Check{Name: "consumer", Check: readiness.Connection(consumerLink, a.cfg.BrokerDownGrace)})
 	api := ordershttp.NewHandler(ordershttp.Config{
+		Checks:   a.checks,
 		Orders:   a.store,
 		Gatherer: a.Registry,
 		Metrics:  a.httpMetrics,
@@ -305,9 +302,12 @@ func (a *App) apiComponents() ([]component, error) {
 		ShutdownTimeout:      a.cfg.ConsumerShutdownTimeout,
 		DeadLetterExchange:   a.topology.DeadLetterExchange,
 		DeadLetterRoutingKey: a.topology.Queue,
-		Setup:                a.topology.Declare,
+		Setup:                a.declarer.Setup,
 		Logger:               a.log,
-		Hooks:                consumerMetrics.Hooks(inboxrabbitmq.Hooks{Failpoint: a.fp.Func()}),
+		Hooks: consumerMetrics.Hooks(inboxrabbitmq.Hooks{
+			Failpoint: a.fp.Func(),
+			Connected: readiness.ConsumerConnected(consumerLink),
+		}),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("stock consumer: %w", err)
@@ -336,13 +336,18 @@ func (a *App) relayComponents() ([]component, error) {
 		URL:            a.cfg.AMQPURL,
 		ConnectionName: "orders-relay",
 		DialTimeout:    a.cfg.DatabaseTimeout,
-		Setup:          a.topology.Declare,
+		Setup:          a.declarer.Setup,
 		Logger:         a.log,
 		Hooks:          relayMetrics.PublisherHooks(),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("outbox publisher: %w", err)
 	}
+	// /readyz: the relay may be cut off from the broker (or the database) for
+	// BrokerDownGrace before the process counts as not ready. An idle relay does not try
+	// the broker, so it notices an outage with the next message it has to publish.
+	relayLink := readiness.NewLink("starting")
+	a.checks = append(a.checks, readiness.Check{Name: "relay", Check: readiness.Connection(relayLink, a.cfg.BrokerDownGrace)})
 	relay, err := outbox.NewRelay(a.pool, pub, outbox.Config{
 		BatchSize:      a.cfg.RelayBatchSize,
 		PollInterval:   a.cfg.RelayPollInterval,
@@ -350,7 +355,7 @@ func (a *App) relayComponents() ([]component, error) {
 		RetryBaseDelay: relayRetryBaseDelay,
 		RetryMaxDelay:  relayRetryMaxDelay,
 		Logger:         a.log,
-		Hooks:          relayMetrics.Hooks(outbox.Hooks{Failpoint: a.fp.Func()}),
+		Hooks:          relayMetrics.Hooks(outbox.Hooks{Failpoint: a.fp.Func(), StateChanged: readiness.RelayState(relayLink)}),
 	})
 	if err != nil {
 		_ = pub.Close()
@@ -368,8 +373,9 @@ func (a *App) relayComponents() ([]component, error) {
 		}},
 	}
 	if a.opsLn != nil {
+		checks := append([]readiness.Check{{Name: "database", Check: readiness.Ping(a.store.Ping)}}, a.checks...)
 		ops := ordershttp.NewOpsHandler(ordershttp.OpsConfig{
-			Gatherer: a.Registry, Metrics: a.httpMetrics, Ready: a.store.Ping, Logger: a.log,
+			Gatherer: a.Registry, Metrics: a.httpMetrics, Checks: checks, Logger: a.log,
 		})
 		cs = append(cs, component{"relay http server", func(ctx context.Context) error {
 			return httpserver.Serve(ctx, a.opsLn, ops, httpserver.Config{ShutdownTimeout: a.cfg.HTTPShutdownTimeout}, a.log)
@@ -468,8 +474,13 @@ func (a *App) closeResources() {
 }
 
 // Run starts the App and runs it until ctx is cancelled or a component fails, then stops it.
+// A ctx cancelled while Start still waits for the database is a graceful stop too.
 func (a *App) Run(ctx context.Context) error {
 	if err := a.Start(ctx); err != nil {
+		if ctx.Err() != nil {
+			a.log.InfoContext(ctx, "orders stopped before it started", "mode", a.mode, "error", err)
+			return nil
+		}
 		return err
 	}
 	select {

@@ -20,10 +20,9 @@ type Config struct {
 	// and its LISTEN connection share it).
 	DatabaseMaxConns int32 `env:"ORDERS_DATABASE_MAX_CONNS" envDefault:"10"`
 	// DatabaseTimeout bounds the database work of one HTTP request and one connection
-	// attempt; past it the API answers 503.
+	// attempt; past it the API answers 503. At start-up an unreachable database is waited
+	// for, with a log line per attempt, until the process is stopped.
 	DatabaseTimeout time.Duration `env:"ORDERS_DATABASE_TIMEOUT" envDefault:"5s"`
-	// StartupTimeout is how long start-up keeps retrying an unreachable database.
-	StartupTimeout time.Duration `env:"ORDERS_STARTUP_TIMEOUT" envDefault:"60s"`
 
 	// AMQPURL is the RabbitMQ broker.
 	AMQPURL string `env:"ORDERS_AMQP_URL" envDefault:"amqp://guest:guest@127.0.0.1:5672/"`
@@ -32,8 +31,13 @@ type Config struct {
 	DeadLetterExchange string `env:"ORDERS_DEAD_LETTER_EXCHANGE" envDefault:"shop.dlx"`
 	Queue              string `env:"ORDERS_QUEUE" envDefault:"orders.stock"`
 	DeadLetterQueue    string `env:"ORDERS_DEAD_LETTER_QUEUE" envDefault:"orders.stock.dead"`
-	// QueueDeliveryLimit is the quorum queue's x-delivery-limit.
+	// QueueDeliveryLimit is the quorum queue's x-delivery-limit, set when the queue is
+	// declared. A queue that exists with another one keeps it, with a warning in the log
+	// (docs/events.md).
 	QueueDeliveryLimit int `env:"ORDERS_QUEUE_DELIVERY_LIMIT" envDefault:"20"`
+	// BrokerDownGrace is how long the consumer, or the relay, may be cut off from the broker
+	// before /readyz answers 503.
+	BrokerDownGrace time.Duration `env:"ORDERS_BROKER_DOWN_GRACE" envDefault:"30s"`
 
 	// HTTPAddr is where the API listens (api and all).
 	HTTPAddr string `env:"ORDERS_HTTP_ADDR" envDefault:":8080"`
@@ -125,7 +129,7 @@ func (c Config) Validate() error {
 	check(c.AMQPURL != "", "ORDERS_AMQP_URL is empty")
 	check(c.DatabaseMaxConns >= 2, "ORDERS_DATABASE_MAX_CONNS must be at least 2, got %d", c.DatabaseMaxConns)
 	check(c.DatabaseTimeout > 0, "ORDERS_DATABASE_TIMEOUT must be positive")
-	check(c.StartupTimeout >= 0, "ORDERS_STARTUP_TIMEOUT must not be negative")
+	check(c.BrokerDownGrace > 0, "ORDERS_BROKER_DOWN_GRACE must be positive")
 	check(c.EventsExchange != "" && c.DeadLetterExchange != "" && c.Queue != "" && c.DeadLetterQueue != "",
 		"ORDERS_EVENTS_EXCHANGE, ORDERS_DEAD_LETTER_EXCHANGE, ORDERS_QUEUE and ORDERS_DEAD_LETTER_QUEUE must be set")
 	check(c.QueueDeliveryLimit > 0, "ORDERS_QUEUE_DELIVERY_LIMIT must be positive")

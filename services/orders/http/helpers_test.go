@@ -172,8 +172,32 @@ func (l *logBuffer) Write(p []byte) (int, error) {
 	return l.buf.Write(p)
 }
 
+// levels returns the decoded log lines of level ("ERROR", "WARN", …).
+func (l *logBuffer) levels(t *testing.T, level string) []map[string]any {
+	t.Helper()
+	var out []map[string]any
+	for _, m := range l.all(t) {
+		if m["level"] == level {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
 // lines returns the decoded log lines whose msg is msg.
 func (l *logBuffer) lines(t *testing.T, msg string) []map[string]any {
+	t.Helper()
+	var out []map[string]any
+	for _, m := range l.all(t) {
+		if m["msg"] == msg {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// all returns every decoded log line.
+func (l *logBuffer) all(t *testing.T) []map[string]any {
 	t.Helper()
 	l.mu.Lock()
 	data := append([]byte(nil), l.buf.Bytes()...)
@@ -184,9 +208,7 @@ func (l *logBuffer) lines(t *testing.T, msg string) []map[string]any {
 	for sc.Scan() {
 		var m map[string]any
 		require.NoError(t, json.Unmarshal(sc.Bytes(), &m))
-		if m["msg"] == msg {
-			out = append(out, m)
-		}
+		out = append(out, m)
 	}
 	return out
 }

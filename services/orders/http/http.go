@@ -2,6 +2,17 @@
 // POST /orders/{id}/cancel, /healthz, /readyz and /metrics, with a request-id middleware, an
 // access log, request metrics by route pattern ([Metrics]) and RFC 9457 problem answers
 // (application/problem+json) for every error.
+//
+// Input follows the policy both services share (internal/input, internal/httpapi): a body
+// is application/json in UTF-8 (415 otherwise), at most orders.MaxRequestBytes (413), one
+// JSON object without duplicate or unknown members, field names spelled exactly (400);
+// identifiers without control or bidirectional formatting characters (422); an
+// Idempotency-Key of 1 to 255 bytes of visible ASCII (400); an order id in its canonical
+// form, a lowercase hyphenated UUID (404 for any other spelling); a 405 lists the allowed
+// methods in Allow. None of them writes anything, none is logged as an error.
+//
+// /readyz checks the database and the dependencies the process adds (Config.Checks): 200
+// when all are up, else a 503 problem listing each (internal/readiness).
 package http
 
 import (
@@ -19,7 +30,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/outboxshop/outboxshop/internal/httpapi"
 	"github.com/outboxshop/outboxshop/internal/problem"
+	"github.com/outboxshop/outboxshop/internal/readiness"
 	"github.com/outboxshop/outboxshop/services/orders"
 )
 
@@ -49,6 +62,9 @@ type Config struct {
 	// AfterCommit is called after the transaction of a POST /orders that created an order
 	// committed, before the answer is written (the api.after-commit crash point). Optional.
 	AfterCommit func()
+	// Checks are /readyz's dependencies besides the database, which is always checked (the
+	// stock consumer's broker connection, say).
+	Checks []readiness.Check
 	// DatabaseTimeout bounds the database work of one request; past it the answer is 503.
 	// Default 5s.
 	DatabaseTimeout time.Duration
@@ -79,7 +95,10 @@ func NewHandler(cfg Config) *Handler {
 	r.Post("/orders", h.createOrder)
 	r.Get("/orders/{id}", h.getOrder)
 	r.Post("/orders/{id}/cancel", h.cancelOrder)
-	mountOps(r, cfg.Gatherer, h.ready)
+	checks := append([]readiness.Check{{Name: "database", Check: readiness.Ping(cfg.Orders.Ping)}}, cfg.Checks...)
+	mountOps(r, cfg.Gatherer, readiness.Handler(readiness.Config{
+		Checks: checks, Timeout: min(h.dbTimeout, readiness.DefaultTimeout), RetryAfter: cmp.Or(cfg.RetryAfter, 5*time.Second), Logger: h.log,
+	}))
 	h.router = r
 	return h
 }
@@ -92,8 +111,8 @@ type OpsConfig struct {
 	Gatherer prometheus.Gatherer
 	// Metrics records every request (NewMetrics). nil records nothing.
 	Metrics *Metrics
-	// Ready answers /readyz: nil error means ready. nil makes /readyz always ready.
-	Ready func(ctx context.Context) error
+	// Checks are /readyz's dependencies (the database, the relay). None: always ready.
+	Checks []readiness.Check
 	// Logger receives the access log. nil discards.
 	Logger *slog.Logger
 }
@@ -104,60 +123,32 @@ func NewOpsHandler(cfg OpsConfig) http.Handler {
 	log := cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
 	retryAfter := retryAfterSeconds(5 * time.Second)
 	r := newRouter(log, retryAfter, cfg.Metrics)
-	ready := func(w http.ResponseWriter, r *http.Request) {
-		if cfg.Ready != nil {
-			ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
-			defer cancel()
-			if err := cfg.Ready(ctx); err != nil {
-				writeError(w, r, log, retryAfter, notReady(err))
-				return
-			}
-		}
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
-	}
-	mountOps(r, cfg.Gatherer, ready)
+	mountOps(r, cfg.Gatherer, readiness.Handler(readiness.Config{Checks: cfg.Checks, Logger: log}))
 	return r
 }
 
 func newRouter(log *slog.Logger, retryAfter string, m *Metrics) chi.Router {
 	r := chi.NewRouter()
-	r.Use(requestID, accessLog(log), m.Middleware, recoverer(log, retryAfter), middleware.GetHead)
+	r.Use(httpapi.WithRequestID, accessLog(log), m.Middleware, recoverer(log, retryAfter), middleware.GetHead)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, log, retryAfter, orders.Errorf(orders.ENOTFOUND, "No resource at %s.", r.URL.Path))
 	})
 	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
+		httpapi.SetAllow(w, r)
 		writeError(w, r, log, retryAfter, orders.Errorf(eMethodNotAllowed, "%s is not allowed on %s.", r.Method, r.URL.Path))
 	})
 	return r
 }
 
-func mountOps(r chi.Router, g prometheus.Gatherer, ready http.HandlerFunc) {
+func mountOps(r chi.Router, g prometheus.Gatherer, ready http.Handler) {
 	if g == nil {
 		g = prometheus.NewRegistry()
 	}
 	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
-	r.Get("/readyz", ready)
+	r.Method(http.MethodGet, "/readyz", ready)
 	r.Method(http.MethodGet, "/metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
-}
-
-func (h *Handler) ready(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeout(r.Context(), min(h.dbTimeout, 2*time.Second))
-	defer cancel()
-	if err := h.orders.Ping(ctx); err != nil {
-		h.error(w, r, notReady(err))
-		return
-	}
-	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
-}
-
-// notReady makes any readiness failure a 503.
-func notReady(err error) error {
-	if orders.ErrorCode(err) == orders.EUNAVAILABLE {
-		return err
-	}
-	return orders.Wrap(orders.EUNAVAILABLE, err, "Not ready; try again shortly.")
 }
 
 // eMethodNotAllowed is the router's own code, next to the domain's.
@@ -170,23 +161,20 @@ type problemKind struct {
 	title  string
 }
 
-// problemTypePrefix starts every problem type URI of this API.
-const problemTypePrefix = "urn:outboxshop:problem:"
-
 // problems maps each error code to its HTTP status and problem type: the one place where
 // that mapping lives. StatusCode reads it.
 var problems = map[string]problemKind{
-	orders.EINVALID:          {http.StatusUnprocessableEntity, problemTypePrefix + "validation", "The order is not valid"},
-	orders.EMALFORMED:        {http.StatusBadRequest, problemTypePrefix + "malformed-body", "The request body could not be read"},
-	orders.ETOOLARGE:         {http.StatusRequestEntityTooLarge, problemTypePrefix + "body-too-large", "The request body is too large"},
-	orders.EUNSUPPORTED:      {http.StatusUnsupportedMediaType, problemTypePrefix + "unsupported-media-type", "The request body must be application/json"},
-	orders.EBADHEADER:        {http.StatusBadRequest, problemTypePrefix + "invalid-header", "A request header is invalid"},
-	orders.ENOTFOUND:         {http.StatusNotFound, problemTypePrefix + "not-found", "Not found"},
-	orders.ECONFLICT:         {http.StatusConflict, problemTypePrefix + "order-state-conflict", "The order's status does not allow this"},
-	orders.EIDEMPOTENCYREUSE: {http.StatusUnprocessableEntity, problemTypePrefix + "idempotency-key-reuse", "Idempotency-Key reused with a different request"},
-	orders.EUNAVAILABLE:      {http.StatusServiceUnavailable, problemTypePrefix + "unavailable", "Service unavailable"},
-	orders.EINTERNAL:         {http.StatusInternalServerError, problemTypePrefix + "internal", "Internal server error"},
-	eMethodNotAllowed:        {http.StatusMethodNotAllowed, problemTypePrefix + "method-not-allowed", "Method not allowed"},
+	orders.EINVALID:          {http.StatusUnprocessableEntity, problem.TypeValidation, "The order is not valid"},
+	orders.EMALFORMED:        {http.StatusBadRequest, problem.TypeMalformedBody, "The request body could not be read"},
+	orders.ETOOLARGE:         {http.StatusRequestEntityTooLarge, problem.TypeBodyTooLarge, "The request body is too large"},
+	orders.EUNSUPPORTED:      {http.StatusUnsupportedMediaType, problem.TypeUnsupportedMediaType, "The request body must be application/json in UTF-8"},
+	orders.EBADHEADER:        {http.StatusBadRequest, problem.TypeInvalidHeader, "A request header is invalid"},
+	orders.ENOTFOUND:         {http.StatusNotFound, problem.TypeNotFound, "Not found"},
+	orders.ECONFLICT:         {http.StatusConflict, problem.TypePrefix + "order-state-conflict", "The order's status does not allow this"},
+	orders.EIDEMPOTENCYREUSE: {http.StatusUnprocessableEntity, problem.TypePrefix + "idempotency-key-reuse", "Idempotency-Key reused with a different request"},
+	orders.EUNAVAILABLE:      {http.StatusServiceUnavailable, problem.TypeUnavailable, "Service unavailable"},
+	orders.EINTERNAL:         {http.StatusInternalServerError, problem.TypeInternal, "Internal server error"},
+	eMethodNotAllowed:        {http.StatusMethodNotAllowed, problem.TypeMethodNotAllowed, "Method not allowed"},
 }
 
 // StatusCode returns the HTTP status of an error code (500 for an unknown code).

@@ -11,58 +11,17 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
-	"github.com/google/uuid"
 
+	"github.com/outboxshop/outboxshop/internal/httpapi"
 	"github.com/outboxshop/outboxshop/services/orders"
 )
 
 // HeaderRequestID carries the request id in both directions. It becomes the correlation id of
 // the events the request writes.
-const HeaderRequestID = "X-Request-ID"
+const HeaderRequestID = httpapi.HeaderRequestID
 
-// maxRequestIDLength bounds a client's X-Request-ID; a longer or odd one is replaced.
-const maxRequestIDLength = 128
-
-type requestIDKey struct{}
-
-// RequestID returns the request id stored in ctx by the middleware, or "".
-func RequestID(ctx context.Context) string {
-	id, _ := ctx.Value(requestIDKey{}).(string)
-	return id
-}
-
-// requestID takes the client's X-Request-ID when it is 1 to 128 visible ASCII characters and
-// makes a new one (a UUIDv7) otherwise, stores it in the request's context and echoes it in
-// the answer.
-func requestID(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		id := r.Header.Get(HeaderRequestID)
-		if !validRequestID(id) {
-			id = newRequestID()
-		}
-		w.Header().Set(HeaderRequestID, id)
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), requestIDKey{}, id)))
-	})
-}
-
-func validRequestID(id string) bool {
-	if id == "" || len(id) > maxRequestIDLength {
-		return false
-	}
-	for i := range len(id) {
-		if id[i] < 0x21 || id[i] > 0x7e {
-			return false
-		}
-	}
-	return true
-}
-
-func newRequestID() string {
-	if id, err := uuid.NewV7(); err == nil {
-		return id.String()
-	}
-	return uuid.NewString()
-}
+// RequestID returns the request id stored in ctx by the middleware (internal/httpapi), or "".
+func RequestID(ctx context.Context) string { return httpapi.RequestID(ctx) }
 
 // accessLog logs one line per request: method, route pattern, status, duration, request id.
 func accessLog(log *slog.Logger) func(http.Handler) http.Handler {

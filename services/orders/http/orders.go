@@ -1,10 +1,10 @@
 package http
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"mime"
 	"net/http"
 	"regexp"
 	"time"
@@ -12,6 +12,8 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/google/uuid"
 
+	"github.com/outboxshop/outboxshop/internal/httpapi"
+	"github.com/outboxshop/outboxshop/internal/input"
 	"github.com/outboxshop/outboxshop/services/orders"
 )
 
@@ -77,21 +79,17 @@ func renderOrder(o *orders.Order) ([]byte, error) {
 // createOrder handles POST /orders.
 func (h *Handler) createOrder(w http.ResponseWriter, r *http.Request) {
 	var idem *orders.IdempotencyKey
-	key, hasKey, err := idempotencyKey(r)
+	key, hasKey, err := httpapi.Token(r, HeaderIdempotencyKey, orders.MaxIdempotencyKeyLength)
 	if err != nil {
-		h.error(w, r, err)
+		h.error(w, r, orders.FromInput(err))
 		return
 	}
-	if err := requireJSON(r); err != nil {
-		h.error(w, r, err)
+	body, err := httpapi.ReadJSON(w, r, orders.MaxRequestBytes)
+	if err != nil {
+		h.error(w, r, orders.FromInput(err))
 		return
 	}
-	if r.ContentLength > orders.MaxRequestBytes { // refused before reading a byte of it
-		h.error(w, r, orders.Errorf(orders.ETOOLARGE, "The request body is larger than %d bytes.", orders.MaxRequestBytes))
-		return
-	}
-	r.Body = http.MaxBytesReader(w, r.Body, orders.MaxRequestBytes)
-	req, err := orders.DecodeOrderRequest(r.Body)
+	req, err := orders.DecodeOrderRequest(bytes.NewReader(body))
 	if err != nil {
 		h.error(w, r, err)
 		return
@@ -127,7 +125,7 @@ func (h *Handler) createOrder(w http.ResponseWriter, r *http.Request) {
 	if h.afterCommit != nil {
 		h.afterCommit()
 	}
-	body := []byte(nil)
+	body = nil
 	if res.Response != nil {
 		body = res.Response.Body
 	} else if body, err = renderOrder(res.Order); err != nil {
@@ -135,37 +133,6 @@ func (h *Handler) createOrder(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeBody(w, http.StatusCreated, body)
-}
-
-// idempotencyKey reads the optional Idempotency-Key header: at most one, 1 to 255 bytes.
-func idempotencyKey(r *http.Request) (string, bool, error) {
-	values := r.Header.Values(HeaderIdempotencyKey)
-	switch {
-	case len(values) == 0:
-		return "", false, nil
-	case len(values) > 1:
-		return "", false, orders.Errorf(orders.EBADHEADER, "Send at most one %s header.", HeaderIdempotencyKey)
-	case values[0] == "":
-		return "", false, orders.Errorf(orders.EBADHEADER, "The %s header is empty.", HeaderIdempotencyKey)
-	case len(values[0]) > orders.MaxIdempotencyKeyLength:
-		return "", false, orders.Errorf(orders.EBADHEADER, "The %s header is longer than %d characters.",
-			HeaderIdempotencyKey, orders.MaxIdempotencyKeyLength)
-	}
-	return values[0], true, nil
-}
-
-// requireJSON refuses a body whose Content-Type is not application/json (parameters such as
-// charset=utf-8 are allowed).
-func requireJSON(r *http.Request) error {
-	ct := r.Header.Get("Content-Type")
-	mt, _, err := mime.ParseMediaType(ct)
-	if err != nil || mt != "application/json" {
-		if ct == "" {
-			ct = "none"
-		}
-		return orders.Errorf(orders.EUNSUPPORTED, "The request body must be sent as Content-Type: application/json, not %s.", ct)
-	}
-	return nil
 }
 
 // traceparentRe is the W3C traceparent of version 00 (and later versions' first four fields).
@@ -181,12 +148,13 @@ func eventMeta(r *http.Request) orders.EventMeta {
 	return meta
 }
 
-// orderID reads the {id} of the route. Anything that is not a UUID names no order: 404.
+// orderID reads the {id} of the route. Anything but a UUID in its canonical form
+// (input.ParseID: lowercase, hyphenated) names no order: 404.
 func orderID(r *http.Request) (uuid.UUID, error) {
 	raw := chi.URLParam(r, "id")
-	id, err := uuid.Parse(raw)
-	if err != nil {
-		return uuid.Nil, orders.Errorf(orders.ENOTFOUND, "Order %q does not exist.", raw)
+	id, ok := input.ParseID(raw)
+	if !ok {
+		return uuid.Nil, orders.Errorf(orders.ENOTFOUND, "Order %q does not exist: order ids are lowercase UUIDs (8-4-4-4-12).", raw)
 	}
 	return id, nil
 }

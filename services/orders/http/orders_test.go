@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxshop/outboxshop/internal/problem"
 	"github.com/outboxshop/outboxshop/services/orders"
 	ordershttp "github.com/outboxshop/outboxshop/services/orders/http"
 )
@@ -41,18 +42,7 @@ func TestBadInput(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	unknownID := uuid.Must(uuid.NewV7()).String()
-	cases := []struct {
-		name    string
-		method  string
-		path    string
-		body    string
-		headers []string
-		chunked bool // send the body without a Content-Length
-		status  int
-		typ     string   // the end of the problem type
-		fields  []string // the problem's errors, by field (422 only)
-	}{
-		{name: "MalformedJSON", body: `{"customer_id": "c-42", "items": [`, status: 400, typ: "malformed-body"},
+	cases := []badInput{{name: "MalformedJSON", body: `{"customer_id": "c-42", "items": [`, status: 400, typ: "malformed-body"},
 		{name: "NotJSON", body: `customer_id=c-42`, status: 400, typ: "malformed-body"},
 		{name: "EmptyBody", body: ``, status: 400, typ: "malformed-body"},
 		{name: "JSONNull", body: `null`, status: 400, typ: "malformed-body"},
@@ -61,7 +51,38 @@ func TestBadInput(t *testing.T) {
 		{name: "UnknownItemField", body: `{"customer_id":"c","items":[{"sku":"BOOK-1","quantity":1,"price":0}]}`, status: 400, typ: "malformed-body"},
 		{name: "WrongCaseField", body: `{"CUSTOMER_ID":"c","items":[{"sku":"BOOK-1","quantity":1}]}`, status: 400, typ: "malformed-body"},
 		{name: "TrailingData", body: validBody + `{"customer_id":"c"}`, status: 400, typ: "malformed-body"},
-		{name: "WrongFieldType", body: `{"customer_id":42,"items":[{"sku":"BOOK-1","quantity":1}]}`, status: 400, typ: "malformed-body"},
+		{name: "WrongFieldType", body: `{"customer_id":42,"items":[{"sku":"BOOK-1","quantity":1}]}`, status: 422, typ: "validation", fields: []string{"customer_id"}},
+		// The input policy both services share (internal/input, internal/httpapi).
+		{name: "NULCustomerID", body: `{"customer_id":"c\u0000","items":[{"sku":"BOOK-1","quantity":1}]}`, status: 422, typ: "validation", fields: []string{"customer_id"}},
+		{name: "NULSKU", body: `{"customer_id":"c","items":[{"sku":"BOOK-1\u0000","quantity":1}]}`, status: 422, typ: "validation", fields: []string{"items[0].sku"}},
+		{name: "NULSKUWithKey", body: `{"customer_id":"c","items":[{"sku":"\u0000","quantity":1}]}`, headers: []string{"Idempotency-Key: k-nul"}, status: 422, typ: "validation", fields: []string{"items[0].sku"}},
+		{name: "ESCCustomerID", body: `{"customer_id":"\u001b[31mc","items":[{"sku":"BOOK-1","quantity":1}]}`, status: 422, typ: "validation", fields: []string{"customer_id"}},
+		{name: "C1CustomerID", body: `{"customer_id":"c\u009b","items":[{"sku":"BOOK-1","quantity":1}]}`, status: 422, typ: "validation", fields: []string{"customer_id"}},
+		{name: "BidiOverrideCustomerID", body: `{"customer_id":"c\u202egnp.exe","items":[{"sku":"BOOK-1","quantity":1}]}`, status: 422, typ: "validation", fields: []string{"customer_id"}},
+		{name: "BidiIsolateSKU", body: `{"customer_id":"c","items":[{"sku":"\u2067BOOK-1","quantity":1}]}`, status: 422, typ: "validation", fields: []string{"items[0].sku"}},
+		{name: "LoneSurrogate", body: `{"customer_id":"\ud800","items":[{"sku":"BOOK-1","quantity":1}]}`, status: 400, typ: "malformed-body"},
+		{name: "LoneLowSurrogate", body: `{"customer_id":"c\udfff","items":[{"sku":"BOOK-1","quantity":1}]}`, status: 400, typ: "malformed-body"},
+		{name: "InvalidUTF8Body", body: "{\"customer_id\":\"c\xff\xfe\",\"items\":[{\"sku\":\"BOOK-1\",\"quantity\":1}]}", status: 400, typ: "malformed-body"},
+		{name: "Latin1Body", body: "{\"customer_id\":\"caf\xe9\",\"items\":[{\"sku\":\"BOOK-1\",\"quantity\":1}]}", status: 400, typ: "malformed-body"},
+		{name: "DuplicateKey", body: `{"customer_id":"c","items":[{"sku":"BOOK-1","quantity":1}],"customer_id":"d"}`, status: 400, typ: "malformed-body"},
+		{name: "DuplicateItemKey", body: `{"customer_id":"c","items":[{"sku":"BOOK-1","sku":"MUG-1","quantity":1}]}`, status: 400, typ: "malformed-body"},
+		{name: "WrongCaseItemField", body: `{"customer_id":"c","items":[{"Sku":"BOOK-1","quantity":1}]}`, status: 400, typ: "malformed-body"},
+		{name: "CharsetLatin1", body: validBody, headers: []string{"Content-Type: application/json; charset=latin1"}, status: 415, typ: "unsupported-media-type"},
+		{name: "CharsetUTF16", body: validBody, headers: []string{"Content-Type: application/json; charset=utf-16"}, status: 415, typ: "unsupported-media-type"},
+		{name: "IdempotencyKeyInvalidUTF8", body: validBody, headers: []string{"Idempotency-Key: k\xff\xfe"}, status: 400, typ: "invalid-header"},
+		{name: "IdempotencyKeyNonASCII", body: validBody, headers: []string{"Idempotency-Key: clé"}, status: 400, typ: "invalid-header"},
+		{name: "IdempotencyKeySpace", body: validBody, headers: []string{"Idempotency-Key: a b"}, status: 400, typ: "invalid-header"},
+		{name: "IdempotencyKeyControl", body: validBody, headers: []string{"Idempotency-Key: a\tb"}, status: 400, typ: "invalid-header"},
+		{name: "IdempotencyKeyTooManyBytes", body: validBody, headers: []string{"Idempotency-Key: " + strings.Repeat("é", 128)}, status: 400, typ: "invalid-header"},
+		{name: "GetURNUUID", method: http.MethodGet, path: "/orders/urn:uuid:" + unknownID, status: 404, typ: "not-found"},
+		{name: "GetUppercaseUUID", method: http.MethodGet, path: "/orders/" + strings.ToUpper(unknownID), status: 404, typ: "not-found"},
+		{name: "GetHexUUID", method: http.MethodGet, path: "/orders/" + strings.ReplaceAll(unknownID, "-", ""), status: 404, typ: "not-found"},
+		{name: "GetBracedUUID", method: http.MethodGet, path: "/orders/%7B" + unknownID + "%7D", status: 404, typ: "not-found"},
+		{name: "CancelURNUUID", method: http.MethodPost, path: "/orders/urn:uuid:" + unknownID + "/cancel", status: 404, typ: "not-found"},
+		{name: "CancelHexUUID", method: http.MethodPost, path: "/orders/" + strings.ReplaceAll(unknownID, "-", "") + "/cancel", status: 404, typ: "not-found"},
+		{name: "PutOrder", method: http.MethodPut, path: "/orders/" + unknownID, status: 405, typ: "method-not-allowed", allow: []string{"GET", "HEAD"}},
+		{name: "GetCancel", method: http.MethodGet, path: "/orders/" + unknownID + "/cancel", status: 405, typ: "method-not-allowed", allow: []string{"POST"}},
+		{name: "DeleteOrders", method: http.MethodDelete, path: "/orders", status: 405, typ: "method-not-allowed", allow: []string{"POST"}},
 		{name: "EmptyCustomerID", body: `{"customer_id":"","items":[{"sku":"BOOK-1","quantity":1}]}`, status: 422, typ: "validation", fields: []string{"customer_id"}},
 		{name: "MissingCustomerID", body: `{"items":[{"sku":"BOOK-1","quantity":1}]}`, status: 422, typ: "validation", fields: []string{"customer_id"}},
 		{name: "EmptyItems", body: `{"customer_id":"c","items":[]}`, status: 422, typ: "validation", fields: []string{"items"}},
@@ -89,41 +110,66 @@ func TestBadInput(t *testing.T) {
 		{name: "CancelNonUUID", method: http.MethodPost, path: "/orders/42/cancel", status: 404, typ: "not-found"},
 		{name: "CancelUnknown", method: http.MethodPost, path: "/orders/" + unknownID + "/cancel", status: 404, typ: "not-found"},
 		{name: "UnknownPath", method: http.MethodGet, path: "/nothing", status: 404, typ: "not-found"},
-		{name: "WrongMethod", method: http.MethodDelete, path: "/orders/" + unknownID, status: 405, typ: "method-not-allowed"},
+		{name: "WrongMethod", method: http.MethodDelete, path: "/orders/" + unknownID, status: 405, typ: "method-not-allowed", allow: []string{"GET", "HEAD"}},
 	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			method, path := tc.method, tc.path
-			if method == "" {
-				method, path = http.MethodPost, "/orders"
-			}
-			headers := tc.headers
-			if method == http.MethodPost && path == "/orders" && !strings.HasPrefix(strings.Join(headers, "\n"), "Content-Type") {
-				headers = append([]string{jsonCT}, headers...)
-			}
-			var resp response
-			if tc.chunked {
-				resp = b.doChunked(t, method, path, tc.body, headers...)
-			} else {
-				resp = b.do(t, method, path, tc.body, headers...)
-			}
-			require.Equal(t, tc.status, resp.StatusCode, "body: %s", resp.body)
-			d := resp.problem(t)
-			require.True(t, strings.HasSuffix(d.Type, ":"+tc.typ), "type %q", d.Type)
-			require.NotEmpty(t, d.Detail)
-			var fields []string
-			for _, e := range d.Errors {
-				require.NotEmpty(t, e.Message)
-				fields = append(fields, e.Field)
-			}
-			require.Equal(t, tc.fields, fields)
-			require.NotEmpty(t, resp.Header.Get("X-Request-ID"))
+	t.Run("Cases", func(t *testing.T) {
+		for _, tc := range cases {
+			t.Run(tc.name, func(t *testing.T) {
+				t.Parallel()
+				tc.check(t, b)
+			})
+		}
+	})
+	// Bad input is the client's mistake: it is never logged as an error, so it never pages
+	// anyone.
+	require.Empty(t, b.logs.levels(t, "ERROR"), "bad input logged as an error")
+}
 
-			for _, table := range []string{"orders", "order_lines", "order_status_history", "outbox_messages", "idempotency_keys"} {
-				require.Zero(t, b.count(t, table), "%s written by a refused request", table)
-			}
-		})
+// badInput is a bad request and how it must be answered.
+type badInput struct {
+	name    string
+	method  string
+	path    string
+	body    string
+	headers []string
+	chunked bool // send the body without a Content-Length
+	status  int
+	typ     string   // the end of the problem type
+	fields  []string // the problem's errors, by field (422 only)
+	allow   []string // the Allow header (405 only)
+}
+
+// check sends the request and checks the answer, and that nothing was written.
+func (tc badInput) check(t *testing.T, b *bundle) {
+	t.Helper()
+	method, path := tc.method, tc.path
+	if method == "" {
+		method, path = http.MethodPost, "/orders"
+	}
+	headers := tc.headers
+	if method == http.MethodPost && path == "/orders" && !strings.HasPrefix(strings.Join(headers, "\n"), "Content-Type") {
+		headers = append([]string{jsonCT}, headers...)
+	}
+	var resp response
+	if tc.chunked {
+		resp = b.doChunked(t, method, path, tc.body, headers...)
+	} else {
+		resp = b.do(t, method, path, tc.body, headers...)
+	}
+	require.Equal(t, tc.status, resp.StatusCode, "body: %s", resp.body)
+	d := resp.problem(t)
+	require.True(t, strings.HasSuffix(d.Type, ":"+tc.typ), "type %q", d.Type)
+	require.NotEmpty(t, d.Detail)
+	var fields []string
+	for _, e := range d.Errors {
+		require.NotEmpty(t, e.Message)
+		fields = append(fields, e.Field)
+	}
+	require.Equal(t, tc.fields, fields)
+	require.NotEmpty(t, resp.Header.Get("X-Request-ID"))
+	require.Equal(t, tc.allow, resp.Header.Values("Allow"))
+	for _, table := range []string{"orders", "order_lines", "order_status_history", "outbox_messages", "idempotency_keys"} {
+		require.Zero(t, b.count(t, table), "%s written by a refused request", table)
 	}
 }
 
@@ -441,7 +487,7 @@ func TestGetOrder(t *testing.T) {
 	require.Equal(t, http.StatusOK, b.do(t, http.MethodPost, "/orders/"+id+"/cancel", "").StatusCode)
 	b.stockEvent(t, id, orders.EventStockReleased, "", "msg-released")
 
-	for _, path := range []string{"/orders/" + id, "/orders/" + strings.ToUpper(id)} {
+	for _, path := range []string{"/orders/" + id} {
 		get := b.do(t, http.MethodGet, path, "")
 		require.Equal(t, http.StatusOK, get.StatusCode)
 		o := get.order(t)
@@ -481,7 +527,7 @@ func TestOps(t *testing.T) {
 	require.JSONEq(t, `{"status":"ok"}`, string(health.body))
 	ready := b.do(t, http.MethodGet, "/readyz", "")
 	require.Equal(t, http.StatusOK, ready.StatusCode)
-	require.JSONEq(t, `{"status":"ready"}`, string(ready.body))
+	require.JSONEq(t, `{"status":"ready","checks":{"database":"up"}}`, string(ready.body))
 	metrics := b.do(t, http.MethodGet, "/metrics", "")
 	require.Equal(t, http.StatusOK, metrics.StatusCode)
 	require.Contains(t, metrics.Header.Get("Content-Type"), "text/plain")
@@ -538,12 +584,10 @@ func TestServerErrors(t *testing.T) {
 				require.Equal(t, tc.retryAfter, r.Header.Get("Retry-After"))
 			}
 			ready := b.do(t, http.MethodGet, "/readyz", "")
-			wantReady := http.StatusServiceUnavailable // whatever the failure, not ready is 503
-			if tc.err == nil {
-				wantReady = http.StatusInternalServerError // but a panic is a bug
-			}
-			require.Equal(t, wantReady, ready.StatusCode)
-			require.NotContains(t, ready.problem(t).Detail, "secret")
+			require.Equal(t, http.StatusServiceUnavailable, ready.StatusCode, "whatever the failure, not ready is 503")
+			require.Equal(t, problem.ContentType, ready.Header.Get("Content-Type"))
+			require.NotContains(t, string(ready.body), "secret")
+			require.NotContains(t, string(ready.body), "exploded")
 			require.Equal(t, http.StatusOK, b.do(t, http.MethodGet, "/healthz", "").StatusCode, "alive whatever the database")
 		})
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxshop/outboxshop/internal/pgdb"
 	"github.com/outboxshop/outboxshop/pkg/outbox"
 	"github.com/outboxshop/outboxshop/services/orders"
 )
@@ -361,14 +362,15 @@ func loadOrder(ctx context.Context, q pgx.Tx, id uuid.UUID) (*orders.Order, erro
 	return o, nil
 }
 
-// dbError returns err as it is when it is already an *orders.Error, EUNAVAILABLE when the
-// database could not be reached, and err wrapped with op otherwise.
+// dbError returns err as it is when it is already an *orders.Error, EUNAVAILABLE when trying
+// again may succeed (pgdb.Transient: the database could not be reached, a deadlock, …), and
+// err wrapped with op otherwise.
 func dbError(op string, err error) error {
 	var e *orders.Error
 	switch {
 	case errors.As(err, &e):
 		return err
-	case IsUnavailable(err):
+	case pgdb.Transient(err):
 		return orders.Wrap(orders.EUNAVAILABLE, fmt.Errorf("%s: %w", op, err), "The database is unavailable; try again shortly.")
 	}
 	return fmt.Errorf("%s: %w", op, err)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/outboxshop/outboxshop/internal/aftercommit"
+	"github.com/outboxshop/outboxshop/internal/amqptopo"
 	"github.com/outboxshop/outboxshop/pkg/inbox"
 	"github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
 	outboxrabbitmq "github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq"
@@ -21,6 +22,10 @@ type ConsumerConfig struct {
 	// URL of the broker. Required.
 	URL      string
 	Topology Topology
+	// Declarer declares Topology on every connect. Default: one of its own; a process that
+	// runs the relay too shares one, so that it warns once about a queue that exists with
+	// other arguments.
+	Declarer *amqptopo.Declarer
 	// Prefetch and Concurrency bound the messages in hand and in work.
 	Prefetch    int
 	Concurrency int
@@ -38,12 +43,16 @@ type ConsumerConfig struct {
 }
 
 // NewConsumer returns the inbox consumer of the warehouse queue: it declares cfg.Topology
-// on every connect, applies each message with a [Handler] in the inbox transaction on pool,
+// on every connect (amqptopo), applies each message with a [Handler] in the inbox transaction on pool,
 // and dead-letters to the topology's dead-letter exchange with the queue name as routing
 // key. Its transactions run the handler's Committed after they committed (aftercommit).
 func NewConsumer(pool inbox.TxBeginner, cfg ConsumerConfig) (*rabbitmq.Consumer, error) {
-	if err := cfg.Topology.Validate(); err != nil {
-		return nil, err
+	if cfg.Declarer == nil {
+		d, err := amqptopo.NewDeclarer(cfg.URL, cfg.Topology.Shared(), cfg.Logger)
+		if err != nil {
+			return nil, err
+		}
+		cfg.Declarer = d
 	}
 	h := NewHandler(cfg.Topology.Exchange, cfg.Logger)
 	h.Committed = cfg.Committed
@@ -58,7 +67,7 @@ func NewConsumer(pool inbox.TxBeginner, cfg ConsumerConfig) (*rabbitmq.Consumer,
 		RetryDelay:           cfg.RetryDelay,
 		DeadLetterExchange:   cfg.Topology.DeadLetterExchange,
 		DeadLetterRoutingKey: cfg.Topology.Queue,
-		Setup:                cfg.Topology.Declare,
+		Setup:                cfg.Declarer.Setup,
 		ShutdownTimeout:      cfg.ShutdownTimeout,
 		Logger:               cfg.Logger,
 		Hooks:                cfg.Hooks,
@@ -69,17 +78,14 @@ func NewConsumer(pool inbox.TxBeginner, cfg ConsumerConfig) (*rabbitmq.Consumer,
 	return c, nil
 }
 
-// NewPublisher returns the outbox publisher of the warehouse's relay: it declares topology
-// on every new channel, so the events exchange exists before the first publish. hooks
-// observe its connection (pkg/outbox/metrics' PublisherHooks).
-func NewPublisher(url string, topology Topology, log *slog.Logger, hooks outboxrabbitmq.Hooks) (*outboxrabbitmq.Publisher, error) {
-	if err := topology.Validate(); err != nil {
-		return nil, err
-	}
+// NewPublisher returns the outbox publisher of the warehouse's relay: it declares the
+// topology with declarer on every new channel, so the events exchange exists before the
+// first publish. hooks observe its connection (pkg/outbox/metrics' PublisherHooks).
+func NewPublisher(url string, declarer *amqptopo.Declarer, log *slog.Logger, hooks outboxrabbitmq.Hooks) (*outboxrabbitmq.Publisher, error) {
 	p, err := outboxrabbitmq.New(outboxrabbitmq.Config{
 		URL:            url,
 		ConnectionName: "warehouse-relay",
-		Setup:          topology.Declare,
+		Setup:          declarer.Setup,
 		Logger:         log,
 		Hooks:          hooks,
 	})

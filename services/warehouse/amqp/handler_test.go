@@ -242,6 +242,51 @@ func TestConsumer(t *testing.T) {
 			key:    warehouse.RoutingKeyOrderCreated,
 			reason: "quantity must be",
 		},
+		{
+			name: "an order with NUL in a SKU",
+			msg: func(t *testing.T) message {
+				return orderCreated(t, uuid.Must(uuid.NewV7()), warehouse.Line{SKU: "BOOK-1\x00", Quantity: 1})
+			},
+			key:    warehouse.RoutingKeyOrderCreated,
+			reason: "NUL",
+		},
+		{
+			name: "an order with a bidi override in a SKU",
+			msg: func(t *testing.T) message {
+				return orderCreated(t, uuid.Must(uuid.NewV7()), warehouse.Line{SKU: "\u202eBOOK-1", Quantity: 1})
+			},
+			key:    warehouse.RoutingKeyOrderCreated,
+			reason: "bidirectional",
+		},
+		{
+			name: "a body with a duplicate member",
+			msg: func(t *testing.T) message {
+				id := uuid.Must(uuid.NewV7())
+				return message{ID: uuid.Must(uuid.NewV7()).String(), Type: warehouse.TypeOrderCancelled,
+					Body: []byte(`{"version":1,"order_id":"` + id.String() + `","order_id":"` + uuid.NewString() + `"}`)}
+			},
+			key:    warehouse.RoutingKeyOrderCancelled,
+			reason: "more than once",
+		},
+		{
+			name: "a body that is not UTF-8",
+			msg: func(t *testing.T) message {
+				m := orderCreated(t, uuid.Must(uuid.NewV7()), warehouse.Line{SKU: "BOOK-1", Quantity: 1})
+				m.Body = []byte(strings.Replace(string(m.Body), "BOOK-1", "BOOK-\xff", 1))
+				return m
+			},
+			key:    warehouse.RoutingKeyOrderCreated,
+			reason: "UTF-8",
+		},
+		{
+			name: "an order id in upper case",
+			msg: func(t *testing.T) message {
+				return message{ID: uuid.Must(uuid.NewV7()).String(), Type: warehouse.TypeOrderCancelled,
+					Body: []byte(`{"version":1,"order_id":"` + strings.ToUpper(uuid.NewString()) + `"}`)}
+			},
+			key:    warehouse.RoutingKeyOrderCancelled,
+			reason: "lowercase UUID",
+		},
 	} {
 		t.Run(fmt.Sprintf("%s is dead-lettered at once with the reason", tc.name), func(t *testing.T) {
 			t.Parallel()
@@ -278,6 +323,47 @@ func TestTopology(t *testing.T) {
 		})
 		require.NoError(t, err)
 		require.Zero(t, q.Messages)
+	})
+
+	// The dead-letter queue keeps what it holds: peeked 25 times with a requeue (what the
+	// management UI's "get messages" does), a dead letter is still there. With the delivery
+	// limit of 20 it used to have, the broker dropped it at the 21st.
+	t.Run("the dead-letter queue keeps a message peeked 25 times", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		conf, err := b.ch.PublishWithDeferredConfirmWithContext(context.Background(), b.top.DeadLetterExchange, b.top.Queue, true, false,
+			amqp091.Publishing{MessageId: "dead-1", DeliveryMode: amqp091.Persistent, Body: []byte(`{}`)})
+		require.NoError(t, err)
+		require.True(t, conf.Wait())
+		for i := range 25 {
+			var d amqp091.Delivery
+			testinfra.Eventually(t, 10*time.Second, func() bool {
+				var ok bool
+				d, ok, err = b.ch.Get(b.top.DeadLetterQueue, false)
+				require.NoError(t, err)
+				return ok
+			}, "the dead letter is gone after %d peeks", i)
+			require.Equal(t, "dead-1", d.MessageId)
+			require.NoError(t, d.Nack(false, true))
+		}
+		testinfra.Eventually(t, 10*time.Second, func() bool {
+			q, err := b.ch.QueueDeclarePassive(b.top.DeadLetterQueue, true, false, false, false, nil)
+			require.NoError(t, err)
+			return q.Messages == 1
+		}, "the dead letter is still in %s", b.top.DeadLetterQueue)
+	})
+
+	// A warehouse whose delivery limit changed finds its queue as it was declared: it keeps
+	// it and consumes, rather than failing every connection with PRECONDITION_FAILED.
+	t.Run("a changed delivery limit does not stop the consumer", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t) // declared with DeliveryLimit 20
+		b.top.DeliveryLimit = 4
+		b.startConsumer(t, 2)
+		order := uuid.Must(uuid.NewV7())
+		b.publish(t, warehouse.RoutingKeyOrderCreated, orderCreated(t, order, warehouse.Line{SKU: "BOOK-1", Quantity: 1}))
+		testinfra.Eventually(t, 20*time.Second, func() bool { return b.processed.Load() == 1 }, "the message processed")
+		require.Equal(t, warehouse.StatusReserved, b.reservation(t, order).Status)
 	})
 
 	t.Run("defaults follow docs/events.md", func(t *testing.T) {

@@ -13,16 +13,17 @@ import (
 	"log/slog"
 	"net"
 	"sync"
-	"sync/atomic"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/outboxshop/outboxshop/internal/amqptopo"
 	"github.com/outboxshop/outboxshop/internal/failpoint"
 	"github.com/outboxshop/outboxshop/internal/httpserver"
+	"github.com/outboxshop/outboxshop/internal/pgdb"
 	"github.com/outboxshop/outboxshop/internal/pgxpoolmetrics"
+	"github.com/outboxshop/outboxshop/internal/readiness"
 	"github.com/outboxshop/outboxshop/pkg/inbox"
 	inboxmetrics "github.com/outboxshop/outboxshop/pkg/inbox/metrics"
 	"github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
@@ -78,17 +79,18 @@ type App struct {
 	// Repo is the repository on Pool.
 	Repo *postgres.Repo
 
-	ln        net.Listener
-	cancel    context.CancelFunc
-	done      chan struct{}
-	err       error
-	consuming atomic.Bool
-	relay     *outbox.Relay
+	ln       net.Listener
+	cancel   context.CancelFunc
+	done     chan struct{}
+	err      error
+	consumer *readiness.Link // the consumer's broker connection; nil in ModeRelay
+	relay    *outbox.Relay
 }
 
-// Start prepares the database (creating and migrating it), binds the HTTP listener and starts
-// the components of mode in the background. It returns once they are started; the app then
-// runs until ctx is cancelled, [App.Stop] is called, or a component fails. log nil discards.
+// Start prepares the database (creating and migrating it, and waiting for it until ctx ends
+// while it cannot be reached: see [OpenDatabase]), binds the HTTP listener and starts the
+// components of mode in the background. It returns once they are started; the app then runs
+// until ctx is cancelled, [App.Stop] is called, or a component fails. log nil discards.
 func Start(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*App, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -146,11 +148,31 @@ func Start(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*App, 
 		}
 	}
 
+	// The consumer and the relay declare the topology on every (re)connect with one
+	// declarer, which keeps a queue that exists with other arguments (a changed delivery
+	// limit) instead of failing, and warns about it once.
+	declarer, err := amqptopo.NewDeclarer(cfg.AMQPURL, cfg.Topology().Shared(), log)
+	if err != nil {
+		return fail(err)
+	}
+	// /readyz: the database, and the broker connections of the consumer and the relay, each
+	// of which may be away for BrokerDownGrace (a broker restart) before the process counts
+	// as not ready. An idle relay does not try the broker: it notices an outage with the
+	// next message it has to publish.
+	var checks []readiness.Check
+	relayLink := readiness.NewLink("starting")
+	if consumer {
+		a.consumer = readiness.NewLink("not connected to the broker yet")
+		checks = append(checks, readiness.Check{Name: "consumer", Check: readiness.Connection(a.consumer, cfg.BrokerDownGrace)})
+	}
+	if relay {
+		checks = append(checks, readiness.Check{Name: "relay", Check: readiness.Connection(relayLink, cfg.BrokerDownGrace)})
+	}
 	httpCfg := warehousehttp.Config{
 		Pinger:    a.Repo,
+		Checks:    checks,
 		Gatherer:  a.Registry,
 		Metrics:   httpMetrics,
-		Status:    a.status,
 		DBTimeout: cfg.DBTimeout,
 		Logger:    log,
 	}
@@ -193,6 +215,7 @@ func Start(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*App, 
 		c, err := warehouseamqp.NewConsumer(pool, warehouseamqp.ConsumerConfig{
 			URL:             cfg.AMQPURL,
 			Topology:        cfg.Topology(),
+			Declarer:        declarer,
 			Prefetch:        cfg.ConsumerPrefetch,
 			Concurrency:     cfg.ConsumerConcurrency,
 			MaxDeliveries:   cfg.ConsumerMaxDeliveries,
@@ -200,7 +223,7 @@ func Start(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*App, 
 			ShutdownTimeout: cfg.ShutdownTimeout,
 			Logger:          log,
 			Hooks: consumerMetrics.Hooks(rabbitmq.Hooks{
-				Connected: func(_ string, up bool) { a.consuming.Store(up) },
+				Connected: readiness.ConsumerConnected(a.consumer),
 				Failpoint: fp.Func(),
 			}),
 			Committed: svc.committed,
@@ -220,7 +243,7 @@ func Start(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*App, 
 		if err != nil {
 			return fail(fmt.Errorf("register relay metrics: %w", err))
 		}
-		pub, err := warehouseamqp.NewPublisher(cfg.AMQPURL, cfg.Topology(), log, relayMetrics.PublisherHooks())
+		pub, err := warehouseamqp.NewPublisher(cfg.AMQPURL, declarer, log, relayMetrics.PublisherHooks())
 		if err != nil {
 			return fail(err)
 		}
@@ -232,7 +255,7 @@ func Start(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*App, 
 			RetryBaseDelay: relayRetryBaseDelay,
 			RetryMaxDelay:  relayRetryMaxDelay,
 			Logger:         log,
-			Hooks:          relayMetrics.Hooks(outbox.Hooks{Failpoint: fp.Func()}),
+			Hooks:          relayMetrics.Hooks(outbox.Hooks{Failpoint: fp.Func(), StateChanged: readiness.RelayState(relayLink)}),
 		})
 		if err != nil {
 			return fail(fmt.Errorf("new relay: %w", err))
@@ -252,11 +275,15 @@ func Start(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*App, 
 	return a, nil
 }
 
-// Run starts the app and waits until it stopped: until ctx is cancelled (graceful stop) or a
-// component failed.
+// Run starts the app and waits until it stopped: until ctx is cancelled (graceful stop, also
+// while Start still waits for the database) or a component failed.
 func Run(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) error {
 	a, err := Start(ctx, cfg, mode, log)
 	if err != nil {
+		if ctx.Err() != nil {
+			orDiscard(log).InfoContext(ctx, "warehouse stopped before it started", slog.Any("error", err))
+			return nil
+		}
 		return err
 	}
 	return a.Wait()
@@ -267,7 +294,13 @@ func Run(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) error {
 func (a *App) HTTPAddr() string { return a.ln.Addr().String() }
 
 // Consuming reports whether the consumer is connected and consuming (false in ModeRelay).
-func (a *App) Consuming() bool { return a.consuming.Load() }
+func (a *App) Consuming() bool {
+	if a.consumer == nil {
+		return false
+	}
+	up, _, _ := a.consumer.LinkState()
+	return up
+}
 
 // Wait blocks until every component has stopped and the pool is closed, and returns the
 // error of the first component that failed, or nil after a graceful stop.
@@ -281,21 +314,6 @@ func (a *App) Wait() error {
 func (a *App) Stop() error {
 	a.cancel()
 	return a.Wait()
-}
-
-// status adds the consumer's and the relay's state to /readyz, for operators.
-func (a *App) status() map[string]string {
-	s := map[string]string{}
-	if _, consumer, _ := a.Mode.serves(); consumer {
-		s["consumer"] = "disconnected"
-		if a.consuming.Load() {
-			s["consumer"] = "connected"
-		}
-	}
-	if a.relay != nil {
-		s["relay"] = string(a.relay.State())
-	}
-	return s
 }
 
 type component struct {
@@ -337,40 +355,16 @@ func (a *App) run(ctx context.Context, components []component, cleanup []func())
 }
 
 // OpenDatabase creates the database when it does not exist, opens a pool on it and migrates
-// it. While the server cannot be reached it retries with backoff, for at most
-// cfg.StartupTimeout.
+// it. While the server cannot be reached it retries with backoff and a log line per attempt,
+// until ctx ends; it gives up at once only on a configuration error (internal/pgdb).
 func OpenDatabase(ctx context.Context, cfg Config, log *slog.Logger) (*pgxpool.Pool, error) {
-	log = orDiscard(log)
-	ctx, cancel := context.WithTimeout(ctx, cfg.StartupTimeout)
-	defer cancel()
-	var pool *pgxpool.Pool
-	delay := 100 * time.Millisecond
-	for attempt := 1; ; attempt++ {
-		err := postgres.EnsureDatabase(ctx, cfg.DatabaseURL)
-		if err == nil {
-			pool, err = postgres.Open(ctx, cfg.DatabaseURL, cfg.DatabaseMaxConns)
-		}
-		if err == nil {
-			break
-		}
-		if !postgres.Unavailable(err) || ctx.Err() != nil {
-			return nil, fmt.Errorf("open database: %w", err)
-		}
-		if attempt == 1 {
-			log.WarnContext(ctx, "database unavailable; retrying", slog.Any("error", err), slog.Duration("for_at_most", cfg.StartupTimeout))
-		}
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("open database: gave up after %s: %w", cfg.StartupTimeout, err)
-		case <-time.After(delay):
-		}
-		delay = min(2*delay, 5*time.Second)
-	}
-	if err := postgres.Migrate(ctx, pool); err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("migrate: %w", err)
-	}
-	return pool, nil
+	return pgdb.Open(ctx, pgdb.Config{
+		URL:            cfg.DatabaseURL,
+		MaxConns:       cfg.DatabaseMaxConns,
+		ConnectTimeout: cfg.DBTimeout,
+		Migrate:        postgres.Migrate,
+		Logger:         orDiscard(log),
+	})
 }
 
 // Migrate creates the database when missing and migrates it: the `migrate` subcommand.

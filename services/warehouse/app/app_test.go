@@ -38,7 +38,6 @@ func testConfig(t *testing.T) app.Config {
 	cfg.RelayPollInterval = 100 * time.Millisecond
 	cfg.ConsumerRetryDelay = 50 * time.Millisecond
 	cfg.ShutdownTimeout = 5 * time.Second
-	cfg.StartupTimeout = 10 * time.Second
 	t.Cleanup(func() { deleteTopology(t, cfg) })
 	return cfg
 }
@@ -245,14 +244,20 @@ func TestModes(t *testing.T) {
 		testinfra.Eventually(t, 20*time.Second, a.Consuming, "consuming")
 		status, body := get(t, "http://"+a.HTTPAddr()+"/readyz")
 		require.Equal(t, http.StatusOK, status)
-		require.Contains(t, body, `"consumer":"connected"`)
+		require.Contains(t, body, `"consumer":"up"`)
 		require.Contains(t, body, `"database":"up"`)
 		status, body = get(t, "http://"+a.HTTPAddr()+"/metrics")
 		require.Equal(t, http.StatusOK, status)
 		require.Contains(t, body, "go_goroutines")
 
-		// The API's metrics, with the outbox backlog, and not the relay's.
-		_, families := metricstest.Scrape(t, "http://"+a.HTTPAddr()+"/metrics")
+		// The API's metrics, with the outbox backlog, and not the relay's. The stock gauge is
+		// read in the background once the app started: wait for its first read.
+		var families metricstest.Families
+		testinfra.Eventually(t, 20*time.Second, func() bool {
+			_, families = metricstest.Scrape(t, "http://"+a.HTTPAddr()+"/metrics")
+			_, ok := families["warehouse_stock_available"]
+			return ok
+		}, "warehouse_stock_available exported")
 		for _, name := range []string{"outbox_pending_messages", "inbox_retention_seconds", "warehouse_stock_available",
 			"warehouse_reservations_total", "warehouse_releases_total", "pgxpool_max_conns", "http_requests_total"} {
 			require.Contains(t, families, name)

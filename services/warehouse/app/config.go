@@ -28,20 +28,22 @@ type Config struct {
 	HTTPAddr string `env:"WAREHOUSE_HTTP_ADDR"`
 	// RelayHTTPAddr is where `relay` serves /healthz, /readyz and /metrics.
 	RelayHTTPAddr string `env:"WAREHOUSE_RELAY_HTTP_ADDR"`
-	// DBTimeout bounds the database work of one HTTP request.
+	// DBTimeout bounds the database work of one HTTP request, and one attempt to connect.
 	DBTimeout time.Duration `env:"WAREHOUSE_HTTP_DB_TIMEOUT"`
 	// ShutdownTimeout bounds a graceful stop: in-flight requests and messages get this long.
 	ShutdownTimeout time.Duration `env:"WAREHOUSE_SHUTDOWN_TIMEOUT"`
-	// StartupTimeout bounds the wait for the database at start-up (it may start later than
-	// the service, as in docker compose).
-	StartupTimeout time.Duration `env:"WAREHOUSE_STARTUP_TIMEOUT"`
+	// BrokerDownGrace is how long the consumer, or the relay, may be cut off from the broker
+	// before /readyz answers 503.
+	BrokerDownGrace time.Duration `env:"WAREHOUSE_BROKER_DOWN_GRACE"`
 
 	// Topology names (docs/events.md).
 	EventsExchange     string `env:"WAREHOUSE_EVENTS_EXCHANGE"`
 	DeadLetterExchange string `env:"WAREHOUSE_DEAD_LETTER_EXCHANGE"`
 	Queue              string `env:"WAREHOUSE_QUEUE"`
 	DeadLetterQueue    string `env:"WAREHOUSE_DEAD_LETTER_QUEUE"`
-	// QueueDeliveryLimit is the quorum queues' x-delivery-limit.
+	// QueueDeliveryLimit is the queue's x-delivery-limit, set when the queue is declared. A
+	// queue that exists with another one keeps it, with a warning in the log
+	// (docs/events.md).
 	QueueDeliveryLimit int `env:"WAREHOUSE_QUEUE_DELIVERY_LIMIT"`
 
 	// Consumer tuning.
@@ -80,7 +82,7 @@ func DefaultConfig() Config {
 		RelayHTTPAddr:         ":8091",
 		DBTimeout:             5 * time.Second,
 		ShutdownTimeout:       20 * time.Second,
-		StartupTimeout:        time.Minute,
+		BrokerDownGrace:       30 * time.Second,
 		EventsExchange:        top.Exchange,
 		DeadLetterExchange:    top.DeadLetterExchange,
 		Queue:                 top.Queue,
@@ -173,7 +175,7 @@ func (c Config) Validate() error {
 	}{
 		{"WAREHOUSE_HTTP_DB_TIMEOUT", c.DBTimeout},
 		{"WAREHOUSE_SHUTDOWN_TIMEOUT", c.ShutdownTimeout},
-		{"WAREHOUSE_STARTUP_TIMEOUT", c.StartupTimeout},
+		{"WAREHOUSE_BROKER_DOWN_GRACE", c.BrokerDownGrace},
 		{"WAREHOUSE_CONSUMER_RETRY_DELAY", c.ConsumerRetryDelay},
 		{"WAREHOUSE_INBOX_RETENTION", c.InboxRetention},
 		{"WAREHOUSE_RELAY_POLL_INTERVAL", c.RelayPollInterval},

@@ -36,11 +36,19 @@ func publish(t *testing.T, ch *amqp091.Channel, cfg app.Config, messageID, typ, 
 	require.True(t, ok)
 }
 
-func put(t *testing.T, rawURL, body string) int {
+// put sets a SKU's stock whatever it is now (If-Match: *), or creates it with
+// If-None-Match: * when precondition is that.
+func put(t *testing.T, rawURL, body string, precondition ...string) int {
 	t.Helper()
 	req, err := http.NewRequestWithContext(context.Background(), http.MethodPut, rawURL, strings.NewReader(body))
 	require.NoError(t, err)
 	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("If-Match", "*")
+	if len(precondition) > 0 {
+		req.Header.Del("If-Match")
+		name, value, _ := strings.Cut(precondition[0], ":")
+		req.Header.Set(name, strings.TrimSpace(value))
+	}
 	res, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
 	res.Body.Close()
@@ -102,7 +110,7 @@ func TestMetrics(t *testing.T) {
 	// The API: stock set after everything above (so a gauge that shows it shows the rest), a
 	// SKU outside the catalogue, a reservation, an unknown route.
 	require.Equal(t, http.StatusOK, put(t, base+"/stock/PEN-1", `{"available": 123}`))
-	require.Equal(t, http.StatusCreated, put(t, base+"/stock/SOCK-1", `{"available": 5}`))
+	require.Equal(t, http.StatusCreated, put(t, base+"/stock/SOCK-1", `{"available": 5}`, "If-None-Match: *"))
 	status, _ := get(t, base+"/reservations/"+kept.String())
 	require.Equal(t, http.StatusOK, status)
 	status, _ = get(t, base+"/stock/MUG-1")

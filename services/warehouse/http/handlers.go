@@ -2,22 +2,20 @@ package http
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
+	"encoding/base64"
 	"fmt"
-	"io"
-	"maps"
-	"mime"
 	"net/http"
+	"net/url"
+	"strconv"
 	"strings"
 	"time"
-	"unicode"
 	"unicode/utf8"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/google/uuid"
 
-	"github.com/outboxshop/outboxshop/internal/problem"
+	"github.com/outboxshop/outboxshop/internal/httpapi"
+	"github.com/outboxshop/outboxshop/internal/input"
 	"github.com/outboxshop/outboxshop/services/warehouse"
 )
 
@@ -31,9 +29,11 @@ type StockItem struct {
 	UpdatedAt time.Time `json:"updated_at"`
 }
 
-// StockList is the body of GET /stock.
+// StockList is the body of GET /stock: a page of SKUs in SKU order.
 type StockList struct {
 	Items []StockItem `json:"items"`
+	// Next is the URL of the next page; empty on the last one.
+	Next string `json:"next,omitempty"`
 }
 
 // PutStockRequest is the body of PUT /stock/{sku}.
@@ -71,39 +71,60 @@ func (s *server) healthz(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
-func (s *server) readyz(w http.ResponseWriter, r *http.Request) {
-	checks := map[string]string{}
-	if s.cfg.Status != nil {
-		maps.Copy(checks, s.cfg.Status())
-	}
-	if s.cfg.Pinger != nil {
-		ctx, cancel := context.WithTimeout(r.Context(), min(s.cfg.DBTimeout, 2*time.Second))
-		defer cancel()
-		if err := s.cfg.Pinger.Ping(ctx); err != nil {
-			w.Header().Set("Retry-After", fmt.Sprint(RetryAfterSeconds))
-			s.log.DebugContext(r.Context(), "not ready: database unavailable", requestAttr(r), "error", err)
-			problem.Write(w, r, problem.Details{Status: http.StatusServiceUnavailable,
-				Detail: "Not ready: the database is unavailable."})
-			return
-		}
-		checks["database"] = "up"
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"status": "ready", "checks": checks})
-}
-
+// listStock answers a page of SKUs. The cursor is opaque to the client: the last SKU of the
+// previous page, base64url-encoded; pages follow the primary key, so a SKU created or changed
+// meanwhile never makes another one appear twice or not at all.
 func (s *server) listStock(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := s.dbContext(r)
-	defer cancel()
-	items, err := s.cfg.Store.ListStock(ctx)
+	limit, after, err := pageParams(r)
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	out := StockList{Items: make([]StockItem, 0, len(items))}
-	for _, i := range items {
+	ctx, cancel := s.dbContext(r)
+	defer cancel()
+	items, err := s.cfg.Store.ListStock(ctx, after, limit+1) // one more: is there a next page?
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	out := StockList{Items: make([]StockItem, 0, min(len(items), limit))}
+	for _, i := range items[:min(len(items), limit)] {
 		out.Items = append(out.Items, toStockItem(i))
 	}
+	if len(items) > limit {
+		q := url.Values{"limit": {strconv.Itoa(limit)}, "cursor": {base64.RawURLEncoding.EncodeToString([]byte(items[limit-1].SKU))}}
+		out.Next = "/stock?" + q.Encode()
+		w.Header().Set("Link", "<"+out.Next+">; rel=\"next\"")
+	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// pageParams reads GET /stock's limit (1 to MaxPageSize, default DefaultPageSize) and cursor
+// (from a "next" link: the SKU the page starts after).
+func pageParams(r *http.Request) (limit int, after string, err error) {
+	q := r.URL.Query()
+	limit = DefaultPageSize
+	switch v := q["limit"]; {
+	case len(v) > 1:
+		return 0, "", warehouse.Errorf(warehouse.CodeBadQuery, "Send limit at most once.")
+	case len(v) == 1:
+		n, err := strconv.Atoi(v[0])
+		if err != nil || n < 1 || n > MaxPageSize {
+			return 0, "", warehouse.Errorf(warehouse.CodeBadQuery, "limit must be an integer from 1 to %d.", MaxPageSize)
+		}
+		limit = n
+	}
+	switch v := q["cursor"]; {
+	case len(v) > 1:
+		return 0, "", warehouse.Errorf(warehouse.CodeBadQuery, "Send cursor at most once.")
+	case len(v) == 1:
+		sku, err := base64.RawURLEncoding.DecodeString(v[0])
+		if err != nil || !warehouse.ValidSKU(string(sku)) {
+			return 0, "", warehouse.Errorf(warehouse.CodeBadQuery, "cursor is not one this API gave: take it from the \"next\" of the previous page.")
+		}
+		after = string(sku)
+	}
+	return limit, after, nil
 }
 
 func (s *server) getStock(w http.ResponseWriter, r *http.Request) {
@@ -119,14 +140,20 @@ func (s *server) getStock(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
+	w.Header().Set("ETag", etag(item.Version))
 	writeJSON(w, http.StatusOK, toStockItem(item))
 }
 
 func (s *server) putStock(w http.ResponseWriter, r *http.Request) {
 	sku := chi.URLParam(r, "sku")
-	var req PutStockRequest
-	if err := decodeJSON(w, r, s.cfg.MaxBodyBytes, &req); err != nil {
+	pre, err := precondition(r, sku)
+	if err != nil {
 		s.fail(w, r, err)
+		return
+	}
+	var req PutStockRequest
+	if err := httpapi.DecodeJSON(w, r, s.cfg.MaxBodyBytes, &req); err != nil {
+		s.fail(w, r, warehouse.FromInput(err))
 		return
 	}
 	name, err := validatePutStock(sku, req)
@@ -136,18 +163,90 @@ func (s *server) putStock(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := s.dbContext(r)
 	defer cancel()
-	item, created, err := s.cfg.Store.SetStock(ctx, sku, name, *req.Available)
+	item, created, err := s.cfg.Store.SetStockIf(ctx, sku, name, *req.Available, pre)
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
 	s.log.InfoContext(r.Context(), "stock set", requestAttr(r), "sku", sku, "available", item.Available, "created", created)
+	w.Header().Set("ETag", etag(item.Version))
 	status := http.StatusOK
 	if created {
 		status = http.StatusCreated
 		w.Header().Set("Location", "/stock/"+sku)
 	}
 	writeJSON(w, status, toStockItem(item))
+}
+
+// etag is the entity tag of a SKU's stock at version.
+func etag(version int64) string { return `"` + strconv.FormatInt(version, 10) + `"` }
+
+// noVersion matches no SKU: the version of an If-Match that names none of ours.
+const noVersion = -1
+
+// precondition reads PUT /stock/{sku}'s If-Match and If-None-Match (RFC 9110, section 13).
+// One of them is required (428 without): If-Match with the ETags of GET /stock/{sku}, or *
+// for any current level; If-None-Match: * to create a SKU that must not exist. A weak ETag
+// never matches (If-Match compares strongly), nor does one this API did not give.
+func precondition(r *http.Request, sku string) (warehouse.Precondition, error) {
+	var pre warehouse.Precondition
+	ifMatch, hasMatch := r.Header["If-Match"]
+	ifNoneMatch, hasNoneMatch := r.Header["If-None-Match"]
+	if !hasMatch && !hasNoneMatch {
+		return pre, warehouse.Errorf(warehouse.CodePreconditionRequired,
+			"PUT /stock/%s needs If-Match with the ETag of GET /stock/%s (a write based on an older read would overwrite the reservations made since), "+
+				"If-Match: * to set the level whatever it is now, or If-None-Match: * to create a new SKU.", sku, sku)
+	}
+	if hasMatch {
+		tags, err := entityTags(ifMatch)
+		if err != nil {
+			return pre, err
+		}
+		for _, tag := range tags {
+			if tag == "*" {
+				pre.Exists = true
+				continue
+			}
+			if v, err := strconv.ParseInt(strings.Trim(tag, `"`), 10, 64); err == nil && v > 0 {
+				pre.Versions = append(pre.Versions, v)
+			}
+		}
+		if !pre.Exists && len(pre.Versions) == 0 {
+			pre.Versions = []int64{noVersion}
+		}
+	}
+	if hasNoneMatch {
+		if tags, err := entityTags(ifNoneMatch); err != nil || len(tags) != 1 || tags[0] != "*" {
+			return pre, warehouse.Errorf(warehouse.CodeBadHeader, "If-None-Match on PUT /stock/{sku} must be *: create the SKU only if it does not exist.")
+		}
+		pre.Absent = true
+	}
+	return pre, nil
+}
+
+// entityTags splits the values of an If-Match or If-None-Match header into "*" and entity
+// tags ("…" or W/"…"; weak ones are dropped), refusing anything else.
+func entityTags(values []string) ([]string, error) {
+	var tags []string
+	for _, v := range values {
+		for tag := range strings.SplitSeq(v, ",") {
+			tag = strings.TrimSpace(tag)
+			weak := strings.HasPrefix(tag, "W/")
+			opaque := strings.TrimPrefix(tag, "W/")
+			switch {
+			case tag == "*":
+				tags = append(tags, tag)
+			case len(opaque) >= 2 && opaque[0] == '"' && opaque[len(opaque)-1] == '"' && !strings.Contains(opaque[1:len(opaque)-1], `"`) &&
+				input.VisibleASCII(opaque, 256):
+				if !weak {
+					tags = append(tags, opaque)
+				}
+			default:
+				return nil, warehouse.Errorf(warehouse.CodeBadHeader, "%q is not an entity tag: send the ETag of GET /stock/{sku} as it was given, quotes included.", tag)
+			}
+		}
+	}
+	return tags, nil
 }
 
 // validatePutStock checks the SKU and the request and returns the (trimmed) name.
@@ -168,13 +267,13 @@ func validatePutStock(sku string, req PutStockRequest) (string, error) {
 	if req.Name != nil {
 		name = strings.TrimSpace(*req.Name)
 		switch {
+		case input.IdentifierProblem(*req.Name) != "": // before trimming, which removes some controls
+			fields = append(fields, warehouse.FieldError{Field: "name", Message: input.IdentifierProblem(*req.Name)})
 		case name == "":
 			fields = append(fields, warehouse.FieldError{Field: "name", Message: "must not be empty when given"})
 		case utf8.RuneCountInString(name) > warehouse.MaxNameLength:
 			fields = append(fields, warehouse.FieldError{Field: "name",
 				Message: fmt.Sprintf("must be at most %d characters", warehouse.MaxNameLength)})
-		case strings.ContainsFunc(name, unicode.IsControl):
-			fields = append(fields, warehouse.FieldError{Field: "name", Message: "must not contain control characters"})
 		}
 	}
 	if len(fields) > 0 {
@@ -185,9 +284,9 @@ func validatePutStock(sku string, req PutStockRequest) (string, error) {
 
 func (s *server) getReservation(w http.ResponseWriter, r *http.Request) {
 	raw := chi.URLParam(r, "order_id")
-	id, err := uuid.Parse(raw)
-	if err != nil || len(raw) != 36 {
-		s.fail(w, r, warehouse.Errorf(warehouse.CodeNotFound, "No reservation for order %q: order ids are UUIDs.", raw))
+	id, ok := input.ParseID(raw)
+	if !ok {
+		s.fail(w, r, warehouse.Errorf(warehouse.CodeNotFound, "No reservation for order %q: order ids are lowercase UUIDs (8-4-4-4-12).", raw))
 		return
 	}
 	ctx, cancel := s.dbContext(r)
@@ -205,76 +304,4 @@ func (s *server) getReservation(w http.ResponseWriter, r *http.Request) {
 		OrderID: res.OrderID, Status: string(res.Status), Reason: res.Reason, Held: res.Status.Holds(),
 		Lines: lines, CreatedAt: res.CreatedAt.UTC(), UpdatedAt: res.UpdatedAt.UTC(),
 	})
-}
-
-// decodeJSON reads a JSON request body into v: the content type must be JSON (415), the body
-// at most limit bytes (413), one JSON value with only known fields and nothing after it
-// (400); a value of the wrong type is a 422 naming the field.
-func decodeJSON(w http.ResponseWriter, r *http.Request, limit int64, v any) error {
-	ct := r.Header.Get("Content-Type")
-	mt, params, err := mime.ParseMediaType(ct)
-	if ct == "" || err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
-		return warehouse.Errorf(warehouse.CodeUnsupportedMediaType, "The body must be JSON (Content-Type: application/json), not %q.", ct)
-	}
-	if cs, ok := params["charset"]; ok && !strings.EqualFold(cs, "utf-8") {
-		return warehouse.Errorf(warehouse.CodeUnsupportedMediaType, "The body must be UTF-8, not %q.", cs)
-	}
-	if r.ContentLength > limit {
-		return warehouse.Errorf(warehouse.CodeTooLarge, "The body must be at most %d bytes.", limit)
-	}
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, limit))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return decodeError(err, limit)
-	}
-	switch err := dec.Decode(&struct{}{}); {
-	case errors.Is(err, io.EOF):
-		return nil
-	case err != nil && isTooLarge(err):
-		return decodeError(err, limit)
-	default:
-		return warehouse.Errorf(warehouse.CodeInvalid, "The body must hold one JSON object and nothing after it.")
-	}
-}
-
-func isTooLarge(err error) bool {
-	_, ok := errors.AsType[*http.MaxBytesError](err)
-	return ok
-}
-
-// decodeError explains a failure of json.Decoder.Decode as a domain error.
-func decodeError(err error, limit int64) error {
-	if isTooLarge(err) {
-		return warehouse.Errorf(warehouse.CodeTooLarge, "The body must be at most %d bytes.", limit)
-	}
-	if errors.Is(err, io.EOF) {
-		return warehouse.Errorf(warehouse.CodeInvalid, "The body is empty; it must be a JSON object.")
-	}
-	if typeErr, ok := errors.AsType[*json.UnmarshalTypeError](err); ok {
-		if typeErr.Field == "" {
-			return warehouse.Errorf(warehouse.CodeInvalid, "The body must be a JSON object, not a %s.", typeErr.Value)
-		}
-		return &warehouse.Error{Code: warehouse.CodeValidation, Message: "The request has invalid fields.",
-			Fields: []warehouse.FieldError{{Field: typeErr.Field, Message: fieldTypeMessage(typeErr)}}}
-	}
-	if syntaxErr, ok := errors.AsType[*json.SyntaxError](err); ok {
-		return warehouse.Errorf(warehouse.CodeInvalid, "The body is not valid JSON (at byte %d): %v.", syntaxErr.Offset, syntaxErr)
-	}
-	if errors.Is(err, io.ErrUnexpectedEOF) {
-		return warehouse.Errorf(warehouse.CodeInvalid, "The body is not valid JSON: it ends too early.")
-	}
-	if field, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
-		return warehouse.Errorf(warehouse.CodeInvalid, "The body has an unknown field %s.", field)
-	}
-	return warehouse.Errorf(warehouse.CodeInvalid, "The body could not be read as JSON: %v.", err)
-}
-
-func fieldTypeMessage(e *json.UnmarshalTypeError) string {
-	switch e.Type.Kind().String() {
-	case "int64":
-		return fmt.Sprintf("must be an integer from 0 to %d, not %s", warehouse.MaxAvailable, e.Value)
-	case "string":
-		return "must be a string, not " + e.Value
-	}
-	return "has the wrong type: " + e.Value
 }

@@ -1,21 +1,40 @@
 // Package http is the warehouse's HTTP API, on chi:
 //
-//	GET  /stock                    every SKU: sku, name, available, reserved
-//	GET  /stock/{sku}              one SKU (404 when unknown)
-//	PUT  /stock/{sku}              set the available stock, creating the SKU when new
+//	GET  /stock                    a page of SKUs in SKU order: ?limit=1..1000 (100), ?cursor=
+//	                               from the previous page's "next"
+//	GET  /stock/{sku}              one SKU (404 when unknown), with its ETag
+//	PUT  /stock/{sku}              set the available stock: If-Match with the ETag of GET
+//	                               (412 when the SKU changed since, 428 without), or
+//	                               If-None-Match: * to create a new SKU
 //	GET  /reservations/{order_id}  what the warehouse did for an order, with its lines
 //	GET  /healthz                  liveness: the process answers
-//	GET  /readyz                   readiness: the database answers (503 when not)
+//	GET  /readyz                   readiness: the database and Config.Checks (503 when not)
 //	GET  /metrics                  Prometheus metrics
 //
 // Every request is counted by route pattern ("/stock/{sku}", never the SKU itself), method and
 // status code, and timed, when Config.Metrics is set ([Metrics]).
 //
+// # Input
+//
+// The input policy is the one both services share (internal/input, internal/httpapi): a body
+// is application/json in UTF-8 (415 otherwise), at most Config.MaxBodyBytes (413), one JSON
+// object without duplicate or unknown members, with field names spelled exactly (400); a
+// field of the wrong type or out of range, a name with control or bidirectional formatting
+// characters, is a 422 naming the field; an order id is a lowercase hyphenated UUID (404 for
+// any other spelling); a 405 lists the allowed methods in Allow.
+//
 // Errors are RFC 9457 problem documents (application/problem+json). Bad input is never a
-// 500: malformed JSON, unknown fields or trailing data are 400, values out of range 422, a
-// body over the limit 413, a body that is not JSON 415. When the database cannot be reached
-// the answer is 503 with Retry-After. Every response carries X-Request-ID (the caller's, or a
-// new one).
+// 500, never logged as an error, and writes nothing. When the database cannot be reached the
+// answer is 503 with Retry-After. Every response carries X-Request-ID (the caller's, or a new
+// one).
+//
+// # Concurrent writes
+//
+// A reservation changes a SKU's stock at any moment. PUT /stock/{sku} therefore requires the
+// ETag the caller read (If-Match): when the SKU changed since, the answer is 412 and nothing
+// is written, so an operator never overwrites a reservation made between their read and their
+// write. If-Match: * sets the level whatever it is now (a stock-take), If-None-Match: *
+// creates a SKU that must not exist yet.
 package http
 
 import (
@@ -34,7 +53,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/outboxshop/outboxshop/internal/httpapi"
 	"github.com/outboxshop/outboxshop/internal/problem"
+	"github.com/outboxshop/outboxshop/internal/readiness"
 	"github.com/outboxshop/outboxshop/services/warehouse"
 )
 
@@ -44,23 +65,28 @@ type Pinger interface {
 }
 
 // Store is what the API needs from the database. Errors are *warehouse.Error where the
-// caller can act on them (CodeNotFound, CodeUnavailable); anything else is a 500.
+// caller can act on them (CodeNotFound, CodePreconditionFailed, CodeUnavailable); anything
+// else is a 500.
 type Store interface {
 	Pinger
-	ListStock(ctx context.Context) ([]warehouse.StockItem, error)
+	// ListStock returns up to limit SKUs after the SKU after, in SKU order.
+	ListStock(ctx context.Context, after string, limit int) ([]warehouse.StockItem, error)
 	GetStock(ctx context.Context, sku string) (warehouse.StockItem, error)
-	// SetStock sets available (and the name, when not empty), creating the SKU when new,
-	// and reports whether it did.
-	SetStock(ctx context.Context, sku, name string, available int64) (warehouse.StockItem, bool, error)
+	// SetStockIf sets available (and the name, when not empty) when the SKU satisfies pre,
+	// creating the SKU when new, and reports whether it did.
+	SetStockIf(ctx context.Context, sku, name string, available int64, pre warehouse.Precondition) (warehouse.StockItem, bool, error)
 	GetReservation(ctx context.Context, orderID uuid.UUID) (warehouse.Reservation, error)
 }
 
-// Defaults of [Config].
+// Defaults and bounds of [Config] and of the stock list.
 const (
 	DefaultDBTimeout    = 5 * time.Second
 	DefaultMaxBodyBytes = 16 << 10
 	// RetryAfterSeconds is the Retry-After of a 503.
 	RetryAfterSeconds = 5
+	// DefaultPageSize and MaxPageSize bound GET /stock's limit.
+	DefaultPageSize = 100
+	MaxPageSize     = 1000
 )
 
 // Config configures [NewRouter].
@@ -68,16 +94,14 @@ type Config struct {
 	// Store serves the stock and reservation routes. When nil, only /healthz, /readyz and
 	// /metrics are served (the relay's port).
 	Store Store
-	// Pinger is checked by /readyz. Default Store; when both are nil /readyz always answers
-	// ready.
+	// Pinger is checked by /readyz as "database". Default Store.
 	Pinger Pinger
+	// Checks are /readyz's other dependencies (the consumer's broker connection, the relay).
+	Checks []readiness.Check
 	// Gatherer is served on /metrics. Default: an empty registry.
 	Gatherer prometheus.Gatherer
 	// Metrics records every request (NewMetrics). nil records nothing.
 	Metrics *Metrics
-	// Status, when set, adds informational checks to /readyz's body (e.g. "consumer":
-	// "connected"); they do not change its status code.
-	Status func() map[string]string
 	// DBTimeout bounds the database work of one request. Default 5s.
 	DBTimeout time.Duration
 	// MaxBodyBytes bounds a request body. Default 16 KiB.
@@ -104,12 +128,19 @@ func NewRouter(cfg Config) http.Handler {
 	s := &server{cfg: cfg, log: cmp.Or(cfg.Logger, slog.New(slog.NewTextHandler(io.Discard, nil)))}
 
 	r := chi.NewRouter()
-	r.Use(requestID, s.accessLog, cfg.Metrics.Middleware, s.recoverer, middleware.GetHead)
+	r.Use(httpapi.WithRequestID, s.accessLog, cfg.Metrics.Middleware, s.recoverer, middleware.GetHead)
 	r.NotFound(s.notFound)
 	r.MethodNotAllowed(s.methodNotAllowed)
 
+	var checks []readiness.Check
+	if cfg.Pinger != nil {
+		checks = append(checks, readiness.Check{Name: "database", Check: readiness.Ping(cfg.Pinger.Ping)})
+	}
 	r.Get("/healthz", s.healthz)
-	r.Get("/readyz", s.readyz)
+	r.Method(http.MethodGet, "/readyz", readiness.Handler(readiness.Config{
+		Checks: append(checks, cfg.Checks...), Timeout: min(cfg.DBTimeout, readiness.DefaultTimeout),
+		RetryAfter: RetryAfterSeconds * time.Second, Logger: s.log,
+	}))
 	r.Method(http.MethodGet, "/metrics", promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{
 		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelError),
 	}))
@@ -122,39 +153,55 @@ func NewRouter(cfg Config) http.Handler {
 	return r
 }
 
-// statusOf maps a domain error code to its HTTP status: the one place where that happens.
+// problemKind is how one error code is answered.
+type problemKind struct {
+	status int
+	typ    string
+	title  string
+}
+
+// problems maps each error code to its HTTP status and problem type: the one place where that
+// mapping lives.
+var problems = map[warehouse.Code]problemKind{
+	warehouse.CodeInvalid:              {http.StatusBadRequest, problem.TypeMalformedBody, "The request body could not be read"},
+	warehouse.CodeValidation:           {http.StatusUnprocessableEntity, problem.TypeValidation, "The request has invalid fields"},
+	warehouse.CodeNotFound:             {http.StatusNotFound, problem.TypeNotFound, "Not found"},
+	warehouse.CodeConflict:             {http.StatusConflict, problem.TypeConflict, "Conflict with the current state"},
+	warehouse.CodeTooLarge:             {http.StatusRequestEntityTooLarge, problem.TypeBodyTooLarge, "The request body is too large"},
+	warehouse.CodeUnsupportedMediaType: {http.StatusUnsupportedMediaType, problem.TypeUnsupportedMediaType, "The request body must be application/json in UTF-8"},
+	warehouse.CodeBadHeader:            {http.StatusBadRequest, problem.TypeInvalidHeader, "A request header is invalid"},
+	warehouse.CodeBadQuery:             {http.StatusBadRequest, problem.TypeInvalidQuery, "A query parameter is invalid"},
+	warehouse.CodePreconditionFailed:   {http.StatusPreconditionFailed, problem.TypePreconditionFailed, "The SKU changed since it was read"},
+	warehouse.CodePreconditionRequired: {http.StatusPreconditionRequired, problem.TypePreconditionRequired, "If-Match is required"},
+	warehouse.CodeUnavailable:          {http.StatusServiceUnavailable, problem.TypeUnavailable, "Service unavailable"},
+	warehouse.CodeInternal:             {http.StatusInternalServerError, problem.TypeInternal, "Internal server error"},
+}
+
+// statusOf maps a domain error code to its HTTP status (500 for an unknown code).
 func statusOf(code warehouse.Code) int {
-	switch code {
-	case warehouse.CodeInvalid:
-		return http.StatusBadRequest
-	case warehouse.CodeValidation:
-		return http.StatusUnprocessableEntity
-	case warehouse.CodeNotFound:
-		return http.StatusNotFound
-	case warehouse.CodeConflict:
-		return http.StatusConflict
-	case warehouse.CodeTooLarge:
-		return http.StatusRequestEntityTooLarge
-	case warehouse.CodeUnsupportedMediaType:
-		return http.StatusUnsupportedMediaType
-	case warehouse.CodeUnavailable:
-		return http.StatusServiceUnavailable
-	default:
-		return http.StatusInternalServerError
+	if p, ok := problems[code]; ok {
+		return p.status
 	}
+	return http.StatusInternalServerError
 }
 
 // fail answers err as a problem document; 5xx causes are logged, 503s carry Retry-After.
+// Refusals of bad input (4xx) are logged at debug level only: a client's mistake pages no one.
 func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
-	status := statusOf(warehouse.ErrorCode(err))
+	kind, ok := problems[warehouse.ErrorCode(err)]
+	if !ok {
+		kind = problems[warehouse.CodeInternal]
+	}
 	switch {
-	case status == http.StatusServiceUnavailable:
+	case kind.status == http.StatusServiceUnavailable:
 		w.Header().Set("Retry-After", strconv.Itoa(RetryAfterSeconds))
 		s.log.WarnContext(r.Context(), "request failed: database unavailable", requestAttr(r), slog.Any("error", err))
-	case status >= 500:
+	case kind.status >= 500:
 		s.log.ErrorContext(r.Context(), "request failed", requestAttr(r), slog.Any("error", err))
+	default:
+		s.log.DebugContext(r.Context(), "request refused", requestAttr(r), slog.Int("status", kind.status), slog.Any("error", err))
 	}
-	d := problem.Details{Status: status, Detail: warehouse.ErrorMessage(err)}
+	d := problem.Details{Type: kind.typ, Title: kind.title, Status: kind.status, Detail: warehouse.ErrorMessage(err)}
 	for _, f := range warehouse.ErrorFields(err) {
 		d.Errors = append(d.Errors, problem.FieldError{Field: f.Field, Message: f.Message})
 	}
@@ -165,24 +212,11 @@ func (s *server) notFound(w http.ResponseWriter, r *http.Request) {
 	s.fail(w, r, warehouse.Errorf(warehouse.CodeNotFound, "No route for %s %s.", r.Method, r.URL.Path))
 }
 
-// methodNotAllowed answers 405 with the Allow header chi's own handler would have set.
+// methodNotAllowed answers 405 with the Allow header (internal/httpapi).
 func (s *server) methodNotAllowed(w http.ResponseWriter, r *http.Request) {
-	var allowed []string
-	if rctx := chi.RouteContext(r.Context()); rctx != nil && rctx.Routes != nil {
-		for _, m := range []string{http.MethodGet, http.MethodPut, http.MethodPost, http.MethodPatch, http.MethodDelete} {
-			if rctx.Routes.Match(chi.NewRouteContext(), m, r.URL.Path) {
-				allowed = append(allowed, m)
-				if m == http.MethodGet {
-					allowed = append(allowed, http.MethodHead)
-				}
-			}
-		}
-	}
-	for _, m := range allowed {
-		w.Header().Add("Allow", m)
-	}
-	problem.Write(w, r, problem.Details{Status: http.StatusMethodNotAllowed,
-		Detail: "Method " + r.Method + " is not allowed on " + r.URL.Path + "."})
+	httpapi.SetAllow(w, r)
+	problem.Write(w, r, problem.Details{Type: problem.TypeMethodNotAllowed, Title: "Method not allowed",
+		Status: http.StatusMethodNotAllowed, Detail: "Method " + r.Method + " is not allowed on " + r.URL.Path + "."})
 }
 
 // writeJSON answers v as JSON with status.

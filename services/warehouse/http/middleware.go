@@ -10,49 +10,19 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
-	"github.com/google/uuid"
 
+	"github.com/outboxshop/outboxshop/internal/httpapi"
 	"github.com/outboxshop/outboxshop/services/warehouse"
 )
 
 // HeaderRequestID carries the request id, in and out.
-const HeaderRequestID = "X-Request-ID"
+const HeaderRequestID = httpapi.HeaderRequestID
 
-type requestIDKey struct{}
-
-// RequestID returns the id of the request ctx belongs to, or "".
-func RequestID(ctx context.Context) string {
-	id, _ := ctx.Value(requestIDKey{}).(string)
-	return id
-}
+// RequestID returns the id of the request ctx belongs to (internal/httpapi), or "".
+func RequestID(ctx context.Context) string { return httpapi.RequestID(ctx) }
 
 func requestAttr(r *http.Request) slog.Attr {
 	return slog.String("request_id", RequestID(r.Context()))
-}
-
-// requestID takes the caller's X-Request-ID when it is a sane token (1 to 128 printable ASCII
-// characters), else makes a new one, and echoes it in the response.
-func requestID(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		id := r.Header.Get(HeaderRequestID)
-		if !saneID(id) {
-			id = uuid.Must(uuid.NewV7()).String()
-		}
-		w.Header().Set(HeaderRequestID, id)
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), requestIDKey{}, id)))
-	})
-}
-
-func saneID(id string) bool {
-	if id == "" || len(id) > 128 {
-		return false
-	}
-	for i := range len(id) {
-		if id[i] < 0x21 || id[i] > 0x7e {
-			return false
-		}
-	}
-	return true
 }
 
 // accessLog logs one line per request: probes and metrics at debug level, the API at info.

@@ -3,15 +3,12 @@ package postgres_test
 import (
 	"context"
 	"errors"
-	"net/url"
 	"sync"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxshop/outboxshop/internal/testinfra"
 	"github.com/outboxshop/outboxshop/services/warehouse"
 	"github.com/outboxshop/outboxshop/services/warehouse/postgres"
 )
@@ -22,7 +19,7 @@ func TestMigrate(t *testing.T) {
 	t.Run("seeds the catalogue with a ledger row per SKU", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		items, err := b.repo.ListStock(context.Background())
+		items, err := b.repo.ListStock(context.Background(), "", 100)
 		require.NoError(t, err)
 		var got []warehouse.CatalogueItem
 		for _, i := range items {
@@ -54,7 +51,7 @@ func TestMigrate(t *testing.T) {
 		require.Equal(t, int64(7), b.available(t, "BOOK-1"))
 		var versions int
 		require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT count(*) FROM warehouse_schema_migrations`).Scan(&versions))
-		require.Equal(t, 2, versions)
+		require.Equal(t, 3, versions)
 	})
 
 	t.Run("stock can never go negative", func(t *testing.T) {
@@ -64,49 +61,5 @@ func TestMigrate(t *testing.T) {
 		pgErr, ok := errors.AsType[*pgconn.PgError](err)
 		require.True(t, ok, "want a check violation, got %v", err)
 		require.Equal(t, "23514", pgErr.Code)
-	})
-}
-
-func TestEnsureDatabase(t *testing.T) {
-	t.Parallel()
-
-	t.Run("creates a missing database once, with concurrent callers", func(t *testing.T) {
-		t.Parallel()
-		admin := testinfra.PostgresURL(t)
-		name := testinfra.UniqueName(t, "ensure")
-		if len(name) > 63 {
-			name = name[:63]
-		}
-		u, err := url.Parse(admin)
-		require.NoError(t, err)
-		u.Path = "/" + name
-		t.Cleanup(func() {
-			conn, err := pgx.Connect(context.Background(), admin)
-			require.NoError(t, err)
-			defer conn.Close(context.Background())
-			_, err = conn.Exec(context.Background(), "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
-			require.NoError(t, err)
-		})
-
-		var wg sync.WaitGroup
-		errs := make(chan error, 4)
-		for range 4 {
-			wg.Go(func() { errs <- postgres.EnsureDatabase(context.Background(), u.String()) })
-		}
-		wg.Wait()
-		close(errs)
-		for err := range errs {
-			require.NoError(t, err)
-		}
-		pool, err := postgres.Open(context.Background(), u.String(), 4)
-		require.NoError(t, err)
-		defer pool.Close()
-		require.NoError(t, postgres.Migrate(context.Background(), pool))
-	})
-
-	t.Run("leaves an existing database alone", func(t *testing.T) {
-		t.Parallel()
-		dbURL := testinfra.DatabaseURL(t)
-		require.NoError(t, postgres.EnsureDatabase(context.Background(), dbURL))
 	})
 }

@@ -3,10 +3,6 @@ package postgres
 // The SQL of the package, parameterised. Arrays travel as text[] and bigint[] and are
 // unnested, so that one statement handles every line of an order.
 
-const (
-	selectDatabaseExistsSQL = `SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)`
-)
-
 // Orders.
 const (
 	// lockOrderSQL serialises the transactions of one order (two-key form: its own key space,
@@ -47,22 +43,24 @@ WHERE s.sku = v.sku`
 	insertMovementsSQL = `INSERT INTO stock_movements (sku, delta, kind, order_id, message_id, at)
 SELECT v.sku, v.delta, $3, $4, NULLIF($5, ''), $6 FROM unnest($1::text[], $2::bigint[]) AS v (sku, delta)`
 
-	// selectStockSQL lists SKUs with what RESERVED reservations hold of each.
-	selectStockSQL = `SELECT s.sku, s.name, s.available, coalesce(h.reserved, 0)::bigint, s.updated_at
-FROM stock AS s
-LEFT JOIN (
-    SELECT l.sku, sum(l.quantity) AS reserved
-    FROM reservation_lines AS l
-    JOIN reservations AS r ON r.order_id = l.order_id AND r.status = 'RESERVED'
-    GROUP BY l.sku
-) AS h ON h.sku = s.sku`
-	selectAllStockSQL = selectStockSQL + ` ORDER BY s.sku`
-	selectOneStockSQL = selectStockSQL + ` WHERE s.sku = $1`
+	// selectStockSQL reads SKUs with what RESERVED reservations hold of each (through the
+	// index on reservation_lines.sku, per row: a page costs its rows, not the table).
+	selectStockSQL = `SELECT s.sku, s.name, s.available,
+       coalesce((SELECT sum(l.quantity)
+                 FROM reservation_lines AS l
+                 JOIN reservations AS r ON r.order_id = l.order_id AND r.status = 'RESERVED'
+                 WHERE l.sku = s.sku), 0)::bigint,
+       s.updated_at, s.version
+FROM stock AS s`
+	// selectStockPageSQL is a page of SKUs in SKU order, after $1 (keyset pagination on the
+	// primary key: stable while rows are added or changed).
+	selectStockPageSQL = selectStockSQL + ` WHERE s.sku > $1 ORDER BY s.sku LIMIT $2`
+	selectOneStockSQL  = selectStockSQL + ` WHERE s.sku = $1`
 
 	// selectAvailableSQL reads the available stock of the given SKUs, without locking.
 	selectAvailableSQL = `SELECT sku, available FROM stock WHERE sku = ANY($1::text[])`
 
-	lockOneStockSQL   = `SELECT name, available FROM stock WHERE sku = $1 FOR UPDATE`
+	lockOneStockSQL   = `SELECT name, available, version FROM stock WHERE sku = $1 FOR UPDATE`
 	insertStockSQL    = `INSERT INTO stock (sku, name, available, updated_at) VALUES ($1, $2, $3, $4) ON CONFLICT (sku) DO NOTHING`
 	updateStockSQL    = `UPDATE stock SET name = $2, available = $3, updated_at = $4 WHERE sku = $1`
 	insertMovementSQL = `INSERT INTO stock_movements (sku, delta, kind, at) VALUES ($1, $2, $3, $4)`

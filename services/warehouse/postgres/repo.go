@@ -30,9 +30,10 @@ func (r *Repo) Ping(ctx context.Context) error {
 	return dbError("ping", r.pool.Ping(ctx))
 }
 
-// ListStock returns every SKU, sorted, with what is reserved of it.
-func (r *Repo) ListStock(ctx context.Context) ([]warehouse.StockItem, error) {
-	rows, err := r.pool.Query(ctx, selectAllStockSQL)
+// ListStock returns up to limit SKUs that sort after the SKU after ("" for the first page),
+// in SKU order, with what is reserved of each.
+func (r *Repo) ListStock(ctx context.Context, after string, limit int) ([]warehouse.StockItem, error) {
+	rows, err := r.pool.Query(ctx, selectStockPageSQL, after, limit)
 	if err != nil {
 		return nil, dbError("list stock", err)
 	}
@@ -84,20 +85,31 @@ func getStock(ctx context.Context, db DBTX, sku string) (warehouse.StockItem, er
 	return item, nil
 }
 
-// SetStock sets the available stock of a SKU, creating the SKU when it is new, and writes a
-// 'set' ledger row with the difference. name, when not empty, renames the SKU; a new SKU
-// without a name is named after itself. It reports whether the SKU was created. The caller
-// has validated sku, name and available.
-func (r *Repo) SetStock(ctx context.Context, sku, name string, available int64) (item warehouse.StockItem, created bool, err error) {
+// SetStock sets the available stock of a SKU unconditionally: SetStockIf without a
+// precondition.
+func (r *Repo) SetStock(ctx context.Context, sku, name string, available int64) (warehouse.StockItem, bool, error) {
+	return r.SetStockIf(ctx, sku, name, available, warehouse.Precondition{})
+}
+
+// SetStockIf sets the available stock of a SKU when the SKU as it is satisfies pre (an
+// error with CodePreconditionFailed otherwise, and nothing written), creating the SKU when it
+// is new, and writes a 'set' ledger row with the difference. The row is locked before pre is
+// checked, so a reservation cannot slip in between. name, when not empty, renames the SKU; a
+// new SKU without a name is named after itself. It reports whether the SKU was created. The
+// caller has validated sku, name and available.
+func (r *Repo) SetStockIf(ctx context.Context, sku, name string, available int64, pre warehouse.Precondition) (item warehouse.StockItem, created bool, err error) {
 	now := r.now()
 	err = pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
 		for {
 			var (
-				oldName string
-				old     int64
+				oldName      string
+				old, version int64
 			)
-			err := tx.QueryRow(ctx, lockOneStockSQL, sku).Scan(&oldName, &old)
+			err := tx.QueryRow(ctx, lockOneStockSQL, sku).Scan(&oldName, &old, &version)
 			if errors.Is(err, pgx.ErrNoRows) {
+				if err := pre.Check(sku, false, 0); err != nil {
+					return err
+				}
 				newName := name
 				if newName == "" {
 					newName = sku
@@ -107,7 +119,7 @@ func (r *Repo) SetStock(ctx context.Context, sku, name string, available int64) 
 					return dbError("insert stock", err)
 				}
 				if tag.RowsAffected() == 0 {
-					continue // created meanwhile by another request: lock it and update it
+					continue // created meanwhile by another request: lock it and check again
 				}
 				created = true
 				_, err = tx.Exec(ctx, insertMovementSQL, sku, available, kindSet, now)
@@ -115,6 +127,9 @@ func (r *Repo) SetStock(ctx context.Context, sku, name string, available int64) 
 			}
 			if err != nil {
 				return dbError("lock stock", err)
+			}
+			if err := pre.Check(sku, true, version); err != nil {
+				return err
 			}
 			if name == "" {
 				name = oldName

@@ -4,6 +4,7 @@ import (
 	"context"
 	"testing"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -143,6 +144,84 @@ func TestSeed(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, []postgres.SeedChange{{SKU: "TEE-1", From: 20, To: 30}}, changes)
 		require.Equal(t, int64(30), b.available(t, "TEE-1"))
+		b.requireConsistent(t)
+	})
+}
+
+func TestListStock(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	var all []string
+	for after := ""; ; {
+		page, err := b.repo.ListStock(ctx, after, 2)
+		require.NoError(t, err)
+		require.LessOrEqual(t, len(page), 2)
+		if len(page) == 0 {
+			break
+		}
+		for _, i := range page {
+			all = append(all, i.SKU)
+			require.Positive(t, i.Version)
+		}
+		after = page[len(page)-1].SKU
+	}
+	require.Equal(t, []string{"BAG-1", "BOOK-1", "MUG-1", "PEN-1", "TEE-1"}, all, "every SKU once, in SKU order")
+}
+
+// TestSetStockIf checks the preconditions of a conditional write, and that a reservation
+// made after a read makes a write based on that read fail, with nothing written.
+func TestSetStockIf(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	failed := func(t *testing.T, err error) {
+		t.Helper()
+		require.Equal(t, warehouse.CodePreconditionFailed, warehouse.ErrorCode(err), "%v", err)
+	}
+
+	t.Run("If-Match: a version read before a reservation no longer matches", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		read, err := b.repo.GetStock(ctx, "BOOK-1")
+		require.NoError(t, err)
+		b.reserve(t, uuid.Must(uuid.NewV7()), []warehouse.Line{{SKU: "BOOK-1", Quantity: 2}})
+		_, _, err = b.repo.SetStockIf(ctx, "BOOK-1", "", 500, warehouse.Precondition{Versions: []int64{read.Version}})
+		failed(t, err)
+		require.Equal(t, int64(98), b.available(t, "BOOK-1"), "the reservation stands")
+
+		now, err := b.repo.GetStock(ctx, "BOOK-1")
+		require.NoError(t, err)
+		require.Greater(t, now.Version, read.Version)
+		item, created, err := b.repo.SetStockIf(ctx, "BOOK-1", "", 500, warehouse.Precondition{Versions: []int64{1, now.Version}})
+		require.NoError(t, err)
+		require.False(t, created)
+		require.Equal(t, int64(500), item.Available)
+		require.Greater(t, item.Version, now.Version)
+		b.requireConsistent(t)
+	})
+
+	t.Run("If-Match: * needs the SKU to exist", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		_, _, err := b.repo.SetStockIf(ctx, "NEW-1", "", 5, warehouse.Precondition{Exists: true})
+		failed(t, err)
+		_, _, err = b.repo.SetStockIf(ctx, "NEW-1", "", 5, warehouse.Precondition{Versions: []int64{1}})
+		failed(t, err)
+		_, err = b.repo.GetStock(ctx, "NEW-1")
+		require.Equal(t, warehouse.CodeNotFound, warehouse.ErrorCode(err), "nothing created")
+		_, _, err = b.repo.SetStockIf(ctx, "BOOK-1", "", 5, warehouse.Precondition{Exists: true})
+		require.NoError(t, err)
+	})
+
+	t.Run("If-None-Match: * creates, and only creates", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		_, created, err := b.repo.SetStockIf(ctx, "NEW-1", "New", 5, warehouse.Precondition{Absent: true})
+		require.NoError(t, err)
+		require.True(t, created)
+		_, _, err = b.repo.SetStockIf(ctx, "NEW-1", "New", 9, warehouse.Precondition{Absent: true})
+		failed(t, err)
+		require.Equal(t, int64(5), b.available(t, "NEW-1"))
 		b.requireConsistent(t)
 	})
 }

@@ -1,0 +1,214 @@
+// Package pgdb opens a service's PostgreSQL database and classifies PostgreSQL errors.
+//
+// [Open] creates the database when it does not exist, opens a pool, pings it and migrates
+// it. A server that is not there yet (a container still starting, a failover in progress)
+// is waited for: every step is retried with backoff and a log line per attempt, until the
+// context ends. Only a configuration error ends the wait early: a URL that does not parse, a
+// server that refuses the credentials, a migration the server rejects. So a service can
+// start before its database, as it may in docker compose or Kubernetes, and exits only when
+// a human has to act.
+//
+// [Transient] is the one classification of PostgreSQL errors the services use: worth
+// retrying (the server is unreachable, shutting down or out of resources; a deadlock or a
+// serialization failure) or not (the statement or its data is at fault).
+package pgdb
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Defaults of [Config].
+const (
+	DefaultConnectTimeout = 5 * time.Second
+	DefaultRetryDelay     = 250 * time.Millisecond
+	DefaultMaxRetryDelay  = 10 * time.Second
+)
+
+// Config configures [Open].
+type Config struct {
+	// URL of the database (postgres://…). Required.
+	URL string
+	// MaxConns bounds the pool. 0: pgx's default.
+	MaxConns int32
+	// ConnectTimeout bounds one connection attempt. Default 5s.
+	ConnectTimeout time.Duration
+	// Migrate brings the schema up to date; it runs on every start and must be idempotent.
+	// Optional.
+	Migrate func(ctx context.Context, pool *pgxpool.Pool) error
+	// RetryDelay is the wait after the first failed attempt; it doubles per attempt up to
+	// MaxRetryDelay, jittered. Defaults 250ms and 10s: at most one log line every 10s while
+	// the server is away.
+	RetryDelay    time.Duration
+	MaxRetryDelay time.Duration
+	// Logger gets a line per failed attempt and one when the database is ready. nil discards.
+	Logger *slog.Logger
+}
+
+// ConfigError is an error that waiting will not fix: the configuration, the credentials or a
+// migration must change.
+type ConfigError struct{ Err error }
+
+func (e *ConfigError) Error() string { return "database configuration: " + e.Err.Error() }
+func (e *ConfigError) Unwrap() error { return e.Err }
+
+// Open creates the database of cfg.URL when it does not exist, opens a pool on it, pings it
+// and runs cfg.Migrate. While a step fails with a [Transient] error it logs the attempt and
+// tries again with backoff, until ctx ends (then it returns ctx's error, wrapping the last
+// failure). Any other failure is returned at once as a *ConfigError.
+func Open(ctx context.Context, cfg Config) (*pgxpool.Pool, error) {
+	pcfg, err := pgxpool.ParseConfig(cfg.URL)
+	if err != nil {
+		return nil, &ConfigError{fmt.Errorf("parse database url: %w", err)}
+	}
+	if cfg.MaxConns > 0 {
+		pcfg.MaxConns = cfg.MaxConns
+	}
+	pcfg.ConnConfig.ConnectTimeout = cmp.Or(cfg.ConnectTimeout, DefaultConnectTimeout)
+	log := cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)).With(
+		slog.String("database", pcfg.ConnConfig.Database), slog.String("host", pcfg.ConnConfig.Host))
+	base := cmp.Or(cfg.RetryDelay, DefaultRetryDelay)
+	ceiling := max(cmp.Or(cfg.MaxRetryDelay, DefaultMaxRetryDelay), base)
+
+	start := time.Now()
+	for attempt := 1; ; attempt++ {
+		pool, err := open(ctx, pcfg, cfg.Migrate)
+		if err == nil {
+			log.InfoContext(ctx, "database ready", slog.Int("attempts", attempt),
+				slog.Duration("waited", time.Since(start).Round(time.Millisecond)))
+			return pool, nil
+		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("open database: gave up after %d attempts: %w (last: %w)", attempt, ctx.Err(), err)
+		}
+		if !Transient(err) {
+			return nil, &ConfigError{err}
+		}
+		delay := backoff(base, ceiling, attempt)
+		log.WarnContext(ctx, "database not available; retrying", slog.Int("attempt", attempt),
+			slog.Duration("retry_in", delay.Round(time.Millisecond)), slog.Any("error", err))
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("open database: gave up after %d attempts: %w (last: %w)", attempt, ctx.Err(), err)
+		case <-t.C:
+		}
+	}
+}
+
+// open is one attempt of Open.
+func open(ctx context.Context, pcfg *pgxpool.Config, migrate func(context.Context, *pgxpool.Pool) error) (*pgxpool.Pool, error) {
+	if err := EnsureDatabase(ctx, pcfg.ConnConfig); err != nil {
+		return nil, err
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg.Copy())
+	if err != nil {
+		return nil, fmt.Errorf("open pool: %w", err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("ping database: %w", err)
+	}
+	if migrate != nil {
+		if err := migrate(ctx, pool); err != nil {
+			pool.Close()
+			return nil, fmt.Errorf("migrate: %w", err)
+		}
+	}
+	return pool, nil
+}
+
+// backoff is the wait after the attempt-th failure: base·2^(attempt-1), at most ceiling,
+// less up to a fifth at random, so that processes started together spread out.
+func backoff(base, ceiling time.Duration, attempt int) time.Duration {
+	d := ceiling
+	if attempt < 31 && base<<(attempt-1) < ceiling {
+		d = base << (attempt - 1)
+	}
+	return d - rand.N(d/5+1)
+}
+
+// EnsureDatabase connects to cfg's database and, when the server answers that it does not
+// exist, creates it from the server's "postgres" database. Another process creating it at
+// the same moment is no error.
+func EnsureDatabase(ctx context.Context, cfg *pgx.ConnConfig) error {
+	conn, err := pgx.ConnectConfig(ctx, cfg.Copy())
+	if err == nil {
+		return conn.Close(ctx)
+	}
+	if !hasCode(err, "3D000") { // invalid_catalog_name
+		return fmt.Errorf("connect to database %q: %w", cfg.Database, err)
+	}
+	admin := cfg.Copy()
+	admin.Database = "postgres"
+	conn, err = pgx.ConnectConfig(ctx, admin)
+	if err != nil {
+		return fmt.Errorf("connect to the postgres database to create %q: %w", cfg.Database, err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck // a connection we are done with
+	// CREATE DATABASE takes no parameters; the name is quoted as an identifier.
+	_, err = conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{cfg.Database}.Sanitize())
+	if hasCode(err, "42P04") || hasCode(err, "23505") {
+		// duplicate_database, or the unique index of pg_database when another process
+		// created it at the same moment: either way it exists now.
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("create database %q: %w", cfg.Database, err)
+	}
+	return nil
+}
+
+func hasCode(err error, code string) bool {
+	pgErr, ok := errors.AsType[*pgconn.PgError](err)
+	return ok && pgErr.Code == code
+}
+
+// Transient reports whether err may go away if the same work is tried again, as opposed to
+// an error of the statement or its data. Transient are: the SQLSTATE classes 08 (connection
+// exception), 53 (insufficient resources, such as too many connections) and 57 (operator
+// intervention: a server shutting down or starting up, a statement cancelled by a timeout),
+// 40001 (serialization failure) and 40P01 (deadlock); and, without a SQLSTATE, a connection
+// that could not be made or was lost, a timeout and a cancelled context. Everything else
+// (the classes 22 data exception, 23 integrity violation, 42 syntax or access rule, 28
+// invalid authorization, …) is not. The HTTP APIs answer a transient error with 503 and
+// Retry-After.
+func Transient(err error) bool {
+	if err == nil {
+		return false
+	}
+	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok {
+		switch {
+		case strings.HasPrefix(pgErr.Code, "08"), strings.HasPrefix(pgErr.Code, "53"), strings.HasPrefix(pgErr.Code, "57"):
+			return true
+		case pgErr.Code == "40001", pgErr.Code == "40P01":
+			return true
+		}
+		return false
+	}
+	if _, ok := errors.AsType[*pgconn.ConnectError](err); ok {
+		return true
+	}
+	if _, ok := errors.AsType[net.Error](err); ok {
+		return true
+	}
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) ||
+		pgconn.SafeToRetry(err) || pgconn.Timeout(err) ||
+		errors.Is(err, pgconn.ErrConnClosed) || errors.Is(err, net.ErrClosed) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}

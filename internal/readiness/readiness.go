@@ -1,0 +1,272 @@
+// Package readiness answers /readyz for the services: whether the process can do its job
+// now, dependency by dependency.
+//
+// A process lists its dependencies as [Check]s: the database (a ping), the broker connection
+// of its consumer, its outbox relay. [Handler] runs them all at once, each bounded by a
+// timeout, and answers
+//
+//	200 {"status":"ready","checks":{"database":"up","consumer":"up"}}
+//
+// or, when any fails, a 503 problem document (application/problem+json, with Retry-After)
+// whose detail gives the reasons and whose "checks" member lists every dependency:
+//
+//	503 {"type":"urn:outboxshop:problem:not-ready","title":"Not ready","status":503,
+//	     "detail":"consumer: disconnected from the broker for 41s (more than 30s)",
+//	     "checks":{"database":"up","consumer":"down: disconnected from the broker for 41s (more than 30s)"}}
+//
+// A connection that comes and goes (a consumer's, a relay's way to the broker) is followed by
+// a [Link], fed by the component's hooks, and checked with [Connection], which tolerates an
+// outage shorter than a grace period: a broker restart should not take every consumer out of
+// a load balancer at once, a consumer that cannot consume for minutes should.
+package readiness
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/outboxshop/outboxshop/internal/problem"
+	"github.com/outboxshop/outboxshop/pkg/outbox"
+)
+
+// Check is one dependency of a process.
+type Check struct {
+	// Name names the dependency in the answer: "database", "consumer", "relay".
+	Name string
+	// Check returns nil when the dependency lets the process do its job, else an error that
+	// says why not (it is shown to the caller: no secrets). ctx is bounded by Config.Timeout.
+	Check func(ctx context.Context) error
+}
+
+// Defaults of [Config].
+const (
+	DefaultTimeout    = 2 * time.Second
+	DefaultRetryAfter = 5 * time.Second
+)
+
+// Config configures [Handler].
+type Config struct {
+	// Checks are the dependencies, answered in this order. None: always ready.
+	Checks []Check
+	// Timeout bounds each check. Default 2s.
+	Timeout time.Duration
+	// RetryAfter is the Retry-After of a 503. Default 5s.
+	RetryAfter time.Duration
+	// Logger gets a line per change of readiness (not per probe). nil discards.
+	Logger *slog.Logger
+}
+
+// Handler returns the /readyz handler of cfg.
+func Handler(cfg Config) http.Handler {
+	h := &handler{
+		checks:     cfg.Checks,
+		timeout:    cmp.Or(cfg.Timeout, DefaultTimeout),
+		retryAfter: strconv.Itoa(max(1, int((cmp.Or(cfg.RetryAfter, DefaultRetryAfter)+time.Second-1)/time.Second))),
+		log:        cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
+	}
+	return h
+}
+
+type handler struct {
+	checks     []Check
+	timeout    time.Duration
+	retryAfter string
+	log        *slog.Logger
+
+	mu       sync.Mutex
+	notReady string // the last answer's reasons, "" when ready: to log changes only
+}
+
+// result is the outcome of one check.
+type result struct {
+	name string
+	err  error
+}
+
+func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	results := make([]result, len(h.checks))
+	var wg sync.WaitGroup
+	for i, c := range h.checks {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(r.Context(), h.timeout)
+			defer cancel()
+			results[i] = result{c.Name, h.run(ctx, c)}
+		})
+	}
+	wg.Wait()
+
+	checks := make(map[string]string, len(results))
+	var reasons []string
+	for _, res := range results {
+		if res.err == nil {
+			checks[res.name] = "up"
+			continue
+		}
+		checks[res.name] = "down: " + res.err.Error()
+		reasons = append(reasons, res.name+": "+res.err.Error())
+	}
+	h.logChange(r.Context(), strings.Join(reasons, "; "))
+	if len(reasons) == 0 {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Cache-Control", "no-store")
+		_ = json.NewEncoder(w).Encode(struct {
+			Status string            `json:"status"`
+			Checks map[string]string `json:"checks"`
+		}{"ready", checks})
+		return
+	}
+	w.Header().Set("Content-Type", problem.ContentType)
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("Retry-After", h.retryAfter)
+	w.WriteHeader(http.StatusServiceUnavailable)
+	_ = json.NewEncoder(w).Encode(struct {
+		problem.Details
+		Checks map[string]string `json:"checks"`
+	}{problem.Details{
+		Type: problem.TypeNotReady, Title: "Not ready", Status: http.StatusServiceUnavailable,
+		Detail: strings.Join(reasons, "; "), Instance: r.URL.Path,
+	}, checks})
+}
+
+// run runs c, turning a panic into an error (the panic itself goes to the log, not to the
+// caller) and a check that outlives its context into a timeout.
+func (h *handler) run(ctx context.Context, c Check) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			h.log.ErrorContext(ctx, "readiness check panicked", slog.String("check", c.Name), slog.Any("panic", v))
+			err = errors.New("check failed unexpectedly")
+		}
+	}()
+	err = c.Check(ctx)
+	if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return fmt.Errorf("no answer within %s", h.timeout)
+	}
+	return err
+}
+
+func (h *handler) logChange(ctx context.Context, reasons string) {
+	h.mu.Lock()
+	prev := h.notReady
+	h.notReady = reasons
+	h.mu.Unlock()
+	switch {
+	case reasons == prev:
+	case reasons == "":
+		h.log.InfoContext(ctx, "ready again")
+	default:
+		h.log.WarnContext(ctx, "not ready", slog.String("reasons", reasons))
+	}
+}
+
+// Ping is a check of a database or any other dependency that answers a ping.
+func Ping(ping func(ctx context.Context) error) func(ctx context.Context) error {
+	return func(ctx context.Context) error {
+		if err := ping(ctx); err != nil {
+			return errors.New("does not answer")
+		}
+		return nil
+	}
+}
+
+// State is what [Connection] needs from a connection: whether it is up, since when it has
+// been in that state, and, when it is down, why. [*Link] implements it; so can a client that
+// tracks its own connection.
+type State interface {
+	LinkState() (up bool, since time.Time, reason string)
+}
+
+// Link follows a connection that comes and goes. Feed it from the component's hooks with
+// [Link.Set]; it starts down, since its creation.
+type Link struct {
+	mu     sync.Mutex
+	up     bool
+	since  time.Time
+	reason string
+	now    func() time.Time
+}
+
+var _ State = (*Link)(nil)
+
+// NewLink returns a Link that is down, since now, for reason (say, "not connected yet").
+func NewLink(reason string) *Link {
+	return &Link{since: time.Now(), reason: reason, now: time.Now}
+}
+
+// Set records the connection's state. since moves only when the state changes, so a
+// component that reports "down" on every failed attempt keeps the time of the first; reason
+// always takes the last one given.
+func (l *Link) Set(up bool, reason string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if up != l.up {
+		l.up, l.since = up, l.now()
+	}
+	l.reason = reason
+}
+
+// LinkState reports the state, since when it holds, and the last reason given.
+func (l *Link) LinkState() (up bool, since time.Time, reason string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.up, l.since, l.reason
+}
+
+// Connection returns a check that fails when s has been down for longer than grace. A
+// connection that was never up counts as down since s began, so a process that cannot
+// connect at all becomes not ready once grace has passed too.
+func Connection(s State, grace time.Duration) func(ctx context.Context) error {
+	return func(context.Context) error {
+		up, since, reason := s.LinkState()
+		if up {
+			return nil
+		}
+		down := time.Since(since)
+		if down <= grace {
+			return nil
+		}
+		msg := fmt.Sprintf("down for %s (more than %s)", down.Round(time.Second), grace)
+		if reason != "" {
+			msg = fmt.Sprintf("%s for %s (more than %s)", reason, down.Round(time.Second), grace)
+		}
+		return errors.New(msg)
+	}
+}
+
+// ConsumerConnected is a pkg/inbox/rabbitmq Hooks.Connected that keeps l up to date: up while
+// the consumer consumes, down from the moment it lost its connection (or stopped) until it
+// consumes again.
+func ConsumerConnected(l *Link) func(consumer string, connected bool) {
+	return func(_ string, connected bool) {
+		if connected {
+			l.Set(true, "")
+			return
+		}
+		l.Set(false, "disconnected from the broker")
+	}
+}
+
+// RelayState is a pkg/outbox Hooks.StateChanged that keeps l up to date: up while the relay
+// is starting or running; down while the broker or the database is unavailable to it, or
+// once it stopped, with its state and the cause as the reason.
+func RelayState(l *Link) func(from, to outbox.State, err error) {
+	return func(_, to outbox.State, err error) {
+		switch to {
+		case outbox.StateStarting, outbox.StateRunning:
+			l.Set(true, "")
+		case outbox.StateBrokerUnavailable:
+			l.Set(false, "cannot publish to the broker")
+		case outbox.StateDatabaseUnavailable:
+			l.Set(false, "cannot reach the database")
+		default:
+			l.Set(false, string(to))
+		}
+	}
+}

@@ -1,0 +1,148 @@
+package readiness_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/outboxshop/outboxshop/internal/problem"
+	"github.com/outboxshop/outboxshop/internal/readiness"
+	"github.com/outboxshop/outboxshop/pkg/outbox"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type answer struct {
+	problem.Details
+	Checks map[string]string `json:"checks"`
+}
+
+func probe(t *testing.T, h http.Handler) (*httptest.ResponseRecorder, answer) {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+	var a answer
+	require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &a), rec.Body.String())
+	return rec, a
+}
+
+func TestHandler(t *testing.T) {
+	t.Parallel()
+
+	t.Run("ready lists every check", func(t *testing.T) {
+		t.Parallel()
+		h := readiness.Handler(readiness.Config{Checks: []readiness.Check{
+			{Name: "database", Check: func(context.Context) error { return nil }},
+			{Name: "consumer", Check: func(context.Context) error { return nil }},
+		}})
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+		require.Equal(t, http.StatusOK, rec.Code)
+		require.Equal(t, "application/json", rec.Header().Get("Content-Type"))
+		require.JSONEq(t, `{"status":"ready","checks":{"database":"up","consumer":"up"}}`, rec.Body.String())
+	})
+
+	t.Run("not ready is a 503 problem with every reason", func(t *testing.T) {
+		t.Parallel()
+		logs := &bytes.Buffer{}
+		h := readiness.Handler(readiness.Config{
+			Logger: slog.New(slog.NewTextHandler(logs, nil)),
+			Checks: []readiness.Check{
+				{Name: "database", Check: readiness.Ping(func(context.Context) error { return errors.New("dial tcp: refused") })},
+				{Name: "consumer", Check: func(context.Context) error { return nil }},
+				{Name: "relay", Check: func(context.Context) error { panic("bug") }},
+			}})
+		for range 3 {
+			rec, a := probe(t, h)
+			require.Equal(t, http.StatusServiceUnavailable, rec.Code)
+			require.Equal(t, problem.ContentType, rec.Header().Get("Content-Type"))
+			require.Equal(t, "5", rec.Header().Get("Retry-After"))
+			require.Equal(t, problem.TypeNotReady, a.Type)
+			require.Equal(t, http.StatusServiceUnavailable, a.Status)
+			require.Contains(t, a.Detail, "database: ")
+			require.Contains(t, a.Detail, "relay: ")
+			require.NotContains(t, a.Detail, "refused", "a ping's error stays in the process")
+			require.Equal(t, "up", a.Checks["consumer"])
+			require.True(t, strings.HasPrefix(a.Checks["database"], "down: "))
+		}
+		require.Equal(t, 1, strings.Count(logs.String(), "not ready"), "a line per change, not per probe")
+	})
+
+	t.Run("a check that does not answer in time is down", func(t *testing.T) {
+		t.Parallel()
+		h := readiness.Handler(readiness.Config{Timeout: 50 * time.Millisecond, Checks: []readiness.Check{
+			{Name: "database", Check: func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }},
+		}})
+		rec, a := probe(t, h)
+		require.Equal(t, http.StatusServiceUnavailable, rec.Code)
+		require.Contains(t, a.Checks["database"], "no answer within 50ms")
+	})
+}
+
+func TestConnection(t *testing.T) {
+	t.Parallel()
+	const grace = 100 * time.Millisecond
+	link := readiness.NewLink("not connected yet")
+	check := readiness.Connection(link, grace)
+	require.NoError(t, check(context.Background()), "down for less than grace since start")
+	require.Eventually(t, func() bool { return check(context.Background()) != nil }, 5*time.Second, 5*time.Millisecond,
+		"down for longer than grace")
+	require.ErrorContains(t, check(context.Background()), "not connected yet")
+
+	link.Set(true, "")
+	require.NoError(t, check(context.Background()))
+	link.Set(false, "disconnected from the broker")
+	require.NoError(t, check(context.Background()), "a short outage is tolerated")
+	_, since, _ := link.LinkState()
+	link.Set(false, "connection attempt failed")
+	_, again, reason := link.LinkState()
+	require.Equal(t, since, again, "a repeated down keeps the time of the first")
+	require.Equal(t, "connection attempt failed", reason)
+	require.Eventually(t, func() bool { return check(context.Background()) != nil }, 5*time.Second, 5*time.Millisecond,
+		"down for longer than grace")
+	err := check(context.Background())
+	require.ErrorContains(t, err, "connection attempt failed for")
+	require.ErrorContains(t, err, "more than 100ms")
+}
+
+func TestHooks(t *testing.T) {
+	t.Parallel()
+	consumer := readiness.NewLink("not connected yet")
+	connected := readiness.ConsumerConnected(consumer)
+	connected("orders", true)
+	up, _, _ := consumer.LinkState()
+	require.True(t, up)
+	connected("orders", false)
+	up, _, reason := consumer.LinkState()
+	require.False(t, up)
+	require.Equal(t, "disconnected from the broker", reason)
+
+	relay := readiness.NewLink("starting")
+	changed := readiness.RelayState(relay)
+	for _, tc := range []struct {
+		to     outbox.State
+		up     bool
+		reason string
+	}{
+		{outbox.StateRunning, true, ""},
+		{outbox.StateBrokerUnavailable, false, "cannot publish to the broker"},
+		{outbox.StateDatabaseUnavailable, false, "cannot reach the database"},
+		{outbox.StateRunning, true, ""},
+		{outbox.StateStopped, false, "stopped"},
+	} {
+		changed(outbox.StateStarting, tc.to, errors.New("cause"))
+		up, _, reason := relay.LinkState()
+		require.Equal(t, tc.up, up, tc.to)
+		require.Equal(t, tc.reason, reason, tc.to)
+	}
+}
