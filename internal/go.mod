@@ -57,6 +57,7 @@ require (
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/opencontainers/go-digest v1.0.0 // indirect
 	github.com/opencontainers/image-spec v1.1.1 // indirect
+	github.com/outboxshop/outboxshop/pkg/inbox v0.0.0-00010101000000-000000000000
 	github.com/pkg/errors v0.9.1 // indirect
 	github.com/power-devops/perfstat v0.0.0-20240221224432-82ca36839d55 // indirect
 	github.com/prometheus/procfs v0.22.0 // indirect
@@ -83,3 +84,5 @@ require (
 )
 
 replace github.com/outboxshop/outboxshop/pkg/outbox => ../pkg/outbox
+
+replace github.com/outboxshop/outboxshop/pkg/inbox => ../pkg/inbox

@@ -22,13 +22,14 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
-	"strings"
 	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxshop/outboxshop/pkg/inbox"
 )
 
 // Defaults of [Config].
@@ -179,26 +180,21 @@ func hasCode(err error, code string) bool {
 }
 
 // Transient reports whether err may go away if the same work is tried again, as opposed to
-// an error of the statement or its data. Transient are: the SQLSTATE classes 08 (connection
-// exception), 53 (insufficient resources, such as too many connections) and 57 (operator
-// intervention: a server shutting down or starting up, a statement cancelled by a timeout),
-// 40001 (serialization failure) and 40P01 (deadlock); and, without a SQLSTATE, a connection
-// that could not be made or was lost, a timeout and a cancelled context. Everything else
-// (the classes 22 data exception, 23 integrity violation, 42 syntax or access rule, 28
-// invalid authorization, …) is not. The HTTP APIs answer a transient error with 503 and
-// Retry-After.
+// an error of the statement or its data. A PostgreSQL error is classified by its SQLSTATE
+// exactly as the inbox classifies it (inbox.ClassifySQLState: the classes 08 connection
+// exception, 40 transaction rollback, 53 insufficient resources, 57 operator intervention,
+// 58 system error, and lock_not_available, object_in_use, a read-only transaction, the
+// idle-in-transaction and transaction timeouts), so that the APIs, the start-up and the
+// consumers agree; everything else (22 data exception, 23 integrity violation, 42 syntax or
+// access rule, 28 invalid authorization, …) is not. Without a SQLSTATE: a connection that
+// could not be made or was lost, a timeout and a cancelled context are transient. The HTTP
+// APIs answer a transient error with 503 and Retry-After.
 func Transient(err error) bool {
 	if err == nil {
 		return false
 	}
 	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok {
-		switch {
-		case strings.HasPrefix(pgErr.Code, "08"), strings.HasPrefix(pgErr.Code, "53"), strings.HasPrefix(pgErr.Code, "57"):
-			return true
-		case pgErr.Code == "40001", pgErr.Code == "40P01":
-			return true
-		}
-		return false
+		return inbox.ClassifySQLState(pgErr.Code) == inbox.ClassTransient
 	}
 	if _, ok := errors.AsType[*pgconn.ConnectError](err); ok {
 		return true
