@@ -17,8 +17,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"os/signal"
+	"slices"
 	"syscall"
 	"time"
 
@@ -139,10 +141,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			if interrupted {
 				continue
 			}
-			for _, svc := range chaos.Services {
-				if tail, ok := o.Logs[svc]; ok {
-					fmt.Fprintf(stderr, "\n--- %s: last lines of %s ---\n%s\n", o.Scenario, svc, tail)
-				}
+			for _, svc := range slices.Sorted(maps.Keys(o.Logs)) {
+				fmt.Fprintf(stderr, "\n--- %s: last lines of %s ---\n%s\n", o.Scenario, svc, o.Logs[svc])
 			}
 		}
 	}
