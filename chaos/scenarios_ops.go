@@ -41,7 +41,10 @@ func init() {
 			Summary: "every service process stopped gracefully and started again, one by one, while orders flow: each start runs the migrations next to running relays and writers; no deadlock, nothing lost or applied twice",
 			Inject:  injectRollingRestart,
 			Check:   checks(checkNoDeadlock, checkNoDeaths),
-			MinLoad: 12 * time.Second,
+			MinLoad: 20 * time.Second,
+			// Two orders relays, as a deployment that scales them: a relay restarting
+			// migrates next to the other one running.
+			Replicas: map[Service]int{OrdersRelay: 2},
 		},
 		Scenario{
 			Name:    "broker-alarm",
@@ -329,28 +332,47 @@ func scrapeOnce(ctx context.Context, url, name string) (float64, bool) {
 // (3s in a shop) and some.
 const restartGrace = 10 * time.Second
 
+// rollingRestartOrder is the order of a rolling deploy: each service's processes one after
+// the other, the consumers first (as the shop starts).
+var rollingRestartOrder = []Service{Warehouse, OrdersAPI, WarehouseRelay, OrdersRelay, Replica(OrdersRelay, 2)}
+
+// injectRollingRestart deploys the shop again and again while the load runs: each process
+// stopped with SIGTERM and started again (which migrates), one at a time, round after round
+// until shortly before the load ends. Each start runs the migrations next to a relay in
+// the middle of its batches and writers adding rows.
 func injectRollingRestart(ctx context.Context, e *Env) error {
 	if !e.AtLoad(ctx, 1500*time.Millisecond) {
 		return ctx.Err()
 	}
-	for _, svc := range Services {
-		st, err := e.Target.StopService(ctx, svc, restartGrace)
-		if err != nil {
-			return fmt.Errorf("stop %s: %w", svc, err)
-		}
-		e.Fault(time.Now(), "%s stopped with SIGTERM in %.1fs (%s)", svc, st.Took.Seconds(), st.Status)
-		if !st.Clean() {
-			e.Fail("%s did not stop cleanly on SIGTERM: %s after %.1fs (killed: %t)", svc, st.Status, st.Took.Seconds(), st.Killed)
-		}
-		start := time.Now()
-		if err := e.Target.StartService(ctx, svc); err != nil {
-			return fmt.Errorf("start %s again: %w", svc, err)
-		}
-		e.Healed("%s started again, migrated and ready in %.1fs", svc, time.Since(start).Seconds())
-		if !sleepCtx(ctx, 500*time.Millisecond) {
-			return ctx.Err()
+	until := e.LoadStart.Add(e.Load - 2*time.Second)
+	restarts := 0
+	for round := 1; time.Now().Before(until) || round == 1; round++ {
+		for _, svc := range rollingRestartOrder {
+			st, err := e.Target.StopService(ctx, svc, restartGrace)
+			if err != nil {
+				return fmt.Errorf("stop %s: %w", svc, err)
+			}
+			if !st.Clean() {
+				e.Fail("%s did not stop cleanly on SIGTERM: %s after %.1fs (killed: %t)", svc, st.Status, st.Took.Seconds(), st.Killed)
+			}
+			start := time.Now()
+			if err := e.Target.StartService(ctx, svc); err != nil {
+				// A start that dies (its migration failed, say) is the scenario's finding, not
+				// a fault that did not happen: the supervisor starts it again meanwhile.
+				e.Fail("%s failed to start again in round %d: %v", svc, round, err)
+				if err := e.Target.Heal(ctx, svc); err != nil {
+					return fmt.Errorf("%s never came back: %w", svc, err)
+				}
+			}
+			restarts++
+			e.Fault(start, "round %d: %s stopped on SIGTERM in %.1fs (%s), started again, migrated and ready in %.1fs",
+				round, svc, st.Took.Seconds(), st.Status, time.Since(start).Seconds())
+			if !sleepCtx(ctx, 300*time.Millisecond) {
+				return ctx.Err()
+			}
 		}
 	}
+	e.Healed("%d restarts, every process back and ready", restarts)
 	return nil
 }
 
@@ -361,7 +383,7 @@ const logDeadlock = "deadlock detected"
 // checkNoDeadlock requires that no service and no database server logged a deadlock.
 func checkNoDeadlock(ctx context.Context, e *Env, o *Outcome) {
 	found := map[string]int{}
-	for _, svc := range Services {
+	for _, svc := range rollingRestartOrder {
 		if logs, err := e.Target.Logs(ctx, svc); err == nil {
 			if n := countLines(logs, logDeadlock); n > 0 {
 				found[string(svc)] = n
