@@ -442,44 +442,41 @@ func (c *Compose) StopService(ctx context.Context, svc Service, grace time.Durat
 // Heal does.
 func (c *Compose) StartService(ctx context.Context, svc Service) error { return c.Heal(ctx, svc) }
 
-// BrokerAlarm implements Target: rabbitmqctl in the broker's container.
-func (c *Compose) BrokerAlarm(ctx context.Context, on bool) (string, error) {
-	ctl := func(args ...string) (string, error) {
-		out, err := c.compose(ctx, append([]string{"exec", "-T", "rabbitmq", "rabbitmqctl", "-q"}, args...)...)
-		return strings.TrimSpace(string(out)), err
-	}
-	if on {
-		wm, err := ctl("eval", evalWatermark)
-		if err != nil {
-			return "", err
+// rabbitmqctl runs rabbitmqctl in the broker's container.
+func (c *Compose) rabbitmqctl(ctx context.Context, args ...string) (string, error) {
+	out, err := c.compose(ctx, append([]string{"exec", "-T", "rabbitmq", "rabbitmqctl", "-q"}, args...)...)
+	return strings.TrimSpace(string(out)), err
+}
+
+// BrokerAlarm implements Target: rabbitmqctl set_vm_memory_high_watermark in the broker's
+// container, 0 to raise the alarm, the value read before to clear it.
+func (c *Compose) BrokerAlarm(ctx context.Context, on bool) error {
+	c.mu.Lock()
+	wm := c.watermark
+	c.mu.Unlock()
+	if wm == "" {
+		var err error
+		if wm, err = c.rabbitmqctl(ctx, "eval", evalWatermark); err != nil {
+			return err
 		}
 		c.mu.Lock()
 		c.watermark = wm
 		c.mu.Unlock()
-		if _, err := ctl("set_vm_memory_high_watermark", "0"); err != nil {
-			return "", err
-		}
-	} else {
-		c.mu.Lock()
-		wm := c.watermark
-		c.mu.Unlock()
-		args, err := watermarkArgs(wm)
-		if err != nil {
-			return "", err
-		}
-		if _, err := ctl(append([]string{"set_vm_memory_high_watermark"}, args...)...); err != nil {
-			return "", err
+	}
+	args := []string{"0"}
+	if !on {
+		var err error
+		if args, err = watermarkArgs(wm); err != nil {
+			return err
 		}
 	}
-	var alarms string
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	err := poll(ctx, 200*time.Millisecond, func() (bool, error) {
-		a, err := ctl("eval", evalAlarms)
-		alarms = a
-		return err == nil && strings.Contains(a, "memory") == on, nil
-	})
-	return alarms, err
+	_, err := c.rabbitmqctl(ctx, append([]string{"set_vm_memory_high_watermark"}, args...)...)
+	return err
+}
+
+// BrokerAlarms implements Target.
+func (c *Compose) BrokerAlarms(ctx context.Context) (string, error) {
+	return c.rabbitmqctl(ctx, "eval", evalAlarms)
 }
 
 // ComponentLogs implements Target: `docker compose logs --since` the shop's start. Both

@@ -199,6 +199,10 @@ func (l *Local) Prepare(ctx context.Context, progress func(string)) error {
 		if errs[0] = l.rabbit.init(); errs[0] == nil {
 			errs[0] = l.rabbit.start(ctx)
 		}
+		if errs[0] == nil {
+			// For broker-alarm, which sets it back: read now, while the build runs.
+			errs[0] = l.rabbit.readWatermark(ctx)
+		}
 	})
 	wg.Go(func() {
 		for _, pg := range []*pgServer{l.ordersPG, l.warehouse} {
@@ -513,10 +517,17 @@ func (l *Local) StartService(ctx context.Context, svc Service) error {
 
 // BrokerAlarm implements Target: rabbitmqctl set_vm_memory_high_watermark on the private
 // node, 0 to raise the alarm and the node's value from before to clear it.
-func (l *Local) BrokerAlarm(ctx context.Context, on bool) (string, error) {
+func (l *Local) BrokerAlarm(ctx context.Context, on bool) error {
 	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
 	return l.rabbit.memoryAlarm(ctx, on)
+}
+
+// BrokerAlarms implements Target: rabbitmqctl eval rabbit_alarm:get_alarms().
+func (l *Local) BrokerAlarms(ctx context.Context) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	return l.rabbit.alarms(ctx)
 }
 
 // componentLogPaths are the servers' log files.

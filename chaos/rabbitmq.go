@@ -232,41 +232,44 @@ const (
 	evalAlarms    = "rabbit_alarm:get_alarms()."
 )
 
-// memoryAlarm raises the node's memory alarm (on: the high watermark set to 0, its value
-// kept) or clears it (the kept value set back), and waits until the node's alarms say so.
-// It returns the alarms as the node lists them.
-func (s *rabbitServer) memoryAlarm(ctx context.Context, on bool) (string, error) {
-	if on {
-		wm, err := s.ctl(ctx, "eval", evalWatermark)
-		if err != nil {
-			return "", err
-		}
-		s.watermark = wm
-		if _, err := s.ctl(ctx, "set_vm_memory_high_watermark", "0"); err != nil {
-			return "", err
-		}
-	} else {
-		args, err := watermarkArgs(s.watermark)
-		if err != nil {
-			return "", err
-		}
-		if _, err := s.ctl(ctx, append([]string{"set_vm_memory_high_watermark"}, args...)...); err != nil {
-			return "", err
-		}
-	}
-	var alarms string
-	err := poll(ctx, 200*time.Millisecond, func() (bool, error) {
-		a, err := s.ctl(ctx, "eval", evalAlarms)
-		if err != nil {
-			return false, err
-		}
-		alarms = a
-		return strings.Contains(a, "memory") == on, nil
-	})
+// readWatermark reads and keeps the node's memory high watermark, which memoryAlarm sets
+// back when it clears the alarm. Each rabbitmqctl call starts an Erlang VM (seconds on a
+// busy machine), so it is read once, while the target prepares.
+func (s *rabbitServer) readWatermark(ctx context.Context) error {
+	wm, err := s.ctl(ctx, "eval", evalWatermark)
 	if err != nil {
-		return alarms, fmt.Errorf("rabbitmq: memory alarm %s: %w (alarms: %s)", map[bool]string{true: "never raised", false: "never cleared"}[on], err, alarms)
+		return err
 	}
-	return alarms, nil
+	if _, err := watermarkArgs(wm); err != nil {
+		return err
+	}
+	s.watermark = wm
+	return nil
+}
+
+// memoryAlarm raises the node's memory alarm (on: `rabbitmqctl set_vm_memory_high_watermark
+// 0`) or clears it (the watermark read by readWatermark set back). The alarm is in effect,
+// or gone, when it returns; describe then asks the node for its alarms, as evidence.
+func (s *rabbitServer) memoryAlarm(ctx context.Context, on bool) error {
+	if s.watermark == "" {
+		if err := s.readWatermark(ctx); err != nil {
+			return err
+		}
+	}
+	args := []string{"0"}
+	if !on {
+		var err error
+		if args, err = watermarkArgs(s.watermark); err != nil {
+			return err
+		}
+	}
+	_, err := s.ctl(ctx, append([]string{"set_vm_memory_high_watermark"}, args...)...)
+	return err
+}
+
+// alarms lists the node's alarms as it reports them ("[{{resource_limit,memory,node},[]}]").
+func (s *rabbitServer) alarms(ctx context.Context) (string, error) {
+	return s.ctl(ctx, "eval", evalAlarms)
 }
 
 // watermarkArgs turns the node's watermark, as evalWatermark prints it ("0.4",

@@ -414,38 +414,54 @@ func checkNoDeadlock(ctx context.Context, e *Env, o *Outcome) {
 const alarmFor = 15 * time.Second
 
 func injectBrokerAlarm(ctx context.Context, e *Env) error {
-	if !e.AtLoad(ctx, 2*time.Second) {
+	if !e.AtLoad(ctx, time.Second) {
 		return ctx.Err()
 	}
-	alarms, err := e.Target.BrokerAlarm(ctx, true)
-	if err != nil {
+	if err := e.Target.BrokerAlarm(ctx, true); err != nil {
 		return fmt.Errorf("raise the memory alarm: %w", err)
 	}
 	raised := time.Now()
-	e.Fault(raised, "memory alarm raised on RabbitMQ (vm_memory_high_watermark 0); the node's alarms: %s", alarms)
+	clear := func(ctx context.Context) error { return e.Target.BrokerAlarm(ctx, false) }
+	alarms, err := e.Target.BrokerAlarms(ctx)
+	if err != nil {
+		_ = clear(context.WithoutCancel(ctx))
+		return fmt.Errorf("read the broker's alarms: %w", err)
+	}
+	if !strings.Contains(alarms, "memory") {
+		_ = clear(context.WithoutCancel(ctx))
+		return fmt.Errorf("the watermark is 0 but the broker lists no memory alarm: %s", alarms)
+	}
+	e.Fault(raised, "memory alarm raised on RabbitMQ (set_vm_memory_high_watermark 0); its alarms: %s", alarms)
 	if !sleepCtx(ctx, time.Until(raised.Add(alarmFor))) {
-		// Clear it anyway: the broker is shared by the scenarios after this one.
-		_, _ = e.Target.BrokerAlarm(context.WithoutCancel(ctx), false)
+		// Clear it anyway: the broker serves the scenarios after this one.
+		_ = clear(context.WithoutCancel(ctx))
 		return ctx.Err()
 	}
-	alarms, err = e.Target.BrokerAlarm(ctx, false)
-	if err != nil {
+	clearing := time.Now()
+	if err := clear(ctx); err != nil {
 		return fmt.Errorf("clear the memory alarm: %w", err)
 	}
 	cleared := time.Now()
-	e.Healed("memory alarm cleared after %.1fs (watermark restored); the node's alarms: %s", cleared.Sub(raised).Seconds(), alarms)
+	alarms, err = e.Target.BrokerAlarms(ctx)
+	if err != nil {
+		return fmt.Errorf("read the broker's alarms: %w", err)
+	}
+	e.Healed("memory alarm cleared after %.1fs (watermark set back); its alarms: %s", cleared.Sub(raised).Seconds(), alarms)
+	if strings.Contains(alarms, "memory") {
+		return fmt.Errorf("the watermark is set back but the broker still lists a memory alarm: %s", alarms)
+	}
 
-	// What the alarm did: warehouse answers reach the orders only through the relays.
+	// What the alarm did: the warehouse's answers reach the orders only through the relays.
 	if conn, err := openDB(ctx, e.Endpoints.OrdersDB); err == nil {
 		defer conn.Close(context.WithoutCancel(ctx))
 		if times, err := completionTimes(ctx, conn); err == nil {
 			during := 0
 			for _, t := range times {
-				if t.After(raised.Add(time.Second)) && t.Before(cleared) {
+				if t.After(raised.Add(time.Second)) && t.Before(clearing) {
 					during++
 				}
 			}
-			e.Saw("%d orders got the warehouse's answer from 1s into the alarm until it cleared", during)
+			e.Saw("%d orders got the warehouse's answer from 1s into the alarm until it was cleared", during)
 		}
 	}
 	for _, svc := range []Service{OrdersRelay, WarehouseRelay} {

@@ -172,9 +172,10 @@ type Target interface {
 	StopService(ctx context.Context, svc Service, grace time.Duration) (Stopped, error)
 	StartService(ctx context.Context, svc Service) error
 	// BrokerAlarm raises (on) or clears a memory alarm on the broker: with the alarm, the
-	// broker stops reading from every connection that publishes. It returns the broker's
-	// own account of its alarms afterwards.
-	BrokerAlarm(ctx context.Context, on bool) (string, error)
+	// broker stops reading from every connection that publishes. It returns once the alarm
+	// is in effect, or gone. BrokerAlarms lists the broker's alarms as it reports them.
+	BrokerAlarm(ctx context.Context, on bool) error
+	BrokerAlarms(ctx context.Context) (string, error)
 	// Logs returns everything svc wrote in the current shop, all incarnations.
 	Logs(ctx context.Context, svc Service) (string, error)
 	// ComponentLogs returns what a component (a database server, the broker) logged since
