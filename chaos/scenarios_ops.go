@@ -58,7 +58,7 @@ func init() {
 			Summary: "one of two orders relays SIGSTOPped for 30s with a batch claimed: the other publishes its rows within the bound, orders keep completing, per-aggregate order kept",
 			Inject:  injectRelayPaused,
 			Check:   checkNoDeaths,
-			MinLoad: 36 * time.Second,
+			MinLoad: 34 * time.Second,
 			// The publish timeout is what bounds how long a relay may hold a claim; the
 			// scenario needs it well below the pause.
 			Settings: []string{"ORDERS_RELAY_PUBLISH_TIMEOUT=" + pausedRelayPublishTimeout.String()},
