@@ -47,11 +47,12 @@ func init() {
 			Replicas: map[Service]int{OrdersRelay: 2},
 		},
 		Scenario{
-			Name:    "broker-alarm",
-			Summary: "a memory alarm on RabbitMQ for 15s mid-load (the broker stops reading from publishers): nothing lost, everything completes once it clears, the relays still stop cleanly",
-			Inject:  injectBrokerAlarm,
-			Check:   checks(checkRelaysStopCleanly, checkNoDeaths),
-			MinLoad: 20 * time.Second,
+			Name:     "broker-alarm",
+			Summary:  "a memory alarm on RabbitMQ for 15s mid-load (the broker stops reading from publishers): nothing lost, everything completes once it clears, the relays still stop cleanly",
+			Inject:   injectBrokerAlarm,
+			Check:    checks(checkRelaysStopCleanly, checkNoDeaths),
+			MinLoad:  20 * time.Second,
+			Settings: []string{"ORDERS_RELAY_PUBLISH_TIMEOUT=" + alarmPublishTimeout.String()},
 		},
 		Scenario{
 			Name:    "relay-paused",
@@ -74,6 +75,10 @@ func init() {
 				fmt.Sprintf("WAREHOUSE_QUEUE_DELIVERY_LIMIT=%d", outageDeliveryLimit),
 				fmt.Sprintf("ORDERS_QUEUE_DELIVERY_LIMIT=%d", outageDeliveryLimit),
 				"WAREHOUSE_CONSUMER_RETRY_DELAY=" + outageRetryDelay.String(),
+				// Few deliveries in flight, as on a quiet queue: each is tried again and
+				// again through the outage, instead of every message once.
+				"WAREHOUSE_CONSUMER_PREFETCH=2",
+				"WAREHOUSE_CONSUMER_CONCURRENCY=2",
 				// Keeps the consumer's backoff short, so that its redeliveries, if it makes
 				// any, come often, and it is back soon after the outage.
 				"WAREHOUSE_CONSUMER_MAX_RETRY_DELAY=1s",
@@ -469,7 +474,58 @@ func injectBrokerAlarm(ctx context.Context, e *Env) error {
 			e.Saw("%s reported broker_unavailable %d times", svc, countLines(logs, logBrokerUnavailable))
 		}
 	}
+	checkAlarmNoticed(ctx, e, raised)
 	return nil
+}
+
+// alarmPublishTimeout is the orders relay's publish timeout in broker-alarm: well within
+// the alarm, so that the relay must notice it.
+const alarmPublishTimeout = 5 * time.Second
+
+// checkAlarmNoticed requires that the orders relay, which has rows to publish all through
+// the alarm (the orders API keeps taking orders), reported the broker unavailable within its
+// publish timeout and a margin: a publish to a broker that stopped reading must not block a
+// cycle beyond it. It is checked only when the orders service reads its publish timeout
+// from the environment; with the default of 30s the alarm would be over first.
+func checkAlarmNoticed(ctx context.Context, e *Env, raised time.Time) {
+	setting := "ORDERS_RELAY_PUBLISH_TIMEOUT=" + alarmPublishTimeout.String()
+	if len(unreadSettings([]string{setting})) > 0 {
+		e.Saw("not checked whether the orders relay noticed the alarm: the orders service has no ORDERS_RELAY_PUBLISH_TIMEOUT")
+		return
+	}
+	logs, err := e.Target.Logs(ctx, OrdersRelay)
+	if err != nil {
+		e.Fail("read the orders relay's log: %v", err)
+		return
+	}
+	bound := alarmPublishTimeout + 2*time.Second
+	at, ok := firstLogAfter(logs, logBrokerUnavailable, raised)
+	switch {
+	case !ok:
+		e.Fail("the orders relay never reported broker_unavailable during the alarm (publish timeout %s)", alarmPublishTimeout)
+	case at.Sub(raised) > bound:
+		e.Fail("the orders relay reported broker_unavailable %.1fs into the alarm, over its publish timeout %s and a margin (%s)",
+			at.Sub(raised).Seconds(), alarmPublishTimeout, bound)
+	default:
+		e.Saw("the orders relay reported broker_unavailable %.1fs into the alarm", at.Sub(raised).Seconds())
+	}
+}
+
+// firstLogAfter returns the time of the first JSON log line containing s that was written
+// after after.
+func firstLogAfter(logs, s string, after time.Time) (time.Time, bool) {
+	for line := range strings.Lines(logs) {
+		if !strings.Contains(line, s) {
+			continue
+		}
+		var entry struct {
+			Time time.Time `json:"time"`
+		}
+		if json.Unmarshal([]byte(line), &entry) == nil && entry.Time.After(after) {
+			return entry.Time, true
+		}
+	}
+	return time.Time{}, false
 }
 
 // checkRelaysStopCleanly stops both relays as a deploy would and requires that each exits
