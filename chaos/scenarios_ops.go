@@ -60,9 +60,13 @@ func init() {
 			Inject:  injectRelayPaused,
 			Check:   checkNoDeaths,
 			MinLoad: 34 * time.Second,
-			// The publish timeout is what bounds how long a relay may hold a claim; the
-			// scenario needs it well below the pause.
-			Settings: []string{"ORDERS_RELAY_PUBLISH_TIMEOUT=" + pausedRelayPublishTimeout.String()},
+			// The claim timeout (by default the publish timeout + 5s) bounds how long a relay
+			// may hold a claim (pkg/outbox's documented bound); the scenario needs it well
+			// below the pause.
+			Settings: []string{
+				"ORDERS_RELAY_PUBLISH_TIMEOUT=" + pausedRelayPublishTimeout.String(),
+				"ORDERS_RELAY_CLAIM_TIMEOUT=" + pausedRelayClaimTimeout.String(),
+			},
 			Replicas: map[Service]int{OrdersRelay: 2},
 		},
 		Scenario{
@@ -550,12 +554,15 @@ func checkRelaysStopCleanly(ctx context.Context, e *Env, o *Outcome) {
 const (
 	// pausedRelayFor is how long the relay stays stopped.
 	pausedRelayFor = 30 * time.Second
-	// pausedRelayPublishTimeout is the orders relays' publish timeout in the scenario.
+	// pausedRelayPublishTimeout and pausedRelayClaimTimeout are the orders relays' publish
+	// and claim timeouts in the scenario: a relay stopped mid-batch loses its claim after
+	// the claim timeout (pkg/outbox: Config.ClaimTimeout).
 	pausedRelayPublishTimeout = 5 * time.Second
+	pausedRelayClaimTimeout   = 10 * time.Second
 	// pausedRelayBound is how soon after the pause the rows the paused relay held must be
-	// published by the other: a claim may outlive the publish timeout by a margin, never the
-	// pause.
-	pausedRelayBound = 20 * time.Second
+	// published by the other: the claim timeout and a margin for the other relay's cycles,
+	// well within the pause.
+	pausedRelayBound = 2 * pausedRelayClaimTimeout
 	// completionStallBound is the longest the shop may go without completing an order while
 	// one relay is paused and orders keep coming.
 	completionStallBound = 5 * time.Second
