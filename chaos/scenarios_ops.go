@@ -31,6 +31,9 @@ func init() {
 			Summary: "bad rows written straight into the orders outbox mid-load (fields over 255 bytes, non-string headers, headers over frame_max, a payload over MaxMessageBytes, an unknown exchange, CC headers): they end dead, every healthy order completes, the relay never calls it an outage",
 			Inject:  injectOutboxPoison,
 			Check:   checks(checkOutboxPoison, checkNoDeaths),
+			// Orders keep coming for a while after the poison, which takes a few seconds
+			// to write (16 MiB of it).
+			MinLoad: 10 * time.Second,
 			// Rows that fail by their own fault are retried at most twice (1s and 2s apart
 			// in the orders relay) before they are dead, so the scenario ends quickly even
 			// when a kind of poison is taken for a retryable failure.
@@ -155,10 +158,11 @@ func poisonRows() []poisonRow {
 		{kind: "header-key-300", headers: map[string]any{strings.Repeat("h", 300): "v"}},
 		{kind: "correlation-id-256", headers: map[string]any{"correlation_id": strings.Repeat("c", amqpShortMax+1)}},
 		{kind: "headers-over-frame-max", headers: bigHeaders},
-		{kind: "payload-over-max-message-bytes", payload: huge},
 		{kind: "unknown-exchange", exchange: "chaos.no-such-exchange"},
 		{kind: "cc-number", headers: map[string]any{"CC": 42}},
 		{kind: "cc-string", headers: map[string]any{"CC": "chaos.poison.cc"}},
+		// Last: 16 MiB take seconds to write on a busy machine.
+		{kind: "payload-over-max-message-bytes", payload: huge},
 	}
 }
 
