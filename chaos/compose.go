@@ -62,9 +62,11 @@ type Compose struct {
 	cfg      ComposeConfig
 	override string
 
-	mu     sync.Mutex
-	deaths []Death
-	shop   *ShopSpec
+	mu        sync.Mutex
+	deaths    []Death
+	shop      *ShopSpec
+	shopStart time.Time
+	watermark string // the broker's memory high watermark before BrokerAlarm raised it
 }
 
 var _ Target = (*Compose)(nil)
@@ -170,7 +172,7 @@ func (c *Compose) Prepare(ctx context.Context, progress func(string)) error {
 			c.cfg.Ports[svc] = p
 		}
 	}
-	if err := c.writeOverride(nil); err != nil {
+	if err := c.writeOverride(nil, nil); err != nil {
 		return err
 	}
 	progress("docker compose build " + strings.Join(serviceNames(), " "))
@@ -190,14 +192,22 @@ func serviceNames() []string {
 }
 
 // writeOverride writes the override file: PostgreSQL and RabbitMQ published to the runner,
-// and for each service no restart policy and CHAOS_FAILPOINTS, empty unless armed.
-func (c *Compose) writeOverride(failpoints map[Service]string) error {
+// and for each service no restart policy, CHAOS_FAILPOINTS (empty unless armed) and the
+// scenario's settings.
+func (c *Compose) writeOverride(failpoints map[Service]string, settings []string) error {
 	var b strings.Builder
 	b.WriteString("# Written by the chaos runner: the crash points of the current scenario.\nservices:\n")
 	fmt.Fprintf(&b, "  postgres:\n    ports:\n      - \"%s:%d:5432\"\n", c.cfg.Host, c.cfg.Ports["postgres"])
 	fmt.Fprintf(&b, "  rabbitmq:\n    ports:\n      - \"%s:%d:5672\"\n", c.cfg.Host, c.cfg.Ports["rabbitmq"])
 	for _, s := range Services {
 		fmt.Fprintf(&b, "  %s:\n    restart: \"no\"\n    environment:\n      CHAOS_FAILPOINTS: %s\n", s, strconv.Quote(failpoints[s]))
+		for _, kv := range settings {
+			name, value, ok := strings.Cut(kv, "=")
+			if !ok || name == "" {
+				return fmt.Errorf("compose target: setting %q is not NAME=value", kv)
+			}
+			fmt.Fprintf(&b, "      %s: %s\n", name, strconv.Quote(value))
+		}
 	}
 	return os.WriteFile(c.override, []byte(b.String()), 0o644)
 }
@@ -212,7 +222,12 @@ func (c *Compose) StartShop(ctx context.Context, spec ShopSpec) (Endpoints, erro
 	if _, err := c.compose(ctx, "down", "-v", "--remove-orphans"); err != nil {
 		return Endpoints{}, err
 	}
-	if err := c.writeOverride(spec.Failpoints); err != nil {
+	for svc, n := range spec.Replicas {
+		if n > 1 {
+			return Endpoints{}, fmt.Errorf("%d processes of %s: %w (run the scenario with -target local)", n, svc, ErrUnsupported)
+		}
+	}
+	if err := c.writeOverride(spec.Failpoints, spec.Settings); err != nil {
 		return Endpoints{}, err
 	}
 	if _, err := c.compose(ctx, append([]string{"up", "-d", "--wait"}, stack()...)...); err != nil {
@@ -227,7 +242,7 @@ func (c *Compose) StartShop(ctx context.Context, spec ShopSpec) (Endpoints, erro
 		}
 	}
 	c.mu.Lock()
-	c.deaths, c.shop = nil, &spec
+	c.deaths, c.shop, c.shopStart = nil, &spec, time.Now()
 	c.mu.Unlock()
 	metrics := map[Service]string{}
 	for _, s := range Services {
@@ -315,6 +330,7 @@ func (c *Compose) WaitDeath(ctx context.Context, svc Service) (Death, error) {
 func (c *Compose) Heal(ctx context.Context, svc Service) error {
 	c.mu.Lock()
 	fps := map[Service]string{}
+	var settings []string
 	if c.shop != nil {
 		for k, v := range c.shop.Failpoints {
 			if k != svc {
@@ -322,9 +338,10 @@ func (c *Compose) Heal(ctx context.Context, svc Service) error {
 			}
 		}
 		c.shop.Failpoints = fps
+		settings = c.shop.Settings
 	}
 	c.mu.Unlock()
-	if err := c.writeOverride(fps); err != nil {
+	if err := c.writeOverride(fps, settings); err != nil {
 		return err
 	}
 	if _, err := c.compose(ctx, "up", "-d", "--wait", "--force-recreate", "--no-deps", string(svc)); err != nil {
@@ -349,6 +366,8 @@ func composeService(comp Component) (string, error) {
 		return "rabbitmq", nil
 	case OrdersDB:
 		return "postgres", nil // one server for both services' databases
+	case WarehouseDB:
+		return "", fmt.Errorf("%s: %w: one PostgreSQL serves both services (run the scenario with -target local)", comp, ErrUnsupported)
 	}
 	return "", fmt.Errorf("%s: %w", comp, ErrUnsupported)
 }
@@ -376,6 +395,106 @@ func (c *Compose) Restart(ctx context.Context, comp Component) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	return poll(ctx, 250*time.Millisecond, func() (bool, error) { return tcpAnswers(addr), nil })
+}
+
+// Pause implements Target: `docker compose pause` freezes the service's container.
+func (c *Compose) Pause(ctx context.Context, svc Service) error {
+	_, err := c.compose(ctx, "pause", string(svc))
+	return err
+}
+
+// Resume implements Target: `docker compose unpause`.
+func (c *Compose) Resume(ctx context.Context, svc Service) error {
+	_, err := c.compose(ctx, "unpause", string(svc))
+	return err
+}
+
+// StopService implements Target: `docker compose stop -t` (SIGTERM, SIGKILL after the
+// timeout), then the exit code from `docker compose ps -a`: 137 is SIGKILL.
+func (c *Compose) StopService(ctx context.Context, svc Service, grace time.Duration) (Stopped, error) {
+	start := time.Now()
+	secs := strconv.Itoa(max(1, int(grace.Round(time.Second)/time.Second)))
+	if _, err := c.compose(ctx, "stop", "-t", secs, string(svc)); err != nil {
+		return Stopped{}, err
+	}
+	st := Stopped{Service: svc, Took: time.Since(start)}
+	out, err := c.compose(ctx, "ps", "-a", "--format", "json", string(svc))
+	if err != nil {
+		return st, err
+	}
+	states, err := parsePS(out)
+	if err != nil {
+		return st, err
+	}
+	for _, s := range states {
+		if s.Service == string(svc) {
+			st.Killed = s.ExitCode == 137
+			st.Status = fmt.Sprintf("exit status %d", s.ExitCode)
+		}
+	}
+	if st.Status == "" {
+		return st, fmt.Errorf("docker compose ps: no container of %s", svc)
+	}
+	return st, nil
+}
+
+// StartService implements Target: the service is recreated without its crash points, as
+// Heal does.
+func (c *Compose) StartService(ctx context.Context, svc Service) error { return c.Heal(ctx, svc) }
+
+// rabbitmqctl runs rabbitmqctl in the broker's container.
+func (c *Compose) rabbitmqctl(ctx context.Context, args ...string) (string, error) {
+	out, err := c.compose(ctx, append([]string{"exec", "-T", "rabbitmq", "rabbitmqctl", "-q"}, args...)...)
+	return strings.TrimSpace(string(out)), err
+}
+
+// BrokerAlarm implements Target: rabbitmqctl set_vm_memory_high_watermark in the broker's
+// container, 0 to raise the alarm, the value read before to clear it.
+func (c *Compose) BrokerAlarm(ctx context.Context, on bool) error {
+	c.mu.Lock()
+	wm := c.watermark
+	c.mu.Unlock()
+	if wm == "" {
+		var err error
+		if wm, err = c.rabbitmqctl(ctx, "eval", evalWatermark); err != nil {
+			return err
+		}
+		c.mu.Lock()
+		c.watermark = wm
+		c.mu.Unlock()
+	}
+	args := []string{"0"}
+	if !on {
+		var err error
+		if args, err = watermarkArgs(wm); err != nil {
+			return err
+		}
+	}
+	_, err := c.rabbitmqctl(ctx, append([]string{"set_vm_memory_high_watermark"}, args...)...)
+	return err
+}
+
+// BrokerAlarms implements Target.
+func (c *Compose) BrokerAlarms(ctx context.Context) (string, error) {
+	return c.rabbitmqctl(ctx, "eval", evalAlarms)
+}
+
+// ComponentLogs implements Target: `docker compose logs --since` the shop's start. Both
+// databases are one server's.
+func (c *Compose) ComponentLogs(ctx context.Context, comp Component) (string, error) {
+	svc := map[Component]string{Broker: "rabbitmq", OrdersDB: "postgres", WarehouseDB: "postgres"}[comp]
+	if svc == "" {
+		return "", fmt.Errorf("logs of %s: %w", comp, ErrUnsupported)
+	}
+	c.mu.Lock()
+	since := c.shopStart
+	c.mu.Unlock()
+	args := []string{"logs", "--no-color", "--no-log-prefix"}
+	if !since.IsZero() {
+		args = append(args, "--since", since.UTC().Format(time.RFC3339))
+	}
+	out, err := c.compose(ctx, append(args, svc)...)
+	return string(out), err
 }
 
 // CutNetwork implements Target: not supported, there is no proxy between the containers.

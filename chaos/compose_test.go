@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -253,6 +254,120 @@ func TestCompose(t *testing.T) {
 			base + " down -v --remove-orphans",
 			base + " down -v --remove-orphans",
 		}, b.docker.take())
+	})
+}
+
+func TestComposeOperations(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	t.Run("SettingsGoToEveryService", func(t *testing.T) {
+		t.Parallel()
+		b := setupCompose(t, nil)
+		_, err := b.target.StartShop(ctx, ShopSpec{Name: "x", Settings: []string{"WAREHOUSE_QUEUE_DELIVERY_LIMIT=2", "ORDERS_RELAY_PUBLISH_TIMEOUT=5s"}})
+		require.NoError(t, err)
+		override, err := os.ReadFile(b.override)
+		require.NoError(t, err)
+		require.Contains(t, string(override), "  orders-relay:\n    restart: \"no\"\n    environment:\n      CHAOS_FAILPOINTS: \"\"\n"+
+			"      WAREHOUSE_QUEUE_DELIVERY_LIMIT: \"2\"\n      ORDERS_RELAY_PUBLISH_TIMEOUT: \"5s\"\n")
+		require.Equal(t, 4, strings.Count(string(override), "WAREHOUSE_QUEUE_DELIVERY_LIMIT"))
+
+		// A heal keeps them.
+		require.NoError(t, b.target.Heal(ctx, OrdersRelay))
+		override, err = os.ReadFile(b.override)
+		require.NoError(t, err)
+		require.Equal(t, 4, strings.Count(string(override), "ORDERS_RELAY_PUBLISH_TIMEOUT"))
+	})
+
+	t.Run("ReplicasAndTheWarehouseDatabaseAreLocalOnly", func(t *testing.T) {
+		t.Parallel()
+		b := setupCompose(t, nil)
+		_, err := b.target.StartShop(ctx, ShopSpec{Name: "x", Replicas: map[Service]int{OrdersRelay: 2}})
+		require.ErrorIs(t, err, ErrUnsupported)
+		require.ErrorContains(t, err, "-target local")
+		require.ErrorIs(t, b.target.Kill(ctx, WarehouseDB), ErrUnsupported)
+	})
+
+	t.Run("PauseStopStart", func(t *testing.T) {
+		t.Parallel()
+		b := setupCompose(t, nil)
+		_, err := b.target.StartShop(ctx, ShopSpec{Name: "x"})
+		require.NoError(t, err)
+		b.docker.take()
+		b.docker.mu.Lock()
+		b.docker.answer = func(cmd string) (string, error) {
+			if strings.Contains(cmd, " ps -a ") {
+				return `{"Service":"orders-relay","State":"exited","ExitCode":0,"Status":"Exited (0)"}`, nil
+			}
+			return "", nil
+		}
+		b.docker.mu.Unlock()
+		base := "docker compose -p chaos-test -f " + b.file + " -f " + b.override
+		require.NoError(t, b.target.Pause(ctx, OrdersRelay))
+		require.NoError(t, b.target.Resume(ctx, OrdersRelay))
+		st, err := b.target.StopService(ctx, OrdersRelay, 10*time.Second)
+		require.NoError(t, err)
+		require.True(t, st.Clean(), "%+v", st)
+		require.NoError(t, b.target.StartService(ctx, OrdersRelay))
+		require.Equal(t, []string{
+			base + " pause orders-relay", base + " unpause orders-relay",
+			base + " stop -t 10 orders-relay", base + " ps -a --format json orders-relay",
+			base + " up -d --wait --force-recreate --no-deps orders-relay",
+		}, b.docker.take())
+
+		b.docker.mu.Lock()
+		b.docker.answer = func(string) (string, error) {
+			return `{"Service":"warehouse","State":"exited","ExitCode":137,"Status":"Exited (137)"}`, nil
+		}
+		b.docker.mu.Unlock()
+		st, err = b.target.StopService(ctx, Warehouse, time.Second)
+		require.NoError(t, err)
+		require.True(t, st.Killed, "137 is SIGKILL after the timeout")
+		require.False(t, st.Clean())
+	})
+
+	t.Run("BrokerAlarm", func(t *testing.T) {
+		t.Parallel()
+		b := setupCompose(t, nil)
+		b.docker.take()
+		b.docker.mu.Lock()
+		b.docker.answer = func(cmd string) (string, error) {
+			switch {
+			case strings.HasSuffix(cmd, "eval "+evalWatermark):
+				return "0.4\n", nil
+			case strings.HasSuffix(cmd, "eval "+evalAlarms):
+				return "[{{resource_limit,memory,rabbit@x},[]}]\n", nil
+			}
+			return "", nil
+		}
+		b.docker.mu.Unlock()
+		require.NoError(t, b.target.BrokerAlarm(ctx, true))
+		alarms, err := b.target.BrokerAlarms(ctx)
+		require.NoError(t, err)
+		require.Equal(t, "[{{resource_limit,memory,rabbit@x},[]}]", alarms)
+		require.NoError(t, b.target.BrokerAlarm(ctx, false))
+		ctl := "docker compose -p chaos-test -f " + b.file + " -f " + b.override + " exec -T rabbitmq rabbitmqctl -q "
+		require.Equal(t, []string{
+			ctl + "eval " + evalWatermark,
+			ctl + "set_vm_memory_high_watermark 0",
+			ctl + "eval " + evalAlarms,
+			ctl + "set_vm_memory_high_watermark 0.4",
+		}, b.docker.take(), "the watermark is read once and set back")
+	})
+
+	t.Run("ComponentLogs", func(t *testing.T) {
+		t.Parallel()
+		b := setupCompose(t, nil)
+		_, err := b.target.StartShop(ctx, ShopSpec{Name: "x"})
+		require.NoError(t, err)
+		b.docker.take()
+		_, err = b.target.ComponentLogs(ctx, WarehouseDB)
+		require.NoError(t, err)
+		cmds := b.docker.take()
+		require.Len(t, cmds, 1)
+		require.Regexp(t, ` logs --no-color --no-log-prefix --since \d{4}-\d\d-\d\dT\S+ postgres$`, cmds[0])
+		_, err = b.target.ComponentLogs(ctx, Component("redis"))
+		require.ErrorIs(t, err, ErrUnsupported)
 	})
 }
 

@@ -4,14 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -63,6 +66,32 @@ type localShop struct {
 	warehouseDB string
 	dir         string
 	procs       map[Service]*process
+	order       []Service           // the processes in start order
+	logStart    map[Component]int64 // size of each server's log when the shop started
+}
+
+// baseService is the service a process is a replica of ("orders-relay-2" → orders-relay).
+func baseService(s Service) Service {
+	for _, svc := range Services {
+		if s == svc || strings.HasPrefix(string(s), string(svc)+"-") && isDigits(string(s)[len(svc)+1:]) {
+			return svc
+		}
+	}
+	return s
+}
+
+func isDigits(s string) bool {
+	return s != "" && strings.Trim(s, "0123456789") == ""
+}
+
+// relayOf is the relay process whose ops port a process of the service of relay gets: a
+// relay replica its own, the API its service's first relay (unused: the API serves its own
+// port).
+func relayOf(s, relay Service) Service {
+	if baseService(s) == relay {
+		return s
+	}
+	return relay
 }
 
 var _ Target = (*Local)(nil)
@@ -170,6 +199,10 @@ func (l *Local) Prepare(ctx context.Context, progress func(string)) error {
 		if errs[0] = l.rabbit.init(); errs[0] == nil {
 			errs[0] = l.rabbit.start(ctx)
 		}
+		if errs[0] == nil {
+			// For broker-alarm, which sets it back: read now, while the build runs.
+			errs[0] = l.rabbit.readWatermark(ctx)
+		}
 	})
 	wg.Go(func() {
 		for _, pg := range []*pgServer{l.ordersPG, l.warehouse} {
@@ -224,6 +257,11 @@ func (l *Local) StartShop(ctx context.Context, spec ShopSpec) (Endpoints, error)
 		return Endpoints{}, errors.New("local target: a shop is already running")
 	}
 	l.mu.Unlock()
+	for svc, n := range spec.Replicas {
+		if n > 1 && !slices.Contains(Services, svc) {
+			return Endpoints{}, fmt.Errorf("local target: replicas of %q: not a service", svc)
+		}
+	}
 	if !l.rabbit.running() {
 		if err := l.rabbit.start(ctx); err != nil {
 			return Endpoints{}, err
@@ -246,6 +284,13 @@ func (l *Local) StartShop(ctx context.Context, spec ShopSpec) (Endpoints, error)
 	shop := &localShop{
 		spec: spec, ordersDB: "orders_" + id, warehouseDB: "warehouse_" + id,
 		dir: filepath.Join(l.runDir, "shops", id), procs: map[Service]*process{},
+		logStart: map[Component]int64{},
+	}
+	// What the servers logged before this shop is not its business.
+	for c, path := range l.componentLogPaths() {
+		if st, err := os.Stat(path); err == nil {
+			shop.logStart[c] = st.Size()
+		}
 	}
 	// A database of an earlier run with the same name would not be fresh.
 	if err := errors.Join(l.ordersPG.dropDatabase(ctx, shop.ordersDB), l.warehouse.dropDatabase(ctx, shop.warehouseDB)); err != nil {
@@ -254,8 +299,9 @@ func (l *Local) StartShop(ctx context.Context, spec ShopSpec) (Endpoints, error)
 	if err := os.MkdirAll(shop.dir, 0o755); err != nil {
 		return Endpoints{}, err
 	}
+	procs := spec.Processes()
 	ports := map[Service]int{}
-	for _, s := range Services {
+	for _, s := range procs {
 		p, err := freePort()
 		if err != nil {
 			return Endpoints{}, err
@@ -264,28 +310,39 @@ func (l *Local) StartShop(ctx context.Context, spec ShopSpec) (Endpoints, error)
 	}
 	brokerURL := fmt.Sprintf("amqp://guest:guest@%s/", l.brokerProxy.Addr())
 	addr := func(s Service) string { return "127.0.0.1:" + strconv.Itoa(ports[s]) }
-	base := []string{"PATH=" + os.Getenv("PATH"), "HOME=" + shop.dir, "TZ=UTC"}
-	ordersEnv := append(append([]string(nil), base...),
-		ordersSettings(l.ordersPG.URL(shop.ordersDB), brokerURL, addr(OrdersAPI), addr(OrdersRelay))...)
-	warehouseEnv := append(append([]string(nil), base...),
-		warehouseSettings(l.warehouse.URL(shop.warehouseDB), brokerURL, addr(Warehouse), addr(WarehouseRelay))...)
+	// Each process names itself to PostgreSQL (application_name), so that a scenario can tell
+	// its sessions in pg_stat_activity.
+	dbURL := func(base string, s Service) string { return base + "&application_name=" + string(s) }
+	env := func(s Service) []string {
+		env := []string{"PATH=" + os.Getenv("PATH"), "HOME=" + shop.dir, "TZ=UTC"}
+		switch base := baseService(s); base {
+		case OrdersAPI, OrdersRelay:
+			env = append(env, ordersSettings(dbURL(l.ordersPG.URL(shop.ordersDB), s), brokerURL, addr(OrdersAPI), addr(relayOf(s, OrdersRelay)))...)
+		default:
+			env = append(env, warehouseSettings(dbURL(l.warehouse.URL(shop.warehouseDB), s), brokerURL, addr(Warehouse), addr(relayOf(s, WarehouseRelay)))...)
+		}
+		// The scenario's settings come last: exec keeps the last value of a repeated name.
+		return append(env, spec.Settings...)
+	}
 	specs := map[Service]procSpec{
-		Warehouse:      {binary: l.bins["warehouse"], args: []string{"api"}, env: warehouseEnv, readyBody: `"consumer":"connected"`},
-		WarehouseRelay: {binary: l.bins["warehouse"], args: []string{"relay"}, env: warehouseEnv},
-		OrdersAPI:      {binary: l.bins["orders"], args: []string{"api"}, env: ordersEnv},
-		OrdersRelay:    {binary: l.bins["orders"], args: []string{"relay"}, env: ordersEnv},
+		Warehouse:      {binary: l.bins["warehouse"], args: []string{"api"}, readyBody: `"consumer":"connected"`},
+		WarehouseRelay: {binary: l.bins["warehouse"], args: []string{"relay"}},
+		OrdersAPI:      {binary: l.bins["orders"], args: []string{"api"}},
+		OrdersRelay:    {binary: l.bins["orders"], args: []string{"relay"}},
 	}
 	l.mu.Lock()
 	l.shop = shop
 	l.mu.Unlock()
-	for _, s := range Services {
-		ps := specs[s]
+	for _, s := range procs {
+		ps := specs[baseService(s)]
 		ps.service = s
+		ps.env = env(s)
 		ps.failpoints = spec.Failpoints[s]
 		ps.logPath = filepath.Join(shop.dir, string(s)+".log")
 		ps.readyURL = "http://" + addr(s) + "/readyz"
 		p := newProcess(ps, l.cfg.RestartDelay)
 		shop.procs[s] = p
+		shop.order = append(shop.order, s)
 		if err := p.start(); err != nil {
 			return Endpoints{}, err
 		}
@@ -303,7 +360,7 @@ func (l *Local) StartShop(ctx context.Context, spec ShopSpec) (Endpoints, error)
 		}
 	}
 	metrics := map[Service]string{}
-	for _, s := range Services {
+	for _, s := range procs {
 		metrics[s] = "http://" + addr(s) + "/metrics"
 	}
 	return Endpoints{
@@ -382,10 +439,8 @@ func (l *Local) Deaths() []Death {
 		return nil
 	}
 	var all []Death
-	for _, s := range Services {
-		if p := l.shop.procs[s]; p != nil {
-			all = append(all, p.Deaths()...)
-		}
+	for _, s := range l.shop.order {
+		all = append(all, l.shop.procs[s].Deaths()...)
 	}
 	return all
 }
@@ -399,6 +454,8 @@ func (l *Local) Kill(ctx context.Context, c Component) error {
 		return l.rabbit.kill(ctx)
 	case OrdersDB:
 		return l.ordersPG.kill(ctx)
+	case WarehouseDB:
+		return l.warehouse.kill(ctx)
 	}
 	return fmt.Errorf("kill %s: %w", c, ErrUnsupported)
 }
@@ -410,8 +467,107 @@ func (l *Local) Restart(ctx context.Context, c Component) error {
 		return l.rabbit.start(ctx)
 	case OrdersDB:
 		return l.ordersPG.start(ctx)
+	case WarehouseDB:
+		return l.warehouse.start(ctx)
 	}
 	return fmt.Errorf("restart %s: %w", c, ErrUnsupported)
+}
+
+// Pause implements Target: SIGSTOP to the process group.
+func (l *Local) Pause(_ context.Context, svc Service) error {
+	p, err := l.proc(svc)
+	if err != nil {
+		return err
+	}
+	return p.signal(syscall.SIGSTOP)
+}
+
+// Resume implements Target: SIGCONT.
+func (l *Local) Resume(_ context.Context, svc Service) error {
+	p, err := l.proc(svc)
+	if err != nil {
+		return err
+	}
+	return p.signal(syscall.SIGCONT)
+}
+
+// StopService implements Target.
+func (l *Local) StopService(_ context.Context, svc Service, grace time.Duration) (Stopped, error) {
+	p, err := l.proc(svc)
+	if err != nil {
+		return Stopped{}, err
+	}
+	return p.halt(grace), nil
+}
+
+// StartService implements Target: a new incarnation, without crash points, waited for on
+// its /readyz.
+func (l *Local) StartService(ctx context.Context, svc Service) error {
+	p, err := l.proc(svc)
+	if err != nil {
+		return err
+	}
+	if err := p.start(); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	return p.waitReady(ctx)
+}
+
+// BrokerAlarm implements Target: rabbitmqctl set_vm_memory_high_watermark on the private
+// node, 0 to raise the alarm and the node's value from before to clear it.
+func (l *Local) BrokerAlarm(ctx context.Context, on bool) error {
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	return l.rabbit.memoryAlarm(ctx, on)
+}
+
+// BrokerAlarms implements Target: rabbitmqctl eval rabbit_alarm:get_alarms().
+func (l *Local) BrokerAlarms(ctx context.Context) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	return l.rabbit.alarms(ctx)
+}
+
+// componentLogPaths are the servers' log files.
+func (l *Local) componentLogPaths() map[Component]string {
+	paths := map[Component]string{}
+	if l.ordersPG != nil {
+		paths[OrdersDB] = l.ordersPG.logPath
+	}
+	if l.warehouse != nil {
+		paths[WarehouseDB] = l.warehouse.logPath
+	}
+	if l.rabbit != nil {
+		paths[Broker] = l.rabbit.logPath()
+	}
+	return paths
+}
+
+// ComponentLogs implements Target: the server's log file from where it was when the shop
+// started.
+func (l *Local) ComponentLogs(_ context.Context, c Component) (string, error) {
+	path, ok := l.componentLogPaths()[c]
+	if !ok {
+		return "", fmt.Errorf("logs of %s: %w", c, ErrUnsupported)
+	}
+	l.mu.Lock()
+	var from int64
+	if l.shop != nil {
+		from = l.shop.logStart[c]
+	}
+	l.mu.Unlock()
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	if _, err := f.Seek(from, io.SeekStart); err != nil {
+		return "", err
+	}
+	b, err := io.ReadAll(f)
+	return string(b), err
 }
 
 // CutNetwork implements Target.

@@ -11,18 +11,6 @@ import (
 	warehouseapp "github.com/outboxshop/outboxshop/services/warehouse/app"
 )
 
-// envNames lists the environment variables a configuration struct reads (its env tags).
-func envNames(t reflect.Type) map[string]bool {
-	names := map[string]bool{}
-	for f := range t.Fields() {
-		if tag := f.Tag.Get("env"); tag != "" {
-			name, _, _ := strings.Cut(tag, ",")
-			names[name] = true
-		}
-	}
-	return names
-}
-
 // TestSettingsAreReadByTheServices guards against a renamed variable: the services ignore
 // variables they do not know, so a stale name would silently run a shop on the defaults
 // (the machine's own PostgreSQL and RabbitMQ).

@@ -27,6 +27,8 @@ type rabbitServer struct {
 	script   string
 
 	proc *groupProcess // nil when not started or stopped
+	// watermark is the node's memory high watermark before memoryAlarm raised the alarm.
+	watermark string
 }
 
 // rabbitScripts are the server start scripts, the unwrapped one first: Debian's
@@ -96,21 +98,11 @@ func (s *rabbitServer) init() error {
 	return nil
 }
 
-// start starts the node in the foreground of its own process group and returns once it
-// accepts AMQP connections. Started again on the same directories after a kill, it recovers
-// its durable queues and their persistent messages.
-func (s *rabbitServer) start(ctx context.Context) error {
-	logPath := filepath.Join(s.dir, "log", "server.log")
-	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return err
-	}
-	defer logf.Close()
-	cmd := exec.Command(s.script)
-	cmd.Dir = s.dir
-	cmd.SysProcAttr = groupAttr(s.acct)
+// env is the environment of the node and of the command-line tools that talk to it: its
+// name, its directories and, through HOME, its private Erlang cookie.
+func (s *rabbitServer) env() []string {
 	d := func(name string) string { return filepath.Join(s.dir, name) }
-	cmd.Env = []string{
+	return []string{
 		"PATH=/usr/sbin:/usr/bin:/sbin:/bin",
 		"LANG=C.UTF-8",
 		"HOME=" + s.dir, // a private Erlang cookie; the shared one is left alone
@@ -124,6 +116,25 @@ func (s *rabbitServer) start(ctx context.Context) error {
 		"RABBITMQ_PLUGINS_EXPAND_DIR=" + d("plugins-expand"),
 		"RABBITMQ_PID_FILE=" + d("pid"),
 	}
+}
+
+// logPath is where the node's output goes.
+func (s *rabbitServer) logPath() string { return filepath.Join(s.dir, "log", "server.log") }
+
+// start starts the node in the foreground of its own process group and returns once it
+// accepts AMQP connections. Started again on the same directories after a kill, it recovers
+// its durable queues and their persistent messages.
+func (s *rabbitServer) start(ctx context.Context) error {
+	logPath := s.logPath()
+	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	cmd := exec.Command(s.script)
+	cmd.Dir = s.dir
+	cmd.SysProcAttr = groupAttr(s.acct)
+	cmd.Env = s.env()
 	cmd.Stdout, cmd.Stderr = logf, logf
 	proc, err := startGroupProcess(cmd)
 	if err != nil {
@@ -190,4 +201,90 @@ func tail(path string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// ctl runs rabbitmqctl against the node, as the node's user and with the node's environment
+// (the unwrapped script: Debian's /usr/sbin wrapper switches user and resets HOME, and with
+// it the cookie), and returns its standard output.
+func (s *rabbitServer) ctl(ctx context.Context, args ...string) (string, error) {
+	bin := filepath.Join(filepath.Dir(s.script), "rabbitmqctl")
+	if _, err := os.Stat(bin); err != nil {
+		if bin, err = lookBin("rabbitmqctl", "/usr/lib/rabbitmq/bin"); err != nil {
+			return "", err
+		}
+	}
+	cmd := exec.CommandContext(ctx, bin, append([]string{"-q", "-n", s.node}, args...)...)
+	cmd.Dir = s.dir
+	cmd.SysProcAttr = groupAttr(s.acct)
+	cmd.Env = s.env()
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("rabbitmqctl %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
+// The Erlang expressions memoryAlarm evaluates on the node.
+const (
+	evalWatermark = "vm_memory_monitor:get_vm_memory_high_watermark()."
+	evalAlarms    = "rabbit_alarm:get_alarms()."
+)
+
+// readWatermark reads and keeps the node's memory high watermark, which memoryAlarm sets
+// back when it clears the alarm. Each rabbitmqctl call starts an Erlang VM (seconds on a
+// busy machine), so it is read once, while the target prepares.
+func (s *rabbitServer) readWatermark(ctx context.Context) error {
+	wm, err := s.ctl(ctx, "eval", evalWatermark)
+	if err != nil {
+		return err
+	}
+	if _, err := watermarkArgs(wm); err != nil {
+		return err
+	}
+	s.watermark = wm
+	return nil
+}
+
+// memoryAlarm raises the node's memory alarm (on: `rabbitmqctl set_vm_memory_high_watermark
+// 0`) or clears it (the watermark read by readWatermark set back). The alarm is in effect,
+// or gone, when it returns; describe then asks the node for its alarms, as evidence.
+func (s *rabbitServer) memoryAlarm(ctx context.Context, on bool) error {
+	if s.watermark == "" {
+		if err := s.readWatermark(ctx); err != nil {
+			return err
+		}
+	}
+	args := []string{"0"}
+	if !on {
+		var err error
+		if args, err = watermarkArgs(s.watermark); err != nil {
+			return err
+		}
+	}
+	_, err := s.ctl(ctx, append([]string{"set_vm_memory_high_watermark"}, args...)...)
+	return err
+}
+
+// alarms lists the node's alarms as it reports them ("[{{resource_limit,memory,node},[]}]").
+func (s *rabbitServer) alarms(ctx context.Context) (string, error) {
+	return s.ctl(ctx, "eval", evalAlarms)
+}
+
+// watermarkArgs turns the node's watermark, as evalWatermark prints it ("0.4",
+// "{absolute,1073741824}"), into the arguments of set_vm_memory_high_watermark.
+func watermarkArgs(wm string) ([]string, error) {
+	wm = strings.TrimSpace(wm)
+	if rest, ok := strings.CutPrefix(wm, "{absolute,"); ok {
+		n := strings.TrimSuffix(rest, "}")
+		if _, err := strconv.ParseInt(n, 10, 64); err != nil {
+			return nil, fmt.Errorf("rabbitmq: unreadable watermark %q", wm)
+		}
+		return []string{"absolute", n}, nil
+	}
+	if _, err := strconv.ParseFloat(wm, 64); err != nil {
+		return nil, fmt.Errorf("rabbitmq: unreadable watermark %q (was the alarm raised?)", wm)
+	}
+	return []string{wm}, nil
 }

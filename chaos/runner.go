@@ -120,7 +120,14 @@ func runScenario(ctx context.Context, sc Scenario, opts Options, say func(phase,
 	t := opts.Target
 
 	say("starting", sc.Summary)
-	spec := ShopSpec{Name: sc.Name}
+	spec := ShopSpec{Name: sc.Name, Settings: sc.Settings, Replicas: sc.Replicas}
+	if len(sc.Settings) > 0 {
+		say("starting", "settings "+strings.Join(sc.Settings, " "))
+	}
+	unread := unreadSettings(sc.Settings)
+	for _, kv := range unread {
+		say("starting", fmt.Sprintf("%s is not a setting of its service (yet): the scenario runs without it", kv))
+	}
 	if sc.Failpoints != nil {
 		spec.Failpoints = sc.Failpoints(opts.Rate)
 		for svc, fp := range spec.Failpoints {
@@ -130,7 +137,7 @@ func runScenario(ctx context.Context, sc Scenario, opts Options, say func(phase,
 	eps, err := t.StartShop(ctx, spec)
 	defer func() {
 		if !o.Passed() {
-			o.Logs = logTails(ctx, t, 40)
+			o.Logs = logTails(ctx, t, spec.Processes(), 40)
 		}
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
@@ -170,7 +177,8 @@ func runScenario(ctx context.Context, sc Scenario, opts Options, say func(phase,
 	scr := startScraper(ctx, consumerMetrics, 300*time.Millisecond)
 	defer scr.close()
 
-	stock := initialStock(opts.Rate, opts.Load)
+	load := max(opts.Load, sc.MinLoad)
+	stock := initialStock(opts.Rate, load)
 	if err := setStock(ctx, eps.StockURL, stock); err != nil {
 		fail("set the stock: %v", err)
 		return o
@@ -181,9 +189,12 @@ func runScenario(ctx context.Context, sc Scenario, opts Options, say func(phase,
 		return o
 	}
 
-	e := &Env{Target: t, Endpoints: eps, Rate: opts.Rate, Load: opts.Load, Probe: probe, progress: say}
+	e := &Env{Target: t, Endpoints: eps, Rate: opts.Rate, Load: load, Probe: probe, progress: say}
+	for _, kv := range unread {
+		e.Saw("%s is not read by its service: the scenario ran on that setting's default", kv)
+	}
 	say("load", fmt.Sprintf("%.0f orders/s for %s, retrying with the same key for up to %s, 10%% cancelled, 5%% sent twice",
-		opts.Rate, opts.Load, opts.RetryFor))
+		opts.Rate, load, opts.RetryFor))
 	e.LoadStart = time.Now()
 	var (
 		wg        sync.WaitGroup
@@ -192,7 +203,7 @@ func runScenario(ctx context.Context, sc Scenario, opts Options, say func(phase,
 		injectErr error
 	)
 	lcfg := loadgen.Config{
-		OrdersURL: eps.OrdersURL, Rate: opts.Rate, Concurrency: 8, Duration: opts.Load,
+		OrdersURL: eps.OrdersURL, Rate: opts.Rate, Concurrency: 8, Duration: load,
 		CancelFraction: 0.1, DuplicateFraction: 0.05, RetryFor: opts.RetryFor,
 		KeyPrefix: sc.Name + "-", Seed: seed(sc.Name), Logger: opts.Logger,
 	}
@@ -222,7 +233,7 @@ func runScenario(ctx context.Context, sc Scenario, opts Options, say func(phase,
 		acked = map[string]string{}
 	}
 	acked[probe.Key] = probe.ID
-	want := verify.Expectation{Acknowledged: acked, InitialStock: stock}
+	want := verify.Expectation{Acknowledged: acked, InitialStock: stock, DeadOutboxRows: e.expectedDeadOutboxRows()}
 
 	say("draining", fmt.Sprintf("until every invariant holds (at most %s)", opts.DrainTimeout))
 	report, drainedAt, err := drain(ctx, ordersDB, warehouseDB, want, opts.DrainTimeout)
@@ -275,6 +286,9 @@ func runScenario(ctx context.Context, sc Scenario, opts Options, say func(phase,
 	if o.Acknowledged == 0 {
 		fail("no order was acknowledged: the load never reached the shop")
 	}
+	e.mu.Lock()
+	o.Failures = append(o.Failures, e.failures...)
+	e.mu.Unlock()
 	if sc.Check != nil {
 		sc.Check(ctx, e, &o)
 	}
@@ -369,10 +383,10 @@ func seed(name string) uint64 {
 	return h.Sum64()
 }
 
-// logTails returns the last n lines of each service's output.
-func logTails(ctx context.Context, t Target, n int) map[Service]string {
+// logTails returns the last n lines of each process's output.
+func logTails(ctx context.Context, t Target, procs []Service, n int) map[Service]string {
 	out := map[Service]string{}
-	for _, s := range Services {
+	for _, s := range procs {
 		logs, err := t.Logs(ctx, s)
 		if err != nil {
 			continue

@@ -3,6 +3,7 @@ package chaos
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -24,6 +25,13 @@ type Scenario struct {
 	Inject func(ctx context.Context, e *Env) error
 	// Check adds the scenario's own expectations, once the shop drained.
 	Check func(ctx context.Context, e *Env, o *Outcome)
+	// MinLoad is the shortest load the scenario needs (its fault lasts longer than the
+	// default load): the load runs for the longer of this and the runner's.
+	MinLoad time.Duration
+	// Settings are environment variables for every service process of the scenario's shop
+	// (see [ShopSpec].Settings); Replicas asks for extra processes of a service.
+	Settings []string
+	Replicas map[Service]int
 }
 
 // Env is what a scenario's Inject and Check work with.
@@ -48,10 +56,37 @@ type Env struct {
 
 	progress func(phase, msg string)
 
-	mu       sync.Mutex
-	faultAt  time.Time
-	injected []string
-	seen     []string
+	mu         sync.Mutex
+	faultAt    time.Time
+	injected   []string
+	seen       []string
+	failures   []string
+	deadOutbox map[string]int
+}
+
+// Fail records a failure the scenario found while its fault lasted (a bound exceeded, say).
+// Unlike an error of Inject, it does not mean that the fault did not happen.
+func (e *Env) Fail(format string, args ...any) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.failures = append(e.failures, fmt.Sprintf(format, args...))
+}
+
+// ExpectDeadOutboxRows tells the verifier that the scenario made n rows of service's outbox
+// ("orders", "warehouse") dead on purpose: the drain waits for exactly that many.
+func (e *Env) ExpectDeadOutboxRows(service string, n int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.deadOutbox == nil {
+		e.deadOutbox = map[string]int{}
+	}
+	e.deadOutbox[service] = n
+}
+
+func (e *Env) expectedDeadOutboxRows() map[string]int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return maps.Clone(e.deadOutbox)
 }
 
 // Probe is the runner's own order.

@@ -18,6 +18,7 @@ func TestRegistry(t *testing.T) {
 			"relay-before-publish", "relay-after-publish", "relay-after-mark",
 			"consumer-before-commit", "consumer-after-commit",
 			"broker-kill", "network", "orders-db-kill", "poison", "api-after-commit",
+			"outbox-poison", "migrate-under-load", "broker-alarm", "relay-paused", "db-outage-long",
 		}, Names())
 	})
 

@@ -417,6 +417,12 @@ func peekReasons(ctx context.Context, url, queue string, n int) ([]string, error
 			break
 		}
 		reason, _ := d.Headers[inboxrabbitmq.HeaderDeadReason].(string)
+		if reason == "" {
+			// Dead-lettered by the broker itself (x-delivery-limit, say), not by a consumer.
+			if r, ok := d.Headers["x-first-death-reason"].(string); ok {
+				reason = "broker: " + r
+			}
+		}
 		if len(reason) > 120 {
 			reason = reason[:120] + "…"
 		}

@@ -47,6 +47,7 @@ type process struct {
 	ctx         context.Context
 	cancel      context.CancelFunc
 	startErr    error
+	lastStatus  string // how the last incarnation ended
 }
 
 func newProcess(spec procSpec, restartDelay time.Duration) *process {
@@ -102,13 +103,6 @@ func (p *process) notifyLocked() {
 func (p *process) wait(cmd *exec.Cmd, incarnation int, exited chan struct{}) {
 	err := cmd.Wait()
 	now := time.Now()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	close(exited)
-	if !p.wanted {
-		p.notifyLocked()
-		return // stopped by the runner
-	}
 	status := "exit status 0"
 	killed := false
 	var ee *exec.ExitError
@@ -118,13 +112,23 @@ func (p *process) wait(cmd *exec.Cmd, incarnation int, exited chan struct{}) {
 			killed = true
 		}
 	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.lastStatus = status
+	if p.cmd == cmd {
+		p.cmd = nil
+	}
+	close(exited)
+	if !p.wanted {
+		p.notifyLocked()
+		return // stopped by the runner
+	}
 	p.deaths = append(p.deaths, Death{Service: p.spec.service, Incarnation: incarnation, At: now, Killed: killed, Status: status})
 	if logf, err := os.OpenFile(p.spec.logPath, os.O_WRONLY|os.O_APPEND, 0o644); err == nil {
 		fmt.Fprintf(logf, "### chaos: %s incarnation %d ended by itself %s (%s); restarting in %s\n",
 			p.spec.service, incarnation, now.Format(time.RFC3339Nano), status, p.restartDelay)
 		_ = logf.Close()
 	}
-	p.cmd = nil
 	p.notifyLocked()
 	p.restarting.Add(1)
 	go func() {
@@ -219,22 +223,55 @@ func (p *process) ready(ctx context.Context, exited <-chan struct{}) error {
 
 // stop stops the process for good: SIGTERM, and SIGKILL after grace.
 func (p *process) stop(grace time.Duration) {
+	p.cancel()
+	p.halt(grace)
+}
+
+// halt stops the current incarnation, if there is one: SIGTERM (and SIGCONT, so that a
+// paused process gets it), SIGKILL after grace. The supervisor does not restart it; start
+// does, as a new incarnation.
+func (p *process) halt(grace time.Duration) Stopped {
 	p.mu.Lock()
 	p.wanted = false
 	cmd, exited := p.cmd, p.exited
 	p.mu.Unlock()
-	p.cancel()
-	p.restarting.Wait()
+	p.restarting.Wait() // a restart after a death sees wanted unset and gives up
+	st := Stopped{Service: p.spec.service}
 	if cmd == nil {
-		return
+		st.Status = "not running"
+		return st
 	}
+	start := time.Now()
 	_ = signalGroup(cmd.Process.Pid, syscall.SIGTERM)
+	_ = signalGroup(cmd.Process.Pid, syscall.SIGCONT)
 	t := time.NewTimer(grace)
 	defer t.Stop()
 	select {
 	case <-exited:
 	case <-t.C:
+		st.Killed = true
 		_ = signalGroup(cmd.Process.Pid, syscall.SIGKILL)
 		<-exited
 	}
+	st.Took = time.Since(start)
+	p.mu.Lock()
+	st.Status = p.lastStatus
+	p.mu.Unlock()
+	if logf, err := os.OpenFile(p.spec.logPath, os.O_WRONLY|os.O_APPEND, 0o644); err == nil {
+		fmt.Fprintf(logf, "### chaos: %s stopped by the runner %s after %s (%s, killed=%t)\n",
+			p.spec.service, time.Now().Format(time.RFC3339Nano), st.Took.Round(time.Millisecond), st.Status, st.Killed)
+		_ = logf.Close()
+	}
+	return st
+}
+
+// signal sends sig to the current incarnation's process group.
+func (p *process) signal(sig syscall.Signal) error {
+	p.mu.Lock()
+	cmd := p.cmd
+	p.mu.Unlock()
+	if cmd == nil {
+		return fmt.Errorf("%s is not running", p.spec.service)
+	}
+	return signalGroup(cmd.Process.Pid, sig)
 }

@@ -3,6 +3,8 @@ package chaos
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"time"
 )
 
@@ -38,7 +40,19 @@ const (
 	// OrdersDB is the orders service's PostgreSQL (the local target runs one per service;
 	// docker compose runs one for both).
 	OrdersDB Component = "orders-db"
+	// WarehouseDB is the warehouse's PostgreSQL (local target only: docker compose runs one
+	// server for both services, so it cannot take the warehouse's down alone).
+	WarehouseDB Component = "warehouse-db"
 )
+
+// Replica names the n-th process of svc when a shop runs more than one (n from 2):
+// "orders-relay-2". Replica(svc, 1) is svc itself.
+func Replica(svc Service, n int) Service {
+	if n <= 1 {
+		return svc
+	}
+	return Service(fmt.Sprintf("%s-%d", svc, n))
+}
 
 // ShopSpec is what a scenario asks of a fresh shop.
 type ShopSpec struct {
@@ -47,7 +61,39 @@ type ShopSpec struct {
 	// Failpoints arms crash points in a service's first incarnation: CHAOS_FAILPOINTS of that
 	// process, e.g. "relay.after-publish=kill@40". A restarted process runs without them.
 	Failpoints map[Service]string
+	// Settings are environment variables ("WAREHOUSE_QUEUE_DELIVERY_LIMIT=3") given to every
+	// service process on top of the target's own; each service reads those of its prefix.
+	Settings []string
+	// Replicas asks for more than one process of a service (2 runs svc and
+	// Replica(svc, 2)). Only the local target supports it.
+	Replicas map[Service]int
 }
+
+// Processes lists the shop's processes in start order: the four services, then the extra
+// replicas.
+func (s ShopSpec) Processes() []Service {
+	out := slices.Clone(Services)
+	for _, svc := range Services {
+		for n := 2; n <= s.Replicas[svc]; n++ {
+			out = append(out, Replica(svc, n))
+		}
+	}
+	return out
+}
+
+// Stopped says how a service process ended when the runner stopped it.
+type Stopped struct {
+	Service Service
+	// Took is the time from SIGTERM to the process's exit.
+	Took time.Duration
+	// Killed is set when it did not exit within the grace and was SIGKILLed.
+	Killed bool
+	// Status is the exit status as text ("exit status 0").
+	Status string
+}
+
+// Clean reports a stop without SIGKILL and with exit status 0.
+func (s Stopped) Clean() bool { return !s.Killed && s.Status == "exit status 0" }
 
 // Endpoints is how the runner reaches a running shop.
 type Endpoints struct {
@@ -116,8 +162,25 @@ type Target interface {
 	HealNetwork(ctx context.Context) error
 	// NetworkStats says what the network faults of the current shop did.
 	NetworkStats() NetworkStats
+	// Pause stops svc's process without ending it (SIGSTOP, or the container frozen): it
+	// keeps its connections, locks and transactions, and does nothing. Resume lets it go on.
+	Pause(ctx context.Context, svc Service) error
+	Resume(ctx context.Context, svc Service) error
+	// StopService stops svc gracefully (SIGTERM, SIGKILL after grace) and says how it ended;
+	// the supervisor does not restart it. StartService starts it again, without crash points,
+	// and waits until it is ready: together, one step of a rolling deploy.
+	StopService(ctx context.Context, svc Service, grace time.Duration) (Stopped, error)
+	StartService(ctx context.Context, svc Service) error
+	// BrokerAlarm raises (on) or clears a memory alarm on the broker: with the alarm, the
+	// broker stops reading from every connection that publishes. It returns once the alarm
+	// is in effect, or gone. BrokerAlarms lists the broker's alarms as it reports them.
+	BrokerAlarm(ctx context.Context, on bool) error
+	BrokerAlarms(ctx context.Context) (string, error)
 	// Logs returns everything svc wrote in the current shop, all incarnations.
 	Logs(ctx context.Context, svc Service) (string, error)
+	// ComponentLogs returns what a component (a database server, the broker) logged since
+	// the current shop started, as far as the target can tell.
+	ComponentLogs(ctx context.Context, c Component) (string, error)
 	// StopShop stops the services and deletes the shop's data.
 	StopShop(ctx context.Context) error
 	// Close stops and deletes everything the target started.

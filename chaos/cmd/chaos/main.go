@@ -1,7 +1,9 @@
 // Command chaos breaks the running shop on purpose — kills a relay, a consumer, the orders
 // API, the broker or the orders database at the points where they can fail, cuts and slows
-// the network, publishes poison — while orders flow, and proves from both databases that
-// nothing acknowledged was lost and nothing was applied twice.
+// the network, publishes poison, writes bad rows into the outbox, deploys every process
+// again, raises the broker's memory alarm, freezes a relay, keeps the warehouse's database
+// away — while orders flow, and proves from both databases that nothing acknowledged was lost
+// and nothing was applied twice.
 //
 //	chaos run <scenario>|all [-target local|compose] [-rate 40] [-load 8s] [-v] [-keep]
 //	chaos list
@@ -17,8 +19,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"os/signal"
+	"slices"
 	"syscall"
 	"time"
 
@@ -139,10 +143,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			if interrupted {
 				continue
 			}
-			for _, svc := range chaos.Services {
-				if tail, ok := o.Logs[svc]; ok {
-					fmt.Fprintf(stderr, "\n--- %s: last lines of %s ---\n%s\n", o.Scenario, svc, tail)
-				}
+			for _, svc := range slices.Sorted(maps.Keys(o.Logs)) {
+				fmt.Fprintf(stderr, "\n--- %s: last lines of %s ---\n%s\n", o.Scenario, svc, o.Logs[svc])
 			}
 		}
 	}
