@@ -121,13 +121,15 @@ func ClassifySQLState(code string) Class {
 		"25P03", // idle_in_transaction_session_timeout
 		"25P04": // transaction_timeout
 		return ClassTransient
+	case "40002": // transaction_integrity_constraint_violation: a deferred constraint failed at commit
+		return ClassFailed
 	}
 	if len(code) != 5 {
 		return ClassFailed
 	}
 	switch code[:2] {
 	case "08", // connection_exception
-		"40", // transaction_rollback: serialization_failure, deadlock_detected, …
+		"40", // transaction_rollback: serialization_failure, deadlock_detected, … (not 40002)
 		"53", // insufficient_resources: disk_full, out_of_memory, too_many_connections
 		"57", // operator_intervention: query_canceled, admin_shutdown, cannot_connect_now, …
 		"58": // system_error: io_error, …

@@ -51,6 +51,7 @@ func TestClassifySQLState(t *testing.T) {
 		"40001": inbox.ClassTransient, // serialization_failure
 		"40P01": inbox.ClassTransient, // deadlock_detected
 		"40003": inbox.ClassTransient, // statement_completion_unknown
+		"40002": inbox.ClassFailed,    // transaction_integrity_constraint_violation: the data
 		"53000": inbox.ClassTransient, // insufficient_resources
 		"53100": inbox.ClassTransient, // disk_full
 		"53200": inbox.ClassTransient, // out_of_memory
