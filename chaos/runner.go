@@ -449,6 +449,11 @@ func send(ctx context.Context, method, url, key string, body []byte) (int, []byt
 	if key != "" {
 		req.Header.Set("Idempotency-Key", key)
 	}
+	if method == http.MethodPut {
+		// Setting the stock before the load sets it whatever it is: PUT /stock/{sku} needs a
+		// precondition, and "*" is the one that means "any current value".
+		req.Header.Set("If-Match", "*")
+	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return 0, nil, err

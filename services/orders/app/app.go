@@ -299,6 +299,8 @@ func (a *App) apiComponents() ([]component, error) {
 		Concurrency:          a.cfg.ConsumerConcurrency,
 		MaxDeliveries:        a.cfg.ConsumerMaxDeliveries,
 		RetryDelay:           a.cfg.ConsumerRetryDelay,
+		MaxRetryDelay:        a.cfg.ConsumerMaxRetryDelay,
+		MaxHold:              a.cfg.ConsumerMaxHold,
 		ShutdownTimeout:      a.cfg.ConsumerShutdownTimeout,
 		DeadLetterExchange:   a.topology.DeadLetterExchange,
 		DeadLetterRoutingKey: a.topology.Queue,
@@ -349,13 +351,16 @@ func (a *App) relayComponents() ([]component, error) {
 	relayLink := readiness.NewLink("starting")
 	a.checks = append(a.checks, readiness.Check{Name: "relay", Check: readiness.Connection(relayLink, a.cfg.BrokerDownGrace)})
 	relay, err := outbox.NewRelay(a.pool, pub, outbox.Config{
-		BatchSize:      a.cfg.RelayBatchSize,
-		PollInterval:   a.cfg.RelayPollInterval,
-		MaxAttempts:    a.cfg.RelayMaxAttempts,
-		RetryBaseDelay: relayRetryBaseDelay,
-		RetryMaxDelay:  relayRetryMaxDelay,
-		Logger:         a.log,
-		Hooks:          relayMetrics.Hooks(outbox.Hooks{Failpoint: a.fp.Func(), StateChanged: readiness.RelayState(relayLink)}),
+		BatchSize:       a.cfg.RelayBatchSize,
+		PollInterval:    a.cfg.RelayPollInterval,
+		MaxAttempts:     a.cfg.RelayMaxAttempts,
+		PublishTimeout:  a.cfg.RelayPublishTimeout,
+		ClaimTimeout:    a.cfg.RelayClaimTimeout,
+		MaxMessageBytes: a.cfg.RelayMaxMessageBytes,
+		RetryBaseDelay:  relayRetryBaseDelay,
+		RetryMaxDelay:   relayRetryMaxDelay,
+		Logger:          a.log,
+		Hooks:           relayMetrics.Hooks(outbox.Hooks{Failpoint: a.fp.Func(), StateChanged: readiness.RelayState(relayLink)}),
 	})
 	if err != nil {
 		_ = pub.Close()

@@ -52,11 +52,23 @@ type Config struct {
 	ConsumerMaxDeliveries   int           `env:"ORDERS_CONSUMER_MAX_DELIVERIES" envDefault:"5"`
 	ConsumerRetryDelay      time.Duration `env:"ORDERS_CONSUMER_RETRY_DELAY" envDefault:"1s"`
 	ConsumerShutdownTimeout time.Duration `env:"ORDERS_CONSUMER_SHUTDOWN_TIMEOUT" envDefault:"10s"`
+	// ConsumerMaxRetryDelay caps the consumer's retry backoff, also between the in-place
+	// retries of a message held through a database outage; ConsumerMaxHold is how long such a
+	// message is held before it is handed back to the queue (without counting a delivery).
+	ConsumerMaxRetryDelay time.Duration `env:"ORDERS_CONSUMER_MAX_RETRY_DELAY" envDefault:"30s"`
+	ConsumerMaxHold       time.Duration `env:"ORDERS_CONSUMER_MAX_HOLD" envDefault:"15m"`
 
 	// Outbox relay (relay and all).
 	RelayBatchSize    int           `env:"ORDERS_RELAY_BATCH_SIZE" envDefault:"100"`
 	RelayPollInterval time.Duration `env:"ORDERS_RELAY_POLL_INTERVAL" envDefault:"1s"`
 	RelayMaxAttempts  int           `env:"ORDERS_RELAY_MAX_ATTEMPTS" envDefault:"10"`
+	// RelayPublishTimeout bounds every step of a batch's publish; RelayClaimTimeout is the
+	// longest a paused or hung relay holds its claimed rows before PostgreSQL ends its
+	// transaction (pkg/outbox Config.ClaimTimeout; must exceed the publish timeout).
+	RelayPublishTimeout time.Duration `env:"ORDERS_RELAY_PUBLISH_TIMEOUT" envDefault:"30s"`
+	RelayClaimTimeout   time.Duration `env:"ORDERS_RELAY_CLAIM_TIMEOUT" envDefault:"35s"`
+	// RelayMaxMessageBytes is the largest payload the relay sends; a larger row is dead at once.
+	RelayMaxMessageBytes int `env:"ORDERS_RELAY_MAX_MESSAGE_BYTES" envDefault:"16777216"`
 
 	// Retention of published outbox rows, cleaned by the relay process.
 	OutboxRetention       time.Duration `env:"ORDERS_OUTBOX_RETENTION" envDefault:"168h"`
@@ -142,6 +154,11 @@ func (c Config) Validate() error {
 	check(c.RelayBatchSize > 0, "ORDERS_RELAY_BATCH_SIZE must be positive")
 	check(c.RelayPollInterval > 0, "ORDERS_RELAY_POLL_INTERVAL must be positive")
 	check(c.RelayMaxAttempts > 0, "ORDERS_RELAY_MAX_ATTEMPTS must be positive")
+	check(c.RelayPublishTimeout > 0, "ORDERS_RELAY_PUBLISH_TIMEOUT must be positive")
+	check(c.RelayClaimTimeout > c.RelayPublishTimeout, "ORDERS_RELAY_CLAIM_TIMEOUT must exceed ORDERS_RELAY_PUBLISH_TIMEOUT")
+	check(c.RelayMaxMessageBytes > 0, "ORDERS_RELAY_MAX_MESSAGE_BYTES must be positive")
+	check(c.ConsumerMaxRetryDelay >= c.ConsumerRetryDelay, "ORDERS_CONSUMER_MAX_RETRY_DELAY must be at least ORDERS_CONSUMER_RETRY_DELAY")
+	check(c.ConsumerMaxHold > 0, "ORDERS_CONSUMER_MAX_HOLD must be positive")
 	check(c.OutboxRetention > 0 && c.OutboxCleanupInterval > 0, "ORDERS_OUTBOX_RETENTION and ORDERS_OUTBOX_CLEANUP_INTERVAL must be positive")
 	check(c.InboxRetention > 0 && c.InboxCleanupInterval > 0, "ORDERS_INBOX_RETENTION and ORDERS_INBOX_CLEANUP_INTERVAL must be positive")
 	check(c.IdempotencyKeyRetention > 0 && c.IdempotencyKeyCleanupInterval > 0,

@@ -31,8 +31,12 @@ type ConsumerConfig struct {
 	Concurrency int
 	// MaxDeliveries is how many times a failing message is tried before it is dead-lettered.
 	MaxDeliveries int
-	// RetryDelay is the wait before the first retry (doubling after).
-	RetryDelay time.Duration
+	// RetryDelay is the wait before the first retry (doubling after, up to MaxRetryDelay).
+	RetryDelay    time.Duration
+	MaxRetryDelay time.Duration
+	// MaxHold is how long a message is held through a database outage before it is handed
+	// back to the queue (without counting a delivery).
+	MaxHold time.Duration
 	// ShutdownTimeout bounds the wait for messages in work when stopping.
 	ShutdownTimeout time.Duration
 	Logger          *slog.Logger
@@ -65,6 +69,8 @@ func NewConsumer(pool inbox.TxBeginner, cfg ConsumerConfig) (*rabbitmq.Consumer,
 		Concurrency:          cfg.Concurrency,
 		MaxDeliveries:        cfg.MaxDeliveries,
 		RetryDelay:           cfg.RetryDelay,
+		MaxRetryDelay:        cfg.MaxRetryDelay,
+		MaxHold:              cfg.MaxHold,
 		DeadLetterExchange:   cfg.Topology.DeadLetterExchange,
 		DeadLetterRoutingKey: cfg.Topology.Queue,
 		Setup:                cfg.Declarer.Setup,

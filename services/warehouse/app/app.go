@@ -220,6 +220,8 @@ func Start(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*App, 
 			Concurrency:     cfg.ConsumerConcurrency,
 			MaxDeliveries:   cfg.ConsumerMaxDeliveries,
 			RetryDelay:      cfg.ConsumerRetryDelay,
+			MaxRetryDelay:   cfg.ConsumerMaxRetryDelay,
+			MaxHold:         cfg.ConsumerMaxHold,
 			ShutdownTimeout: cfg.ShutdownTimeout,
 			Logger:          log,
 			Hooks: consumerMetrics.Hooks(rabbitmq.Hooks{
@@ -249,13 +251,16 @@ func Start(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*App, 
 		}
 		cleanup = append(cleanup, func() { _ = pub.Close() })
 		a.relay, err = outbox.NewRelay(pool, pub, outbox.Config{
-			BatchSize:      cfg.RelayBatchSize,
-			PollInterval:   cfg.RelayPollInterval,
-			MaxAttempts:    cfg.RelayMaxAttempts,
-			RetryBaseDelay: relayRetryBaseDelay,
-			RetryMaxDelay:  relayRetryMaxDelay,
-			Logger:         log,
-			Hooks:          relayMetrics.Hooks(outbox.Hooks{Failpoint: fp.Func(), StateChanged: readiness.RelayState(relayLink)}),
+			BatchSize:       cfg.RelayBatchSize,
+			PollInterval:    cfg.RelayPollInterval,
+			MaxAttempts:     cfg.RelayMaxAttempts,
+			PublishTimeout:  cfg.RelayPublishTimeout,
+			ClaimTimeout:    cfg.RelayClaimTimeout,
+			MaxMessageBytes: cfg.RelayMaxMessageBytes,
+			RetryBaseDelay:  relayRetryBaseDelay,
+			RetryMaxDelay:   relayRetryMaxDelay,
+			Logger:          log,
+			Hooks:           relayMetrics.Hooks(outbox.Hooks{Failpoint: fp.Func(), StateChanged: readiness.RelayState(relayLink)}),
 		})
 		if err != nil {
 			return fail(fmt.Errorf("new relay: %w", err))

@@ -51,6 +51,11 @@ type Config struct {
 	ConsumerConcurrency   int           `env:"WAREHOUSE_CONSUMER_CONCURRENCY"`
 	ConsumerMaxDeliveries int           `env:"WAREHOUSE_CONSUMER_MAX_DELIVERIES"`
 	ConsumerRetryDelay    time.Duration `env:"WAREHOUSE_CONSUMER_RETRY_DELAY"`
+	// ConsumerMaxRetryDelay caps the consumer's retry backoff, also between the in-place
+	// retries of a message held through a database outage; ConsumerMaxHold is how long such a
+	// message is held before it is handed back to the queue (without counting a delivery).
+	ConsumerMaxRetryDelay time.Duration `env:"WAREHOUSE_CONSUMER_MAX_RETRY_DELAY"`
+	ConsumerMaxHold       time.Duration `env:"WAREHOUSE_CONSUMER_MAX_HOLD"`
 	// InboxRetention is how long processed message ids are remembered. It must exceed the
 	// longest time in which a duplicate can still arrive.
 	InboxRetention time.Duration `env:"WAREHOUSE_INBOX_RETENTION"`
@@ -59,6 +64,13 @@ type Config struct {
 	RelayPollInterval time.Duration `env:"WAREHOUSE_RELAY_POLL_INTERVAL"`
 	RelayBatchSize    int           `env:"WAREHOUSE_RELAY_BATCH_SIZE"`
 	RelayMaxAttempts  int           `env:"WAREHOUSE_RELAY_MAX_ATTEMPTS"`
+	// RelayPublishTimeout bounds every step of a batch's publish; RelayClaimTimeout is the
+	// longest a paused or hung relay holds its claimed rows before PostgreSQL ends its
+	// transaction (pkg/outbox Config.ClaimTimeout; must exceed the publish timeout).
+	RelayPublishTimeout time.Duration `env:"WAREHOUSE_RELAY_PUBLISH_TIMEOUT"`
+	RelayClaimTimeout   time.Duration `env:"WAREHOUSE_RELAY_CLAIM_TIMEOUT"`
+	// RelayMaxMessageBytes is the largest payload the relay sends; a larger row is dead at once.
+	RelayMaxMessageBytes int `env:"WAREHOUSE_RELAY_MAX_MESSAGE_BYTES"`
 	// OutboxRetention is how long published outbox rows are kept.
 	OutboxRetention time.Duration `env:"WAREHOUSE_OUTBOX_RETENTION"`
 
@@ -92,10 +104,15 @@ func DefaultConfig() Config {
 		ConsumerConcurrency:   8,
 		ConsumerMaxDeliveries: 5,
 		ConsumerRetryDelay:    time.Second,
+		ConsumerMaxRetryDelay: 30 * time.Second,
+		ConsumerMaxHold:       15 * time.Minute,
 		InboxRetention:        7 * 24 * time.Hour,
 		RelayPollInterval:     time.Second,
 		RelayBatchSize:        100,
 		RelayMaxAttempts:      10,
+		RelayPublishTimeout:   30 * time.Second,
+		RelayClaimTimeout:     35 * time.Second,
+		RelayMaxMessageBytes:  16 << 20,
 		OutboxRetention:       7 * 24 * time.Hour,
 		LogFormat:             "json",
 		LogLevel:              "info",
@@ -177,6 +194,9 @@ func (c Config) Validate() error {
 		{"WAREHOUSE_SHUTDOWN_TIMEOUT", c.ShutdownTimeout},
 		{"WAREHOUSE_BROKER_DOWN_GRACE", c.BrokerDownGrace},
 		{"WAREHOUSE_CONSUMER_RETRY_DELAY", c.ConsumerRetryDelay},
+		{"WAREHOUSE_CONSUMER_MAX_RETRY_DELAY", c.ConsumerMaxRetryDelay},
+		{"WAREHOUSE_CONSUMER_MAX_HOLD", c.ConsumerMaxHold},
+		{"WAREHOUSE_RELAY_PUBLISH_TIMEOUT", c.RelayPublishTimeout},
 		{"WAREHOUSE_INBOX_RETENTION", c.InboxRetention},
 		{"WAREHOUSE_RELAY_POLL_INTERVAL", c.RelayPollInterval},
 		{"WAREHOUSE_OUTBOX_RETENTION", c.OutboxRetention},
@@ -192,10 +212,19 @@ func (c Config) Validate() error {
 		{"WAREHOUSE_CONSUMER_MAX_DELIVERIES", c.ConsumerMaxDeliveries},
 		{"WAREHOUSE_RELAY_BATCH_SIZE", c.RelayBatchSize},
 		{"WAREHOUSE_RELAY_MAX_ATTEMPTS", c.RelayMaxAttempts},
+		{"WAREHOUSE_RELAY_MAX_MESSAGE_BYTES", c.RelayMaxMessageBytes},
 	} {
 		if n.value < 1 {
 			errs = append(errs, fmt.Errorf("%s must be positive, is %d", n.name, n.value))
 		}
+	}
+	if c.RelayClaimTimeout <= c.RelayPublishTimeout {
+		errs = append(errs, fmt.Errorf("WAREHOUSE_RELAY_CLAIM_TIMEOUT (%s) must exceed WAREHOUSE_RELAY_PUBLISH_TIMEOUT (%s)",
+			c.RelayClaimTimeout, c.RelayPublishTimeout))
+	}
+	if c.ConsumerMaxRetryDelay < c.ConsumerRetryDelay {
+		errs = append(errs, fmt.Errorf("WAREHOUSE_CONSUMER_MAX_RETRY_DELAY (%s) must be at least WAREHOUSE_CONSUMER_RETRY_DELAY (%s)",
+			c.ConsumerMaxRetryDelay, c.ConsumerRetryDelay))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("invalid configuration: %w", err)

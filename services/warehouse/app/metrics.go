@@ -8,7 +8,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	inboxmetrics "github.com/outboxshop/outboxshop/pkg/inbox/metrics"
-	"github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
 	"github.com/outboxshop/outboxshop/services/warehouse"
 )
 
@@ -139,7 +138,7 @@ func (m *serviceMetrics) runStockGauge(ctx context.Context, db stockReader, inte
 //	       + RetryWindow(WAREHOUSE_RELAY_MAX_ATTEMPTS, 1s, 5m)
 //
 // The first term is the consumer's own retries: MaxDeliveries attempts, backing off
-// exponentially from RetryDelay up to pkg/inbox/rabbitmq's MaxRetryDelay (its default: 30s, or
+// exponentially from RetryDelay up to the consumer's max retry delay (default 30s, or
 // RetryDelay when larger). The second is the producing relay's: a row whose publish failed is
 // tried again up to MaxAttempts times, backing off from RetryBaseDelay 1s to RetryMaxDelay 5m,
 // and a failed attempt may have reached the broker, so each retry may deliver a duplicate.
@@ -148,7 +147,7 @@ func (m *serviceMetrics) runStockGauge(ctx context.Context, db stockReader, inte
 // them. RetryWindow sums the waits without their jitter, which only shortens them.
 func redeliveryWindow(cfg Config) time.Duration {
 	consumer := inboxmetrics.RetryWindow(cfg.ConsumerMaxDeliveries, cfg.ConsumerRetryDelay,
-		max(rabbitmq.DefaultMaxRetryDelay, cfg.ConsumerRetryDelay))
+		max(cfg.ConsumerMaxRetryDelay, cfg.ConsumerRetryDelay))
 	producer := inboxmetrics.RetryWindow(cfg.RelayMaxAttempts, relayRetryBaseDelay, relayRetryMaxDelay)
 	return consumer + producer
 }
