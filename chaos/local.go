@@ -325,7 +325,7 @@ func (l *Local) StartShop(ctx context.Context, spec ShopSpec) (Endpoints, error)
 		return append(env, spec.Settings...)
 	}
 	specs := map[Service]procSpec{
-		Warehouse:      {binary: l.bins["warehouse"], args: []string{"api"}, readyBody: `"consumer":"connected"`},
+		Warehouse:      {binary: l.bins["warehouse"], args: []string{"api"}, readyBody: `"consumer":"up"`},
 		WarehouseRelay: {binary: l.bins["warehouse"], args: []string{"relay"}},
 		OrdersAPI:      {binary: l.bins["orders"], args: []string{"api"}},
 		OrdersRelay:    {binary: l.bins["orders"], args: []string{"relay"}},
