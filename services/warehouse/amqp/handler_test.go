@@ -1,6 +1,7 @@
 package amqp_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"strings"
@@ -205,6 +206,9 @@ func TestConsumer(t *testing.T) {
 		msg    func(t *testing.T) message
 		key    string
 		reason string
+		// code is the dead-letter reason's code: permanent-error (the handler's verdict)
+		// unless the consumer refused the message before the handler saw it.
+		code string
 	}{
 		{
 			name: "an unsupported version",
@@ -277,6 +281,7 @@ func TestConsumer(t *testing.T) {
 			},
 			key:    warehouse.RoutingKeyOrderCreated,
 			reason: "UTF-8",
+			code:   rabbitmq.ReasonMalformedJSON, // the consumer checks the body before the handler
 		},
 		{
 			name: "an order id in upper case",
@@ -297,7 +302,7 @@ func TestConsumer(t *testing.T) {
 			d := b.deadLetter(t)
 			require.Equal(t, m.ID, d.MessageId)
 			reason, _ := d.Headers[rabbitmq.HeaderDeadReason].(string)
-			require.True(t, strings.HasPrefix(reason, rabbitmq.ReasonPermanent+":"), reason)
+			require.True(t, strings.HasPrefix(reason, cmp.Or(tc.code, rabbitmq.ReasonPermanent)+":"), reason)
 			require.Contains(t, reason, tc.reason)
 			require.Equal(t, 0, b.countReservations(t, ""))
 			require.Equal(t, 0, b.countAnswers(t, warehouse.TypeStockReserved))
