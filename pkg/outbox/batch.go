@@ -83,7 +83,10 @@ WHERE o.id = f.id`
 
 // releaseNext makes the new head of each aggregate whose head this cycle published or
 // buried claimable again, if it was waiting. It runs in the claim transaction after the
-// marks, so the old head is no longer pending here.
+// marks, so the old head is no longer pending here. It returns how many such heads it found
+// and how many it released: a head that another transaction holds locked is skipped rather
+// than waited for (another relay's claim may hold it, having walked past it, for as long as
+// that relay's batch takes), and left to repairWaiting, which the relay then runs at once.
 //
 // Why no waiting row is left behind: markWaiting sets waiting only while it holds a KEY SHARE
 // lock on an older pending row of the aggregate, and skips rows that a relay holds. A relay
@@ -91,15 +94,25 @@ WHERE o.id = f.id`
 // lean on a head that is being published; and a relay that claims a head after markWaiting
 // committed runs this statement later still, so it sees, and clears, what markWaiting set.
 const releaseNext = `
-UPDATE outbox_messages m SET waiting = false
-FROM unnest($1::text[], $2::text[]) AS a(aggregate_type, aggregate_id),
-LATERAL (
-    SELECT h.id FROM outbox_messages h
-    WHERE h.aggregate_type = a.aggregate_type AND h.aggregate_id = a.aggregate_id
-      AND h.published_at IS NULL AND h.dead_at IS NULL
-    ORDER BY h.seq
-    LIMIT 1) head
-WHERE m.id = head.id AND m.waiting`
+WITH head AS MATERIALIZED (
+    SELECT h.id
+    FROM unnest($1::text[], $2::text[]) AS a(aggregate_type, aggregate_id),
+    LATERAL (
+        SELECT o.id, o.waiting FROM outbox_messages o
+        WHERE o.aggregate_type = a.aggregate_type AND o.aggregate_id = a.aggregate_id
+          AND o.published_at IS NULL AND o.dead_at IS NULL
+        ORDER BY o.seq
+        LIMIT 1) h
+    WHERE h.waiting
+), locked AS (
+    SELECT l.id FROM outbox_messages l
+    WHERE l.id = ANY (ARRAY(SELECT id FROM head)) AND l.waiting
+    FOR NO KEY UPDATE SKIP LOCKED
+), released AS (
+    UPDATE outbox_messages m SET waiting = false FROM locked WHERE m.id = locked.id
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM head), (SELECT count(*) FROM released)`
 
 // markWaiting takes up to $1 rows out of the claim's index that cannot be claimed because an
 // older row of their aggregate is pending: the oldest claimable rows first, which is where a
@@ -287,8 +300,12 @@ func (r *Relay) cycle(ctx context.Context) (cycleResult, error) {
 		}
 	}
 	if len(doneAggTypes) > 0 {
-		if _, err := tx.Exec(ctx, releaseNext, doneAggTypes, doneAggIDs); err != nil {
+		var heads, released int
+		if err := tx.QueryRow(ctx, releaseNext, doneAggTypes, doneAggIDs).Scan(&heads, &released); err != nil {
 			return res, databaseError{fmt.Errorf("release the next rows of %d aggregates: %w", len(doneAggTypes), err)}
+		}
+		if released < heads {
+			r.requestRepair()
 		}
 	}
 	r.failpoint(FailpointAfterMark)
@@ -329,7 +346,8 @@ func (r *Relay) streak(id uuid.UUID, keep bool) int {
 // maintain runs maybeMaintain until ctx ends, beside Run's cycles, so that a long pass never
 // delays a batch. A pass that marked rows held, for its few milliseconds, KEY SHARE locks on
 // the rows they wait for, and a claim meanwhile skipped those (SKIP LOCKED): so it wakes the
-// relay for another cycle.
+// relay for another cycle. (The rows a pass locks but does not mark are not heads: a claim
+// that skips them loses nothing.)
 func (r *Relay) maintain(ctx context.Context, wake chan<- struct{}) {
 	t := time.NewTimer(0)
 	defer t.Stop()
@@ -342,8 +360,10 @@ func (r *Relay) maintain(ctx context.Context, wake chan<- struct{}) {
 		r.maybeMaintain(ctx)
 		r.maintMu.Lock()
 		next := r.cfg.PollInterval
-		if r.maintainNow {
+		if r.maintainNow || r.repairNow.Load() {
 			next = 0
+		}
+		if r.marked > 0 {
 			signal(wake)
 		}
 		r.maintMu.Unlock()
@@ -359,16 +379,18 @@ func (r *Relay) maybeMaintain(ctx context.Context) {
 	r.maintMu.Lock()
 	defer r.maintMu.Unlock()
 	now := time.Now()
-	if !r.maintainNow && now.Sub(r.maintainedAt) < r.cfg.PollInterval {
+	if !r.maintainNow && !r.repairNow.Load() && now.Sub(r.maintainedAt) < r.cfg.PollInterval {
 		return
 	}
 	r.maintainedAt = now
 	r.maintainPasses++
+	r.marked = 0
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.ClaimTimeout)
 	defer cancel()
-	if r.maintainPasses%repairEvery == 0 {
+	if r.repairNow.Swap(false) || r.maintainPasses%repairEvery == 0 {
 		if _, err := r.db.Exec(ctx, repairWaiting); err != nil && ctx.Err() == nil {
 			r.cfg.Logger.WarnContext(ctx, "outbox relay: repair waiting rows", "error", err)
+			r.repairNow.Store(true)
 		}
 	}
 	tag, err := r.db.Exec(ctx, markWaiting, markWaitingLimit)
@@ -379,8 +401,16 @@ func (r *Relay) maybeMaintain(ctx context.Context) {
 		r.maintainNow = false
 		return
 	}
-	r.maintainNow = tag.RowsAffected() > 0
+	r.marked = tag.RowsAffected()
+	// Only a full pass says that more rows are waiting to be marked: going again at once
+	// after every pass that marked one row would run passes back to back while a busy
+	// aggregate is being written.
+	r.maintainNow = r.marked >= markWaitingLimit
 }
+
+// requestRepair asks the next maintenance pass to run repairWaiting, and to run at once. It
+// never waits: a cycle calls it with its transaction open.
+func (r *Relay) requestRepair() { r.repairNow.Store(true) }
 
 const (
 	// markWaitingLimit bounds the rows one markWaiting pass looks at.

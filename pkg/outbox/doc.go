@@ -16,9 +16,11 @@
 //
 // Migrate records the versions it applied in the outbox_migrations table. When the schema is
 // current it takes no lock on the outbox table, so every replica of a rolling deploy may call
-// it at start-up while relays and writers run at full load; a migration that must change the
-// table waits at most two seconds for its lock (lock_timeout) and tries again, so writers
-// never queue behind it for long.
+// it at start-up while relays and writers run at full load. A migration that must change the
+// table waits at most two seconds for its lock (lock_timeout) and then tries again, so writers
+// never queue behind a waiting migration for long; while it holds the lock they wait for its
+// work (version 2 rewrites the table: milliseconds for a table that Cleanup keeps small). The
+// files are also safe to apply again, for a schema first applied by another tool.
 //
 // # Guarantees
 //

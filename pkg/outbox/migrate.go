@@ -98,7 +98,9 @@ func loadMigrations() ([]migration, error) {
 //   - Otherwise it serialises with other migrating processes (an advisory lock) and applies
 //     what is missing with lock_timeout set, so that it never queues for long in front of
 //     writers; when a lock is not available in time it rolls back and tries again with
-//     backoff, up to ten times, then returns the error.
+//     backoff, up to ten times, then returns the error. Once it has a table's lock, writers
+//     wait for what the migration does with it (version 2 rewrites the table: milliseconds
+//     for a table that Cleanup keeps small).
 //   - A table made by a version of this package that recorded no versions is taken to be at
 //     version 1.
 //
@@ -142,11 +144,13 @@ func migrateOnce(ctx context.Context, db TxBeginner, all []migration, latest int
 	if version >= latest {
 		return nil // current: nothing locked, nothing to commit
 	}
-	if _, err := tx.Exec(ctx, takeMigrateLock, int64(migrationLock)); err != nil {
-		return fmt.Errorf("migrate outbox: lock: %w", err)
-	}
+	// lock_timeout first: it bounds the wait for the advisory lock too, behind another
+	// process's migration that is itself waiting.
 	if _, err := tx.Exec(ctx, setLockTimeout, strconv.Itoa(int(migrationLockTimeout.Milliseconds()))); err != nil {
 		return fmt.Errorf("migrate outbox: set lock_timeout: %w", err)
+	}
+	if _, err := tx.Exec(ctx, takeMigrateLock, int64(migrationLock)); err != nil {
+		return fmt.Errorf("migrate outbox: lock: %w", err)
 	}
 	if _, err := tx.Exec(ctx, createVersionTable); err != nil {
 		return fmt.Errorf("migrate outbox: create version table: %w", err)

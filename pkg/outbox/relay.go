@@ -78,8 +78,8 @@ type Config struct {
 	// statement_timeout, set for the transaction only). A relay that is paused (SIGSTOP),
 	// hung or cut off mid-batch thus loses its claim after at most ClaimTimeout, and another
 	// relay publishes its rows — a second time, if the broker had them already. It must
-	// exceed PublishTimeout, since the transaction is idle while the batch is published.
-	// Default PublishTimeout + 5s.
+	// exceed PublishTimeout by a second at least, since the transaction is idle while the
+	// batch is published (and the hooks run). Default PublishTimeout + 5s.
 	ClaimTimeout time.Duration
 	// MaxMessageBytes is the largest payload the relay sends. A larger row is marked dead at
 	// once with the reason: the broker would close the channel, which would look like an
@@ -152,8 +152,8 @@ func (c Config) withDefaults() (Config, error) {
 	case c.PollInterval < 0 || c.NotifyRecheck < 0 || c.RetryBaseDelay < 0 || c.RetryMaxDelay < c.RetryBaseDelay ||
 		c.OutageBaseDelay < 0 || c.OutageMaxDelay < c.OutageBaseDelay || c.PublishTimeout < 0:
 		return c, errors.New("outbox: negative duration, or a max delay below its base delay")
-	case c.ClaimTimeout <= c.PublishTimeout:
-		return c, fmt.Errorf("outbox: ClaimTimeout %v must exceed PublishTimeout %v", c.ClaimTimeout, c.PublishTimeout)
+	case c.ClaimTimeout < c.PublishTimeout+time.Second:
+		return c, fmt.Errorf("outbox: ClaimTimeout %v must exceed PublishTimeout %v by a second at least", c.ClaimTimeout, c.PublishTimeout)
 	case c.MaxMessageBytes < 0:
 		return c, fmt.Errorf("outbox: negative MaxMessageBytes %d", c.MaxMessageBytes)
 	}
@@ -177,7 +177,9 @@ type Relay struct {
 	maintaining    atomic.Bool // Run's maintenance goroutine is running
 	maintMu        sync.Mutex
 	maintainedAt   time.Time
-	maintainNow    bool // the last markWaiting pass marked rows: run the next one at once
+	maintainNow    bool        // the last markWaiting pass was full: run the next one at once
+	repairNow      atomic.Bool // a cycle could not release a head: run repairWaiting at once
+	marked         int64       // rows the last markWaiting pass marked
 	maintainPasses int
 }
 

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -621,4 +622,62 @@ func TestRelayPaused(t *testing.T) {
 	t.Logf("rows of the paused relay published after %v (ClaimTimeout %v)", took, claimTimeout)
 	require.Less(t, took, claimTimeout+3*time.Second, "released within ClaimTimeout")
 	requireAggregateOrder(t, want, pub.all())
+}
+
+// TestReleaseNeverWaits: a relay that publishes an aggregate's head does not wait for a lock
+// another transaction holds on the next row (another relay's claim that walked past it holds
+// it so for a whole batch); it leaves that row to the repair pass, which runs at once.
+func TestReleaseNeverWaits(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	rows := b.write(t, b.msg("a", 1), b.msg("a", 2))
+	_, err := b.pool.Exec(ctx, "UPDATE outbox_messages SET waiting = true WHERE id = $1", rows[1].ID)
+	require.NoError(t, err)
+
+	holder, err := b.conn(t).Begin(ctx)
+	require.NoError(t, err)
+	pub := &recorder{outcome: func(m outbox.Message) error {
+		if m.ID == rows[0].ID {
+			// While the head is being published, another transaction locks the next row.
+			_, err := holder.Exec(ctx, "SELECT 1 FROM outbox_messages WHERE id = $1 FOR UPDATE", rows[1].ID)
+			require.NoError(t, err)
+		}
+		return nil
+	}}
+	cfg := quietConfig(t)
+	cfg.PublishTimeout, cfg.ClaimTimeout = 2*time.Second, 4*time.Second
+	r, err := outbox.NewRelay(b.pool, pub, cfg)
+	require.NoError(t, err)
+	n, err := r.PublishBatch(ctx)
+	require.NoError(t, err, "the cycle did not wait for the lock until its statement timeout")
+	require.Equal(t, 1, n)
+	require.Equal(t, 1, b.count(t, "waiting"), "the locked row was skipped")
+
+	require.NoError(t, holder.Rollback(ctx))
+	n, err = r.PublishBatch(ctx) // repairs at once, then claims the row
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	requireAggregateOrder(t, map[string][]uuid.UUID{"a": ids(rows)}, pub.all())
+}
+
+// TestMigrateAfterAnotherTool: a schema made by applying migrations/*.sql with another tool,
+// which records no version here, is taken over by Migrate.
+func TestMigrateAfterAnotherTool(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testinfra.NewPool(t)
+	files, err := filepath.Glob("migrations/*.sql")
+	require.NoError(t, err)
+	for _, f := range files {
+		sql, err := os.ReadFile(f)
+		require.NoError(t, err)
+		_, err = pool.Exec(ctx, string(sql))
+		require.NoError(t, err, f)
+	}
+	require.NoError(t, outbox.Migrate(ctx, pool))
+	require.NoError(t, outbox.Migrate(ctx, pool))
+	var versions int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM outbox_migrations").Scan(&versions))
+	require.Equal(t, len(files), versions)
 }
