@@ -14,11 +14,12 @@ help: ## Show this help.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: test
-test: ## go vet, then go test -race -count=1, in every module.
+test: ## go vet, then go test -race -count=1, in every module; then tools/adoptcheck.sh (the libraries as copies).
 	@set -e; for dir in $(MODULES); do \
 		echo "==> $${dir#$(CURDIR)/}"; \
 		(cd $$dir && go vet ./... && go test -race -count=1 $(GOTEST_FLAGS) ./...); \
 	done
+	@tools/adoptcheck.sh
 
 .PHONY: lint
 lint: ## Fail if any Go file is not gofmt-formatted; go vet every module.
