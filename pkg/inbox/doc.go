@@ -15,14 +15,22 @@
 // # Setup
 //
 // Apply the schema with [Migrate] at start-up, or copy migrations/001_inbox.sql (also
-// available as [Migrations]) into your own migration tool. Then, for every delivery:
+// available as [Migrations]) into your own migration tool. Then, for every delivery, run its
+// handler through [Process] and acknowledge the delivery only when that returned nil (from
+// the example of [Process], where the broker delivers one message twice):
 //
-//	duplicate, err := inbox.Process(ctx, pool, "billing", inbox.Message{ID: msgID, Type: msgType},
-//		func(ctx context.Context, tx pgx.Tx) error {
-//			_, err := tx.Exec(ctx, "UPDATE accounts SET balance = balance - $1 WHERE id = $2", amount, account)
-//			return err
-//		})
-//	// err == nil: acknowledge the delivery (duplicate or not). err != nil: do not.
+//	reserve := func(ctx context.Context, tx pgx.Tx) error {
+//		_, err := tx.Exec(ctx, `UPDATE stock SET reserved = reserved + 1 WHERE sku = $1`, "sku-1")
+//		return err
+//	}
+//	msg := inbox.Message{ID: "order-42", Type: "order.placed"}
+//	for range 2 { // the broker delivers the message twice
+//		duplicate, err := inbox.Process(ctx, pool, "stock", msg, reserve)
+//		if err != nil {
+//			panic(err) // do not acknowledge: the broker redelivers it
+//		}
+//		fmt.Println("duplicate:", duplicate) // acknowledge the delivery in both cases
+//	}
 //
 // Run [RunCleanup] somewhere (or [Cleanup] from a scheduler) so the table does not grow for
 // ever.

@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"log"
+	"net/http"
 	"net/url"
 	"os"
 	"time"
@@ -114,6 +116,83 @@ func ExampleNewConsumer() {
 	// order.placed duplicate=false
 	// order.placed duplicate=true
 	// orders: 1
+}
+
+// A service's wiring: the schema at start-up, a consumer with its topology and dead-letter
+// queue, cleanup, and a readiness probe. Compiled only: it needs the service's own database
+// and broker (pkg/inbox/README.md shows it).
+func Example_service() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	amqpURL := os.Getenv("AMQP_URL")
+
+	if err := inbox.Migrate(ctx, pool); err != nil { // or apply migrations/*.sql with your tool
+		log.Fatal(err)
+	}
+	consumer, err := rabbitmq.NewConsumer(pool, rabbitmq.Config{
+		URL: amqpURL, Queue: "billing.orders", Name: "billing",
+		DeadLetterExchange: "dead", DeadLetterRoutingKey: "billing.orders",
+		ContentTypes: []string{"application/json"}, Types: []string{"order.placed"},
+		Setup: func(ch *amqp.Channel) error { // on every (re)connect; the dead-letter side first
+			if err := ch.ExchangeDeclare("dead", "direct", true, false, false, false, nil); err != nil {
+				return err
+			}
+			if _, err := ch.QueueDeclare("billing.orders.dead", true, false, false, false,
+				amqp.Table{"x-queue-type": "quorum"}); err != nil {
+				return err
+			}
+			if err := ch.QueueBind("billing.orders.dead", "billing.orders", "dead", false, nil); err != nil {
+				return err
+			}
+			if err := ch.ExchangeDeclare("shop.events", "topic", true, false, false, false, nil); err != nil {
+				return err
+			}
+			if _, err := ch.QueueDeclare("billing.orders", true, false, false, false, amqp.Table{
+				"x-queue-type":              "quorum",
+				"x-dead-letter-exchange":    "dead",
+				"x-dead-letter-routing-key": "billing.orders",
+			}); err != nil {
+				return err
+			}
+			return ch.QueueBind("billing.orders", "order.placed", "shop.events", false, nil)
+		},
+		Handler: func(ctx context.Context, tx pgx.Tx, d rabbitmq.Delivery) error {
+			var order struct {
+				ID         string `json:"id"`
+				TotalCents int64  `json:"total_cents"`
+			}
+			if err := json.Unmarshal(d.Body, &order); err != nil {
+				return inbox.Permanent(err) // no retry can fix it: dead-lettered at once
+			}
+			// Write through tx only. Wrap the error of a dependency that is down with
+			// inbox.Transient: the message is held and retried without counting an attempt.
+			_, err := tx.Exec(ctx, "INSERT INTO invoices (order_id, total_cents) VALUES ($1, $2)",
+				order.ID, order.TotalCents)
+			return err
+		},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	http.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		// An error once the broker has been gone for longer than 30s.
+		if err := consumer.Ready(30 * time.Second); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+		}
+	})
+	errc := make(chan error, 2)
+	go func() { errc <- consumer.Run(ctx) }() // returns nil when ctx ends
+	go func() {
+		errc <- inbox.RunCleanup(ctx, pool, inbox.CleanupConfig{Retention: 14 * 24 * time.Hour})
+	}()
+	for range 2 {
+		if err := <-errc; err != nil {
+			log.Fatal(err)
+		}
+	}
 }
 
 // exampleBroker returns the broker named by OUTBOXSHOP_TEST_AMQP_URL and a queue name no
