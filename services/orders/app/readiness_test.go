@@ -229,6 +229,13 @@ func TestAppQueueDeclaredWithOtherArguments(t *testing.T) {
 	})
 	cfg.QueueDeliveryLimit = 20
 	logs := &logBuffer{}
+	t.Cleanup(func() {
+		if t.Failed() {
+			logs.mu.Lock()
+			t.Log(logs.buf.String())
+			logs.mu.Unlock()
+		}
+	})
 	a, err := app.New(cfg, app.ModeAll, app.Options{Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	require.NoError(t, err)
 	require.NoError(t, a.Start(context.Background()))
@@ -237,9 +244,11 @@ func TestAppQueueDeclaredWithOtherArguments(t *testing.T) {
 	created := call(t, http.MethodPost, a.URL()+"/orders", orderBody)
 	require.Equal(t, http.StatusCreated, created.status)
 	order := decodeOrder(t, created)
+	// Start returns before the consumer has declared its bindings; a stock event published
+	// before that would be unroutable. Ready means consuming.
+	waitReady(t, a.URL(), http.StatusOK, map[string]string{"database": "up", "consumer": "up", "relay": "up"})
 	publishStock(t, cfg, "wh-args-1", "StockReserved", "stock.reserved", order.ID, "req-args")
 	waitStatus(t, a, order.ID, "RESERVED")
-	waitReady(t, a.URL(), http.StatusOK, map[string]string{"database": "up", "consumer": "up", "relay": "up"})
 	require.Equal(t, 1, logs.count("queue exists with other arguments than configured"),
 		"one warning, though the consumer and the relay both declared")
 }
