@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"math/rand/v2"
 	"sync"
@@ -28,8 +29,30 @@ const (
 	FailpointAfterMark = "relay.after-mark"
 )
 
-// NotifyChannel is the PostgreSQL channel the outbox trigger notifies on commit.
+// NotifyChannel is the PostgreSQL channel the trigger of the default [Tables] notifies on
+// commit; [Tables.NotifyChannel] gives any outbox's.
 const NotifyChannel = "outbox_messages"
+
+// NotifyChannel returns the PostgreSQL channel the trigger on t's table notifies when rows
+// commit, and its relays listen on: the table's name, prefixed by "schema." when Schema is
+// set ([NotifyChannel] for the default tables). A name that would exceed PostgreSQL's 63
+// bytes is shortened, a hash of the schema keeping it apart from other schemas'.
+//
+// Outboxes with the same unqualified name in different schemas reached through search_path
+// share a channel: a relay is then also woken by the others' commits, which costs it an
+// empty claim and nothing else.
+func (t Tables) NotifyChannel() string {
+	t = t.WithDefaults()
+	if t.Schema == "" {
+		return t.Messages
+	}
+	if c := t.Schema + "." + t.Messages; len(c) <= 63 {
+		return c
+	}
+	h := fnv.New32a()
+	h.Write([]byte(t.Schema))
+	return fmt.Sprintf("%s.%08x", t.Messages, h.Sum32())
+}
 
 // State is what a relay is doing, as shown in logs and through [Hooks].StateChanged.
 type State string

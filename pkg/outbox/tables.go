@@ -1,0 +1,146 @@
+package outbox
+
+import (
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Tables names the tables of one outbox. The zero value is the default: outbox_messages and
+// outbox_migrations, unqualified, so that PostgreSQL finds them through the connection's search_path.
+// Set Schema to keep them in a schema of their own (a schema per tenant, say), and Messages to
+// keep several outboxes in one database; everything else the outbox creates (indexes,
+// functions, triggers, lock keys, channels) is named after Messages and Schema.
+type Tables struct {
+	// Schema holds the tables. Empty: unqualified names, resolved through search_path.
+	Schema string
+	// Messages is the outbox table. Default outbox_messages. At most [MaxTableBytes] bytes, so
+	// that the names derived from it fit PostgreSQL's 63-byte identifiers.
+	Messages string
+	// Migrations is the table [Migrate] records applied versions in. Default: Messages with
+	// its "_messages" suffix replaced by "_migrations" (outbox_migrations for the default Messages),
+	// or Messages + "_migrations".
+	Migrations string
+}
+
+// DefaultMessagesTable is the outbox table's name when [Tables.Messages] is empty.
+const DefaultMessagesTable = "outbox_messages"
+
+// MaxTableBytes is the longest [Tables.Messages] may be: names derived from it add up to 22
+// bytes, and PostgreSQL cuts identifiers at 63.
+const MaxTableBytes = 40
+
+// ErrInvalidTables is wrapped by [Tables.Validate]'s errors.
+var ErrInvalidTables = errors.New("outbox: invalid table names")
+
+// WithDefaults returns t with its empty names replaced by the defaults.
+func (t Tables) WithDefaults() Tables {
+	if t.Messages == "" {
+		t.Messages = DefaultMessagesTable
+	}
+	if t.Migrations == "" {
+		base, ok := strings.CutSuffix(t.Messages, "_messages")
+		if !ok {
+			base = t.Messages
+		}
+		t.Migrations = base + "_migrations"
+	}
+	return t
+}
+
+// Validate reports whether t, with its defaults, names usable tables: valid UTF-8 without
+// NUL bytes, Messages at most [MaxTableBytes] bytes, Schema and Migrations at most 63, and
+// Messages and Migrations different. Names are quoted in every statement, so any other
+// character, case included, is kept as written. The error wraps [ErrInvalidTables].
+func (t Tables) Validate() error {
+	t = t.WithDefaults()
+	for _, f := range []struct {
+		field, value string
+		limit        int
+	}{
+		{"Schema", t.Schema, 63},
+		{"Messages", t.Messages, MaxTableBytes},
+		{"Migrations", t.Migrations, 63},
+	} {
+		switch {
+		case len(f.value) > f.limit:
+			return fmt.Errorf("%w: %s is %d bytes long, more than %d", ErrInvalidTables, f.field, len(f.value), f.limit)
+		case !utf8.ValidString(f.value):
+			return fmt.Errorf("%w: %s is not valid UTF-8", ErrInvalidTables, f.field)
+		case strings.IndexByte(f.value, 0) >= 0:
+			return fmt.Errorf("%w: %s contains a NUL byte", ErrInvalidTables, f.field)
+		}
+	}
+	if t.Messages == t.Migrations {
+		return fmt.Errorf("%w: Messages and Migrations are both %q", ErrInvalidTables, t.Messages)
+	}
+	return nil
+}
+
+// String returns the schema-qualified name of the outbox table, as written in SQL.
+func (t Tables) String() string {
+	return t.WithDefaults().qualified(t.WithDefaults().Messages)
+}
+
+// isDefault tells whether t names the tables of the zero Tables.
+func (t Tables) isDefault() bool { return t.WithDefaults() == Tables{}.WithDefaults() }
+
+// qualified quotes name, prefixed by t's schema if any.
+func (t Tables) qualified(name string) string {
+	if t.Schema == "" {
+		return pgx.Identifier{name}.Sanitize()
+	}
+	return pgx.Identifier{t.Schema, name}.Sanitize()
+}
+
+// lockKey derives a 64-bit advisory lock key from t's names and purpose; the default tables
+// keep the key older versions used, so that processes of both versions serialise.
+func (t Tables) lockKey(purpose string, legacy int64) int64 {
+	t = t.WithDefaults()
+	if t.isDefault() {
+		return legacy
+	}
+	h := fnv.New64a()
+	fmt.Fprintf(h, "outbox\x00%s\x00%s\x00%s", purpose, t.Schema, t.Messages)
+	return int64(h.Sum64()) //nolint:gosec // any 64 bits will do
+}
+
+// sqlNames are t's names as SQL spells them, for statements and migration templates.
+type sqlNames struct {
+	// Messages and Migrations are the tables, quoted and schema-qualified.
+	Messages, Migrations string
+	// MessagesText and MigrationsText are the same names as text, for to_regclass.
+	MessagesText, MigrationsText string
+	// Schema is the schema, quoted; empty when unqualified.
+	Schema string
+	t      Tables
+}
+
+// Local returns the quoted, unqualified name of an object derived from the outbox table (an
+// index or a trigger: PostgreSQL puts them in the table's schema): "<Messages>_<suffix>".
+func (n sqlNames) Local(suffix string) string {
+	return pgx.Identifier{n.t.Messages + "_" + suffix}.Sanitize()
+}
+
+// Qualified returns the same name, schema-qualified (a function, or DROP INDEX).
+func (n sqlNames) Qualified(suffix string) string {
+	return n.t.qualified(n.t.Messages + "_" + suffix)
+}
+
+func (t Tables) sqlNames() sqlNames {
+	t = t.WithDefaults()
+	n := sqlNames{
+		Messages:   t.qualified(t.Messages),
+		Migrations: t.qualified(t.Migrations),
+		t:          t,
+	}
+	n.MessagesText, n.MigrationsText = n.Messages, n.Migrations
+	if t.Schema != "" {
+		n.Schema = pgx.Identifier{t.Schema}.Sanitize()
+	}
+	return n
+}
