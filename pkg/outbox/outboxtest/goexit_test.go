@@ -1,0 +1,5 @@
+package outboxtest_test
+
+import "runtime"
+
+func runtimeGoexit() { runtime.Goexit() }
