@@ -19,7 +19,7 @@ import (
 type txDB struct{ pgx.Tx }
 
 func (d txDB) BeginTx(ctx context.Context, _ pgx.TxOptions) (pgx.Tx, error) { return d.Begin(ctx) }
-func (d txDB) Ping(ctx context.Context) error                                { return d.Conn().Ping(ctx) }
+func (d txDB) Ping(ctx context.Context) error                               { return d.Conn().Ping(ctx) }
 
 // txStore returns a Store on a transaction of b's database, rolled back when the test ends.
 func (b *storeBundle) txStore(t *testing.T) (*postgres.Store, pgx.Tx) {
