@@ -152,7 +152,7 @@ const (
 // Handled is what became of one delivery through the RabbitMQ consumer's handling.
 type Handled struct {
 	Result
-	// Outcome is what the consumer does next.
+	// Outcome is what the consumer does next; empty when cfg.Name is invalid.
 	Outcome Outcome
 	// Reason is the dead-letter reason (one of the rabbitmq.Reason constants) when Outcome
 	// is DeadLettered.
@@ -163,8 +163,13 @@ type Handled struct {
 // RabbitMQ consumer built from cfg does, and reports the outcome the consumer would reach.
 // cfg.MaxDeliveries (default rabbitmq.DefaultMaxDeliveries) and d.DeliveryCount (0 counts as
 // the first attempt) decide between Retried and DeadLettered for a counted failure. The
-// other fields of cfg, the broker's among them, are not used.
+// other fields of cfg, the broker's among them, are not used. An invalid cfg.Name, with
+// which the consumer would not start, gives no Outcome and an Err saying so.
 func DeliverRabbitMQ(ctx context.Context, db inbox.TxBeginner, cfg rabbitmq.Config, d rabbitmq.Delivery, opts *Options) Handled {
+	if err := inbox.ValidateConsumer(cfg.Name); err != nil {
+		// The consumer would not start; there is no outcome.
+		return Handled{Result: Result{Err: fmt.Errorf("inboxtest: rabbitmq.Config.Name: %w", err)}}
+	}
 	d.DeliveryCount = max(d.DeliveryCount, 1)
 	maxDeliveries := cfg.MaxDeliveries
 	if maxDeliveries <= 0 {
@@ -225,6 +230,9 @@ func (h Handled) RequireOutcome(t TB, want Outcome, reason string) {
 		return
 	}
 	got := string(h.Outcome)
+	if got == "" {
+		got = "no outcome"
+	}
 	if h.Reason != "" {
 		got += " (" + h.Reason + ")"
 	}

@@ -263,3 +263,17 @@ func TestDeliverRabbitMQ(t *testing.T) {
 		require.Contains(t, msg, "want the delivery dead-lettered (max-deliveries), got dead-lettered (permanent-error)")
 	})
 }
+
+func TestDeliverRabbitMQInvalidName(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	h := inboxtest.DeliverRabbitMQ(context.Background(), pool, rabbitmq.Config{Handler: func(context.Context, pgx.Tx, rabbitmq.Delivery) error {
+		t.Error("the handler must not run")
+		return nil
+	}}, rabbitmq.Delivery{ID: "m-1"}, nil)
+	require.ErrorIs(t, h.Err, inbox.ErrNoConsumer)
+	require.Empty(t, h.Outcome)
+	failed, msg := check(func(tb inboxtest.TB) { h.RequireOutcome(tb, inboxtest.Acked, "") })
+	require.True(t, failed)
+	require.Contains(t, msg, "want the delivery acked, got no outcome after a failed error: inboxtest: rabbitmq.Config.Name: inbox: consumer name is empty")
+}

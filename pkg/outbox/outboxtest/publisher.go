@@ -28,7 +28,8 @@ import (
 // A message is recorded as published when its outcome is nil.
 type Publisher struct {
 	// Outcome, when set, decides the outcome of every message no scripted outcome is left for.
-	// Set it before the publisher is used.
+	// Set it before the publisher is used. It is called with the publisher locked: it must
+	// not call the publisher's methods.
 	Outcome func(m outbox.Message) error
 
 	mu        sync.Mutex
