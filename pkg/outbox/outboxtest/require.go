@@ -65,7 +65,9 @@ const currentXactID = `SELECT pg_current_xact_id()::text::bigint`
 
 // Added returns the messages that tx, an open transaction, added to the outbox, in the order
 // they were added. tx must be the transaction itself (a pgx.Tx), not a pool: each statement
-// on a pool is a transaction of its own, which added nothing.
+// on a pool is a transaction of its own, which added nothing. A row counts when tx wrote its
+// current version, so a row tx updated (as a relay marks rows) counts too; code that only
+// calls [outbox.Add] writes no other.
 func Added(ctx context.Context, tx outbox.DBTX, opts *Options) ([]outbox.Message, error) {
 	if opts == nil {
 		opts = &Options{}
