@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -36,7 +37,7 @@ func (r *recordingTB) FailNow() {
 	r.mu.Lock()
 	r.failed = true
 	r.mu.Unlock()
-	runtimeGoexit()
+	runtime.Goexit()
 }
 
 // check runs an assertion the way a test runs it and returns what it reported: whether it

@@ -1,5 +1,0 @@
-package outboxtest_test
-
-import "runtime"
-
-func runtimeGoexit() { runtime.Goexit() }
