@@ -26,6 +26,6 @@
 // [outbox.ErrRefused]), and [Publisher.Outcome] decides by message. It records every attempt
 // and every confirmed message, and [Publisher.WaitPublished] waits for a number of them.
 //
-// The package imports only the outbox package, pgx and the standard library, so it can be
-// copied with the outbox folder.
+// The package imports only the outbox package, what that imports already (pgx, uuid) and the
+// standard library, not even the testing package, so it travels with the outbox folder.
 package outboxtest
