@@ -27,9 +27,7 @@ SELECT line FROM (
     SELECT 'index ' || pg_get_indexdef(i.indexrelid)
     FROM tables t JOIN pg_index i ON i.indrelid = t.oid
     UNION ALL
-    SELECT format('constraint %s.%s %s%s', t.relname, co.conname, pg_get_constraintdef(co.oid),
-        CASE WHEN co.condeferrable THEN ' DEFERRABLE' ELSE '' END ||
-        CASE WHEN co.condeferred THEN ' INITIALLY DEFERRED' ELSE '' END)
+    SELECT format('constraint %s.%s %s', t.relname, co.conname, pg_get_constraintdef(co.oid))
     FROM tables t JOIN pg_constraint co ON co.conrelid = t.oid
     UNION ALL
     SELECT 'trigger ' || pg_get_triggerdef(tg.oid)
