@@ -29,8 +29,12 @@ import (
 const describeSQL = "../pkg/outbox/internal/pgmigrate/describe.sql"
 
 // Version tables, left out when schemas are compared: each way records its versions in its
-// own table.
-var versionTables = []string{"outbox_migrations", "inbox_migrations", "goose_db_version", "schema_migrations"}
+// own table. The tools get a table per library, as the libraries' READMEs advise, since the
+// libraries number their versions on their own.
+var versionTables = []string{
+	"outbox_migrations", "outbox_goose_db_version", "outbox_schema_migrations",
+	"inbox_migrations", "inbox_goose_db_version", "inbox_schema_migrations",
+}
 
 // TestMigrationToolsMakeMigratesSchema: for each library, the goose files of its Migrations
 // applied by goose's Go library, and its golang-migrate files applied by golang-migrate's,
@@ -38,7 +42,8 @@ var versionTables = []string{"outbox_migrations", "inbox_migrations", "goose_db_
 // columns (types, defaults, nullability), indexes, constraints, triggers, functions and
 // comments, as PostgreSQL's catalog describes them. All the Down migrations then leave an
 // empty schema, and the Up migrations again the same one. Migrate run afterwards on a
-// database a tool made (which has no version table of Migrate's) takes it over unchanged.
+// database a tool made (which has no version table of Migrate's) takes it over unchanged;
+// and a tool's Up run on a database Migrate made changes nothing either.
 func TestMigrationToolsMakeMigratesSchema(t *testing.T) {
 	t.Parallel()
 	query, err := os.ReadFile(describeSQL)
@@ -93,10 +98,7 @@ func TestMigrationToolsMakeMigratesSchema(t *testing.T) {
 				dbURL := newDatabase(t)
 				files, err := fs.Sub(lib.migrations, "migrations/goose")
 				require.NoError(t, err)
-				db := openDB(t, dbURL)
-				p, err := goose.NewProvider(goose.DialectPostgres, db, files)
-				require.NoError(t, err)
-				defer p.Close()
+				p := newGoose(t, dbURL, lib.name, files)
 				results, err := p.Up(ctx)
 				require.NoError(t, err)
 				require.Len(t, results, lib.versions)
@@ -117,13 +119,7 @@ func TestMigrationToolsMakeMigratesSchema(t *testing.T) {
 			t.Run("golang-migrate", func(t *testing.T) {
 				t.Parallel()
 				dbURL := newDatabase(t)
-				src, err := iofs.New(lib.migrations, "migrations/golang-migrate")
-				require.NoError(t, err)
-				driver, err := migratepgx.WithInstance(openDB(t, dbURL), &migratepgx.Config{})
-				require.NoError(t, err)
-				m, err := migrate.NewWithInstance("iofs", src, "pgx5", driver)
-				require.NoError(t, err)
-				defer m.Close()
+				m := newGolangMigrate(t, dbURL, lib.name, lib.migrations)
 				require.NoError(t, m.Up())
 				version, dirty, err := m.Version()
 				require.NoError(t, err)
@@ -139,8 +135,55 @@ func TestMigrationToolsMakeMigratesSchema(t *testing.T) {
 				migrateOver(t, dbURL, want)
 				require.ErrorIs(t, m.Up(), migrate.ErrNoChange, "golang-migrate after Migrate")
 			})
+
+			// A tool taking over a database Migrate made: every Up migration finds its work
+			// done, or does it again to the same effect.
+			t.Run("ToolsAfterMigrate", func(t *testing.T) {
+				t.Parallel()
+				for _, tool := range []string{"goose", "golang-migrate"} {
+					dbURL := newDatabase(t)
+					pool, err := pgxpool.New(ctx, dbURL)
+					require.NoError(t, err)
+					require.NoError(t, lib.migrate(ctx, pool))
+					pool.Close()
+					if tool == "goose" {
+						files, err := fs.Sub(lib.migrations, "migrations/goose")
+						require.NoError(t, err)
+						_, err = newGoose(t, dbURL, lib.name, files).Up(ctx)
+						require.NoError(t, err)
+					} else {
+						require.NoError(t, newGolangMigrate(t, dbURL, lib.name, lib.migrations).Up())
+					}
+					require.Equal(t, want, describe(t, dbURL), "%s changed the schema Migrate made", tool)
+				}
+			})
 		})
 	}
+}
+
+// newGoose returns a goose provider of files on dbURL, recording versions in
+// <lib>_goose_db_version; it is closed when the test ends.
+func newGoose(t *testing.T, dbURL, lib string, files fs.FS) *goose.Provider {
+	t.Helper()
+	p, err := goose.NewProvider(goose.DialectPostgres, openDB(t, dbURL), files,
+		goose.WithTableName(lib+"_goose_db_version"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Close() })
+	return p
+}
+
+// newGolangMigrate returns golang-migrate with the files of migrations/golang-migrate on
+// dbURL, recording versions in <lib>_schema_migrations; it is closed when the test ends.
+func newGolangMigrate(t *testing.T, dbURL, lib string, migrations fs.FS) *migrate.Migrate {
+	t.Helper()
+	src, err := iofs.New(migrations, "migrations/golang-migrate")
+	require.NoError(t, err)
+	driver, err := migratepgx.WithInstance(openDB(t, dbURL), &migratepgx.Config{MigrationsTable: lib + "_schema_migrations"})
+	require.NoError(t, err)
+	m, err := migrate.NewWithInstance("iofs", src, "pgx5", driver)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = m.Close() })
+	return m
 }
 
 // openDB opens a database/sql handle on dbURL through pgx, closed when the test ends.
@@ -190,4 +233,3 @@ func newDatabase(t *testing.T) string {
 	u.Path = "/" + name
 	return u.String()
 }
-
