@@ -28,8 +28,11 @@ import (
 
 	inboxmetrics "github.com/outboxshop/outboxshop/pkg/inbox/metrics"
 	inboxrabbitmq "github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
+	inboxrabbitmqmetrics "github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq/rabbitmqmetrics"
 	"github.com/outboxshop/outboxshop/pkg/outbox"
 	outboxmetrics "github.com/outboxshop/outboxshop/pkg/outbox/metrics"
+	outboxrabbitmq "github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq"
+	outboxrabbitmqmetrics "github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq/rabbitmqmetrics"
 )
 
 // Paths, relative to this package's folder (go test runs there).
@@ -283,8 +286,9 @@ var knownMetrics = sync.OnceValues(func() (map[string]string, error) {
 	return known, nil
 })
 
-// outboxMetricNames registers the relay and table metrics of pkg/outbox/metrics on a fresh
-// registry, calls each hook once so that every vector has a series, and gathers the names.
+// outboxMetricNames registers the relay and table metrics of pkg/outbox/metrics and the
+// publisher metrics of pkg/outbox/rabbitmq/rabbitmqmetrics on a fresh registry, calls each
+// hook once so that every vector has a series, and gathers the names.
 func outboxMetricNames() ([]string, error) {
 	reg := prometheus.NewRegistry()
 	relay, err := outboxmetrics.NewRelay(reg, prometheus.Labels{"service": "orders"})
@@ -302,7 +306,11 @@ func outboxMetricNames() ([]string, error) {
 		Untouched:   1,
 	})
 	hooks.StateChanged(outbox.StateStarting, outbox.StateRunning, nil)
-	relay.PublisherHooks().Connected(true)
+	publisher, err := outboxrabbitmqmetrics.NewPublisher(reg, prometheus.Labels{"service": "orders"})
+	if err != nil {
+		return nil, err
+	}
+	publisher.Hooks(outboxrabbitmq.Hooks{}).Connected(true)
 	// The table metrics are plain gauges: registering them is enough (no read, no database).
 	if _, err := outboxmetrics.NewStats(reg, nil, outboxmetrics.StatsConfig{ConstLabels: prometheus.Labels{"service": "orders"}}); err != nil {
 		return nil, err
@@ -310,15 +318,20 @@ func outboxMetricNames() ([]string, error) {
 	return gather(reg)
 }
 
-// inboxMetricNames does the same for pkg/inbox/metrics.
+// inboxMetricNames does the same for pkg/inbox/metrics and
+// pkg/inbox/rabbitmq/rabbitmqmetrics.
 func inboxMetricNames() ([]string, error) {
 	reg := prometheus.NewRegistry()
-	c, err := inboxmetrics.NewConsumer(reg, inboxmetrics.Config{KnownTypes: []string{"OrderCreated"}})
+	c, err := inboxrabbitmqmetrics.NewConsumer(reg, inboxrabbitmqmetrics.Config{KnownTypes: []string{"OrderCreated"}})
 	if err != nil {
 		return nil, err
 	}
 	c.Init("warehouse")
-	c.SetWindow("warehouse", 7*24*time.Hour, time.Hour)
+	w, err := inboxmetrics.NewWindow(reg, nil)
+	if err != nil {
+		return nil, err
+	}
+	w.Set("warehouse", 7*24*time.Hour, time.Hour)
 	hooks := c.Hooks(inboxrabbitmq.Hooks{})
 	hooks.Processed("warehouse", "OrderCreated", false, time.Millisecond)
 	hooks.Processed("warehouse", "OrderCreated", true, time.Millisecond)

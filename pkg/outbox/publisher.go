@@ -27,9 +27,9 @@ import (
 //     internal error). No attempt is counted; the relay retries the row after a backoff.
 //   - [IsPermanent](err): no retry can help: the message fails [Message.Validate] or the
 //     broker refused its content. The row is marked dead at once, with err as last_error.
-//   - any other error (an unroutable return; a channel closed by the broker over this
-//     message, e.g. its exchange does not exist): the row's attempt counts, and it is retried
-//     with backoff until [Config].MaxAttempts.
+//   - any other error (an unroutable return, which wraps [ErrUnroutable]; a channel closed by
+//     the broker over this message, e.g. its exchange does not exist): the row's attempt
+//     counts, and it is retried with backoff until [Config].MaxAttempts.
 //
 // Publish must return within the deadline of ctx (plus a moment to clean up), whatever the
 // broker or the network does. Several relays may share one Publisher; ctx carries each
@@ -51,6 +51,10 @@ var (
 	// ErrTooLarge is wrapped (as a permanent error) for a payload over Config.MaxMessageBytes,
 	// or over the broker's own limit where the publisher knows it.
 	ErrTooLarge = errors.New("message too large")
+	// ErrUnroutable marks a message the broker took but could deliver to no queue (for
+	// RabbitMQ, a mandatory message returned). The relay reads it like any other error: the
+	// attempt counts. It exists so that metrics can tell it apart without knowing the broker.
+	ErrUnroutable = errors.New("unroutable")
 )
 
 type permanentError struct{ err error }

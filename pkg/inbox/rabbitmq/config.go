@@ -175,7 +175,7 @@ type Delivery struct {
 // Hooks are optional callbacks for metrics and fault injection. Nil fields are skipped. They
 // are called from the consumer's goroutines, concurrently, and must return quickly. msgType
 // is the message's type property as received: it may be anything, even invalid UTF-8, so map
-// it to a known set before using it as a metric label (the metrics subpackage does).
+// it to a known set before using it as a metric label (package rabbitmqmetrics does).
 type Hooks struct {
 	// Processed is called after a message was committed (duplicate == false) or found in the
 	// inbox (duplicate == true), and its acknowledgement was sent. d runs from receipt to

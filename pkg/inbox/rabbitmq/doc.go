@@ -143,7 +143,7 @@
 // message_type. Reconnect attempts are logged once per change between connected and
 // disconnected; a hold once when it starts (retries in place at debug level), and once when
 // it ends. [Hooks] report processed messages, duplicates, errors, retries, dead letters,
-// holds, hand-backs and the connection state, for metrics (see the metrics subpackage), and
+// holds, hand-backs and the connection state, for metrics (see package rabbitmqmetrics), and
 // [Hooks].Failpoint lets chaos tests kill the process at [FailpointBeforeCommit] and
 // [FailpointAfterCommit].
 //

@@ -2,13 +2,15 @@
 //
 // Two halves, for two kinds of process:
 //
-//   - [Relay] turns a relay's [outbox.Hooks] and its RabbitMQ publisher's hooks into counters,
-//     histograms and gauges. Register it in the relay process.
+//   - [Relay] turns a relay's [outbox.Hooks] into counters, histograms and gauges. Register it
+//     in the relay process.
 //   - [Stats] reads the backlog, the age of its oldest row and the dead rows with
 //     [outbox.ReadStats] at an interval. Run it in a process that is not the relay (the API,
 //     say), so that the backlog of a dead relay is still seen; reading at an interval, not on
 //     scrape, keeps the query's cost fixed however often Prometheus scrapes.
 //
+// The package measures the broker-neutral core only and imports no broker adapter: the
+// RabbitMQ publisher's own metrics (its connection) are in rabbitmq/rabbitmqmetrics.
 // Everything is registered on the [prometheus.Registerer] passed in; nothing is global.
 // The metric names are listed in docs/metrics.md of the outboxshop repository.
 package metrics
@@ -23,7 +25,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outboxshop/outboxshop/pkg/outbox"
-	"github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq"
 )
 
 // Publish error reasons, the values of the reason label.
@@ -41,18 +42,15 @@ var states = []outbox.State{outbox.StateStarting, outbox.StateRunning, outbox.St
 
 // Relay holds a relay's metrics.
 type Relay struct {
-	published     prometheus.Counter
-	errors        *prometheus.CounterVec
-	retries       prometheus.Counter
-	dead          prometheus.Counter
-	latency       prometheus.Histogram
-	batchSize     prometheus.Histogram
-	lastPoll      prometheus.Gauge
-	lastPublish   prometheus.Gauge
-	state         *prometheus.GaugeVec
-	connected     prometheus.Gauge
-	reconnects    prometheus.Counter
-	everConnected bool
+	published   prometheus.Counter
+	errors      *prometheus.CounterVec
+	retries     prometheus.Counter
+	dead        prometheus.Counter
+	latency     prometheus.Histogram
+	batchSize   prometheus.Histogram
+	lastPoll    prometheus.Gauge
+	lastPublish prometheus.Gauge
+	state       *prometheus.GaugeVec
 }
 
 // NewRelay registers a relay's metrics on reg; constLabels (say, service="orders") go on
@@ -83,11 +81,9 @@ func NewRelay(reg prometheus.Registerer, constLabels prometheus.Labels) (*Relay,
 			"Unix time of the last published batch."))),
 		state: prometheus.NewGaugeVec(prometheus.GaugeOpts(opts("relay_state",
 			"1 for the relay's current state, 0 for the others.")), []string{"state"}),
-		connected:  prometheus.NewGauge(prometheus.GaugeOpts(opts("broker_connected", "1 while the publisher has a broker connection."))),
-		reconnects: prometheus.NewCounter(prometheus.CounterOpts(opts("broker_reconnects_total", "Successful broker connects after the first."))),
 	}
 	for _, c := range []prometheus.Collector{m.published, m.errors, m.retries, m.dead, m.latency, m.batchSize,
-		m.lastPoll, m.lastPublish, m.state, m.connected, m.reconnects} {
+		m.lastPoll, m.lastPublish, m.state} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -160,28 +156,14 @@ func (m *Relay) setState(s outbox.State) {
 	}
 }
 
-// PublisherHooks returns hooks for the RabbitMQ publisher: connection state and reconnects.
-// The publisher calls them from one goroutine at a time.
-func (m *Relay) PublisherHooks() rabbitmq.Hooks {
-	return rabbitmq.Hooks{Connected: func(up bool) {
-		if up {
-			m.connected.Set(1)
-			if m.everConnected {
-				m.reconnects.Inc()
-			}
-			m.everConnected = true
-			return
-		}
-		m.connected.Set(0)
-	}}
-}
-
-// Reason classifies a publish error for the reason label.
+// Reason classifies a publish error for the reason label, by the broker-neutral errors of
+// package outbox: [outbox.ErrUnroutable] is unroutable, [outbox.ErrRefused] (a RabbitMQ nack)
+// is nacked.
 func Reason(err error) string {
 	switch {
-	case errors.Is(err, rabbitmq.ErrUnroutable):
+	case errors.Is(err, outbox.ErrUnroutable):
 		return ReasonUnroutable
-	case errors.Is(err, rabbitmq.ErrNacked):
+	case errors.Is(err, outbox.ErrRefused):
 		return ReasonNacked
 	case errors.Is(err, outbox.ErrTooLarge):
 		return ReasonTooLarge

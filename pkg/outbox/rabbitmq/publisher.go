@@ -82,8 +82,9 @@ import (
 )
 
 var (
-	// ErrUnroutable: the broker returned the message because no queue is bound for it.
-	ErrUnroutable = errors.New("unroutable")
+	// ErrUnroutable: the broker returned the message because no queue is bound for it. It is
+	// outbox.ErrUnroutable, so that broker-neutral code (metrics) recognises it.
+	ErrUnroutable = outbox.ErrUnroutable
 	// ErrNacked: the broker refused the message for a reason of its own (a full queue with
 	// reject-publish, say). Errors wrapping it also wrap outbox.ErrRefused.
 	ErrNacked = errors.New("nacked by broker")
