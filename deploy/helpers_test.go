@@ -3,7 +3,6 @@ package deploy
 import (
 	"bufio"
 	"cmp"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,7 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"sort"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -295,22 +294,21 @@ func outboxMetricNames() ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	ctx := context.Background()
 	now := time.Now()
 	hooks := relay.Hooks(outbox.Hooks{})
-	hooks.Polled(ctx, 2)
-	hooks.BatchDone(ctx, outbox.BatchResult{
+	hooks.Polled(outbox.Poll{Claimed: 2})
+	hooks.BatchDone(outbox.BatchResult{
 		Published:   []outbox.Message{{CreatedAt: now.Add(-time.Second)}},
 		ConfirmedAt: now,
 		Failed:      []outbox.Failure{{Err: errors.New("retried")}, {Err: errors.New("dead"), Dead: true}},
 		Untouched:   1,
 	})
-	hooks.StateChanged(outbox.StateStarting, outbox.StateRunning, nil)
+	hooks.StateChanged(outbox.StateChange{From: outbox.StateStarting, To: outbox.StateRunning})
 	publisher, err := outboxrabbitmqmetrics.NewPublisher(reg, prometheus.Labels{"service": "orders"})
 	if err != nil {
 		return nil, err
 	}
-	publisher.Hooks(outboxrabbitmq.Hooks{}).Connected(true)
+	publisher.Hooks(outboxrabbitmq.Hooks{}).Connected(outboxrabbitmq.ConnectionChange{Up: true})
 	// The table metrics are plain gauges: registering them is enough (no read, no database).
 	if _, err := outboxmetrics.NewStats(reg, nil, outboxmetrics.StatsConfig{ConstLabels: prometheus.Labels{"service": "orders"}}); err != nil {
 		return nil, err
@@ -333,12 +331,12 @@ func inboxMetricNames() ([]string, error) {
 	}
 	w.Set("warehouse", 7*24*time.Hour, time.Hour)
 	hooks := c.Hooks(inboxrabbitmq.Hooks{})
-	hooks.Processed("warehouse", "OrderCreated", false, time.Millisecond)
-	hooks.Processed("warehouse", "OrderCreated", true, time.Millisecond)
-	hooks.HandlerError("warehouse", "OrderCreated", errors.New("boom"))
-	hooks.Retried("warehouse", "OrderCreated", 1)
-	hooks.DeadLettered("warehouse", "OrderCreated", inboxrabbitmq.ReasonPermanent)
-	hooks.Connected("warehouse", true)
+	hooks.Processed(inboxrabbitmq.ProcessedMessage{Consumer: "warehouse", Type: "OrderCreated", Duration: time.Millisecond})
+	hooks.Processed(inboxrabbitmq.ProcessedMessage{Consumer: "warehouse", Type: "OrderCreated", Duplicate: true, Duration: time.Millisecond})
+	hooks.HandlerError(inboxrabbitmq.HandlerFailure{Consumer: "warehouse", Type: "OrderCreated", Err: errors.New("boom")})
+	hooks.Retried(inboxrabbitmq.Retry{Consumer: "warehouse", Type: "OrderCreated", DeliveryCount: 1})
+	hooks.DeadLettered(inboxrabbitmq.DeadLetter{Consumer: "warehouse", Type: "OrderCreated", Reason: inboxrabbitmq.ReasonPermanent})
+	hooks.Connected(inboxrabbitmq.ConnectionChange{Consumer: "warehouse", Up: true})
 	return gather(reg)
 }
 
@@ -529,7 +527,7 @@ func sortedKeys[V any](m map[string]V) []string {
 	for k := range m {
 		keys = append(keys, k)
 	}
-	sort.Strings(keys)
+	slices.Sort(keys)
 	return keys
 }
 

@@ -57,22 +57,32 @@ var (
 	ErrUnroutable = errors.New("unroutable")
 )
 
-type permanentError struct{ err error }
-
-func (e permanentError) Error() string { return "permanent: " + e.err.Error() }
-func (e permanentError) Unwrap() error { return e.err }
-
 // Permanent marks err as one that no retry can fix. A [Publisher] returns it for a message
-// that can never be published; the relay then marks the row dead at once.
+// that can never be published; the relay then marks the row dead at once, and its
+// last_error reads "permanent: " and err's text. Permanent(nil) is nil.
 func Permanent(err error) error {
 	if err == nil {
 		return nil
 	}
-	return permanentError{err}
+	return &permanentError{err: err}
 }
 
-// IsPermanent reports whether err, or an error it wraps, was made by [Permanent].
+// IsPermanent reports whether the outermost class mark in err's chain is [Permanent]; the
+// outbox has no other mark, so: whether err, or an error it wraps, was made by Permanent.
+// IsPermanent(nil) is false.
 func IsPermanent(err error) bool {
-	var p permanentError
-	return errors.As(err, &p)
+	_, ok := errors.AsType[*permanentError](err)
+	return ok
 }
+
+// permanentError is the mark of [Permanent]. pkg/inbox marks its errors the same way, so
+// that the two libraries read alike:
+//   - a pointer, so that errors.Is compares marks by identity: comparing two struct values
+//     compares the errors they wrap, which panics when those are of an uncomparable type;
+//   - no prefix on the message: a mark classifies an error, it adds no context, so Error
+//     is the wrapped error's text; what acts on the class says so where it matters (the
+//     relay's last_error, the inbox consumer's dead-letter reason).
+type permanentError struct{ err error }
+
+func (e *permanentError) Error() string { return e.err.Error() }
+func (e *permanentError) Unwrap() error { return e.err }

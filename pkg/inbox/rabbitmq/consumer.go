@@ -114,13 +114,13 @@ func (c *Consumer) Run(ctx context.Context) error {
 			slog.Int("failed_attempts", failures), slog.Duration("down_for", time.Since(downSince).Round(time.Millisecond)))
 		connected, failures = true, 0
 		c.setStatus(func(st *Status) { st.Connected, st.Since, st.LastError = true, time.Now(), nil })
-		c.hookConnected(true)
+		c.hookConnected(true, nil)
 	}
 	for {
 		err := c.session(ctx, onConnected)
 		if ctx.Err() != nil {
 			if connected {
-				c.hookConnected(false)
+				c.hookConnected(false, nil)
 			}
 			c.log.InfoContext(ctx, "consumer stopped")
 			return nil
@@ -135,7 +135,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		case connected:
 			c.log.WarnContext(ctx, "lost the broker connection; reconnecting", slog.Any("error", err))
 			connected = false
-			c.hookConnected(false)
+			c.hookConnected(false, err)
 		case failures == 0:
 			c.log.WarnContext(ctx, "cannot consume; retrying with backoff", slog.Any("error", err))
 		default:
@@ -409,13 +409,13 @@ func (c *Consumer) dial(ctx context.Context) (*amqp.Connection, error) {
 
 func (c *Consumer) hookHandedBack(msgType, reason string) {
 	if h := c.cfg.Hooks.HandedBack; h != nil {
-		h(c.cfg.Name, msgType, reason)
+		h(HandBack{Consumer: c.cfg.Name, Type: msgType, Reason: reason})
 	}
 }
 
-func (c *Consumer) hookConnected(connected bool) {
+func (c *Consumer) hookConnected(up bool, err error) {
 	if h := c.cfg.Hooks.Connected; h != nil {
-		h(c.cfg.Name, connected)
+		h(ConnectionChange{Consumer: c.cfg.Name, Up: up, Err: err})
 	}
 }
 

@@ -98,25 +98,25 @@ func NewRelay(reg prometheus.Registerer, constLabels prometheus.Labels) (*Relay,
 // Hooks returns h with the metric updates added; h's own callbacks (a Failpoint, say) still run.
 func (m *Relay) Hooks(h outbox.Hooks) outbox.Hooks {
 	polled, done, changed := h.Polled, h.BatchDone, h.StateChanged
-	h.Polled = func(ctx context.Context, n int) {
+	h.Polled = func(p outbox.Poll) {
 		m.lastPoll.SetToCurrentTime()
-		if n > 0 {
-			m.batchSize.Observe(float64(n))
+		if p.Claimed > 0 {
+			m.batchSize.Observe(float64(p.Claimed))
 		}
 		if polled != nil {
-			polled(ctx, n)
+			polled(p)
 		}
 	}
-	h.BatchDone = func(ctx context.Context, b outbox.BatchResult) {
+	h.BatchDone = func(b outbox.BatchResult) {
 		m.observe(b)
 		if done != nil {
-			done(ctx, b)
+			done(b)
 		}
 	}
-	h.StateChanged = func(from, to outbox.State, err error) {
-		m.setState(to)
+	h.StateChanged = func(c outbox.StateChange) {
+		m.setState(c.To)
 		if changed != nil {
-			changed(from, to, err)
+			changed(c)
 		}
 	}
 	return h
@@ -187,9 +187,12 @@ type Stats struct {
 	lastSuccess prometheus.Gauge
 }
 
+// DefaultStatsInterval is the default of [StatsConfig].Interval.
+const DefaultStatsInterval = 5 * time.Second
+
 // StatsConfig tunes [Stats].
 type StatsConfig struct {
-	// Interval between reads. Default 5s.
+	// Interval between reads. Default 5s ([DefaultStatsInterval]).
 	Interval time.Duration
 	// ConstLabels go on every metric.
 	ConstLabels prometheus.Labels
@@ -203,7 +206,7 @@ func NewStats(reg prometheus.Registerer, db outbox.DBTX, cfg StatsConfig) (*Stat
 		return prometheus.GaugeOpts{Namespace: "outbox", Name: name, Help: help, ConstLabels: cfg.ConstLabels}
 	}
 	s := &Stats{
-		db: db, interval: cmp.Or(cfg.Interval, 5*time.Second), log: cfg.Logger,
+		db: db, interval: cmp.Or(cfg.Interval, DefaultStatsInterval), log: cfg.Logger,
 		pending:     prometheus.NewGauge(opts("pending_messages", "Outbox rows not yet published and not dead (the backlog).")),
 		oldestAge:   prometheus.NewGauge(opts("oldest_pending_age_seconds", "Age of the oldest pending outbox row; 0 when none.")),
 		dead:        prometheus.NewGauge(opts("dead_messages", "Outbox rows that gave up.")),

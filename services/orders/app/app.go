@@ -313,7 +313,7 @@ func (a *App) apiComponents() ([]component, error) {
 		Setup:                a.declarer.Setup,
 		Logger:               a.log,
 		Hooks: consumerMetrics.Hooks(inboxrabbitmq.Hooks{
-			Failpoint: a.fp.Func(),
+			Failpoint: failpoint.Hook(a.fp, func(h inboxrabbitmq.FailpointHit) string { return h.Name }),
 			Connected: readiness.ConsumerConnected(consumerLink),
 		}),
 	})
@@ -370,7 +370,7 @@ func (a *App) relayComponents() ([]component, error) {
 		RetryBaseDelay:  relayRetryBaseDelay,
 		RetryMaxDelay:   relayRetryMaxDelay,
 		Logger:          a.log,
-		Hooks:           relayMetrics.Hooks(outbox.Hooks{Failpoint: a.fp.Func(), StateChanged: readiness.RelayState(relayLink)}),
+		Hooks:           relayMetrics.Hooks(outbox.Hooks{Failpoint: failpoint.Hook(a.fp, func(h outbox.FailpointHit) string { return h.Name }), StateChanged: readiness.RelayState(relayLink)}),
 	})
 	if err != nil {
 		_ = pub.Close()

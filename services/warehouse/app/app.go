@@ -233,7 +233,7 @@ func Start(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*App, 
 			Logger:          log,
 			Hooks: consumerMetrics.Hooks(rabbitmq.Hooks{
 				Connected: readiness.ConsumerConnected(a.consumer),
-				Failpoint: fp.Func(),
+				Failpoint: failpoint.Hook(fp, func(h rabbitmq.FailpointHit) string { return h.Name }),
 			}),
 			Committed: svc.committed,
 		})
@@ -271,7 +271,7 @@ func Start(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*App, 
 			RetryBaseDelay:  relayRetryBaseDelay,
 			RetryMaxDelay:   relayRetryMaxDelay,
 			Logger:          log,
-			Hooks:           relayMetrics.Hooks(outbox.Hooks{Failpoint: fp.Func(), StateChanged: readiness.RelayState(relayLink)}),
+			Hooks:           relayMetrics.Hooks(outbox.Hooks{Failpoint: failpoint.Hook(fp, func(h outbox.FailpointHit) string { return h.Name }), StateChanged: readiness.RelayState(relayLink)}),
 		})
 		if err != nil {
 			return fail(fmt.Errorf("new relay: %w", err))

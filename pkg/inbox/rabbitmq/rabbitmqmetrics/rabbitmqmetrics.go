@@ -11,7 +11,6 @@ package rabbitmqmetrics
 
 import (
 	"slices"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -114,63 +113,63 @@ func (m *Consumer) typ(t string) string {
 func (m *Consumer) Hooks(h rabbitmq.Hooks) rabbitmq.Hooks {
 	processed, handlerErr, retried, dead, connected := h.Processed, h.HandlerError, h.Retried, h.DeadLettered, h.Connected
 	held, handedBack := h.Held, h.HandedBack
-	h.Processed = func(consumer, msgType string, duplicate bool, d time.Duration) {
-		t := m.typ(msgType)
-		if duplicate {
-			m.duplicates.WithLabelValues(consumer, t).Inc()
+	h.Processed = func(e rabbitmq.ProcessedMessage) {
+		t := m.typ(e.Type)
+		if e.Duplicate {
+			m.duplicates.WithLabelValues(e.Consumer, t).Inc()
 		} else {
-			m.processed.WithLabelValues(consumer, t).Inc()
+			m.processed.WithLabelValues(e.Consumer, t).Inc()
 		}
-		m.duration.WithLabelValues(consumer, t).Observe(d.Seconds())
+		m.duration.WithLabelValues(e.Consumer, t).Observe(e.Duration.Seconds())
 		if processed != nil {
-			processed(consumer, msgType, duplicate, d)
+			processed(e)
 		}
 	}
-	h.HandlerError = func(consumer, msgType string, err error) {
-		m.errors.WithLabelValues(consumer, m.typ(msgType)).Inc()
-		if inbox.IsTransient(err) {
-			m.transient.WithLabelValues(consumer, m.typ(msgType)).Inc()
+	h.HandlerError = func(e rabbitmq.HandlerFailure) {
+		m.errors.WithLabelValues(e.Consumer, m.typ(e.Type)).Inc()
+		if inbox.IsTransient(e.Err) {
+			m.transient.WithLabelValues(e.Consumer, m.typ(e.Type)).Inc()
 		}
 		if handlerErr != nil {
-			handlerErr(consumer, msgType, err)
+			handlerErr(e)
 		}
 	}
-	h.Retried = func(consumer, msgType string, n int) {
-		m.retries.WithLabelValues(consumer, m.typ(msgType)).Inc()
+	h.Retried = func(e rabbitmq.Retry) {
+		m.retries.WithLabelValues(e.Consumer, m.typ(e.Type)).Inc()
 		if retried != nil {
-			retried(consumer, msgType, n)
+			retried(e)
 		}
 	}
-	h.DeadLettered = func(consumer, msgType, reason string) {
-		m.dead.WithLabelValues(consumer, m.typ(msgType), reason).Inc()
+	h.DeadLettered = func(e rabbitmq.DeadLetter) {
+		m.dead.WithLabelValues(e.Consumer, m.typ(e.Type), e.Reason).Inc()
 		if dead != nil {
-			dead(consumer, msgType, reason)
+			dead(e)
 		}
 	}
-	h.Held = func(consumer, msgType string, on bool) {
-		if on {
-			m.held.WithLabelValues(consumer).Inc()
+	h.Held = func(e rabbitmq.Hold) {
+		if e.Held {
+			m.held.WithLabelValues(e.Consumer).Inc()
 		} else {
-			m.held.WithLabelValues(consumer).Dec()
+			m.held.WithLabelValues(e.Consumer).Dec()
 		}
 		if held != nil {
-			held(consumer, msgType, on)
+			held(e)
 		}
 	}
-	h.HandedBack = func(consumer, msgType, reason string) {
-		m.handedBack.WithLabelValues(consumer, m.typ(msgType), reason).Inc()
+	h.HandedBack = func(e rabbitmq.HandBack) {
+		m.handedBack.WithLabelValues(e.Consumer, m.typ(e.Type), e.Reason).Inc()
 		if handedBack != nil {
-			handedBack(consumer, msgType, reason)
+			handedBack(e)
 		}
 	}
-	h.Connected = func(consumer string, up bool) {
+	h.Connected = func(e rabbitmq.ConnectionChange) {
 		v := 0.0
-		if up {
+		if e.Up {
 			v = 1
 		}
-		m.connected.WithLabelValues(consumer).Set(v)
+		m.connected.WithLabelValues(e.Consumer).Set(v)
 		if connected != nil {
-			connected(consumer, up)
+			connected(e)
 		}
 	}
 	return h

@@ -46,10 +46,10 @@ func NewPublisher(reg prometheus.Registerer, constLabels prometheus.Labels) (*Pu
 // Hooks returns h with the metric updates added; h's own callbacks still run.
 func (m *Publisher) Hooks(h rabbitmq.Hooks) rabbitmq.Hooks {
 	connected := h.Connected
-	h.Connected = func(up bool) {
-		m.setConnected(up)
+	h.Connected = func(c rabbitmq.ConnectionChange) {
+		m.setConnected(c.Up)
 		if connected != nil {
-			connected(up)
+			connected(c)
 		}
 	}
 	return h

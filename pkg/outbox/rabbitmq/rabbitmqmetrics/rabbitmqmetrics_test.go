@@ -41,7 +41,7 @@ func TestPublisher(t *testing.T) {
 		seen []bool
 	)
 	pub, err := rabbitmq.New(rabbitmq.Config{URL: proxy.RewriteURL(t, url), Hooks: m.Hooks(rabbitmq.Hooks{
-		Connected: func(up bool) { mu.Lock(); seen = append(seen, up); mu.Unlock() },
+		Connected: func(c rabbitmq.ConnectionChange) { mu.Lock(); seen = append(seen, c.Up); mu.Unlock() },
 	})})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pub.Close() })
