@@ -296,6 +296,11 @@ var _ RelayDB = (*pgxpool.Pool)(nil)
 // cycles, one now and then for its maintenance (taking rows that wait behind their
 // aggregate's head out of the claim's way), and one it keeps for LISTEN unless
 // cfg.DisableNotify is set.
+//
+// When pool tells its size (a *pgxpool.Pool does, see [PoolSize]), NewRelay checks it: a
+// pool of one connection for a relay that listens is an error (LISTEN would hold it, and no
+// cycle could run); a pool smaller than [PoolSize].Needed is logged as a warning, since the
+// relay then waits for connections.
 func NewRelay(pool RelayDB, pub Publisher, cfg Config) (*Relay, error) {
 	if pool == nil || pub == nil {
 		return nil, errors.New("outbox: NewRelay needs a pool and a publisher")
@@ -304,7 +309,63 @@ func NewRelay(pool RelayDB, pub Publisher, cfg Config) (*Relay, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Relay{db: pool, pub: pub, cfg: cfg, state: StateStarting}, nil
+	r := &Relay{db: pool, pub: pub, cfg: cfg, state: StateStarting}
+	size := r.PoolSize()
+	switch {
+	case !cfg.DisableNotify && size.Max == 1:
+		return nil, errors.New("outbox: invalid relay config: the pool has 1 connection, and a relay that listens " +
+			"(DisableNotify unset) needs 2 at least: one held for LISTEN, one for its cycles")
+	case size.Shortfall() > 0:
+		cfg.Logger.Warn("outbox relay: the pool is smaller than the relay needs; it will wait for connections",
+			"pool_max_conns", size.Max, "connections_needed", size.Needed)
+	}
+	return r, nil
+}
+
+// PoolSize compares the connections a relay may hold at once with the size of its pool.
+// The inbox's RabbitMQ consumer reports the same for its handlers.
+type PoolSize struct {
+	// Needed is how many connections the relay may hold at once: one for its cycles, one now
+	// and then for its maintenance, and one kept for LISTEN unless DisableNotify is set.
+	Needed int
+	// Max is the pool's largest size, read from its Stat method (*pgxpool.Pool has one); 0
+	// when the pool does not tell.
+	Max int
+}
+
+// Shortfall is how many connections the pool lacks for Needed: 0 when it is large enough
+// or its size is unknown.
+func (s PoolSize) Shortfall() int {
+	if s.Max <= 0 {
+		return 0
+	}
+	return max(0, s.Needed-s.Max)
+}
+
+// PoolSize reports what the relay needs of its pool, and the pool's size when the pool
+// tells it. Whatever else shares the pool (an API, a consumer) needs its own connections on
+// top.
+func (r *Relay) PoolSize() PoolSize {
+	needed := 2 // cycles and maintenance
+	if !r.cfg.DisableNotify {
+		needed++
+	}
+	return PoolSize{Needed: needed, Max: poolMax(r.db)}
+}
+
+// poolStater is implemented by a pool that tells its size, as *pgxpool.Pool does. A
+// [RelayDB] need not implement it; the relay then cannot check the pool's size.
+type poolStater interface {
+	Stat() *pgxpool.Stat
+}
+
+func poolMax(db any) int {
+	if p, ok := db.(poolStater); ok {
+		if st := p.Stat(); st != nil {
+			return int(st.MaxConns())
+		}
+	}
+	return 0
 }
 
 // State reports what the relay is doing now.

@@ -42,15 +42,16 @@ var states = []outbox.State{outbox.StateStarting, outbox.StateRunning, outbox.St
 
 // Relay holds a relay's metrics.
 type Relay struct {
-	published   prometheus.Counter
-	errors      *prometheus.CounterVec
-	retries     prometheus.Counter
-	dead        prometheus.Counter
-	latency     prometheus.Histogram
-	batchSize   prometheus.Histogram
-	lastPoll    prometheus.Gauge
-	lastPublish prometheus.Gauge
-	state       *prometheus.GaugeVec
+	published     prometheus.Counter
+	errors        *prometheus.CounterVec
+	retries       prometheus.Counter
+	dead          prometheus.Counter
+	latency       prometheus.Histogram
+	batchSize     prometheus.Histogram
+	lastPoll      prometheus.Gauge
+	lastPublish   prometheus.Gauge
+	state         *prometheus.GaugeVec
+	poolShortfall prometheus.Gauge
 }
 
 // NewRelay registers a relay's metrics on reg; constLabels (say, service="orders") go on
@@ -81,9 +82,11 @@ func NewRelay(reg prometheus.Registerer, constLabels prometheus.Labels) (*Relay,
 			"Unix time of the last published batch."))),
 		state: prometheus.NewGaugeVec(prometheus.GaugeOpts(opts("relay_state",
 			"1 for the relay's current state, 0 for the others.")), []string{"state"}),
+		poolShortfall: prometheus.NewGauge(prometheus.GaugeOpts(opts("pool_shortfall_connections",
+			"Connections the relay may hold at once beyond its pool's size; 0 when the pool is large enough or its size is unknown."))),
 	}
 	for _, c := range []prometheus.Collector{m.published, m.errors, m.retries, m.dead, m.latency, m.batchSize,
-		m.lastPoll, m.lastPublish, m.state} {
+		m.lastPoll, m.lastPublish, m.state, m.poolShortfall} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -121,6 +124,10 @@ func (m *Relay) Hooks(h outbox.Hooks) outbox.Hooks {
 	}
 	return h
 }
+
+// SetPoolSize exports s, the relay's [outbox.Relay.PoolSize]: a pool smaller than the relay
+// needs does not stop it, it makes it wait for connections.
+func (m *Relay) SetPoolSize(s outbox.PoolSize) { m.poolShortfall.Set(float64(s.Shortfall())) }
 
 func (m *Relay) observe(b outbox.BatchResult) {
 	if n := len(b.Published); n > 0 {

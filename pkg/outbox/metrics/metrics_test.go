@@ -61,6 +61,10 @@ func TestRelayAndStats(t *testing.T) {
 		Hooks: relayMetrics.Hooks(outbox.Hooks{}),
 	})
 	require.NoError(t, err)
+	relayMetrics.SetPoolSize(relay.PoolSize()) // pgxpool's default of 4 connections at least: enough
+	require.Zero(t, testutil.ToFloat64(metric(t, reg, "outbox_pool_shortfall_connections")))
+	relayMetrics.SetPoolSize(outbox.PoolSize{Needed: 3, Max: 2})
+	require.Equal(t, 1.0, testutil.ToFloat64(metric(t, reg, "outbox_pool_shortfall_connections")))
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- relay.Run(runCtx) }()

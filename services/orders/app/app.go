@@ -320,6 +320,7 @@ func (a *App) apiComponents() ([]component, error) {
 	if err != nil {
 		return nil, fmt.Errorf("stock consumer: %w", err)
 	}
+	consumerMetrics.SetPoolSize(ordersamqp.ConsumerName, consumer.PoolSize())
 	return []component{
 		{"http server", func(ctx context.Context) error {
 			return httpserver.Serve(ctx, a.apiLn, api, httpserver.Config{ShutdownTimeout: a.cfg.HTTPShutdownTimeout}, a.log)
@@ -376,6 +377,7 @@ func (a *App) relayComponents() ([]component, error) {
 		_ = pub.Close()
 		return nil, fmt.Errorf("outbox relay: %w", err)
 	}
+	relayMetrics.SetPoolSize(relay.PoolSize())
 	cs := []component{
 		{"outbox relay", func(ctx context.Context) error {
 			defer pub.Close() //nolint:errcheck // the relay is done with it

@@ -240,6 +240,7 @@ func Start(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*App, 
 		if err != nil {
 			return fail(err)
 		}
+		consumerMetrics.SetPoolSize(warehouseamqp.ConsumerName, c.PoolSize())
 		components = append(components,
 			component{"consumer", c.Run},
 			component{"inbox cleanup", func(ctx context.Context) error {
@@ -276,6 +277,7 @@ func Start(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*App, 
 		if err != nil {
 			return fail(fmt.Errorf("new relay: %w", err))
 		}
+		relayMetrics.SetPoolSize(a.relay.PoolSize())
 		components = append(components,
 			component{"relay", a.relay.Run},
 			component{"outbox cleanup", func(ctx context.Context) error {

@@ -43,6 +43,7 @@ type Consumer struct {
 	duration   *prometheus.HistogramVec
 	connected  *prometheus.GaugeVec
 	held       *prometheus.GaugeVec
+	shortfall  *prometheus.GaugeVec
 }
 
 // NewConsumer registers the consumer metrics on reg.
@@ -72,9 +73,11 @@ func NewConsumer(reg prometheus.Registerer, cfg Config) (*Consumer, error) {
 		}, labels),
 		connected: gauge("broker_connected", "1 while the consumer is consuming."),
 		held:      gauge("held_messages", "Deliveries held for an in-place retry after transient failures."),
+		shortfall: gauge("pool_shortfall_connections",
+			"Connections the consumer's handlers may hold at once beyond its pool's size; 0 when the pool is large enough or its size is unknown."),
 	}
 	for _, c := range []prometheus.Collector{m.processed, m.duplicates, m.errors, m.transient, m.retries, m.dead,
-		m.handedBack, m.duration, m.connected, m.held} {
+		m.handedBack, m.duration, m.connected, m.held, m.shortfall} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -100,6 +103,14 @@ func (m *Consumer) Init(consumer string) {
 	}
 	m.connected.WithLabelValues(consumer)
 	m.held.WithLabelValues(consumer)
+	m.shortfall.WithLabelValues(consumer)
+}
+
+// SetPoolSize exports s, the [rabbitmq.Consumer.PoolSize] of consumer (the inbox consumer
+// name): a pool smaller than Concurrency does not stop the consumer, it makes its handlers
+// wait for connections.
+func (m *Consumer) SetPoolSize(consumer string, s rabbitmq.PoolSize) {
+	m.shortfall.WithLabelValues(consumer).Set(float64(s.Shortfall()))
 }
 
 func (m *Consumer) typ(t string) string {

@@ -53,6 +53,10 @@ func TestConsumerMetrics(t *testing.T) {
 		Hooks: m.Hooks(rabbitmq.Hooks{}),
 	})
 	require.NoError(t, err)
+	// pgxpool's default of max(4, CPUs) connections against the default Concurrency of 32.
+	m.SetPoolSize("warehouse", c.PoolSize())
+	require.Equal(t, float64(max(0, rabbitmq.DefaultPrefetch-int(pool.Stat().MaxConns()))),
+		value(t, reg, "inbox_pool_shortfall_connections", ""))
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- c.Run(runCtx) }()
