@@ -5,7 +5,9 @@
 // ends. It connects, declares the topology through [Config].Setup, consumes with manual
 // acknowledgements and a prefetch limit, handles up to [Config].Concurrency messages at a
 // time, and reconnects with backoff when the broker goes away. [Consumer.Ready] and
-// [Consumer.Status] tell a readiness check whether it can do its job.
+// [Consumer.Status] tell a readiness check whether it can do its job. Each message handled
+// at the same time holds a connection of the pool; [Consumer.PoolSize] tells whether the
+// pool has one for each (NewConsumer logs a warning when it has not).
 //
 // # The path of a message
 //
