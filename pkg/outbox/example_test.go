@@ -70,7 +70,7 @@ func Example() {
 	}
 	defer pub.Close()
 	relay, err := outbox.NewRelay(pool, pub, outbox.Config{
-		Hooks: outbox.Hooks{BatchDone: func(_ context.Context, b outbox.BatchResult) {
+		Hooks: outbox.Hooks{BatchDone: func(b outbox.BatchResult) {
 			for _, m := range b.Published {
 				fmt.Println("published", m.Type, "for", m.AggregateID)
 			}

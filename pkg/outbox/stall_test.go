@@ -581,8 +581,8 @@ func runPausedChild(claimTimeout time.Duration) {
 		BatchSize:      20,
 		PublishTimeout: claimTimeout / 2,
 		ClaimTimeout:   claimTimeout,
-		Hooks: outbox.Hooks{Failpoint: func(name string) {
-			if name == os.Getenv(childFailpoint) {
+		Hooks: outbox.Hooks{Failpoint: func(hit outbox.FailpointHit) {
+			if hit.Name == os.Getenv(childFailpoint) {
 				fmt.Println("pausing")
 				_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
 			}

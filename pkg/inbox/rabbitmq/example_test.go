@@ -63,8 +63,8 @@ func ExampleNewConsumer() {
 		},
 		Concurrency: 1, // one message at a time, so this example prints in a fixed order
 		Hooks: rabbitmq.Hooks{
-			Processed: func(_, msgType string, duplicate bool, _ time.Duration) {
-				processed <- fmt.Sprintf("%s duplicate=%v", msgType, duplicate)
+			Processed: func(p rabbitmq.ProcessedMessage) {
+				processed <- fmt.Sprintf("%s duplicate=%v", p.Type, p.Duplicate)
 			},
 		},
 	})

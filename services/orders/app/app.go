@@ -35,9 +35,11 @@ import (
 	"github.com/outboxshop/outboxshop/pkg/inbox"
 	inboxmetrics "github.com/outboxshop/outboxshop/pkg/inbox/metrics"
 	inboxrabbitmq "github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
+	inboxrabbitmqmetrics "github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq/rabbitmqmetrics"
 	"github.com/outboxshop/outboxshop/pkg/outbox"
 	outboxmetrics "github.com/outboxshop/outboxshop/pkg/outbox/metrics"
 	outboxrabbitmq "github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq"
+	outboxrabbitmqmetrics "github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq/rabbitmqmetrics"
 	ordersamqp "github.com/outboxshop/outboxshop/services/orders/amqp"
 	ordershttp "github.com/outboxshop/outboxshop/services/orders/http"
 	"github.com/outboxshop/outboxshop/services/orders/postgres"
@@ -265,12 +267,16 @@ func (a *App) apiComponents() ([]component, error) {
 	if err != nil {
 		return nil, fmt.Errorf("register outbox stats metrics: %w", err)
 	}
-	consumerMetrics, err := inboxmetrics.NewConsumer(a.Registry, inboxmetrics.Config{KnownTypes: consumedTypes, ConstLabels: constLabels()})
+	consumerMetrics, err := inboxrabbitmqmetrics.NewConsumer(a.Registry, inboxrabbitmqmetrics.Config{KnownTypes: consumedTypes, ConstLabels: constLabels()})
 	if err != nil {
 		return nil, fmt.Errorf("register consumer metrics: %w", err)
 	}
 	consumerMetrics.Init(ordersamqp.ConsumerName)
-	consumerMetrics.SetWindow(ordersamqp.ConsumerName, a.cfg.InboxRetention, redeliveryWindow(a.cfg))
+	window, err := inboxmetrics.NewWindow(a.Registry, constLabels())
+	if err != nil {
+		return nil, fmt.Errorf("register inbox window metrics: %w", err)
+	}
+	window.Set(ordersamqp.ConsumerName, a.cfg.InboxRetention, redeliveryWindow(a.cfg))
 
 	// /readyz: the database, and the consumer's broker connection, which may be away for
 	// BrokerDownGrace (a broker restart) before the process counts as not ready.
@@ -307,13 +313,14 @@ func (a *App) apiComponents() ([]component, error) {
 		Setup:                a.declarer.Setup,
 		Logger:               a.log,
 		Hooks: consumerMetrics.Hooks(inboxrabbitmq.Hooks{
-			Failpoint: a.fp.Func(),
+			Failpoint: failpoint.Hook(a.fp, func(h inboxrabbitmq.FailpointHit) string { return h.Name }),
 			Connected: readiness.ConsumerConnected(consumerLink),
 		}),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("stock consumer: %w", err)
 	}
+	consumerMetrics.SetPoolSize(ordersamqp.ConsumerName, consumer.PoolSize())
 	return []component{
 		{"http server", func(ctx context.Context) error {
 			return httpserver.Serve(ctx, a.apiLn, api, httpserver.Config{ShutdownTimeout: a.cfg.HTTPShutdownTimeout}, a.log)
@@ -334,13 +341,17 @@ func (a *App) relayComponents() ([]component, error) {
 	if err != nil {
 		return nil, fmt.Errorf("register relay metrics: %w", err)
 	}
+	publisherMetrics, err := outboxrabbitmqmetrics.NewPublisher(a.Registry, constLabels())
+	if err != nil {
+		return nil, fmt.Errorf("register publisher metrics: %w", err)
+	}
 	pub, err := outboxrabbitmq.New(outboxrabbitmq.Config{
 		URL:            a.cfg.AMQPURL,
 		ConnectionName: "orders-relay",
 		DialTimeout:    a.cfg.DatabaseTimeout,
 		Setup:          a.declarer.Setup,
 		Logger:         a.log,
-		Hooks:          relayMetrics.PublisherHooks(),
+		Hooks:          publisherMetrics.Hooks(outboxrabbitmq.Hooks{}),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("outbox publisher: %w", err)
@@ -360,12 +371,13 @@ func (a *App) relayComponents() ([]component, error) {
 		RetryBaseDelay:  relayRetryBaseDelay,
 		RetryMaxDelay:   relayRetryMaxDelay,
 		Logger:          a.log,
-		Hooks:           relayMetrics.Hooks(outbox.Hooks{Failpoint: a.fp.Func(), StateChanged: readiness.RelayState(relayLink)}),
+		Hooks:           relayMetrics.Hooks(outbox.Hooks{Failpoint: failpoint.Hook(a.fp, func(h outbox.FailpointHit) string { return h.Name }), StateChanged: readiness.RelayState(relayLink)}),
 	})
 	if err != nil {
 		_ = pub.Close()
 		return nil, fmt.Errorf("outbox relay: %w", err)
 	}
+	relayMetrics.SetPoolSize(relay.PoolSize())
 	cs := []component{
 		{"outbox relay", func(ctx context.Context) error {
 			defer pub.Close() //nolint:errcheck // the relay is done with it

@@ -86,7 +86,7 @@ func NewConsumer(pool inbox.TxBeginner, cfg ConsumerConfig) (*rabbitmq.Consumer,
 
 // NewPublisher returns the outbox publisher of the warehouse's relay: it declares the
 // topology with declarer on every new channel, so the events exchange exists before the
-// first publish. hooks observe its connection (pkg/outbox/metrics' PublisherHooks).
+// first publish. hooks observe its connection (pkg/outbox/rabbitmq/rabbitmqmetrics).
 func NewPublisher(url string, declarer *amqptopo.Declarer, log *slog.Logger, hooks outboxrabbitmq.Hooks) (*outboxrabbitmq.Publisher, error) {
 	p, err := outboxrabbitmq.New(outboxrabbitmq.Config{
 		URL:            url,

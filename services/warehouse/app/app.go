@@ -27,8 +27,11 @@ import (
 	"github.com/outboxshop/outboxshop/pkg/inbox"
 	inboxmetrics "github.com/outboxshop/outboxshop/pkg/inbox/metrics"
 	"github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
+	inboxrabbitmqmetrics "github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq/rabbitmqmetrics"
 	"github.com/outboxshop/outboxshop/pkg/outbox"
 	outboxmetrics "github.com/outboxshop/outboxshop/pkg/outbox/metrics"
+	outboxrabbitmq "github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq"
+	outboxrabbitmqmetrics "github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq/rabbitmqmetrics"
 	warehouseamqp "github.com/outboxshop/outboxshop/services/warehouse/amqp"
 	warehousehttp "github.com/outboxshop/outboxshop/services/warehouse/http"
 	"github.com/outboxshop/outboxshop/services/warehouse/postgres"
@@ -206,12 +209,16 @@ func Start(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*App, 
 	}
 
 	if consumer {
-		consumerMetrics, err := inboxmetrics.NewConsumer(a.Registry, inboxmetrics.Config{KnownTypes: consumedTypes, ConstLabels: constLabels()})
+		consumerMetrics, err := inboxrabbitmqmetrics.NewConsumer(a.Registry, inboxrabbitmqmetrics.Config{KnownTypes: consumedTypes, ConstLabels: constLabels()})
 		if err != nil {
 			return fail(fmt.Errorf("register consumer metrics: %w", err))
 		}
 		consumerMetrics.Init(warehouseamqp.ConsumerName)
-		consumerMetrics.SetWindow(warehouseamqp.ConsumerName, cfg.InboxRetention, redeliveryWindow(cfg))
+		window, err := inboxmetrics.NewWindow(a.Registry, constLabels())
+		if err != nil {
+			return fail(fmt.Errorf("register inbox window metrics: %w", err))
+		}
+		window.Set(warehouseamqp.ConsumerName, cfg.InboxRetention, redeliveryWindow(cfg))
 		c, err := warehouseamqp.NewConsumer(pool, warehouseamqp.ConsumerConfig{
 			URL:             cfg.AMQPURL,
 			Topology:        cfg.Topology(),
@@ -226,13 +233,14 @@ func Start(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*App, 
 			Logger:          log,
 			Hooks: consumerMetrics.Hooks(rabbitmq.Hooks{
 				Connected: readiness.ConsumerConnected(a.consumer),
-				Failpoint: fp.Func(),
+				Failpoint: failpoint.Hook(fp, func(h rabbitmq.FailpointHit) string { return h.Name }),
 			}),
 			Committed: svc.committed,
 		})
 		if err != nil {
 			return fail(err)
 		}
+		consumerMetrics.SetPoolSize(warehouseamqp.ConsumerName, c.PoolSize())
 		components = append(components,
 			component{"consumer", c.Run},
 			component{"inbox cleanup", func(ctx context.Context) error {
@@ -245,7 +253,11 @@ func Start(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*App, 
 		if err != nil {
 			return fail(fmt.Errorf("register relay metrics: %w", err))
 		}
-		pub, err := warehouseamqp.NewPublisher(cfg.AMQPURL, declarer, log, relayMetrics.PublisherHooks())
+		publisherMetrics, err := outboxrabbitmqmetrics.NewPublisher(a.Registry, constLabels())
+		if err != nil {
+			return fail(fmt.Errorf("register publisher metrics: %w", err))
+		}
+		pub, err := warehouseamqp.NewPublisher(cfg.AMQPURL, declarer, log, publisherMetrics.Hooks(outboxrabbitmq.Hooks{}))
 		if err != nil {
 			return fail(err)
 		}
@@ -260,11 +272,12 @@ func Start(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*App, 
 			RetryBaseDelay:  relayRetryBaseDelay,
 			RetryMaxDelay:   relayRetryMaxDelay,
 			Logger:          log,
-			Hooks:           relayMetrics.Hooks(outbox.Hooks{Failpoint: fp.Func(), StateChanged: readiness.RelayState(relayLink)}),
+			Hooks:           relayMetrics.Hooks(outbox.Hooks{Failpoint: failpoint.Hook(fp, func(h outbox.FailpointHit) string { return h.Name }), StateChanged: readiness.RelayState(relayLink)}),
 		})
 		if err != nil {
 			return fail(fmt.Errorf("new relay: %w", err))
 		}
+		relayMetrics.SetPoolSize(a.relay.PoolSize())
 		components = append(components,
 			component{"relay", a.relay.Run},
 			component{"outbox cleanup", func(ctx context.Context) error {
