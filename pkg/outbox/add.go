@@ -43,6 +43,13 @@ var ErrInvalidMessage = errors.New("invalid outbox message")
 // before writing any, and returns an error wrapping [ErrInvalidMessage], naming the message
 // and the field, for the first one that fails: nothing is written then, and tx is left
 // usable.
+//
+// Add records the trace context of ctx in each row's headers, through the global
+// OpenTelemetry propagator (otel.GetTextMapPropagator(); with the usual W3C propagators:
+// traceparent, tracestate and baggage), unless the message sets those headers itself. The
+// relay's publish span then joins the trace of the code that called Add, however much later
+// it runs. msgs[i].Headers is not changed. When ctx carries no span context and no baggage,
+// nothing is recorded and nothing is spent. See the package documentation's Tracing section.
 func Add(ctx context.Context, tx DBTX, msgs ...Message) error {
 	if len(msgs) == 0 {
 		return nil
@@ -54,7 +61,12 @@ func Add(ctx context.Context, tx DBTX, msgs ...Message) error {
 	payloads, headers := make([]string, n), make([]string, n)
 	for i := range msgs {
 		m := &msgs[i]
-		if err := m.Validate(); err != nil {
+		// The caller's trace context goes into the row now, when the message is written,
+		// not when it is relayed: the relay runs later, on contexts of its own.
+		hdrs := traceHeaders(ctx, nil, m.Headers)
+		stored := *m
+		stored.Headers = hdrs
+		if err := stored.Validate(); err != nil {
 			return fmt.Errorf("add outbox message %d: %w", i, err)
 		}
 		if m.ID == uuid.Nil {
@@ -64,11 +76,11 @@ func Add(ctx context.Context, tx DBTX, msgs ...Message) error {
 			}
 			m.ID = id
 		}
-		h, err := json.Marshal(m.Headers)
+		h, err := json.Marshal(hdrs)
 		if err != nil {
 			return fmt.Errorf("add outbox message %s: encode headers: %w", m.ID, err)
 		}
-		if m.Headers == nil {
+		if hdrs == nil {
 			h = []byte("{}")
 		}
 		ids[i] = m.ID.String()

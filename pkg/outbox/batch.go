@@ -181,8 +181,7 @@ type cycleResult struct {
 	settled int
 }
 
-func (r *Relay) cycle(ctx context.Context) (cycleResult, error) {
-	var res cycleResult
+func (r *Relay) cycle(ctx context.Context) (res cycleResult, err error) {
 	if !r.maintaining.Load() { // Run maintains on a goroutine of its own
 		r.maybeMaintain(ctx)
 	}
@@ -212,9 +211,12 @@ func (r *Relay) cycle(ctx context.Context) (cycleResult, error) {
 	if len(msgs) == 0 {
 		return res, nil
 	}
+	spans := r.startSpans(ctx, msgs, time.Now())
+	var confirmedAt time.Time
+	defer func() { spans.end(confirmedAt, err) }()
 
-	outcomes := r.publish(ctx, msgs, unreadable)
-	confirmedAt := time.Now()
+	outcomes := r.publish(ctx, msgs, unreadable, spans)
+	confirmedAt = time.Now()
 	r.failpoint(FailpointAfterPublish)
 
 	var (
@@ -243,6 +245,7 @@ func (r *Relay) cycle(ctx context.Context) (cycleResult, error) {
 		}
 		switch {
 		case err == nil:
+			spans.outcome(i, "published", nil)
 			published = append(published, m.ID.String())
 			result.Published = append(result.Published, m)
 			doneAggTypes, doneAggIDs = append(doneAggTypes, m.AggregateType), append(doneAggIDs, m.AggregateID)
@@ -250,6 +253,7 @@ func (r *Relay) cycle(ctx context.Context) (cycleResult, error) {
 		case errors.Is(err, ErrUnavailable):
 			// The broker, not the message: no attempt is counted, and the relay pauses.
 			result.Untouched++
+			spans.outcome(i, "untouched", err)
 			if unavailable == nil {
 				unavailable = err
 			}
@@ -257,6 +261,7 @@ func (r *Relay) cycle(ctx context.Context) (cycleResult, error) {
 		case errors.Is(err, ErrNotSent) && streak < maxNotSentStreak:
 			// Not sent through no fault of its own: as it was, for the next cycle.
 			result.Untouched++
+			spans.outcome(i, "untouched", err)
 			continue
 		case errors.Is(err, ErrRefused):
 			// The broker refused it for a reason of its own: later, no attempt counted.
@@ -264,6 +269,7 @@ func (r *Relay) cycle(ctx context.Context) (cycleResult, error) {
 			deferred.errs = append(deferred.errs, err.Error())
 			deferred.delays = append(deferred.delays, backoff(streak, r.cfg.RetryBaseDelay, r.cfg.RetryMaxDelay).Milliseconds())
 			result.Deferred++
+			spans.outcome(i, "deferred", err)
 			r.cfg.Logger.WarnContext(ctx, "outbox message refused by the broker; will retry without counting an attempt",
 				"message_id", m.ID, "message_type", m.Type, "aggregate_id", m.AggregateID, "error", err)
 			continue
@@ -282,6 +288,11 @@ func (r *Relay) cycle(ctx context.Context) (cycleResult, error) {
 		failed.delays = append(failed.delays, backoff(m.Attempts+1, r.cfg.RetryBaseDelay, r.cfg.RetryMaxDelay).Milliseconds())
 		failed.dead = append(failed.dead, dead)
 		result.Failed = append(result.Failed, Failure{Message: m, Err: err, Dead: dead})
+		if dead {
+			spans.outcome(i, "dead", err)
+		} else {
+			spans.outcome(i, "failed", err)
+		}
 		if dead {
 			doneAggTypes, doneAggIDs = append(doneAggTypes, m.AggregateType), append(doneAggIDs, m.AggregateID)
 		}
@@ -425,7 +436,8 @@ const (
 )
 
 // publish sends the messages that can be sent and returns one outcome per message.
-func (r *Relay) publish(ctx context.Context, msgs []Message, unreadable map[int]error) []error {
+// spans gives the headers to send (the message's, with its publish span's trace context).
+func (r *Relay) publish(ctx context.Context, msgs []Message, unreadable map[int]error, spans *batchSpans) []error {
 	outcomes := make([]error, len(msgs))
 	send := make([]Message, 0, len(msgs))
 	index := make([]int, 0, len(msgs))
@@ -438,6 +450,7 @@ func (r *Relay) publish(ctx context.Context, msgs []Message, unreadable map[int]
 			outcomes[i] = Permanent(fmt.Errorf("%w: payload of %d bytes exceeds MaxMessageBytes %d", ErrTooLarge, len(m.Payload), r.cfg.MaxMessageBytes))
 			continue
 		}
+		m.Headers = spans.sendHeaders(i, m)
 		send = append(send, m)
 		index = append(index, i)
 	}
@@ -447,6 +460,7 @@ func (r *Relay) publish(ctx context.Context, msgs []Message, unreadable map[int]
 	}
 	pctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
 	defer cancel()
+	spans.sent(time.Now())
 	errs := r.pub.Publish(pctx, send)
 	if len(errs) != len(send) {
 		// A broken Publisher: trust none of its answers.

@@ -16,6 +16,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Names of the crash points of a relay cycle, passed to [Hooks].Failpoint.
@@ -139,6 +142,20 @@ type Config struct {
 	Logger *slog.Logger
 	// Hooks observe the relay (metrics, crash points).
 	Hooks Hooks
+
+	// TracerProvider makes the relay's publish spans, one per message (see the package
+	// documentation's Tracing section). nil means the global provider,
+	// otel.GetTracerProvider(), which makes no spans until the application installs an
+	// OpenTelemetry SDK.
+	TracerProvider trace.TracerProvider
+	// Propagator reads the trace context that [Add] recorded in a row's headers, and writes
+	// the publish span's into the headers sent. nil means the global propagator,
+	// otel.GetTextMapPropagator(). Use the propagator [Add] used.
+	Propagator propagation.TextMapPropagator
+	// MessagingSystem is the publish spans' messaging.system attribute. Default: what the
+	// Publisher's MessagingSystem method answers, if it has one ("rabbitmq" for the rabbitmq
+	// adapter); else none.
+	MessagingSystem string
 }
 
 // Hooks are optional callbacks. They run on the relay's goroutine: keep them fast. Each
@@ -216,6 +233,12 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
+	if c.TracerProvider == nil {
+		c.TracerProvider = otel.GetTracerProvider()
+	}
+	if c.Propagator == nil {
+		c.Propagator = otel.GetTextMapPropagator()
+	}
 	var errs []error
 	if c.BatchSize < 0 || c.BatchSize > 10_000 {
 		errs = append(errs, fmt.Errorf("batch size must be between 0 (default %d) and 10000, got %d", DefaultBatchSize, c.BatchSize))
@@ -261,9 +284,10 @@ func (c Config) withDefaults() (Config, error) {
 // Relay publishes committed outbox rows to a broker. Several relays may run against one
 // table, in one process or many; see the package documentation for what that guarantees.
 type Relay struct {
-	db  RelayDB
-	pub Publisher
-	cfg Config
+	db     RelayDB
+	pub    Publisher
+	cfg    Config
+	tracer trace.Tracer
 
 	running atomic.Bool
 	mu      sync.Mutex
@@ -309,7 +333,10 @@ func NewRelay(pool RelayDB, pub Publisher, cfg Config) (*Relay, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Relay{db: pool, pub: pub, cfg: cfg, state: StateStarting}
+	if sn, ok := pub.(systemNamer); ok && cfg.MessagingSystem == "" {
+		cfg.MessagingSystem = sn.MessagingSystem()
+	}
+	r := &Relay{db: pool, pub: pub, cfg: cfg, state: StateStarting, tracer: cfg.TracerProvider.Tracer(TracerName)}
 	size := r.PoolSize()
 	switch {
 	case !cfg.DisableNotify && size.Max == 1:

@@ -212,6 +212,10 @@ func (p *Publisher) Close() error {
 	return p.closeSession(time.Now().Add(p.cfg.DialTimeout), nil)
 }
 
+// MessagingSystem returns "rabbitmq", the messaging.system attribute of the relay's publish
+// spans (see outbox.Config.MessagingSystem).
+func (p *Publisher) MessagingSystem() string { return "rabbitmq" }
+
 // Publish sends msgs and waits for their confirms; see the package documentation for the
 // meaning of each returned error.
 func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) []error {
