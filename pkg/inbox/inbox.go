@@ -9,6 +9,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // TxBeginner starts a transaction. *pgxpool.Pool and *pgx.Conn satisfy it, and so does
@@ -147,6 +149,12 @@ ON CONFLICT (consumer, message_id) DO NOTHING`
 // PostgreSQL default; under REPEATABLE READ or SERIALIZABLE the waiting transaction fails
 // with a serialization error instead, which Process returns, and a redelivery then finds the
 // row and reports a duplicate.
+//
+// # Tracing
+//
+// Process makes no span of its own. When ctx carries a recording OpenTelemetry span (the
+// RabbitMQ consumer's process span, or one of yours), a duplicate sets [AttrDuplicate] on
+// it; fn gets ctx, so the spans fn makes nest under that span.
 func Process(ctx context.Context, db TxBeginner, consumer string, msg Message, fn func(ctx context.Context, tx pgx.Tx) error) (duplicate bool, err error) {
 	if err := ValidateConsumer(consumer); err != nil {
 		return false, err
@@ -176,6 +184,7 @@ func Process(ctx context.Context, db TxBeginner, consumer string, msg Message, f
 		return false, Transient(err)
 	}
 	if tag.RowsAffected() == 0 {
+		markDuplicate(ctx)
 		return true, nil // processed before; the deferred rollback ends the empty transaction
 	}
 	if fn != nil {
@@ -187,6 +196,17 @@ func Process(ctx context.Context, db TxBeginner, consumer string, msg Message, f
 		return false, fmt.Errorf("inbox: commit message %q: %w", msg.ID, err)
 	}
 	return false, nil
+}
+
+// AttrDuplicate is the attribute [Process] sets, true, on the span of ctx when the message
+// is a duplicate: fn did not run, so the span has no child work.
+const AttrDuplicate = attribute.Key("inbox.duplicate")
+
+// markDuplicate marks the span of ctx, if it records, as a duplicate's.
+func markDuplicate(ctx context.Context) {
+	if span := trace.SpanFromContext(ctx); span.IsRecording() {
+		span.SetAttributes(AttrDuplicate.Bool(true))
+	}
 }
 
 // rollback ends tx, also when ctx is already cancelled, within a few seconds.

@@ -12,6 +12,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxshop/outboxshop/pkg/inbox"
 )
@@ -370,6 +373,16 @@ type Config struct {
 	Logger *slog.Logger
 	// Hooks are optional callbacks for metrics and tests.
 	Hooks Hooks
+
+	// TracerProvider makes the consumer's process spans, one per delivery (see the package
+	// documentation's Tracing section). nil means the global provider,
+	// otel.GetTracerProvider(), which makes no spans until the application installs an
+	// OpenTelemetry SDK.
+	TracerProvider trace.TracerProvider
+	// Propagator reads the trace context from a delivery's headers (W3C traceparent,
+	// tracestate and baggage with the usual propagators). nil means the global propagator,
+	// otel.GetTextMapPropagator().
+	Propagator propagation.TextMapPropagator
 }
 
 // withDefaults validates c and fills in the defaults.
@@ -445,6 +458,12 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	c.ContentTypes = contentTypes
 	c.Types = slices.Clone(c.Types)
+	if c.TracerProvider == nil {
+		c.TracerProvider = otel.GetTracerProvider()
+	}
+	if c.Propagator == nil {
+		c.Propagator = otel.GetTextMapPropagator()
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}

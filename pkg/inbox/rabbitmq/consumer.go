@@ -16,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxshop/outboxshop/pkg/inbox"
 )
@@ -26,9 +27,10 @@ const dialTimeout = 15 * time.Second
 // Consumer consumes a RabbitMQ queue into PostgreSQL through the inbox. Create it with
 // [NewConsumer] and start it with [Consumer.Run].
 type Consumer struct {
-	pool inbox.TxBeginner
-	cfg  Config
-	log  *slog.Logger
+	pool   inbox.TxBeginner
+	cfg    Config
+	log    *slog.Logger
+	tracer trace.Tracer
 	// user is the login of cfg.URL, the only user-id property the broker lets it publish.
 	user string
 
@@ -79,6 +81,7 @@ func NewConsumer(pool inbox.TxBeginner, cfg Config) (*Consumer, error) {
 		log:  cfg.Logger.With(slog.String("consumer", cfg.Name), slog.String("queue", cfg.Queue)),
 		user: uri.Username,
 	}
+	c.tracer = cfg.TracerProvider.Tracer(TracerName)
 	if size := c.PoolSize(); size.Shortfall() > 0 {
 		c.log.Warn("rabbitmq consumer: the pool is smaller than Concurrency; handlers will wait for connections",
 			slog.Int("pool_max_conns", size.Max), slog.Int("connections_needed", size.Needed))

@@ -17,6 +17,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxshop/outboxshop/pkg/inbox"
 )
@@ -45,6 +46,10 @@ type message struct {
 	held      bool
 	holdStart time.Time
 	failures  int
+	// span is the delivery's process span, ended with its outcome; cause is the failure
+	// behind a retry.
+	span  trace.Span
+	cause error
 }
 
 // step is one stage of a delivery's handling. It returns the stage to run next (nil when the
@@ -75,6 +80,8 @@ func (c *Consumer) handle(s *session, in inbound) {
 		slog.Int("delivery_count", m.del.DeliveryCount),
 	)
 	defer c.endHold(m)
+	c.startSpan(s.workCtx, m)
+	defer m.endSpan(OutcomeHandedBack, errInterrupted) // every path ends it before; a safety net
 
 	next := c.check(s, m)
 	for next != nil {
@@ -93,6 +100,7 @@ func (c *Consumer) handle(s *session, in inbound) {
 		}
 		m.failures++
 		delay := c.holdDelay(m.failures)
+		m.heldEvent(err, delay)
 		if !m.held {
 			m.held, m.holdStart = true, time.Now()
 			c.held.Add(1)
@@ -191,6 +199,7 @@ func (c *Consumer) processStage(s *session, m *message) step {
 		if m.held {
 			ctx = s.waitCtx
 		}
+		ctx = withSpan(ctx, m) // the handler's spans nest under the process span
 		var handlerErr error
 		msg := inbox.Message{ID: m.d.MessageId, Type: m.d.Type, ReceivedAt: m.start}
 		duplicate, err := inbox.Process(ctx, c.pool, c.cfg.Name, msg, func(ctx context.Context, tx pgx.Tx) error {
@@ -246,6 +255,11 @@ func (c *Consumer) processed(s *session, m *message, duplicate bool) {
 		m.log.WarnContext(s.workCtx, "ack after commit failed; the broker will redeliver the message and the inbox will skip it",
 			slog.Any("error", err))
 	}
+	if duplicate {
+		m.endSpan(OutcomeDuplicate, nil)
+	} else {
+		m.endSpan(OutcomeProcessed, nil)
+	}
 	if h := c.cfg.Hooks.Processed; h != nil {
 		h(ProcessedMessage{Consumer: c.cfg.Name, Type: m.d.Type, Duplicate: duplicate, Duration: time.Since(m.start)})
 	}
@@ -291,6 +305,7 @@ func (c *Consumer) retryStage(s *session, m *message, cause error) step {
 		if !sleep(s.waitCtx, delay) {
 			return nil, errInterrupted
 		}
+		m.cause = cause
 		return c.publishRetryStage(s, m), nil
 	}
 }
@@ -313,6 +328,7 @@ func (c *Consumer) publishRetryStage(s *session, m *message) step {
 			m.log.WarnContext(s.workCtx, "ack of the retried original failed; the inbox absorbs its redelivery if the copy succeeds first",
 				slog.Any("error", err))
 		}
+		m.endSpan(OutcomeRetried, m.cause)
 		if h := c.cfg.Hooks.Retried; h != nil {
 			h(Retry{Consumer: c.cfg.Name, Type: m.d.Type, DeliveryCount: m.del.DeliveryCount})
 		}
@@ -348,6 +364,10 @@ func (c *Consumer) deadLetterStage(s *session, m *message, reason, detail string
 			m.log.WarnContext(s.workCtx, "ack after dead-lettering failed; the message will be redelivered and dead-lettered again",
 				slog.Any("error", err))
 		}
+		if m.span != nil && m.span.IsRecording() {
+			m.span.SetAttributes(AttrDeadReason.String(reason))
+		}
+		m.endSpan(OutcomeDeadLettered, errors.New(text))
 		if h := c.cfg.Hooks.DeadLettered; h != nil {
 			h(DeadLetter{Consumer: c.cfg.Name, Type: m.d.Type, Reason: reason})
 		}
@@ -392,6 +412,7 @@ func (c *Consumer) handBack(s *session, m *message, cause error) {
 					slog.Any("error", err))
 			}
 			c.hookHandedBack(m.d.Type, reason)
+			m.endSpan(OutcomeHandedBack, cause)
 			m.log.WarnContext(s.workCtx, "message handed back to the queue without counting a delivery",
 				slog.String("reason", reason), slog.Any("error", cause), slog.Int("failures", m.failures),
 				slog.Duration("since_arrival", time.Since(m.arrived).Round(time.Millisecond)))
@@ -402,6 +423,7 @@ func (c *Consumer) handBack(s *session, m *message, cause error) {
 		m.log.DebugContext(s.workCtx, "nack failed; the broker redelivers the message once the channel is gone", slog.Any("error", nackErr))
 	}
 	c.hookHandedBack(m.d.Type, HandBackRequeued)
+	m.endSpan(OutcomeHandedBack, cause)
 	m.log.WarnContext(s.workCtx, "message goes back to the queue; the broker counts a delivery",
 		slog.Any("error", cause), slog.Any("hand_back_error", err))
 }
