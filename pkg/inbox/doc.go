@@ -123,6 +123,13 @@
 // or of an old queue. A duplicate that arrives after its row was deleted is not recognised
 // and is applied a second time. Days or weeks are cheap; minutes are a bug.
 //
+// # Tracing
+//
+// [Process] makes no span of its own. When its ctx carries a recording OpenTelemetry span
+// (the RabbitMQ consumer's process span, or a runner's of your own), a duplicate sets
+// [AttrDuplicate] on it, and fn gets that ctx, so fn's spans nest under it. The package
+// imports the OpenTelemetry API only (go.opentelemetry.io/otel/trace and attribute).
+//
 // # Several consumers per database
 //
 // The inbox key is (consumer, message id). Each handler that consumes the same message into

@@ -149,6 +149,19 @@
 // [Hooks].Failpoint lets chaos tests kill the process at [FailpointBeforeCommit] and
 // [FailpointAfterCommit].
 //
+// # Tracing
+//
+// Each delivery is handled under an OpenTelemetry process span made with
+// [Config].TracerProvider: kind consumer, a child of the trace context that
+// [Config].Propagator reads from the delivery's headers (an outbox relay's publish span puts
+// its own there; a delivery without one starts a trace), with the messaging semantic
+// conventions' attributes, [AttrConsumer], [AttrDeliveryCount], an [EventHeld] event per
+// transient failure, and [AttrOutcome]: processed, duplicate, retried, dead_lettered or
+// handed_back. The handler's ctx carries the span, so its own spans (and the trace context
+// an outbox.Add in it records) nest under it; a duplicate's span has inbox.duplicate set by
+// inbox.Process and no children. Both fields default to the global provider and
+// propagator; without an SDK installed nothing is recorded.
+//
 // # Limits
 //
 // A message that kills the process (a crash in native code, an out-of-memory kill) is never
