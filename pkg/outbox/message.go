@@ -64,7 +64,9 @@ type Message struct {
 	// Payload is the event body, JSON.
 	Payload json.RawMessage
 	// Headers travel with the message (HeaderCorrelationID, HeaderCausationID,
-	// HeaderTraceparent, …).
+	// HeaderTraceparent, …). [Add] stores them with the trace context of its ctx added
+	// (HeaderTraceparent, HeaderTracestate, HeaderBaggage) unless they set it; the relay
+	// publishes them with its publish span's context in place of the stored one.
 	Headers map[string]string
 
 	// CreatedAt is when the row was inserted (the start of the writing transaction).
