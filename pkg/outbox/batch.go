@@ -245,7 +245,7 @@ func (r *Relay) cycle(ctx context.Context) (res cycleResult, err error) {
 		}
 		switch {
 		case err == nil:
-			spans.outcome(i, "published", nil)
+			spans.outcome(i, OutcomePublished, nil)
 			published = append(published, m.ID.String())
 			result.Published = append(result.Published, m)
 			doneAggTypes, doneAggIDs = append(doneAggTypes, m.AggregateType), append(doneAggIDs, m.AggregateID)
@@ -253,7 +253,7 @@ func (r *Relay) cycle(ctx context.Context) (res cycleResult, err error) {
 		case errors.Is(err, ErrUnavailable):
 			// The broker, not the message: no attempt is counted, and the relay pauses.
 			result.Untouched++
-			spans.outcome(i, "untouched", err)
+			spans.outcome(i, OutcomeUntouched, err)
 			if unavailable == nil {
 				unavailable = err
 			}
@@ -261,7 +261,7 @@ func (r *Relay) cycle(ctx context.Context) (res cycleResult, err error) {
 		case errors.Is(err, ErrNotSent) && streak < maxNotSentStreak:
 			// Not sent through no fault of its own: as it was, for the next cycle.
 			result.Untouched++
-			spans.outcome(i, "untouched", err)
+			spans.outcome(i, OutcomeUntouched, err)
 			continue
 		case errors.Is(err, ErrRefused):
 			// The broker refused it for a reason of its own: later, no attempt counted.
@@ -269,7 +269,7 @@ func (r *Relay) cycle(ctx context.Context) (res cycleResult, err error) {
 			deferred.errs = append(deferred.errs, err.Error())
 			deferred.delays = append(deferred.delays, backoff(streak, r.cfg.RetryBaseDelay, r.cfg.RetryMaxDelay).Milliseconds())
 			result.Deferred++
-			spans.outcome(i, "deferred", err)
+			spans.outcome(i, OutcomeDeferred, err)
 			r.cfg.Logger.WarnContext(ctx, "outbox message refused by the broker; will retry without counting an attempt",
 				"message_id", m.ID, "message_type", m.Type, "aggregate_id", m.AggregateID, "error", err)
 			continue
@@ -289,9 +289,9 @@ func (r *Relay) cycle(ctx context.Context) (res cycleResult, err error) {
 		failed.dead = append(failed.dead, dead)
 		result.Failed = append(result.Failed, Failure{Message: m, Err: err, Dead: dead})
 		if dead {
-			spans.outcome(i, "dead", err)
+			spans.outcome(i, OutcomeDead, err)
 		} else {
-			spans.outcome(i, "failed", err)
+			spans.outcome(i, OutcomeFailed, err)
 		}
 		if dead {
 			doneAggTypes, doneAggIDs = append(doneAggTypes, m.AggregateType), append(doneAggIDs, m.AggregateID)

@@ -29,10 +29,11 @@ const (
 // Attributes of the relay's publish span that the messaging semantic conventions do not
 // define (see docs/tracing.md for the whole list).
 const (
-	// AttrOutcome is what became of the message: "published", "failed" (an attempt counted,
-	// retried later), "dead", "deferred" (refused by the broker, no attempt counted),
-	// "untouched" (not sent, or the broker unavailable), "uncommitted" (the broker had it but
-	// the outcome's commit failed: it will be published again).
+	// AttrOutcome is what became of the message: [OutcomePublished], [OutcomeFailed] (an
+	// attempt counted, retried later), [OutcomeDead], [OutcomeDeferred] (refused by the
+	// broker, no attempt counted), [OutcomeUntouched] (not sent, or the broker unavailable),
+	// [OutcomeUncommitted] (the broker had it but the outcome's commit failed: it will be
+	// published again).
 	AttrOutcome = attribute.Key("outbox.outcome")
 	// AttrCreatedAt is when the row was written (the start of the writing transaction, by the
 	// database's clock), RFC 3339.
@@ -50,6 +51,16 @@ const (
 	// AttrRoutingKey is the routing key for a broker other than RabbitMQ (for RabbitMQ it is
 	// messaging.rabbitmq.destination.routing_key).
 	AttrRoutingKey = attribute.Key("outbox.routing_key")
+)
+
+// What became of a message, the values of AttrOutcome.
+const (
+	OutcomePublished   = "published"
+	OutcomeFailed      = "failed"
+	OutcomeDead        = "dead"
+	OutcomeDeferred    = "deferred"
+	OutcomeUntouched   = "untouched"
+	OutcomeUncommitted = "uncommitted"
 )
 
 // Names of the events of the publish span.
@@ -270,17 +281,17 @@ func (bs *batchSpans) end(confirmedAt time.Time, cycleErr error) {
 			continue
 		}
 		o := bs.outcomes[i]
-		if o.outcome == "published" && !confirmedAt.IsZero() {
+		if o.outcome == OutcomePublished && !confirmedAt.IsZero() {
 			s.AddEvent(EventConfirmed, trace.WithTimestamp(confirmedAt))
 		}
 		switch {
 		case cycleErr != nil && !errors.As(cycleErr, new(brokerError)):
 			// The outcome was not committed: the row is pending again, and a message the
 			// broker had is published a second time.
-			if o.outcome == "" || o.outcome == "published" {
-				o.outcome = "uncommitted"
+			if o.outcome == "" || o.outcome == OutcomePublished {
+				o.outcome = OutcomeUncommitted
 			}
-			s.SetAttributes(semconv.ErrorTypeKey.String("uncommitted"))
+			s.SetAttributes(semconv.ErrorTypeKey.String(OutcomeUncommitted))
 			s.SetStatus(codes.Error, cycleErr.Error())
 		case o.err != nil:
 			s.SetAttributes(semconv.ErrorTypeKey.String(failureClass(o.err)))
