@@ -179,9 +179,13 @@ func (r *Relay) startSpans(ctx context.Context, msgs []Message, claimedAt time.T
 		outcomes: make([]spanOutcome, len(msgs)),
 		headers:  make([]map[string]string, len(msgs)),
 	}
+	var name, nameOf string // the last span name, and its exchange: batches rarely mix many
 	for i, m := range msgs {
+		if name == "" || m.Exchange != nameOf {
+			name, nameOf = r.spanName(m), m.Exchange
+		}
 		parent := r.cfg.Propagator.Extract(ctx, headerCarrier(m.Headers))
-		pctx, span := r.tracer.Start(parent, r.spanName(m), trace.WithSpanKind(trace.SpanKindProducer), trace.WithTimestamp(claimedAt))
+		pctx, span := r.tracer.Start(parent, name, trace.WithSpanKind(trace.SpanKindProducer), trace.WithTimestamp(claimedAt))
 		bs.spans[i] = span
 		sc := span.SpanContext()
 		if sc.IsValid() && !sc.Equal(trace.SpanContextFromContext(parent)) {
