@@ -17,6 +17,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/baggage"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxshop/outboxshop/pkg/inbox"
@@ -46,9 +47,10 @@ type message struct {
 	held      bool
 	holdStart time.Time
 	failures  int
-	// span is the delivery's process span, ended with its outcome; cause is the failure
-	// behind a retry.
+	// span is the delivery's process span, ended with its outcome, and bag the baggage of
+	// its headers; cause is the failure behind a retry.
 	span  trace.Span
+	bag   baggage.Baggage
 	cause error
 }
 

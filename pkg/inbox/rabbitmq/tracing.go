@@ -6,6 +6,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/baggage"
 	"go.opentelemetry.io/otel/codes"
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 	"go.opentelemetry.io/otel/trace"
@@ -72,6 +73,7 @@ func (t tableCarrier) Keys() []string {
 // handler's ctx carries it (see withSpan).
 func (c *Consumer) startSpan(ctx context.Context, m *message) {
 	parent := c.cfg.Propagator.Extract(ctx, tableCarrier(m.d.Headers))
+	m.bag = baggage.FromContext(parent)
 	_, m.span = c.tracer.Start(parent, "process "+c.cfg.Queue,
 		trace.WithSpanKind(trace.SpanKindConsumer), trace.WithTimestamp(m.start))
 	if !m.span.IsRecording() {
@@ -97,9 +99,13 @@ func (c *Consumer) startSpan(ctx context.Context, m *message) {
 	)
 }
 
-// withSpan returns ctx carrying m's process span: the handler's ctx, so that its own spans
-// (and an outbox.Add in it) nest under the process span.
+// withSpan returns ctx carrying m's process span and the baggage of its headers: the
+// handler's ctx, so that its own spans (and an outbox.Add in it) nest under the process
+// span and pass the baggage on.
 func withSpan(ctx context.Context, m *message) context.Context {
+	if m.bag.Len() > 0 {
+		ctx = baggage.ContextWithBaggage(ctx, m.bag)
+	}
 	if m.span == nil {
 		return ctx
 	}

@@ -11,6 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/baggage"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -59,7 +60,10 @@ func (tr tracing) config(b *bundle, h rabbitmq.Handler) rabbitmq.Config {
 // tracedMessage is jsonMessage(id) carrying the context of a producer span it starts and
 // ends.
 func (tr tracing) tracedMessage(id string) (amqp.Publishing, trace.SpanContext) {
-	ctx, span := tr.tp.Tracer("test").Start(context.Background(), "publish test", trace.WithSpanKind(trace.SpanKindProducer))
+	member, _ := baggage.NewMember("tenant", "acme")
+	bag, _ := baggage.New(member)
+	ctx := baggage.ContextWithBaggage(context.Background(), bag)
+	ctx, span := tr.tp.Tracer("test").Start(ctx, "publish test", trace.WithSpanKind(trace.SpanKindProducer))
 	defer span.End()
 	carrier := propagation.MapCarrier{}
 	w3c.Inject(ctx, carrier)
@@ -71,9 +75,11 @@ func (tr tracing) tracedMessage(id string) (amqp.Publishing, trace.SpanContext) 
 	return msg, span.SpanContext()
 }
 
-// workHandler records an effect under a span of its own, from the handler's ctx.
+// workHandler records an effect under a span of its own, from the handler's ctx, with the
+// baggage it found there as an attribute.
 func (tr tracing) workHandler(ctx context.Context, tx pgx.Tx, d rabbitmq.Delivery) error {
-	ctx, span := tr.tp.Tracer("handler").Start(ctx, "work")
+	ctx, span := tr.tp.Tracer("handler").Start(ctx, "work",
+		trace.WithAttributes(attribute.String("tenant", baggage.FromContext(ctx).Member("tenant").Value())))
 	defer span.End()
 	return recordEffect(ctx, tx, d)
 }
@@ -118,6 +124,7 @@ func TestTracing(t *testing.T) {
 		work := tr.named("work")
 		require.Len(t, work, 1)
 		require.Equal(t, s.SpanContext().SpanID(), work[0].Parent().SpanID(), "the handler's span nests under the process span")
+		require.Equal(t, "acme", spanAttrs(work[0])["tenant"].AsString(), "the handler's ctx has the message's baggage")
 	})
 
 	t.Run("a duplicate is marked and has no child work", func(t *testing.T) {
