@@ -14,29 +14,24 @@
 package app
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
 	"net"
-	"sync"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/outboxshop/outboxshop/internal/aftercommit"
 	"github.com/outboxshop/outboxshop/internal/amqptopo"
 	"github.com/outboxshop/outboxshop/internal/failpoint"
-	"github.com/outboxshop/outboxshop/internal/httpserver"
 	"github.com/outboxshop/outboxshop/internal/pgdb"
 	"github.com/outboxshop/outboxshop/internal/pgxpoolmetrics"
 	"github.com/outboxshop/outboxshop/internal/readiness"
-	"github.com/outboxshop/outboxshop/pkg/inbox"
+	"github.com/outboxshop/outboxshop/internal/service"
 	inboxmetrics "github.com/outboxshop/outboxshop/pkg/inbox/metrics"
 	inboxrabbitmq "github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
-	"github.com/outboxshop/outboxshop/pkg/outbox"
-	outboxmetrics "github.com/outboxshop/outboxshop/pkg/outbox/metrics"
 	outboxrabbitmq "github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq"
 	ordersamqp "github.com/outboxshop/outboxshop/services/orders/amqp"
 	ordershttp "github.com/outboxshop/outboxshop/services/orders/http"
@@ -72,7 +67,8 @@ type Options struct {
 	Registry *prometheus.Registry
 }
 
-// App is a running (or ready to run) orders service.
+// App is a running (or ready to run) orders service: the components of its mode in one
+// internal/service Group.
 type App struct {
 	cfg  Config
 	mode Mode
@@ -82,22 +78,15 @@ type App struct {
 	// Registry is what /metrics serves. Add collectors to it before Start.
 	Registry *prometheus.Registry
 
-	pool        *pgxpool.Pool
-	store       *postgres.Store
-	topology    ordersamqp.Topology
-	declarer    *amqptopo.Declarer
-	checks      []readiness.Check // of /readyz, besides the database
-	httpMetrics *ordershttp.Metrics
-	apiLn       net.Listener
-	opsLn       net.Listener
-
-	cancel   context.CancelFunc
-	wg       sync.WaitGroup
-	done     chan struct{}
-	doneOnce sync.Once
-	errMu    sync.Mutex
-	err      error
-	stopOnce sync.Once
+	group    *service.Group
+	pool     *pgxpool.Pool
+	store    *postgres.Store
+	topology ordersamqp.Topology
+	declarer *amqptopo.Declarer
+	checks   []readiness.Check // of /readyz, besides the database
+	httpm    *ordershttp.Metrics
+	apiLn    net.Listener
+	opsLn    net.Listener
 }
 
 // New checks cfg and returns an App that Start runs in mode.
@@ -108,40 +97,25 @@ func New(cfg Config, mode Mode, opts Options) (*App, error) {
 		return nil, fmt.Errorf("unknown mode %q (want api, relay or all)", mode)
 	}
 	if err := cfg.Validate(); err != nil {
-		return nil, fmt.Errorf("invalid configuration: %w", err)
+		return nil, err
 	}
-	log := opts.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	reg := opts.Registry
-	if reg == nil {
-		reg = NewRegistry()
-	}
+	log := cmp.Or(opts.Logger, slog.New(slog.DiscardHandler))
 	return &App{
-		cfg: cfg, mode: mode, log: log, fp: opts.Failpoints, Registry: reg,
+		cfg: cfg, mode: mode, log: log, fp: opts.Failpoints,
+		Registry: cmp.Or(opts.Registry, service.NewRegistry()),
+		group:    service.NewGroup("orders", log.With("mode", mode)),
 		topology: ordersamqp.Topology{
 			Exchange: cfg.EventsExchange, DeadLetterExchange: cfg.DeadLetterExchange,
 			Queue: cfg.Queue, DeadQueue: cfg.DeadLetterQueue, DeliveryLimit: cfg.QueueDeliveryLimit,
 		}.WithDefaults(),
-		done: make(chan struct{}),
 	}, nil
-}
-
-// NewRegistry returns a metrics registry with the Go and process collectors.
-func NewRegistry() *prometheus.Registry {
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	return reg
 }
 
 // Migrate creates the database when it does not exist and applies every migration (the
 // service's, the outbox's and the inbox's), waiting for a database that is not there yet
 // until ctx ends (internal/pgdb). It is the `orders migrate` subcommand; Start does it too.
 func Migrate(ctx context.Context, cfg Config, log *slog.Logger) error {
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
+	log = cmp.Or(log, slog.New(slog.DiscardHandler))
 	pool, err := openDatabase(ctx, cfg, log)
 	if err != nil {
 		return err
@@ -168,17 +142,18 @@ func openDatabase(ctx context.Context, cfg Config, log *slog.Logger) (*pgxpool.P
 // openDatabase), binds the listeners, and starts the mode's components in the background.
 // When it returns nil, Addr and OpsAddr are listening. The components run until ctx is
 // cancelled or Stop is called; if one fails, the others are stopped too, Done is closed, and
-// Stop returns the error.
+// Stop returns the error. After an error, Stop releases what Start had acquired.
 func (a *App) Start(ctx context.Context) (err error) {
 	a.log.InfoContext(ctx, "orders starting", "mode", a.mode, "failpoints", a.fp.Armed())
 	defer func() {
 		if err != nil {
-			a.closeResources()
+			_ = a.group.Stop() // releases what was acquired; nothing ran
 		}
 	}()
 	if a.pool, err = openDatabase(ctx, a.cfg, a.log); err != nil {
 		return err
 	}
+	a.group.OnStop(a.pool.Close)
 	if a.store, err = postgres.NewStore(a.pool, postgres.StoreConfig{Exchange: a.topology.Exchange}); err != nil {
 		return err
 	}
@@ -192,82 +167,48 @@ func (a *App) Start(ctx context.Context) (err error) {
 	if err := a.Registry.Register(pgxpoolmetrics.New(a.pool, constLabels())); err != nil {
 		return fmt.Errorf("register pool metrics: %w", err)
 	}
-	if a.httpMetrics, err = ordershttp.NewMetrics(a.Registry, constLabels()); err != nil {
+	if a.httpm, err = ordershttp.NewMetrics(a.Registry, constLabels()); err != nil {
 		return fmt.Errorf("register HTTP metrics: %w", err)
 	}
-	var lc net.ListenConfig
 	if a.mode == ModeAPI || a.mode == ModeAll {
-		if a.apiLn, err = lc.Listen(ctx, "tcp", a.cfg.HTTPAddr); err != nil {
-			return fmt.Errorf("listen on %s: %w", a.cfg.HTTPAddr, err)
+		if a.apiLn, err = service.Listen(ctx, a.group, a.cfg.HTTPAddr); err != nil {
+			return err
 		}
 	}
 	if a.mode == ModeRelay {
-		if a.opsLn, err = lc.Listen(ctx, "tcp", a.cfg.RelayHTTPAddr); err != nil {
-			return fmt.Errorf("listen on %s: %w", a.cfg.RelayHTTPAddr, err)
-		}
-	}
-
-	// Everything is built before anything runs, so that a configuration error leaves nothing
-	// behind.
-	// The relay's are built first, so that in ModeAll the API's /readyz checks the relay too.
-	var components []component
-	if a.mode == ModeRelay || a.mode == ModeAll {
-		c, err := a.relayComponents()
-		if err != nil {
+		if a.opsLn, err = service.Listen(ctx, a.group, a.cfg.RelayHTTPAddr); err != nil {
 			return err
 		}
-		components = append(components, c...)
+	}
+	// Everything is built before anything runs, so that a configuration error leaves nothing
+	// behind. The relay's are built first, so that in ModeAll the API's /readyz checks the
+	// relay too.
+	if a.mode == ModeRelay || a.mode == ModeAll {
+		if err := a.addRelay(); err != nil {
+			return err
+		}
 	}
 	if a.apiLn != nil {
-		c, err := a.apiComponents()
-		if err != nil {
+		if err := a.addAPI(); err != nil {
 			return err
 		}
-		components = append(components, c...)
 	}
-
-	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	a.cancel = cancel
-	go func() { // the caller's ctx stops the App too
-		select {
-		case <-ctx.Done():
-			cancel()
-		case <-runCtx.Done():
-		}
-	}()
-	for _, c := range components {
-		a.wg.Add(1)
-		go func() {
-			defer a.wg.Done()
-			if err := c.run(runCtx); err != nil {
-				a.fail(fmt.Errorf("%s: %w", c.name, err))
-			}
-		}()
-	}
+	a.group.Start(ctx)
 	a.log.InfoContext(ctx, "orders started", "mode", a.mode, "http_addr", a.Addr(), "ops_addr", a.OpsAddr())
 	return nil
 }
 
-// component is one long-running part of the App.
-type component struct {
-	name string
-	run  func(ctx context.Context) error
-}
-
-func (a *App) apiComponents() ([]component, error) {
+func (a *App) addAPI() error {
 	svc, err := newServiceMetrics(a.Registry)
 	if err != nil {
-		return nil, fmt.Errorf("register service metrics: %w", err)
+		return fmt.Errorf("register service metrics: %w", err)
 	}
-	// The backlog of the outbox table, read here and not by the relay, so that it stays
-	// visible when the relay is down.
-	stats, err := outboxmetrics.NewStats(a.Registry, a.pool, outboxmetrics.StatsConfig{ConstLabels: constLabels(), Logger: a.log})
-	if err != nil {
-		return nil, fmt.Errorf("register outbox stats metrics: %w", err)
+	if err := service.AddOutboxStats(a.group, a.Registry, a.pool, constLabels(), a.log); err != nil {
+		return err
 	}
 	consumerMetrics, err := inboxmetrics.NewConsumer(a.Registry, inboxmetrics.Config{KnownTypes: consumedTypes, ConstLabels: constLabels()})
 	if err != nil {
-		return nil, fmt.Errorf("register consumer metrics: %w", err)
+		return fmt.Errorf("register consumer metrics: %w", err)
 	}
 	consumerMetrics.Init(ordersamqp.ConsumerName)
 	consumerMetrics.SetWindow(ordersamqp.ConsumerName, a.cfg.InboxRetention, redeliveryWindow(a.cfg))
@@ -280,7 +221,7 @@ func (a *App) apiComponents() ([]component, error) {
 		Checks:   a.checks,
 		Orders:   a.store,
 		Gatherer: a.Registry,
-		Metrics:  a.httpMetrics,
+		Metrics:  a.httpm,
 		Logger:   a.log,
 		AfterCommit: func() {
 			svc.created.Inc()
@@ -312,120 +253,61 @@ func (a *App) apiComponents() ([]component, error) {
 		}),
 	})
 	if err != nil {
-		return nil, fmt.Errorf("stock consumer: %w", err)
+		return fmt.Errorf("stock consumer: %w", err)
 	}
-	return []component{
-		{"http server", func(ctx context.Context) error {
-			return httpserver.Serve(ctx, a.apiLn, api, httpserver.Config{ShutdownTimeout: a.cfg.HTTPShutdownTimeout}, a.log)
-		}},
-		{"stock consumer", consumer.Run},
-		{"inbox cleanup", func(ctx context.Context) error {
-			return inbox.RunCleanup(ctx, a.pool, inbox.CleanupConfig{
-				Retention: a.cfg.InboxRetention, Interval: a.cfg.InboxCleanupInterval, Logger: a.log,
-			})
-		}},
-		{"idempotency key cleanup", a.runIdempotencyCleanup},
-		{"outbox stats", stats.Run},
-	}, nil
+	service.AddServer(a.group, "http server", a.apiLn, api, a.cfg.HTTPShutdownTimeout, a.log)
+	a.group.Add("stock consumer", consumer.Run)
+	service.AddInboxCleanup(a.group, a.pool, a.cfg.InboxRetention, a.cfg.InboxCleanupInterval, a.log)
+	a.group.Add("idempotency key cleanup", func(ctx context.Context) error {
+		return service.Every(ctx, a.cfg.IdempotencyKeyCleanupInterval, a.cleanupIdempotencyKeys)
+	})
+	return nil
 }
 
-func (a *App) relayComponents() ([]component, error) {
-	relayMetrics, err := outboxmetrics.NewRelay(a.Registry, constLabels())
-	if err != nil {
-		return nil, fmt.Errorf("register relay metrics: %w", err)
-	}
-	pub, err := outboxrabbitmq.New(outboxrabbitmq.Config{
-		URL:            a.cfg.AMQPURL,
-		ConnectionName: "orders-relay",
-		DialTimeout:    a.cfg.DatabaseTimeout,
-		Setup:          a.declarer.Setup,
-		Logger:         a.log,
-		Hooks:          relayMetrics.PublisherHooks(),
-	})
-	if err != nil {
-		return nil, fmt.Errorf("outbox publisher: %w", err)
-	}
-	// /readyz: the relay may be cut off from the broker (or the database) for
-	// BrokerDownGrace before the process counts as not ready. An idle relay does not try
-	// the broker, so it notices an outage with the next message it has to publish.
-	relayLink := readiness.NewLink("starting")
-	a.checks = append(a.checks, readiness.Check{Name: "relay", Check: readiness.Connection(relayLink, a.cfg.BrokerDownGrace)})
-	relay, err := outbox.NewRelay(a.pool, pub, outbox.Config{
-		BatchSize:       a.cfg.RelayBatchSize,
-		PollInterval:    a.cfg.RelayPollInterval,
-		MaxAttempts:     a.cfg.RelayMaxAttempts,
-		PublishTimeout:  a.cfg.RelayPublishTimeout,
-		ClaimTimeout:    a.cfg.RelayClaimTimeout,
-		MaxMessageBytes: a.cfg.RelayMaxMessageBytes,
-		RetryBaseDelay:  relayRetryBaseDelay,
-		RetryMaxDelay:   relayRetryMaxDelay,
+func (a *App) addRelay() error {
+	check, err := service.AddRelay(a.group, service.RelayConfig{
+		Pool: a.pool,
+		Publisher: outboxrabbitmq.Config{
+			URL: a.cfg.AMQPURL, ConnectionName: "orders-relay", DialTimeout: a.cfg.DatabaseTimeout, Setup: a.declarer.Setup,
+		},
+		Settings:        a.cfg.relaySettings(),
+		Retention:       a.cfg.OutboxRetention,
+		CleanupInterval: a.cfg.OutboxCleanupInterval,
+		BrokerDownGrace: a.cfg.BrokerDownGrace,
+		Registry:        a.Registry,
+		ConstLabels:     constLabels(),
+		Failpoint:       a.fp.Func(),
 		Logger:          a.log,
-		Hooks:           relayMetrics.Hooks(outbox.Hooks{Failpoint: a.fp.Func(), StateChanged: readiness.RelayState(relayLink)}),
 	})
 	if err != nil {
-		_ = pub.Close()
-		return nil, fmt.Errorf("outbox relay: %w", err)
+		return err
 	}
-	cs := []component{
-		{"outbox relay", func(ctx context.Context) error {
-			defer pub.Close() //nolint:errcheck // the relay is done with it
-			return relay.Run(ctx)
-		}},
-		{"outbox cleanup", func(ctx context.Context) error {
-			return outbox.RunCleanup(ctx, a.pool, outbox.CleanupConfig{
-				Retention: a.cfg.OutboxRetention, Interval: a.cfg.OutboxCleanupInterval, Logger: a.log,
-			})
-		}},
-	}
+	a.checks = append(a.checks, check)
 	if a.opsLn != nil {
 		checks := append([]readiness.Check{{Name: "database", Check: readiness.Ping(a.store.Ping)}}, a.checks...)
 		ops := ordershttp.NewOpsHandler(ordershttp.OpsConfig{
-			Gatherer: a.Registry, Metrics: a.httpMetrics, Checks: checks, Logger: a.log,
+			Gatherer: a.Registry, Metrics: a.httpm, Checks: checks, Logger: a.log,
 		})
-		cs = append(cs, component{"relay http server", func(ctx context.Context) error {
-			return httpserver.Serve(ctx, a.opsLn, ops, httpserver.Config{ShutdownTimeout: a.cfg.HTTPShutdownTimeout}, a.log)
-		}})
+		service.AddServer(a.group, "relay http server", a.opsLn, ops, a.cfg.HTTPShutdownTimeout, a.log)
 	}
-	return cs, nil
+	return nil
 }
 
-// runIdempotencyCleanup deletes expired idempotency keys every interval until ctx ends.
-func (a *App) runIdempotencyCleanup(ctx context.Context) error {
-	t := time.NewTicker(a.cfg.IdempotencyKeyCleanupInterval)
-	defer t.Stop()
-	for {
-		n, err := a.store.CleanupIdempotencyKeys(ctx, a.cfg.IdempotencyKeyRetention, 1000)
-		switch {
-		case ctx.Err() != nil:
-			return nil
-		case err != nil:
-			a.log.WarnContext(ctx, "idempotency key cleanup failed", "error", err)
-		case n > 0:
-			a.log.InfoContext(ctx, "idempotency keys deleted", "deleted", n)
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
+// cleanupIdempotencyKeys deletes a batch of expired idempotency keys, logging what it did.
+func (a *App) cleanupIdempotencyKeys(ctx context.Context) {
+	n, err := a.store.CleanupIdempotencyKeys(ctx, a.cfg.IdempotencyKeyRetention, 1000)
+	switch {
+	case ctx.Err() != nil:
+	case err != nil:
+		a.log.WarnContext(ctx, "idempotency key cleanup failed", "error", err)
+	case n > 0:
+		a.log.InfoContext(ctx, "idempotency keys deleted", "deleted", n)
 	}
 }
 
-// fail records the first component error and stops the others.
-func (a *App) fail(err error) {
-	a.errMu.Lock()
-	if a.err == nil {
-		a.err = err
-		a.log.Error("component failed, stopping", "error", err)
-	}
-	a.errMu.Unlock()
-	a.cancel()
-	a.doneOnce.Do(func() { close(a.done) })
-}
-
-// Done is closed when a component failed (Stop then returns its error). It is not closed by
-// a graceful stop.
-func (a *App) Done() <-chan struct{} { return a.done }
+// Done is closed when the App has stopped: after Stop, the cancellation of Start's ctx, or
+// the failure of a component (Stop and Wait then return its error).
+func (a *App) Done() <-chan struct{} { return a.group.Done() }
 
 // Addr is the API's address ("127.0.0.1:port"), or "" when the mode serves no API.
 func (a *App) Addr() string {
@@ -453,30 +335,11 @@ func (a *App) Pool() *pgxpool.Pool { return a.pool }
 // Stop stops every component gracefully (in-flight requests finish, the consumer acknowledges
 // what it handled, the relay finishes its batch), closes the pool, and returns the first
 // error a component failed with. It may be called more than once.
-func (a *App) Stop() error {
-	a.stopOnce.Do(func() {
-		if a.cancel != nil {
-			a.cancel()
-		}
-		a.wg.Wait()
-		a.closeResources()
-		a.log.Info("orders stopped", "mode", a.mode)
-	})
-	a.errMu.Lock()
-	defer a.errMu.Unlock()
-	return a.err
-}
+func (a *App) Stop() error { return a.group.Stop() }
 
-func (a *App) closeResources() {
-	for _, ln := range []net.Listener{a.apiLn, a.opsLn} {
-		if ln != nil {
-			_ = ln.Close() // already closed by the server when it ran
-		}
-	}
-	if a.pool != nil {
-		a.pool.Close()
-	}
-}
+// Wait blocks until the App has stopped and returns the first error a component failed
+// with, or nil after a graceful stop.
+func (a *App) Wait() error { return a.group.Wait() }
 
 // Run starts the App and runs it until ctx is cancelled or a component fails, then stops it.
 // A ctx cancelled while Start still waits for the database is a graceful stop too.
@@ -488,9 +351,5 @@ func (a *App) Run(ctx context.Context) error {
 		}
 		return err
 	}
-	select {
-	case <-ctx.Done():
-	case <-a.done:
-	}
-	return a.Stop()
+	return a.Wait()
 }

@@ -1,17 +1,14 @@
 package app
 
 import (
-	"errors"
-	"fmt"
-	"reflect"
-	"strings"
 	"time"
 
-	"github.com/caarlos0/env/v11"
+	"github.com/outboxshop/outboxshop/internal/envconfig"
+	"github.com/outboxshop/outboxshop/internal/service"
 )
 
 // Config is the whole configuration of the orders service, read once from the environment by
-// LoadConfig. The defaults work on a developer machine with PostgreSQL on 127.0.0.1:5432
+// LoadConfig (internal/envconfig: each variable and its default in the field's tags). The defaults work on a developer machine with PostgreSQL on 127.0.0.1:5432
 // (user postgres, no password) and RabbitMQ on 127.0.0.1:5672 (guest/guest).
 type Config struct {
 	// DatabaseURL names the service's own database; it is created on first start.
@@ -87,56 +84,36 @@ type Config struct {
 	LogLevel  string `env:"ORDERS_LOG_LEVEL" envDefault:"info"`
 }
 
-// LoadConfig reads the configuration from the environment.
-func LoadConfig() (Config, error) {
-	var cfg Config
-	if err := env.Parse(&cfg); err != nil {
-		return Config{}, fmt.Errorf("read configuration: %w", nameVariables(err))
+// LoadConfig reads the configuration from the environment: the defaults of Config's tags,
+// overridden by the variables that are set, validated.
+func LoadConfig() (Config, error) { return LoadConfigFrom(nil) }
+
+// LoadConfigFrom is LoadConfig reading the variables from environ instead of the process
+// environment (nil reads the process environment).
+func LoadConfigFrom(environ map[string]string) (Config, error) {
+	cfg, err := envconfig.Load[Config](environ)
+	if err != nil {
+		return Config{}, err
 	}
 	return cfg, cfg.Validate()
 }
 
-// nameVariables rewrites env's parse errors, which name the Go field, to name the environment
-// variable instead ("ORDERS_RELAY_POLL_INTERVAL: time: invalid duration \"soon\"").
-func nameVariables(err error) error {
-	var agg env.AggregateError
-	if !errors.As(err, &agg) {
-		return err
-	}
-	typ := reflect.TypeFor[Config]()
-	out := make([]error, 0, len(agg.Errors))
-	for _, e := range agg.Errors {
-		var pe env.ParseError
-		if errors.As(e, &pe) {
-			if f, ok := typ.FieldByName(pe.Name); ok {
-				name, _, _ := strings.Cut(f.Tag.Get("env"), ",")
-				out = append(out, fmt.Errorf("%s: %w", name, pe.Err))
-				continue
-			}
-		}
-		out = append(out, e)
-	}
-	return errors.Join(out...)
-}
-
 // DefaultConfig returns the configuration with every default and nothing from the
 // environment, for tests and embedding.
-func DefaultConfig() Config {
-	var cfg Config
-	if err := env.ParseWithOptions(&cfg, env.Options{Environment: map[string]string{}}); err != nil {
-		panic(fmt.Sprintf("orders: default configuration: %v", err)) // the defaults above are constants
+func DefaultConfig() Config { return envconfig.Defaults[Config]() }
+
+// relaySettings are the RELAY_* settings, as internal/service takes them.
+func (c Config) relaySettings() service.RelaySettings {
+	return service.RelaySettings{
+		BatchSize: c.RelayBatchSize, PollInterval: c.RelayPollInterval, MaxAttempts: c.RelayMaxAttempts,
+		PublishTimeout: c.RelayPublishTimeout, ClaimTimeout: c.RelayClaimTimeout, MaxMessageBytes: c.RelayMaxMessageBytes,
 	}
-	return cfg
 }
 
 // Validate reports every missing or out-of-range setting.
 func (c Config) Validate() error {
-	var errs []error
-	check := func(ok bool, format string, args ...any) {
-		if !ok {
-			errs = append(errs, fmt.Errorf(format, args...))
-		}
-	}
+	var v envconfig.Checks
+	check := v.Check
 	check(c.DatabaseURL != "", "ORDERS_DATABASE_URL is empty")
 	check(c.AMQPURL != "", "ORDERS_AMQP_URL is empty")
 	check(c.DatabaseMaxConns >= 2, "ORDERS_DATABASE_MAX_CONNS must be at least 2, got %d", c.DatabaseMaxConns)
@@ -164,5 +141,5 @@ func (c Config) Validate() error {
 	check(c.IdempotencyKeyRetention > 0 && c.IdempotencyKeyCleanupInterval > 0,
 		"ORDERS_IDEMPOTENCY_KEY_RETENTION and ORDERS_IDEMPOTENCY_KEY_CLEANUP_INTERVAL must be positive")
 	check(c.HTTPShutdownTimeout > 0, "ORDERS_HTTP_SHUTDOWN_TIMEOUT must be positive")
-	return errors.Join(errs...)
+	return v.Err()
 }

@@ -24,7 +24,7 @@ import (
 // confirming channel to publish on, and counters fed by the consumer's hooks.
 type bundle struct {
 	pool                                *pgxpool.Pool
-	repo                                *postgres.Repo
+	store                               *postgres.Store
 	amqpURL                             string
 	top                                 warehouseamqp.Topology
 	ch                                  *amqp091.Channel
@@ -38,7 +38,7 @@ func setup(t *testing.T) *bundle {
 	require.NoError(t, postgres.Migrate(ctx, pool))
 	b := &bundle{
 		pool:    pool,
-		repo:    postgres.NewRepo(pool),
+		store:   postgres.NewStore(pool),
 		amqpURL: testinfra.AMQPURL(t),
 		top: warehouseamqp.Topology{
 			Exchange:           testinfra.UniqueName(t, "ex"),
@@ -184,7 +184,7 @@ func (b *bundle) countReservations(t *testing.T, status warehouse.Status) int {
 // reservation returns the order's reservation, or nil when there is none yet.
 func (b *bundle) reservation(t *testing.T, id uuid.UUID) *warehouse.Reservation {
 	t.Helper()
-	r, err := b.repo.GetReservation(context.Background(), id)
+	r, err := b.store.GetReservation(context.Background(), id)
 	if warehouse.ErrorCode(err) == warehouse.CodeNotFound {
 		return nil
 	}
@@ -204,7 +204,7 @@ func (b *bundle) waitStatus(t *testing.T, id uuid.UUID, status warehouse.Status)
 
 func (b *bundle) available(t *testing.T, sku string) int64 {
 	t.Helper()
-	item, err := b.repo.GetStock(context.Background(), sku)
+	item, err := b.store.GetStock(context.Background(), sku)
 	require.NoError(t, err)
 	return item.Available
 }

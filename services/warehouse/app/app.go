@@ -1,34 +1,37 @@
 // Package app wires the warehouse: configuration, database, broker, HTTP, consumer and relay,
-// and the metrics of docs/metrics.md for what each mode runs (service="warehouse").
-// cmd/warehouse parses the configuration and hands off to [Run]; tests call [Start] with
-// listeners on 127.0.0.1:0, read the address from [App.HTTPAddr], and stop the app with
-// [App.Stop] (or by cancelling the context).
+// and the metrics of docs/metrics.md for what each mode runs (service="warehouse"), as
+// components of one internal/service Group.
+//
+// cmd/warehouse parses the configuration and hands off to [App.Run]; tests start an App on
+// 127.0.0.1:0 in-process:
+//
+//	cfg := app.DefaultConfig()
+//	cfg.DatabaseURL, cfg.AMQPURL, cfg.HTTPAddr = dbURL, amqpURL, "127.0.0.1:0"
+//	a, err := app.New(cfg, app.ModeAll, app.Options{Logger: log})
+//	err = a.Start(ctx)     // listening when it returns
+//	resp, err := http.Get("http://" + a.HTTPAddr() + "/stock/BOOK-1")
+//	err = a.Stop()         // graceful; returns the first error of a component
 package app
 
 import (
+	"cmp"
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
-	"sync"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/outboxshop/outboxshop/internal/amqptopo"
 	"github.com/outboxshop/outboxshop/internal/failpoint"
-	"github.com/outboxshop/outboxshop/internal/httpserver"
 	"github.com/outboxshop/outboxshop/internal/pgdb"
 	"github.com/outboxshop/outboxshop/internal/pgxpoolmetrics"
 	"github.com/outboxshop/outboxshop/internal/readiness"
-	"github.com/outboxshop/outboxshop/pkg/inbox"
+	"github.com/outboxshop/outboxshop/internal/service"
 	inboxmetrics "github.com/outboxshop/outboxshop/pkg/inbox/metrics"
 	"github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
-	"github.com/outboxshop/outboxshop/pkg/outbox"
-	outboxmetrics "github.com/outboxshop/outboxshop/pkg/outbox/metrics"
+	outboxrabbitmq "github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq"
 	warehouseamqp "github.com/outboxshop/outboxshop/services/warehouse/amqp"
 	warehousehttp "github.com/outboxshop/outboxshop/services/warehouse/http"
 	"github.com/outboxshop/outboxshop/services/warehouse/postgres"
@@ -61,232 +64,201 @@ func (m Mode) serves() (api, consumer, relay bool) {
 	return false, false, false
 }
 
-var _ warehousehttp.Store = (*postgres.Repo)(nil)
+var _ warehousehttp.Store = (*postgres.Store)(nil)
 
-// App is a running warehouse process. Create it with [Start].
-type App struct {
-	// Config is the configuration it runs with.
-	Config Config
-	// Mode is what it runs.
-	Mode Mode
-	// Logger is its logger.
+// Options are the parts of an App that do not come from the environment.
+type Options struct {
+	// Logger receives every log line. nil discards.
 	Logger *slog.Logger
-	// Registry holds its metrics, served on /metrics (docs/metrics.md: those of what the mode
-	// runs, with service="warehouse"); register more collectors on it.
+	// Failpoints are the armed crash points (failpoint.Parse of Config.Failpoints). nil arms
+	// none.
+	Failpoints *failpoint.Set
+	// Registry collects the metrics served on /metrics. nil makes a new one with the Go and
+	// process collectors.
 	Registry *prometheus.Registry
-	// Pool is its database pool, closed when the app has stopped.
-	Pool *pgxpool.Pool
-	// Repo is the repository on Pool.
-	Repo *postgres.Repo
+}
 
+// App is a running (or ready to run) warehouse process: the components of its mode in one
+// internal/service Group.
+type App struct {
+	cfg  Config
+	mode Mode
+	log  *slog.Logger
+	fp   *failpoint.Set
+
+	// Registry holds its metrics, served on /metrics (docs/metrics.md: those of what the mode
+	// runs, with service="warehouse"); register more collectors on it before Start.
+	Registry *prometheus.Registry
+
+	group    *service.Group
+	pool     *pgxpool.Pool
+	store    *postgres.Store
 	ln       net.Listener
-	cancel   context.CancelFunc
-	done     chan struct{}
-	err      error
 	consumer *readiness.Link // the consumer's broker connection; nil in ModeRelay
-	relay    *outbox.Relay
+}
+
+// New checks cfg and returns an App that Start runs in mode.
+func New(cfg Config, mode Mode, opts Options) (*App, error) {
+	if api, consumer, relay := mode.serves(); !api && !consumer && !relay {
+		return nil, fmt.Errorf("unknown mode %q: want %s, %s or %s", mode, ModeAPI, ModeRelay, ModeAll)
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	log := cmp.Or(opts.Logger, slog.New(slog.DiscardHandler)).With(slog.String("mode", string(mode)))
+	return &App{
+		cfg: cfg, mode: mode, log: log, fp: opts.Failpoints,
+		Registry: cmp.Or(opts.Registry, service.NewRegistry()),
+		group:    service.NewGroup("warehouse", log),
+	}, nil
 }
 
 // Start prepares the database (creating and migrating it, and waiting for it until ctx ends
 // while it cannot be reached: see [OpenDatabase]), binds the HTTP listener and starts the
-// components of mode in the background. It returns once they are started; the app then runs
-// until ctx is cancelled, [App.Stop] is called, or a component fails. log nil discards.
-func Start(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*App, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
+// components of the mode in the background. It returns once they are started; the app then
+// runs until ctx is cancelled, [App.Stop] is called, or a component fails. After an error,
+// Stop releases what Start had acquired.
+func (a *App) Start(ctx context.Context) (err error) {
+	api, consumer, relay := a.mode.serves()
+	if armed := a.fp.Armed(); len(armed) > 0 {
+		a.log.WarnContext(ctx, "crash points armed", slog.Any("failpoints", armed))
 	}
-	api, consumer, relay := mode.serves()
-	if !api && !consumer && !relay {
-		return nil, fmt.Errorf("unknown mode %q: want %s, %s or %s", mode, ModeAPI, ModeRelay, ModeAll)
-	}
-	log = orDiscard(log).With(slog.String("mode", string(mode)))
-	fp, err := failpoint.Parse(cfg.Failpoints)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", failpoint.EnvVar, err)
-	}
-	if armed := fp.Armed(); len(armed) > 0 {
-		log.WarnContext(ctx, "crash points armed", slog.Any("failpoints", armed))
-	}
-
-	pool, err := OpenDatabase(ctx, cfg, log)
-	if err != nil {
-		return nil, err
-	}
-	a := &App{
-		Config:   cfg,
-		Mode:     mode,
-		Logger:   log,
-		Registry: prometheus.NewRegistry(),
-		Pool:     pool,
-		Repo:     postgres.NewRepo(pool),
-		done:     make(chan struct{}),
-	}
-	a.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-
-	var components []component
-	var cleanup []func()
-	fail := func(err error) (*App, error) {
-		for _, f := range cleanup {
-			f()
+	defer func() {
+		if err != nil {
+			_ = a.group.Stop() // releases what was acquired; nothing ran
 		}
-		pool.Close()
-		return nil, err
+	}()
+	if a.pool, err = OpenDatabase(ctx, a.cfg, a.log); err != nil {
+		return err
 	}
+	a.group.OnStop(a.pool.Close)
+	a.store = postgres.NewStore(a.pool)
 
 	// The metrics of every mode: the pool's statistics and the HTTP requests.
-	if err := a.Registry.Register(pgxpoolmetrics.New(pool, constLabels())); err != nil {
-		return fail(fmt.Errorf("register pool metrics: %w", err))
+	if err := a.Registry.Register(pgxpoolmetrics.New(a.pool, constLabels())); err != nil {
+		return fmt.Errorf("register pool metrics: %w", err)
 	}
 	httpMetrics, err := warehousehttp.NewMetrics(a.Registry, constLabels())
 	if err != nil {
-		return fail(fmt.Errorf("register HTTP metrics: %w", err))
+		return fmt.Errorf("register HTTP metrics: %w", err)
 	}
 	var svc *serviceMetrics
 	if api || consumer {
 		if svc, err = newServiceMetrics(a.Registry); err != nil {
-			return fail(fmt.Errorf("register service metrics: %w", err))
+			return fmt.Errorf("register service metrics: %w", err)
 		}
 	}
-
 	// The consumer and the relay declare the topology on every (re)connect with one
 	// declarer, which keeps a queue that exists with other arguments (a changed delivery
 	// limit) instead of failing, and warns about it once.
-	declarer, err := amqptopo.NewDeclarer(cfg.AMQPURL, cfg.Topology().Shared(), log)
+	declarer, err := amqptopo.NewDeclarer(a.cfg.AMQPURL, a.cfg.Topology().Shared(), a.log)
 	if err != nil {
-		return fail(err)
+		return err
 	}
+	addr := a.cfg.RelayHTTPAddr
+	if api {
+		addr = a.cfg.HTTPAddr
+	}
+	if a.ln, err = service.Listen(ctx, a.group, addr); err != nil {
+		return err
+	}
+
 	// /readyz: the database, and the broker connections of the consumer and the relay, each
 	// of which may be away for BrokerDownGrace (a broker restart) before the process counts
-	// as not ready. An idle relay does not try the broker: it notices an outage with the
-	// next message it has to publish.
+	// as not ready.
 	var checks []readiness.Check
-	relayLink := readiness.NewLink("starting")
 	if consumer {
 		a.consumer = readiness.NewLink("not connected to the broker yet")
-		checks = append(checks, readiness.Check{Name: "consumer", Check: readiness.Connection(a.consumer, cfg.BrokerDownGrace)})
+		checks = append(checks, readiness.Check{Name: "consumer", Check: readiness.Connection(a.consumer, a.cfg.BrokerDownGrace)})
+		if err := a.addConsumer(declarer, svc); err != nil {
+			return err
+		}
 	}
 	if relay {
-		checks = append(checks, readiness.Check{Name: "relay", Check: readiness.Connection(relayLink, cfg.BrokerDownGrace)})
+		check, err := service.AddRelay(a.group, service.RelayConfig{
+			Pool: a.pool,
+			Publisher: outboxrabbitmq.Config{
+				URL: a.cfg.AMQPURL, ConnectionName: "warehouse-relay", Setup: declarer.Setup,
+			},
+			Settings:        a.cfg.relaySettings(),
+			Retention:       a.cfg.OutboxRetention,
+			BrokerDownGrace: a.cfg.BrokerDownGrace,
+			Registry:        a.Registry,
+			ConstLabels:     constLabels(),
+			Failpoint:       a.fp.Func(),
+			Logger:          a.log,
+		})
+		if err != nil {
+			return err
+		}
+		checks = append(checks, check)
 	}
 	httpCfg := warehousehttp.Config{
-		Pinger:    a.Repo,
+		Pinger:    a.store,
 		Checks:    checks,
 		Gatherer:  a.Registry,
 		Metrics:   httpMetrics,
-		DBTimeout: cfg.DBTimeout,
-		Logger:    log,
+		DBTimeout: a.cfg.DBTimeout,
+		Logger:    a.log,
 	}
-	addr := cfg.RelayHTTPAddr
 	if api {
-		httpCfg.Store = a.Repo
-		addr = cfg.HTTPAddr
-	}
-	a.ln, err = net.Listen("tcp", addr)
-	if err != nil {
-		return fail(fmt.Errorf("listen on %s: %w", addr, err))
-	}
-	cleanup = append(cleanup, func() { _ = a.ln.Close() })
-	handler := warehousehttp.NewRouter(httpCfg)
-	components = append(components, component{"http", func(ctx context.Context) error {
-		return httpserver.Serve(ctx, a.ln, handler, httpserver.Config{ShutdownTimeout: cfg.ShutdownTimeout}, log)
-	}})
-
-	if api {
+		httpCfg.Store = a.store
 		// The backlog of the outbox table and the stock, read here and not by the relay, so
 		// that the backlog stays visible when the relay is down.
-		stats, err := outboxmetrics.NewStats(a.Registry, pool, outboxmetrics.StatsConfig{ConstLabels: constLabels(), Logger: log})
-		if err != nil {
-			return fail(fmt.Errorf("register outbox stats metrics: %w", err))
+		if err := service.AddOutboxStats(a.group, a.Registry, a.pool, constLabels(), a.log); err != nil {
+			return err
 		}
-		components = append(components,
-			component{"outbox stats", stats.Run},
-			component{"stock metrics", func(ctx context.Context) error {
-				return svc.runStockGauge(ctx, a.Repo, StockMetricsInterval, log)
-			}})
-	}
-
-	if consumer {
-		consumerMetrics, err := inboxmetrics.NewConsumer(a.Registry, inboxmetrics.Config{KnownTypes: consumedTypes, ConstLabels: constLabels()})
-		if err != nil {
-			return fail(fmt.Errorf("register consumer metrics: %w", err))
-		}
-		consumerMetrics.Init(warehouseamqp.ConsumerName)
-		consumerMetrics.SetWindow(warehouseamqp.ConsumerName, cfg.InboxRetention, redeliveryWindow(cfg))
-		c, err := warehouseamqp.NewConsumer(pool, warehouseamqp.ConsumerConfig{
-			URL:             cfg.AMQPURL,
-			Topology:        cfg.Topology(),
-			Declarer:        declarer,
-			Prefetch:        cfg.ConsumerPrefetch,
-			Concurrency:     cfg.ConsumerConcurrency,
-			MaxDeliveries:   cfg.ConsumerMaxDeliveries,
-			RetryDelay:      cfg.ConsumerRetryDelay,
-			MaxRetryDelay:   cfg.ConsumerMaxRetryDelay,
-			MaxHold:         cfg.ConsumerMaxHold,
-			ShutdownTimeout: cfg.ShutdownTimeout,
-			Logger:          log,
-			Hooks: consumerMetrics.Hooks(rabbitmq.Hooks{
-				Connected: readiness.ConsumerConnected(a.consumer),
-				Failpoint: fp.Func(),
-			}),
-			Committed: svc.committed,
+		a.group.Add("stock metrics", func(ctx context.Context) error {
+			return service.Every(ctx, StockMetricsInterval, svc.stockGauge(a.store, a.log))
 		})
-		if err != nil {
-			return fail(err)
-		}
-		components = append(components,
-			component{"consumer", c.Run},
-			component{"inbox cleanup", func(ctx context.Context) error {
-				return inbox.RunCleanup(ctx, pool, inbox.CleanupConfig{Retention: cfg.InboxRetention, Logger: log})
-			}})
 	}
+	service.AddServer(a.group, "http server", a.ln, warehousehttp.NewRouter(httpCfg), a.cfg.ShutdownTimeout, a.log)
 
-	if relay {
-		relayMetrics, err := outboxmetrics.NewRelay(a.Registry, constLabels())
-		if err != nil {
-			return fail(fmt.Errorf("register relay metrics: %w", err))
-		}
-		pub, err := warehouseamqp.NewPublisher(cfg.AMQPURL, declarer, log, relayMetrics.PublisherHooks())
-		if err != nil {
-			return fail(err)
-		}
-		cleanup = append(cleanup, func() { _ = pub.Close() })
-		a.relay, err = outbox.NewRelay(pool, pub, outbox.Config{
-			BatchSize:       cfg.RelayBatchSize,
-			PollInterval:    cfg.RelayPollInterval,
-			MaxAttempts:     cfg.RelayMaxAttempts,
-			PublishTimeout:  cfg.RelayPublishTimeout,
-			ClaimTimeout:    cfg.RelayClaimTimeout,
-			MaxMessageBytes: cfg.RelayMaxMessageBytes,
-			RetryBaseDelay:  relayRetryBaseDelay,
-			RetryMaxDelay:   relayRetryMaxDelay,
-			Logger:          log,
-			Hooks:           relayMetrics.Hooks(outbox.Hooks{Failpoint: fp.Func(), StateChanged: readiness.RelayState(relayLink)}),
-		})
-		if err != nil {
-			return fail(fmt.Errorf("new relay: %w", err))
-		}
-		components = append(components,
-			component{"relay", a.relay.Run},
-			component{"outbox cleanup", func(ctx context.Context) error {
-				return outbox.RunCleanup(ctx, pool, outbox.CleanupConfig{Retention: cfg.OutboxRetention, Logger: log})
-			}})
-	}
-
-	runCtx, cancel := context.WithCancel(ctx)
-	a.cancel = cancel
-	a.run(runCtx, components, cleanup)
-	log.InfoContext(ctx, "warehouse started", slog.String("http_addr", a.HTTPAddr()),
+	a.group.Start(ctx)
+	a.log.InfoContext(ctx, "warehouse started", slog.String("http_addr", a.HTTPAddr()),
 		slog.Bool("api", api), slog.Bool("consumer", consumer), slog.Bool("relay", relay))
-	return a, nil
+	return nil
+}
+
+func (a *App) addConsumer(declarer *amqptopo.Declarer, svc *serviceMetrics) error {
+	consumerMetrics, err := inboxmetrics.NewConsumer(a.Registry, inboxmetrics.Config{KnownTypes: consumedTypes, ConstLabels: constLabels()})
+	if err != nil {
+		return fmt.Errorf("register consumer metrics: %w", err)
+	}
+	consumerMetrics.Init(warehouseamqp.ConsumerName)
+	consumerMetrics.SetWindow(warehouseamqp.ConsumerName, a.cfg.InboxRetention, redeliveryWindow(a.cfg))
+	c, err := warehouseamqp.NewConsumer(a.pool, warehouseamqp.ConsumerConfig{
+		URL:             a.cfg.AMQPURL,
+		Topology:        a.cfg.Topology(),
+		Declarer:        declarer,
+		Prefetch:        a.cfg.ConsumerPrefetch,
+		Concurrency:     a.cfg.ConsumerConcurrency,
+		MaxDeliveries:   a.cfg.ConsumerMaxDeliveries,
+		RetryDelay:      a.cfg.ConsumerRetryDelay,
+		MaxRetryDelay:   a.cfg.ConsumerMaxRetryDelay,
+		MaxHold:         a.cfg.ConsumerMaxHold,
+		ShutdownTimeout: a.cfg.ShutdownTimeout,
+		Logger:          a.log,
+		Hooks: consumerMetrics.Hooks(rabbitmq.Hooks{
+			Connected: readiness.ConsumerConnected(a.consumer),
+			Failpoint: a.fp.Func(),
+		}),
+		Committed: svc.committed,
+	})
+	if err != nil {
+		return err
+	}
+	a.group.Add("consumer", c.Run)
+	service.AddInboxCleanup(a.group, a.pool, a.cfg.InboxRetention, 0, a.log)
+	return nil
 }
 
 // Run starts the app and waits until it stopped: until ctx is cancelled (graceful stop, also
 // while Start still waits for the database) or a component failed.
-func Run(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) error {
-	a, err := Start(ctx, cfg, mode, log)
-	if err != nil {
+func (a *App) Run(ctx context.Context) error {
+	if err := a.Start(ctx); err != nil {
 		if ctx.Err() != nil {
-			orDiscard(log).InfoContext(ctx, "warehouse stopped before it started", slog.Any("error", err))
+			a.log.InfoContext(ctx, "warehouse stopped before it started", slog.Any("error", err))
 			return nil
 		}
 		return err
@@ -298,6 +270,12 @@ func Run(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) error {
 // and ModeAll, /healthz, /readyz and /metrics only in ModeRelay.
 func (a *App) HTTPAddr() string { return a.ln.Addr().String() }
 
+// Pool is the app's database pool (nil before Start), closed when the app has stopped.
+func (a *App) Pool() *pgxpool.Pool { return a.pool }
+
+// Store is the PostgreSQL adapter on Pool (nil before Start).
+func (a *App) Store() *postgres.Store { return a.store }
+
 // Consuming reports whether the consumer is connected and consuming (false in ModeRelay).
 func (a *App) Consuming() bool {
 	if a.consumer == nil {
@@ -307,57 +285,17 @@ func (a *App) Consuming() bool {
 	return up
 }
 
+// Done is closed when the app has stopped: after Stop, the cancellation of Start's ctx, or
+// the failure of a component (Stop and Wait then return its error).
+func (a *App) Done() <-chan struct{} { return a.group.Done() }
+
 // Wait blocks until every component has stopped and the pool is closed, and returns the
 // error of the first component that failed, or nil after a graceful stop.
-func (a *App) Wait() error {
-	<-a.done
-	return a.err
-}
+func (a *App) Wait() error { return a.group.Wait() }
 
 // Stop stops the app gracefully (in-flight requests and messages get
 // Config.ShutdownTimeout) and waits for it, like cancelling Start's context.
-func (a *App) Stop() error {
-	a.cancel()
-	return a.Wait()
-}
-
-type component struct {
-	name string
-	run  func(ctx context.Context) error
-}
-
-// run starts the components; the first to fail stops the others. When all have returned,
-// cleanup runs, the pool is closed and done is closed.
-func (a *App) run(ctx context.Context, components []component, cleanup []func()) {
-	var (
-		wg   sync.WaitGroup
-		once sync.Once
-	)
-	for _, c := range components {
-		wg.Go(func() {
-			err := c.run(ctx)
-			if err == nil && ctx.Err() == nil {
-				err = errors.New("stopped by itself")
-			}
-			if err != nil {
-				once.Do(func() {
-					a.err = fmt.Errorf("%s: %w", c.name, err)
-					a.Logger.ErrorContext(ctx, "component failed; stopping", slog.String("component", c.name), slog.Any("error", err))
-				})
-				a.cancel()
-			}
-		})
-	}
-	go func() {
-		wg.Wait()
-		for _, f := range cleanup {
-			f()
-		}
-		a.Pool.Close()
-		a.Logger.Info("warehouse stopped")
-		close(a.done)
-	}()
-}
+func (a *App) Stop() error { return a.group.Stop() }
 
 // OpenDatabase creates the database when it does not exist, opens a pool on it and migrates
 // it. While the server cannot be reached it retries with backoff and a log line per attempt,
@@ -368,7 +306,7 @@ func OpenDatabase(ctx context.Context, cfg Config, log *slog.Logger) (*pgxpool.P
 		MaxConns:       cfg.DatabaseMaxConns,
 		ConnectTimeout: cfg.DBTimeout,
 		Migrate:        postgres.Migrate,
-		Logger:         orDiscard(log),
+		Logger:         log,
 	})
 }
 
@@ -382,19 +320,12 @@ func Migrate(ctx context.Context, cfg Config, log *slog.Logger) error {
 	return nil
 }
 
-// Seed resets the catalogue's stock (see [postgres.Repo.Seed]): the `seed` subcommand.
+// Seed resets the catalogue's stock (see [postgres.Store.Seed]): the `seed` subcommand.
 func Seed(ctx context.Context, cfg Config, force bool, log *slog.Logger) ([]postgres.SeedChange, error) {
 	pool, err := OpenDatabase(ctx, cfg, log)
 	if err != nil {
 		return nil, err
 	}
 	defer pool.Close()
-	return postgres.NewRepo(pool).Seed(ctx, force)
-}
-
-func orDiscard(log *slog.Logger) *slog.Logger {
-	if log == nil {
-		return slog.New(slog.NewTextHandler(io.Discard, nil))
-	}
-	return log
+	return postgres.NewStore(pool).Seed(ctx, force)
 }

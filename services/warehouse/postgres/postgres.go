@@ -1,5 +1,5 @@
 // Package postgres is the warehouse's PostgreSQL adapter: the schema (embedded, numbered
-// migrations), the repository behind the HTTP API ([Repo]), and the reservation rules applied
+// migrations), the store behind the HTTP API ([Store]), and the reservation rules applied
 // inside a consumer's transaction ([Reserve], [Release]). Connecting (and creating the
 // database on first start) is internal/pgdb's, shared with the orders service.
 //

@@ -1,0 +1,178 @@
+package service
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/outboxshop/outboxshop/internal/httpserver"
+	"github.com/outboxshop/outboxshop/internal/readiness"
+	"github.com/outboxshop/outboxshop/pkg/inbox"
+	inboxmetrics "github.com/outboxshop/outboxshop/pkg/inbox/metrics"
+	"github.com/outboxshop/outboxshop/pkg/outbox"
+	outboxmetrics "github.com/outboxshop/outboxshop/pkg/outbox/metrics"
+	outboxrabbitmq "github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq"
+)
+
+// NewRegistry returns a metrics registry with the Go and process collectors: what /metrics
+// of every process serves, besides the metrics of what it runs.
+func NewRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}
+
+// ConstLabels are the labels of every metric of a service's own and of the libraries'
+// (docs/metrics.md): service="orders", service="warehouse".
+func ConstLabels(service string) prometheus.Labels { return prometheus.Labels{"service": service} }
+
+// The relay's backoff between the attempts of a failed row: pkg/outbox's defaults, set
+// explicitly so that [RedeliveryWindow] is computed from what the relay runs with.
+const (
+	RelayRetryBaseDelay = time.Second
+	RelayRetryMaxDelay  = 5 * time.Minute
+)
+
+// RelaySettings are the outbox relay's settings, the same variables in both services
+// (<SERVICE>_RELAY_*).
+type RelaySettings struct {
+	BatchSize       int
+	PollInterval    time.Duration
+	MaxAttempts     int
+	PublishTimeout  time.Duration
+	ClaimTimeout    time.Duration
+	MaxMessageBytes int
+}
+
+// RedeliveryWindow is the longest time in which a duplicate of an event can still reach a
+// consumer, exported as inbox_redelivery_window_seconds beside the inbox retention (an alert
+// fires when the retention is not longer):
+//
+//	window = RetryWindow(<SERVICE>_CONSUMER_MAX_DELIVERIES, <SERVICE>_CONSUMER_RETRY_DELAY, consumer max retry delay)
+//	       + RetryWindow(<SERVICE>_RELAY_MAX_ATTEMPTS, 1s, 5m)
+//
+// The first term is the consumer's own retries: maxDeliveries attempts, backing off
+// exponentially from retryDelay up to maxRetryDelay (or retryDelay when larger). The second
+// is the producing relay's: a row whose publish failed is tried again up to relayMaxAttempts
+// times, backing off from [RelayRetryBaseDelay] to [RelayRetryMaxDelay], and a failed attempt
+// may have reached the broker, so each retry may deliver a duplicate. The producer is the
+// other service's relay, whose settings this process does not know: its own relay's (same
+// defaults) stand for them. RetryWindow sums the waits without their jitter, which only
+// shortens them.
+func RedeliveryWindow(maxDeliveries int, retryDelay, maxRetryDelay time.Duration, relayMaxAttempts int) time.Duration {
+	consumer := inboxmetrics.RetryWindow(maxDeliveries, retryDelay, max(maxRetryDelay, retryDelay))
+	producer := inboxmetrics.RetryWindow(relayMaxAttempts, RelayRetryBaseDelay, RelayRetryMaxDelay)
+	return consumer + producer
+}
+
+// RelayConfig configures [AddRelay].
+type RelayConfig struct {
+	// Pool holds the outbox table.
+	Pool *pgxpool.Pool
+	// Publisher configures the broker connection; AddRelay sets its Logger and Hooks.
+	Publisher outboxrabbitmq.Config
+	// Settings tune the relay.
+	Settings RelaySettings
+	// Retention and CleanupInterval configure the cleanup of published rows
+	// (outbox.RunCleanup; 0 takes its defaults).
+	Retention, CleanupInterval time.Duration
+	// BrokerDownGrace is how long the relay may be cut off from the broker (or the database)
+	// before its readiness check fails.
+	BrokerDownGrace time.Duration
+	// Registry and ConstLabels receive the relay's metrics.
+	Registry    prometheus.Registerer
+	ConstLabels prometheus.Labels
+	// Failpoint is the relay's crash-point hook (failpoint.Set.Func). Optional.
+	Failpoint func(name string)
+	// Logger receives the relay's log. Required.
+	Logger *slog.Logger
+}
+
+// AddRelay adds the outbox relay ("outbox relay") and the cleanup of published rows
+// ("outbox cleanup") to g, with the relay's metrics, and returns the relay's readiness check
+// for /readyz. An idle relay does not try the broker, so its check notices an outage with
+// the next message it has to publish.
+func AddRelay(g *Group, cfg RelayConfig) (readiness.Check, error) {
+	metrics, err := outboxmetrics.NewRelay(cfg.Registry, cfg.ConstLabels)
+	if err != nil {
+		return readiness.Check{}, fmt.Errorf("register relay metrics: %w", err)
+	}
+	pcfg := cfg.Publisher
+	pcfg.Logger, pcfg.Hooks = cfg.Logger, metrics.PublisherHooks()
+	pub, err := outboxrabbitmq.New(pcfg)
+	if err != nil {
+		return readiness.Check{}, fmt.Errorf("outbox publisher: %w", err)
+	}
+	link := readiness.NewLink("starting")
+	s := cfg.Settings
+	relay, err := outbox.NewRelay(cfg.Pool, pub, outbox.Config{
+		BatchSize:       s.BatchSize,
+		PollInterval:    s.PollInterval,
+		MaxAttempts:     s.MaxAttempts,
+		PublishTimeout:  s.PublishTimeout,
+		ClaimTimeout:    s.ClaimTimeout,
+		MaxMessageBytes: s.MaxMessageBytes,
+		RetryBaseDelay:  RelayRetryBaseDelay,
+		RetryMaxDelay:   RelayRetryMaxDelay,
+		Logger:          cfg.Logger,
+		Hooks:           metrics.Hooks(outbox.Hooks{Failpoint: cfg.Failpoint, StateChanged: readiness.RelayState(link)}),
+	})
+	if err != nil {
+		_ = pub.Close()
+		return readiness.Check{}, fmt.Errorf("outbox relay: %w", err)
+	}
+	g.OnStop(func() { _ = pub.Close() }) // the relay is done with it
+	g.Add("outbox relay", relay.Run)
+	g.Add("outbox cleanup", func(ctx context.Context) error {
+		return outbox.RunCleanup(ctx, cfg.Pool, outbox.CleanupConfig{
+			Retention: cfg.Retention, Interval: cfg.CleanupInterval, Logger: cfg.Logger,
+		})
+	})
+	return readiness.Check{Name: "relay", Check: readiness.Connection(link, cfg.BrokerDownGrace)}, nil
+}
+
+// AddInboxCleanup adds the cleanup of processed inbox rows ("inbox cleanup") to g
+// (inbox.RunCleanup; an interval of 0 takes its default).
+func AddInboxCleanup(g *Group, pool *pgxpool.Pool, retention, interval time.Duration, log *slog.Logger) {
+	g.Add("inbox cleanup", func(ctx context.Context) error {
+		return inbox.RunCleanup(ctx, pool, inbox.CleanupConfig{Retention: retention, Interval: interval, Logger: log})
+	})
+}
+
+// AddOutboxStats adds the outbox backlog metrics ("outbox stats") to g. The API process
+// reads them, not the relay, so that the backlog stays visible while the relay is down.
+func AddOutboxStats(g *Group, reg prometheus.Registerer, pool *pgxpool.Pool, labels prometheus.Labels, log *slog.Logger) error {
+	stats, err := outboxmetrics.NewStats(reg, pool, outboxmetrics.StatsConfig{ConstLabels: labels, Logger: log})
+	if err != nil {
+		return fmt.Errorf("register outbox stats metrics: %w", err)
+	}
+	g.Add("outbox stats", stats.Run)
+	return nil
+}
+
+// Listen binds addr ("127.0.0.1:0" in tests) and registers its closing with g, for a
+// start-up that fails before the server runs.
+func Listen(ctx context.Context, g *Group, addr string) (net.Listener, error) {
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", addr, err)
+	}
+	g.OnStop(func() { _ = ln.Close() }) // already closed by the server when it ran
+	return ln, nil
+}
+
+// AddServer adds an HTTP server of h on ln (internal/httpserver: timeouts, graceful shutdown
+// within shutdownTimeout) to g under name.
+func AddServer(g *Group, name string, ln net.Listener, h http.Handler, shutdownTimeout time.Duration, log *slog.Logger) {
+	g.Add(name, func(ctx context.Context) error {
+		return httpserver.Serve(ctx, ln, h, httpserver.Config{ShutdownTimeout: shutdownTimeout}, log)
+	})
+}
