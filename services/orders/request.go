@@ -61,11 +61,11 @@ type itemJSON struct {
 // API turns a body into an OrderRequest.
 //
 // The errors are *Error values:
-//   - ETOOLARGE when r is an http.MaxBytesReader whose limit was hit;
-//   - EMALFORMED when the body is empty, not valid UTF-8, not JSON, not an object, has a
+//   - CodeTooLarge when r is an http.MaxBytesReader whose limit was hit;
+//   - CodeInvalid when the body is empty, not valid UTF-8, not JSON, not an object, has a
 //     duplicate member, an unknown field or a field in another case ("Customer_ID"), a lone
 //     UTF-16 surrogate escape, or anything after the object;
-//   - EINVALID, with one FieldError per broken rule, when a field has a value of the wrong
+//   - CodeValidation, with one FieldError per broken rule, when a field has a value of the wrong
 //     JSON type, the customer id is empty, longer than MaxCustomerIDLength or holds a
 //     character no identifier may (input.IdentifierProblem: NUL, control and bidirectional
 //     formatting characters), there are no items or more than MaxLines, a SKU is empty,
@@ -74,10 +74,10 @@ type itemJSON struct {
 func DecodeOrderRequest(r io.Reader) (OrderRequest, error) {
 	raw, err := io.ReadAll(r)
 	if tooLarge, ok := errors.AsType[*http.MaxBytesError](err); ok {
-		return OrderRequest{}, Wrap(ETOOLARGE, err, fmt.Sprintf("The request body is larger than %d bytes.", tooLarge.Limit))
+		return OrderRequest{}, Wrap(CodeTooLarge, err, fmt.Sprintf("The request body is larger than %d bytes.", tooLarge.Limit))
 	}
 	if err != nil {
-		return OrderRequest{}, Wrap(EMALFORMED, err, "The request body could not be read.")
+		return OrderRequest{}, Wrap(CodeInvalid, err, "The request body could not be read.")
 	}
 	var body createOrderJSON
 	if err := input.DecodeJSON(raw, &body, input.DecodeOptions{}); err != nil {
@@ -86,7 +86,7 @@ func DecodeOrderRequest(r io.Reader) (OrderRequest, error) {
 	return body.validate()
 }
 
-// validate checks the decoded body and returns the request, or EINVALID with every broken
+// validate checks the decoded body and returns the request, or CodeValidation with every broken
 // rule.
 func (b *createOrderJSON) validate() (OrderRequest, error) {
 	var errs []FieldError
@@ -134,7 +134,7 @@ func (b *createOrderJSON) validate() (OrderRequest, error) {
 		}
 	}
 	if len(errs) > 0 {
-		return OrderRequest{}, &Error{Code: EINVALID, Message: "The order is not valid; see errors.", Fields: errs}
+		return OrderRequest{}, &Error{Code: CodeValidation, Message: "The order is not valid; see errors.", Fields: errs}
 	}
 	return req, nil
 }

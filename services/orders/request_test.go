@@ -49,62 +49,62 @@ func TestDecodeOrderRequest(t *testing.T) {
 	cases := []struct {
 		name   string
 		body   string
-		code   string
-		fields []string // the field names of the errors, in order (EINVALID only)
+		code   orders.Code
+		fields []string // the field names of the errors, in order (CodeValidation only)
 	}{
-		{"Empty", ``, orders.EMALFORMED, nil},
-		{"WhiteSpaceOnly", "  \n", orders.EMALFORMED, nil},
-		{"NotJSON", `customer_id=c`, orders.EMALFORMED, nil},
-		{"Truncated", `{"customer_id":"c","items":[`, orders.EMALFORMED, nil},
-		{"Null", `null`, orders.EMALFORMED, nil},
-		{"Array", `[]`, orders.EMALFORMED, nil},
-		{"String", `"order"`, orders.EMALFORMED, nil},
-		{"UnknownField", `{"customer_id":"c","items":[{"sku":"A","quantity":1}],"coupon":"x"}`, orders.EMALFORMED, nil},
-		{"UnknownItemField", `{"customer_id":"c","items":[{"sku":"A","quantity":1,"price":3}]}`, orders.EMALFORMED, nil},
-		{"TrailingObject", `{"customer_id":"c","items":[{"sku":"A","quantity":1}]}{}`, orders.EMALFORMED, nil},
-		{"TrailingGarbage", `{"customer_id":"c","items":[{"sku":"A","quantity":1}]} x`, orders.EMALFORMED, nil},
-		{"WrongCaseField", `{"Customer_ID":"c","items":[{"sku":"A","quantity":1}]}`, orders.EMALFORMED, nil},
-		{"WrongCaseItemField", `{"customer_id":"c","items":[{"sku":"A","quantity":1},{"SKU":"B","quantity":1}]}`, orders.EMALFORMED, nil},
-		{"CustomerIDNumber", `{"customer_id":42,"items":[{"sku":"A","quantity":1}]}`, orders.EINVALID, []string{"customer_id"}},
-		{"ItemsObject", `{"customer_id":"c","items":{"sku":"A","quantity":1}}`, orders.EINVALID, []string{"items"}},
-		{"ItemNumber", `{"customer_id":"c","items":[1]}`, orders.EINVALID, []string{"items[0]"}},
-		{"SKUNumber", `{"customer_id":"c","items":[{"sku":1,"quantity":1}]}`, orders.EINVALID, []string{"items[0].sku"}},
+		{"Empty", ``, orders.CodeInvalid, nil},
+		{"WhiteSpaceOnly", "  \n", orders.CodeInvalid, nil},
+		{"NotJSON", `customer_id=c`, orders.CodeInvalid, nil},
+		{"Truncated", `{"customer_id":"c","items":[`, orders.CodeInvalid, nil},
+		{"Null", `null`, orders.CodeInvalid, nil},
+		{"Array", `[]`, orders.CodeInvalid, nil},
+		{"String", `"order"`, orders.CodeInvalid, nil},
+		{"UnknownField", `{"customer_id":"c","items":[{"sku":"A","quantity":1}],"coupon":"x"}`, orders.CodeInvalid, nil},
+		{"UnknownItemField", `{"customer_id":"c","items":[{"sku":"A","quantity":1,"price":3}]}`, orders.CodeInvalid, nil},
+		{"TrailingObject", `{"customer_id":"c","items":[{"sku":"A","quantity":1}]}{}`, orders.CodeInvalid, nil},
+		{"TrailingGarbage", `{"customer_id":"c","items":[{"sku":"A","quantity":1}]} x`, orders.CodeInvalid, nil},
+		{"WrongCaseField", `{"Customer_ID":"c","items":[{"sku":"A","quantity":1}]}`, orders.CodeInvalid, nil},
+		{"WrongCaseItemField", `{"customer_id":"c","items":[{"sku":"A","quantity":1},{"SKU":"B","quantity":1}]}`, orders.CodeInvalid, nil},
+		{"CustomerIDNumber", `{"customer_id":42,"items":[{"sku":"A","quantity":1}]}`, orders.CodeValidation, []string{"customer_id"}},
+		{"ItemsObject", `{"customer_id":"c","items":{"sku":"A","quantity":1}}`, orders.CodeValidation, []string{"items"}},
+		{"ItemNumber", `{"customer_id":"c","items":[1]}`, orders.CodeValidation, []string{"items[0]"}},
+		{"SKUNumber", `{"customer_id":"c","items":[{"sku":1,"quantity":1}]}`, orders.CodeValidation, []string{"items[0].sku"}},
 		// The input policy of internal/input (issue: both services accept the same).
-		{"DuplicateKey", `{"customer_id":"c","customer_id":"d","items":[{"sku":"A","quantity":1}]}`, orders.EMALFORMED, nil},
-		{"DuplicateItemKey", `{"customer_id":"c","items":[{"sku":"A","quantity":1,"quantity":2}]}`, orders.EMALFORMED, nil},
-		{"InvalidUTF8", "{\"customer_id\":\"c\xff\xfe\",\"items\":[{\"sku\":\"A\",\"quantity\":1}]}", orders.EMALFORMED, nil},
-		{"LoneSurrogate", `{"customer_id":"\ud800","items":[{"sku":"A","quantity":1}]}`, orders.EMALFORMED, nil},
-		{"LoneLowSurrogateInSKU", `{"customer_id":"c","items":[{"sku":"A\udc00","quantity":1}]}`, orders.EMALFORMED, nil},
-		{"NULCustomerID", `{"customer_id":"c\u0000","items":[{"sku":"A","quantity":1}]}`, orders.EINVALID, []string{"customer_id"}},
-		{"NULSKU", `{"customer_id":"c","items":[{"sku":"\u0000A","quantity":1}]}`, orders.EINVALID, []string{"items[0].sku"}},
-		{"ESCCustomerID", `{"customer_id":"\u001b[31mc","items":[{"sku":"A","quantity":1}]}`, orders.EINVALID, []string{"customer_id"}},
-		{"NewlineCustomerID", `{"customer_id":"c\nd","items":[{"sku":"A","quantity":1}]}`, orders.EINVALID, []string{"customer_id"}},
-		{"C1CustomerID", `{"customer_id":"c\u0085","items":[{"sku":"A","quantity":1}]}`, orders.EINVALID, []string{"customer_id"}},
-		{"BidiOverrideCustomerID", `{"customer_id":"c\u202egnp","items":[{"sku":"A","quantity":1}]}`, orders.EINVALID, []string{"customer_id"}},
-		{"BidiIsolateSKU", `{"customer_id":"c","items":[{"sku":"\u2066A","quantity":1}]}`, orders.EINVALID, []string{"items[0].sku"}},
-		{"DELSKU", "{\"customer_id\":\"c\",\"items\":[{\"sku\":\"A\x7f\",\"quantity\":1}]}", orders.EINVALID, []string{"items[0].sku"}},
-		{"EmptyCustomerID", `{"customer_id":"","items":[{"sku":"A","quantity":1}]}`, orders.EINVALID, []string{"customer_id"}},
-		{"BlankCustomerID", `{"customer_id":"  ","items":[{"sku":"A","quantity":1}]}`, orders.EINVALID, []string{"customer_id"}},
-		{"MissingCustomerID", `{"items":[{"sku":"A","quantity":1}]}`, orders.EINVALID, []string{"customer_id"}},
-		{"LongCustomerID", `{"customer_id":"` + strings.Repeat("c", orders.MaxCustomerIDLength+1) + `","items":[{"sku":"A","quantity":1}]}`, orders.EINVALID, []string{"customer_id"}},
-		{"MissingItems", `{"customer_id":"c"}`, orders.EINVALID, []string{"items"}},
-		{"EmptyItems", `{"customer_id":"c","items":[]}`, orders.EINVALID, []string{"items"}},
-		{"NullItems", `{"customer_id":"c","items":null}`, orders.EINVALID, []string{"items"}},
-		{"TooManyLines", `{"customer_id":"c","items":` + lines(orders.MaxLines+1) + `}`, orders.EINVALID, []string{"items"}},
-		{"EmptySKU", `{"customer_id":"c","items":[{"sku":"","quantity":1}]}`, orders.EINVALID, []string{"items[0].sku"}},
-		{"LongSKU", `{"customer_id":"c","items":[{"sku":"` + strings.Repeat("S", orders.MaxSKULength+1) + `","quantity":1}]}`, orders.EINVALID, []string{"items[0].sku"}},
-		{"MissingQuantity", `{"customer_id":"c","items":[{"sku":"A"}]}`, orders.EINVALID, []string{"items[0].quantity"}},
-		{"NullQuantity", `{"customer_id":"c","items":[{"sku":"A","quantity":null}]}`, orders.EINVALID, []string{"items[0].quantity"}},
-		{"ZeroQuantity", `{"customer_id":"c","items":[{"sku":"A","quantity":0}]}`, orders.EINVALID, []string{"items[0].quantity"}},
-		{"NegativeQuantity", `{"customer_id":"c","items":[{"sku":"A","quantity":-3}]}`, orders.EINVALID, []string{"items[0].quantity"}},
-		{"AbsurdQuantity", `{"customer_id":"c","items":[{"sku":"A","quantity":1001}]}`, orders.EINVALID, []string{"items[0].quantity"}},
-		{"HugeQuantity", `{"customer_id":"c","items":[{"sku":"A","quantity":99999999999999999999999}]}`, orders.EINVALID, []string{"items[0].quantity"}},
-		{"HugeNegativeQuantity", `{"customer_id":"c","items":[{"sku":"A","quantity":-99999999999999999999999}]}`, orders.EINVALID, []string{"items[0].quantity"}},
-		{"FractionalQuantity", `{"customer_id":"c","items":[{"sku":"A","quantity":2.5}]}`, orders.EINVALID, []string{"items[0].quantity"}},
-		{"ExponentQuantity", `{"customer_id":"c","items":[{"sku":"A","quantity":1e2}]}`, orders.EINVALID, []string{"items[0].quantity"}},
-		{"StringQuantity", `{"customer_id":"c","items":[{"sku":"A","quantity":"2"}]}`, orders.EINVALID, []string{"items[0].quantity"}},
-		{"DuplicateSKU", `{"customer_id":"c","items":[{"sku":"A","quantity":1},{"sku":"B","quantity":1},{"sku":"A","quantity":2}]}`, orders.EINVALID, []string{"items[2].sku"}},
-		{"EveryRule", `{"customer_id":"","items":[{"sku":"","quantity":0},{"sku":"A","quantity":5000}]}`, orders.EINVALID,
+		{"DuplicateKey", `{"customer_id":"c","customer_id":"d","items":[{"sku":"A","quantity":1}]}`, orders.CodeInvalid, nil},
+		{"DuplicateItemKey", `{"customer_id":"c","items":[{"sku":"A","quantity":1,"quantity":2}]}`, orders.CodeInvalid, nil},
+		{"InvalidUTF8", "{\"customer_id\":\"c\xff\xfe\",\"items\":[{\"sku\":\"A\",\"quantity\":1}]}", orders.CodeInvalid, nil},
+		{"LoneSurrogate", `{"customer_id":"\ud800","items":[{"sku":"A","quantity":1}]}`, orders.CodeInvalid, nil},
+		{"LoneLowSurrogateInSKU", `{"customer_id":"c","items":[{"sku":"A\udc00","quantity":1}]}`, orders.CodeInvalid, nil},
+		{"NULCustomerID", `{"customer_id":"c\u0000","items":[{"sku":"A","quantity":1}]}`, orders.CodeValidation, []string{"customer_id"}},
+		{"NULSKU", `{"customer_id":"c","items":[{"sku":"\u0000A","quantity":1}]}`, orders.CodeValidation, []string{"items[0].sku"}},
+		{"ESCCustomerID", `{"customer_id":"\u001b[31mc","items":[{"sku":"A","quantity":1}]}`, orders.CodeValidation, []string{"customer_id"}},
+		{"NewlineCustomerID", `{"customer_id":"c\nd","items":[{"sku":"A","quantity":1}]}`, orders.CodeValidation, []string{"customer_id"}},
+		{"C1CustomerID", `{"customer_id":"c\u0085","items":[{"sku":"A","quantity":1}]}`, orders.CodeValidation, []string{"customer_id"}},
+		{"BidiOverrideCustomerID", `{"customer_id":"c\u202egnp","items":[{"sku":"A","quantity":1}]}`, orders.CodeValidation, []string{"customer_id"}},
+		{"BidiIsolateSKU", `{"customer_id":"c","items":[{"sku":"\u2066A","quantity":1}]}`, orders.CodeValidation, []string{"items[0].sku"}},
+		{"DELSKU", "{\"customer_id\":\"c\",\"items\":[{\"sku\":\"A\x7f\",\"quantity\":1}]}", orders.CodeValidation, []string{"items[0].sku"}},
+		{"EmptyCustomerID", `{"customer_id":"","items":[{"sku":"A","quantity":1}]}`, orders.CodeValidation, []string{"customer_id"}},
+		{"BlankCustomerID", `{"customer_id":"  ","items":[{"sku":"A","quantity":1}]}`, orders.CodeValidation, []string{"customer_id"}},
+		{"MissingCustomerID", `{"items":[{"sku":"A","quantity":1}]}`, orders.CodeValidation, []string{"customer_id"}},
+		{"LongCustomerID", `{"customer_id":"` + strings.Repeat("c", orders.MaxCustomerIDLength+1) + `","items":[{"sku":"A","quantity":1}]}`, orders.CodeValidation, []string{"customer_id"}},
+		{"MissingItems", `{"customer_id":"c"}`, orders.CodeValidation, []string{"items"}},
+		{"EmptyItems", `{"customer_id":"c","items":[]}`, orders.CodeValidation, []string{"items"}},
+		{"NullItems", `{"customer_id":"c","items":null}`, orders.CodeValidation, []string{"items"}},
+		{"TooManyLines", `{"customer_id":"c","items":` + lines(orders.MaxLines+1) + `}`, orders.CodeValidation, []string{"items"}},
+		{"EmptySKU", `{"customer_id":"c","items":[{"sku":"","quantity":1}]}`, orders.CodeValidation, []string{"items[0].sku"}},
+		{"LongSKU", `{"customer_id":"c","items":[{"sku":"` + strings.Repeat("S", orders.MaxSKULength+1) + `","quantity":1}]}`, orders.CodeValidation, []string{"items[0].sku"}},
+		{"MissingQuantity", `{"customer_id":"c","items":[{"sku":"A"}]}`, orders.CodeValidation, []string{"items[0].quantity"}},
+		{"NullQuantity", `{"customer_id":"c","items":[{"sku":"A","quantity":null}]}`, orders.CodeValidation, []string{"items[0].quantity"}},
+		{"ZeroQuantity", `{"customer_id":"c","items":[{"sku":"A","quantity":0}]}`, orders.CodeValidation, []string{"items[0].quantity"}},
+		{"NegativeQuantity", `{"customer_id":"c","items":[{"sku":"A","quantity":-3}]}`, orders.CodeValidation, []string{"items[0].quantity"}},
+		{"AbsurdQuantity", `{"customer_id":"c","items":[{"sku":"A","quantity":1001}]}`, orders.CodeValidation, []string{"items[0].quantity"}},
+		{"HugeQuantity", `{"customer_id":"c","items":[{"sku":"A","quantity":99999999999999999999999}]}`, orders.CodeValidation, []string{"items[0].quantity"}},
+		{"HugeNegativeQuantity", `{"customer_id":"c","items":[{"sku":"A","quantity":-99999999999999999999999}]}`, orders.CodeValidation, []string{"items[0].quantity"}},
+		{"FractionalQuantity", `{"customer_id":"c","items":[{"sku":"A","quantity":2.5}]}`, orders.CodeValidation, []string{"items[0].quantity"}},
+		{"ExponentQuantity", `{"customer_id":"c","items":[{"sku":"A","quantity":1e2}]}`, orders.CodeValidation, []string{"items[0].quantity"}},
+		{"StringQuantity", `{"customer_id":"c","items":[{"sku":"A","quantity":"2"}]}`, orders.CodeValidation, []string{"items[0].quantity"}},
+		{"DuplicateSKU", `{"customer_id":"c","items":[{"sku":"A","quantity":1},{"sku":"B","quantity":1},{"sku":"A","quantity":2}]}`, orders.CodeValidation, []string{"items[2].sku"}},
+		{"EveryRule", `{"customer_id":"","items":[{"sku":"","quantity":0},{"sku":"A","quantity":5000}]}`, orders.CodeValidation,
 			[]string{"customer_id", "items[0].sku", "items[0].quantity", "items[1].quantity"}},
 	}
 	for _, tc := range cases {
@@ -133,7 +133,7 @@ func TestDecodeOrderRequest(t *testing.T) {
 				t.Parallel()
 				r := httptest.NewRequest(http.MethodPost, "/orders", strings.NewReader(body))
 				_, err := orders.DecodeOrderRequest(http.MaxBytesReader(httptest.NewRecorder(), r.Body, orders.MaxRequestBytes))
-				require.Equal(t, orders.ETOOLARGE, orders.ErrorCode(err), "error: %v", err)
+				require.Equal(t, orders.CodeTooLarge, orders.ErrorCode(err), "error: %v", err)
 			})
 		}
 	})
@@ -204,7 +204,7 @@ func FuzzDecodeOrderRequest(f *testing.F) {
 		req, err := orders.DecodeOrderRequest(bytes.NewReader(body))
 		if err != nil {
 			switch code := orders.ErrorCode(err); code {
-			case orders.EMALFORMED, orders.EINVALID:
+			case orders.CodeInvalid, orders.CodeValidation:
 			default:
 				t.Fatalf("refused with code %q (%v), want malformed or invalid", code, err)
 			}

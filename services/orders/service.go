@@ -12,7 +12,7 @@ type IdempotencyKey struct {
 	// Key is the client's Idempotency-Key header.
 	Key string
 	// Fingerprint is OrderRequest.Fingerprint of the request: the same key with another
-	// fingerprint is refused (EIDEMPOTENCYREUSE).
+	// fingerprint is refused (CodeIdempotencyReuse).
 	Fingerprint []byte
 }
 

@@ -154,7 +154,7 @@ func orderID(r *http.Request) (uuid.UUID, error) {
 	raw := chi.URLParam(r, "id")
 	id, ok := input.ParseID(raw)
 	if !ok {
-		return uuid.Nil, orders.Errorf(orders.ENOTFOUND, "Order %q does not exist: order ids are lowercase UUIDs (8-4-4-4-12).", raw)
+		return uuid.Nil, orders.Errorf(orders.CodeNotFound, "Order %q does not exist: order ids are lowercase UUIDs (8-4-4-4-12).", raw)
 	}
 	return id, nil
 }

@@ -564,7 +564,7 @@ func TestServerErrors(t *testing.T) {
 	}{
 		{"Unexpected", errors.New("secret connection string in the error"), http.StatusInternalServerError, ""},
 		{"Panic", nil, http.StatusInternalServerError, ""},
-		{"Unavailable", orders.Wrap(orders.EUNAVAILABLE, errors.New("dial tcp: refused"), "The database is unavailable."), http.StatusServiceUnavailable, "5"},
+		{"Unavailable", orders.Wrap(orders.CodeUnavailable, errors.New("dial tcp: refused"), "The database is unavailable."), http.StatusServiceUnavailable, "5"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
