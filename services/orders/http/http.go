@@ -4,7 +4,7 @@
 // (application/problem+json) for every error.
 //
 // Input follows the policy both services share (internal/input, internal/httpapi): a body
-// is application/json in UTF-8 (415 otherwise), at most orders.MaxRequestBytes (413), one
+// is application/json in UTF-8 (415 otherwise), at most MaxRequestBytes (413), one
 // JSON object without duplicate or unknown members, field names spelled exactly (400);
 // identifiers without control or bidirectional formatting characters (422); an
 // Idempotency-Key of 1 to 255 bytes of visible ASCII (400); an order id in its canonical

@@ -84,12 +84,12 @@ func (h *Handler) createOrder(w http.ResponseWriter, r *http.Request) {
 		h.error(w, r, orders.FromInput(err))
 		return
 	}
-	body, err := httpapi.ReadJSON(w, r, orders.MaxRequestBytes)
+	body, err := httpapi.ReadJSON(w, r, MaxRequestBytes)
 	if err != nil {
 		h.error(w, r, orders.FromInput(err))
 		return
 	}
-	req, err := orders.DecodeOrderRequest(bytes.NewReader(body))
+	req, err := DecodeOrderRequest(bytes.NewReader(body))
 	if err != nil {
 		h.error(w, r, err)
 		return

@@ -9,7 +9,6 @@ import (
 	"github.com/outboxshop/outboxshop/internal/amqptopo"
 	"github.com/outboxshop/outboxshop/pkg/inbox"
 	"github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
-	outboxrabbitmq "github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq"
 	"github.com/outboxshop/outboxshop/services/warehouse"
 )
 
@@ -82,21 +81,4 @@ func NewConsumer(pool inbox.TxBeginner, cfg ConsumerConfig) (*rabbitmq.Consumer,
 		return nil, fmt.Errorf("new consumer: %w", err)
 	}
 	return c, nil
-}
-
-// NewPublisher returns the outbox publisher of the warehouse's relay: it declares the
-// topology with declarer on every new channel, so the events exchange exists before the
-// first publish. hooks observe its connection (pkg/outbox/metrics' PublisherHooks).
-func NewPublisher(url string, declarer *amqptopo.Declarer, log *slog.Logger, hooks outboxrabbitmq.Hooks) (*outboxrabbitmq.Publisher, error) {
-	p, err := outboxrabbitmq.New(outboxrabbitmq.Config{
-		URL:            url,
-		ConnectionName: "warehouse-relay",
-		Setup:          declarer.Setup,
-		Logger:         log,
-		Hooks:          hooks,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("new publisher: %w", err)
-	}
-	return p, nil
 }

@@ -1,4 +1,4 @@
-package orders_test
+package http_test
 
 import (
 	"bytes"
@@ -9,12 +9,10 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/outboxshop/outboxshop/services/orders"
+	ordershttp "github.com/outboxshop/outboxshop/services/orders/http"
 )
-
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // lines returns n valid order lines as JSON.
 func lines(n int) string {
@@ -30,7 +28,7 @@ func TestDecodeOrderRequest(t *testing.T) {
 
 	t.Run("Valid", func(t *testing.T) {
 		t.Parallel()
-		req, err := orders.DecodeOrderRequest(strings.NewReader(
+		req, err := ordershttp.DecodeOrderRequest(strings.NewReader(
 			` {"customer_id": "c-42", "items": [{"sku": "BOOK-1", "quantity": 2}, {"sku": "MUG-1", "quantity": 1000}]} ` + "\n"))
 		require.NoError(t, err)
 		require.Equal(t, orders.OrderRequest{CustomerID: "c-42", Items: []orders.Item{
@@ -41,7 +39,7 @@ func TestDecodeOrderRequest(t *testing.T) {
 
 	t.Run("FiftyLines", func(t *testing.T) {
 		t.Parallel()
-		req, err := orders.DecodeOrderRequest(strings.NewReader(`{"customer_id":"c","items":` + lines(orders.MaxLines) + `}`))
+		req, err := ordershttp.DecodeOrderRequest(strings.NewReader(`{"customer_id":"c","items":` + lines(orders.MaxLines) + `}`))
 		require.NoError(t, err)
 		require.Len(t, req.Items, orders.MaxLines)
 	})
@@ -110,7 +108,7 @@ func TestDecodeOrderRequest(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			_, err := orders.DecodeOrderRequest(strings.NewReader(tc.body))
+			_, err := ordershttp.DecodeOrderRequest(strings.NewReader(tc.body))
 			require.Error(t, err)
 			require.Equal(t, tc.code, orders.ErrorCode(err), "error: %v", err)
 			require.NotEmpty(t, orders.ErrorMessage(err))
@@ -126,13 +124,13 @@ func TestDecodeOrderRequest(t *testing.T) {
 	t.Run("TooLarge", func(t *testing.T) {
 		t.Parallel()
 		for name, body := range map[string]string{
-			"InTheObject":    `{"customer_id":"` + strings.Repeat("c", orders.MaxRequestBytes) + `","items":[]}`,
-			"AfterTheObject": `{"customer_id":"c","items":[{"sku":"A","quantity":1}]}` + strings.Repeat(" ", orders.MaxRequestBytes),
+			"InTheObject":    `{"customer_id":"` + strings.Repeat("c", ordershttp.MaxRequestBytes) + `","items":[]}`,
+			"AfterTheObject": `{"customer_id":"c","items":[{"sku":"A","quantity":1}]}` + strings.Repeat(" ", ordershttp.MaxRequestBytes),
 		} {
 			t.Run(name, func(t *testing.T) {
 				t.Parallel()
 				r := httptest.NewRequest(http.MethodPost, "/orders", strings.NewReader(body))
-				_, err := orders.DecodeOrderRequest(http.MaxBytesReader(httptest.NewRecorder(), r.Body, orders.MaxRequestBytes))
+				_, err := ordershttp.DecodeOrderRequest(http.MaxBytesReader(httptest.NewRecorder(), r.Body, ordershttp.MaxRequestBytes))
 				require.Equal(t, orders.CodeTooLarge, orders.ErrorCode(err), "error: %v", err)
 			})
 		}
@@ -143,7 +141,7 @@ func TestOrderRequestFingerprint(t *testing.T) {
 	t.Parallel()
 	decode := func(body string) orders.OrderRequest {
 		t.Helper()
-		req, err := orders.DecodeOrderRequest(strings.NewReader(body))
+		req, err := ordershttp.DecodeOrderRequest(strings.NewReader(body))
 		require.NoError(t, err)
 		return req
 	}
@@ -201,7 +199,7 @@ func FuzzDecodeOrderRequest(f *testing.F) {
 		f.Add([]byte(seed))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		req, err := orders.DecodeOrderRequest(bytes.NewReader(body))
+		req, err := ordershttp.DecodeOrderRequest(bytes.NewReader(body))
 		if err != nil {
 			switch code := orders.ErrorCode(err); code {
 			case orders.CodeInvalid, orders.CodeValidation:
