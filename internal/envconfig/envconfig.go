@@ -95,3 +95,24 @@ func (c *Checks) Err() error {
 	}
 	return nil
 }
+
+// Section returns the settings of one part of a flat configuration as a T: each field F of
+// T is the field prefix+F of cfg (a struct or a pointer to one), of the same type. It lets a
+// service keep its flat, prefixed variables (ORDERS_RELAY_BATCH_SIZE in
+// Config.RelayBatchSize) and hand a shared component its settings (a service.RelaySettings)
+// without a mapping function in every service. A missing field or a type mismatch is a bug,
+// and panics.
+func Section[T any](cfg any, prefix string) T {
+	src := reflect.Indirect(reflect.ValueOf(cfg))
+	var out T
+	dst := reflect.ValueOf(&out).Elem()
+	for i := range dst.NumField() {
+		name := prefix + dst.Type().Field(i).Name
+		f := src.FieldByName(name)
+		if !f.IsValid() || f.Type() != dst.Field(i).Type() {
+			panic(fmt.Sprintf("envconfig: %s has no field %s of type %s", src.Type(), name, dst.Field(i).Type()))
+		}
+		dst.Field(i).Set(f)
+	}
+	return out
+}

@@ -69,3 +69,20 @@ func TestChecks(t *testing.T) {
 	require.ErrorContains(t, err, "TEST_BATCH must be positive, is 0")
 	require.ErrorContains(t, err, "TEST_INTERVAL must be positive, is -1s")
 }
+
+func TestSection(t *testing.T) {
+	t.Parallel()
+	type part struct {
+		Size     int
+		Interval time.Duration
+	}
+	flat := struct {
+		PartSize     int
+		PartInterval time.Duration
+		Other        string
+	}{PartSize: 3, PartInterval: time.Second, Other: "x"}
+	require.Equal(t, part{Size: 3, Interval: time.Second}, envconfig.Section[part](flat, "Part"))
+	require.Equal(t, part{Size: 3, Interval: time.Second}, envconfig.Section[part](&flat, "Part"))
+	require.PanicsWithValue(t, "envconfig: struct { PartSize int; PartInterval time.Duration; Other string } has no field OtherSize of type int",
+		func() { envconfig.Section[part](flat, "Other") })
+}

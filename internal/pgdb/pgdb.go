@@ -66,6 +66,20 @@ type ConfigError struct{ Err error }
 func (e *ConfigError) Error() string { return "database configuration: " + e.Err.Error() }
 func (e *ConfigError) Unwrap() error { return e.Err }
 
+// Migrate creates the database of cfg.URL when it does not exist and migrates it (Open),
+// then closes it: a service's `migrate` subcommand. log gets Open's lines and "database
+// migrated"; nil discards.
+func Migrate(ctx context.Context, cfg Config, log *slog.Logger) error {
+	cfg.Logger = cmp.Or(log, slog.New(slog.DiscardHandler))
+	pool, err := Open(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	pool.Close()
+	cfg.Logger.InfoContext(ctx, "database migrated")
+	return nil
+}
+
 // Open creates the database of cfg.URL when it does not exist, opens a pool on it, pings it
 // and runs cfg.Migrate. While a step fails with a [Transient] error it logs the attempt and
 // tries again with backoff, until ctx ends (then it returns ctx's error, wrapping the last

@@ -202,3 +202,24 @@ func TestOpen(t *testing.T) {
 		require.NoError(t, errors.Join(errs...))
 	})
 }
+
+func TestMigrate(t *testing.T) {
+	t.Parallel()
+	u, err := url.Parse(testinfra.PostgresURL(t))
+	require.NoError(t, err)
+	dbURL := freshDatabaseURL(t, u.Host)
+	logs := &logBuffer{}
+	cfg := pgdb.Config{URL: dbURL, Migrate: func(ctx context.Context, pool *pgxpool.Pool) error {
+		_, err := pool.Exec(ctx, "CREATE TABLE IF NOT EXISTS t (id int)")
+		return err
+	}}
+	require.NoError(t, pgdb.Migrate(context.Background(), cfg, slog.New(slog.NewTextHandler(logs, nil))))
+	require.NoError(t, pgdb.Migrate(context.Background(), cfg, nil), "again: a no-op")
+	require.Equal(t, 1, logs.count("database migrated"))
+
+	pool, err := pgxpool.New(context.Background(), dbURL)
+	require.NoError(t, err)
+	defer pool.Close()
+	_, err = pool.Exec(context.Background(), "INSERT INTO t VALUES (1)")
+	require.NoError(t, err, "the database exists and is migrated")
+}

@@ -153,10 +153,12 @@ func TestEvery(t *testing.T) {
 
 func TestRedeliveryWindow(t *testing.T) {
 	t.Parallel()
-	short := service.RedeliveryWindow(1, time.Second, time.Second, 1)
-	require.Equal(t, time.Duration(0), short, "one attempt each: no retry, no window")
-	long := service.RedeliveryWindow(5, time.Second, 30*time.Second, 10)
-	require.Greater(t, long, service.RedeliveryWindow(5, time.Second, 30*time.Second, 1))
-	require.Equal(t, service.RedeliveryWindow(3, 2*time.Second, time.Second, 1),
-		service.RedeliveryWindow(3, 2*time.Second, 2*time.Second, 1), "a max below the delay is the delay")
+	retries := func(n int, delay, maxDelay time.Duration) service.ConsumerRetries {
+		return service.ConsumerRetries{MaxDeliveries: n, RetryDelay: delay, MaxRetryDelay: maxDelay}
+	}
+	require.Equal(t, time.Duration(0), service.RedeliveryWindow(retries(1, time.Second, time.Second), 1), "one attempt each: no retry, no window")
+	require.Greater(t, service.RedeliveryWindow(retries(5, time.Second, 30*time.Second), 10),
+		service.RedeliveryWindow(retries(5, time.Second, 30*time.Second), 1))
+	require.Equal(t, service.RedeliveryWindow(retries(3, 2*time.Second, time.Second), 1),
+		service.RedeliveryWindow(retries(3, 2*time.Second, 2*time.Second), 1), "a max below the delay is the delay")
 }

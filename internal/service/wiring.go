@@ -16,10 +16,20 @@ import (
 	"github.com/outboxshop/outboxshop/internal/readiness"
 	"github.com/outboxshop/outboxshop/pkg/inbox"
 	inboxmetrics "github.com/outboxshop/outboxshop/pkg/inbox/metrics"
+	inboxrabbitmq "github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
 	"github.com/outboxshop/outboxshop/pkg/outbox"
 	outboxmetrics "github.com/outboxshop/outboxshop/pkg/outbox/metrics"
 	outboxrabbitmq "github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq"
 )
+
+// Addr is ln's address ("127.0.0.1:43127"), or "" for a nil ln (a listener the mode does
+// not open).
+func Addr(ln net.Listener) string {
+	if ln == nil {
+		return ""
+	}
+	return ln.Addr().String()
+}
 
 // NewRegistry returns a metrics registry with the Go and process collectors: what /metrics
 // of every process serves, besides the metrics of what it runs.
@@ -41,7 +51,7 @@ const (
 )
 
 // RelaySettings are the outbox relay's settings, the same variables in both services
-// (<SERVICE>_RELAY_*).
+// (<SERVICE>_RELAY_*; envconfig.Section reads them from a service's Config).
 type RelaySettings struct {
 	BatchSize       int
 	PollInterval    time.Duration
@@ -51,6 +61,14 @@ type RelaySettings struct {
 	MaxMessageBytes int
 }
 
+// ConsumerRetries are the inbox consumer's retry settings, the same variables in both
+// services (<SERVICE>_CONSUMER_*).
+type ConsumerRetries struct {
+	MaxDeliveries int
+	RetryDelay    time.Duration
+	MaxRetryDelay time.Duration
+}
+
 // RedeliveryWindow is the longest time in which a duplicate of an event can still reach a
 // consumer, exported as inbox_redelivery_window_seconds beside the inbox retention (an alert
 // fires when the retention is not longer):
@@ -58,24 +76,35 @@ type RelaySettings struct {
 //	window = RetryWindow(<SERVICE>_CONSUMER_MAX_DELIVERIES, <SERVICE>_CONSUMER_RETRY_DELAY, consumer max retry delay)
 //	       + RetryWindow(<SERVICE>_RELAY_MAX_ATTEMPTS, 1s, 5m)
 //
-// The first term is the consumer's own retries: maxDeliveries attempts, backing off
-// exponentially from retryDelay up to maxRetryDelay (or retryDelay when larger). The second
+// The first term is the consumer's own retries: MaxDeliveries attempts, backing off
+// exponentially from RetryDelay up to MaxRetryDelay (or RetryDelay when larger). The second
 // is the producing relay's: a row whose publish failed is tried again up to relayMaxAttempts
 // times, backing off from [RelayRetryBaseDelay] to [RelayRetryMaxDelay], and a failed attempt
 // may have reached the broker, so each retry may deliver a duplicate. The producer is the
 // other service's relay, whose settings this process does not know: its own relay's (same
 // defaults) stand for them. RetryWindow sums the waits without their jitter, which only
 // shortens them.
-func RedeliveryWindow(maxDeliveries int, retryDelay, maxRetryDelay time.Duration, relayMaxAttempts int) time.Duration {
-	consumer := inboxmetrics.RetryWindow(maxDeliveries, retryDelay, max(maxRetryDelay, retryDelay))
+func RedeliveryWindow(c ConsumerRetries, relayMaxAttempts int) time.Duration {
+	consumer := inboxmetrics.RetryWindow(c.MaxDeliveries, c.RetryDelay, max(c.MaxRetryDelay, c.RetryDelay))
 	producer := inboxmetrics.RetryWindow(relayMaxAttempts, RelayRetryBaseDelay, RelayRetryMaxDelay)
 	return consumer + producer
 }
 
+// ConsumerHooks registers the inbox consumer metrics of the consumer name on p's registry
+// (with the known message types, the retention and the redelivery window) and returns the
+// consumer's hooks: the metrics, p's crash points, and link's state for /readyz.
+func ConsumerHooks(p *Process, name string, types []string, retention, window time.Duration, link *readiness.Link) (inboxrabbitmq.Hooks, error) {
+	m, err := inboxmetrics.NewConsumer(p.Registry, inboxmetrics.Config{KnownTypes: types, ConstLabels: p.ConstLabels()})
+	if err != nil {
+		return inboxrabbitmq.Hooks{}, fmt.Errorf("register consumer metrics: %w", err)
+	}
+	m.Init(name)
+	m.SetWindow(name, retention, window)
+	return m.Hooks(inboxrabbitmq.Hooks{Failpoint: p.Failpoints.Func(), Connected: readiness.ConsumerConnected(link)}), nil
+}
+
 // RelayConfig configures [AddRelay].
 type RelayConfig struct {
-	// Pool holds the outbox table.
-	Pool *pgxpool.Pool
 	// Publisher configures the broker connection; AddRelay sets its Logger and Hooks.
 	Publisher outboxrabbitmq.Config
 	// Settings tune the relay.
@@ -86,33 +115,26 @@ type RelayConfig struct {
 	// BrokerDownGrace is how long the relay may be cut off from the broker (or the database)
 	// before its readiness check fails.
 	BrokerDownGrace time.Duration
-	// Registry and ConstLabels receive the relay's metrics.
-	Registry    prometheus.Registerer
-	ConstLabels prometheus.Labels
-	// Failpoint is the relay's crash-point hook (failpoint.Set.Func). Optional.
-	Failpoint func(name string)
-	// Logger receives the relay's log. Required.
-	Logger *slog.Logger
 }
 
-// AddRelay adds the outbox relay ("outbox relay") and the cleanup of published rows
-// ("outbox cleanup") to g, with the relay's metrics, and returns the relay's readiness check
-// for /readyz. An idle relay does not try the broker, so its check notices an outage with
-// the next message it has to publish.
-func AddRelay(g *Group, cfg RelayConfig) (readiness.Check, error) {
-	metrics, err := outboxmetrics.NewRelay(cfg.Registry, cfg.ConstLabels)
+// AddRelay adds the outbox relay ("outbox relay") on p's pool and the cleanup of published
+// rows ("outbox cleanup") to p's group, with the relay's metrics and p's crash points, and
+// returns the relay's readiness check for /readyz. An idle relay does not try the broker, so
+// its check notices an outage with the next message it has to publish.
+func AddRelay(p *Process, cfg RelayConfig) (readiness.Check, error) {
+	metrics, err := outboxmetrics.NewRelay(p.Registry, p.ConstLabels())
 	if err != nil {
 		return readiness.Check{}, fmt.Errorf("register relay metrics: %w", err)
 	}
 	pcfg := cfg.Publisher
-	pcfg.Logger, pcfg.Hooks = cfg.Logger, metrics.PublisherHooks()
+	pcfg.Logger, pcfg.Hooks = p.Log, metrics.PublisherHooks()
 	pub, err := outboxrabbitmq.New(pcfg)
 	if err != nil {
 		return readiness.Check{}, fmt.Errorf("outbox publisher: %w", err)
 	}
 	link := readiness.NewLink("starting")
 	s := cfg.Settings
-	relay, err := outbox.NewRelay(cfg.Pool, pub, outbox.Config{
+	relay, err := outbox.NewRelay(p.Pool(), pub, outbox.Config{
 		BatchSize:       s.BatchSize,
 		PollInterval:    s.PollInterval,
 		MaxAttempts:     s.MaxAttempts,
@@ -121,18 +143,18 @@ func AddRelay(g *Group, cfg RelayConfig) (readiness.Check, error) {
 		MaxMessageBytes: s.MaxMessageBytes,
 		RetryBaseDelay:  RelayRetryBaseDelay,
 		RetryMaxDelay:   RelayRetryMaxDelay,
-		Logger:          cfg.Logger,
-		Hooks:           metrics.Hooks(outbox.Hooks{Failpoint: cfg.Failpoint, StateChanged: readiness.RelayState(link)}),
+		Logger:          p.Log,
+		Hooks:           metrics.Hooks(outbox.Hooks{Failpoint: p.Failpoints.Func(), StateChanged: readiness.RelayState(link)}),
 	})
 	if err != nil {
 		_ = pub.Close()
 		return readiness.Check{}, fmt.Errorf("outbox relay: %w", err)
 	}
-	g.OnStop(func() { _ = pub.Close() }) // the relay is done with it
-	g.Add("outbox relay", relay.Run)
-	g.Add("outbox cleanup", func(ctx context.Context) error {
-		return outbox.RunCleanup(ctx, cfg.Pool, outbox.CleanupConfig{
-			Retention: cfg.Retention, Interval: cfg.CleanupInterval, Logger: cfg.Logger,
+	p.Group.OnStop(func() { _ = pub.Close() }) // the relay is done with it
+	p.Group.Add("outbox relay", relay.Run)
+	p.Group.Add("outbox cleanup", func(ctx context.Context) error {
+		return outbox.RunCleanup(ctx, p.Pool(), outbox.CleanupConfig{
+			Retention: cfg.Retention, Interval: cfg.CleanupInterval, Logger: p.Log,
 		})
 	})
 	return readiness.Check{Name: "relay", Check: readiness.Connection(link, cfg.BrokerDownGrace)}, nil

@@ -102,12 +102,16 @@ func LoadConfigFrom(environ map[string]string) (Config, error) {
 // environment, for tests and embedding.
 func DefaultConfig() Config { return envconfig.Defaults[Config]() }
 
-// relaySettings are the RELAY_* settings, as internal/service takes them.
-func (c Config) relaySettings() service.RelaySettings {
-	return service.RelaySettings{
-		BatchSize: c.RelayBatchSize, PollInterval: c.RelayPollInterval, MaxAttempts: c.RelayMaxAttempts,
-		PublishTimeout: c.RelayPublishTimeout, ClaimTimeout: c.RelayClaimTimeout, MaxMessageBytes: c.RelayMaxMessageBytes,
-	}
+// relay is the outbox relay's part of c (the Relay* fields).
+func (c Config) relay() service.RelaySettings {
+	return envconfig.Section[service.RelaySettings](c, "Relay")
+}
+
+// redeliveryWindow is the longest time in which a duplicate of a stock event can still reach
+// the stock consumer (service.RedeliveryWindow): the consumer's retries plus the producing
+// relay's, whose settings the orders relay's stand for.
+func (c Config) redeliveryWindow() time.Duration {
+	return service.RedeliveryWindow(envconfig.Section[service.ConsumerRetries](c, "Consumer"), c.RelayMaxAttempts)
 }
 
 // Validate reports every missing or out-of-range setting.

@@ -3,7 +3,6 @@ package app
 import (
 	"context"
 	"slices"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
@@ -75,11 +74,4 @@ func (c countingApplier) ApplyStockUpdate(ctx context.Context, tx pgx.Tx, u orde
 		aftercommit.Register(tx, c.outcomes.WithLabelValues(string(out.To)).Inc)
 	}
 	return out, err
-}
-
-// redeliveryWindow is the longest time in which a duplicate of a stock event can still reach
-// the stock consumer (internal/service RedeliveryWindow): the consumer's retries plus the
-// producing relay's, whose settings the orders relay's stand for.
-func redeliveryWindow(cfg Config) time.Duration {
-	return service.RedeliveryWindow(cfg.ConsumerMaxDeliveries, cfg.ConsumerRetryDelay, cfg.ConsumerMaxRetryDelay, cfg.RelayMaxAttempts)
 }

@@ -1,36 +1,21 @@
 // Package app wires the warehouse: configuration, database, broker, HTTP, consumer and relay,
-// and the metrics of docs/metrics.md for what each mode runs (service="warehouse"), as
-// components of one internal/service Group.
-//
-// cmd/warehouse parses the configuration and hands off to [App.Run]; tests start an App on
-// 127.0.0.1:0 in-process:
-//
-//	cfg := app.DefaultConfig()
-//	cfg.DatabaseURL, cfg.AMQPURL, cfg.HTTPAddr = dbURL, amqpURL, "127.0.0.1:0"
-//	a, err := app.New(cfg, app.ModeAll, app.Options{Logger: log})
-//	err = a.Start(ctx)     // listening when it returns
-//	resp, err := http.Get("http://" + a.HTTPAddr() + "/stock/BOOK-1")
-//	err = a.Stop()         // graceful; returns the first error of a component
+// and the metrics of docs/metrics.md for what each mode runs (service="warehouse"). The
+// lifecycle is internal/service's: an [App] is a service.Process, and cmd/warehouse parses the
+// configuration and hands off to [App.Run]. Tests start an App on 127.0.0.1:0 with [New] and
+// [App.Start], read the address from [App.HTTPAddr], and stop it with Stop (or by cancelling
+// the context); see the example.
 package app
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
 	"net"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/outboxshop/outboxshop/internal/amqptopo"
-	"github.com/outboxshop/outboxshop/internal/failpoint"
 	"github.com/outboxshop/outboxshop/internal/pgdb"
-	"github.com/outboxshop/outboxshop/internal/pgxpoolmetrics"
 	"github.com/outboxshop/outboxshop/internal/readiness"
 	"github.com/outboxshop/outboxshop/internal/service"
-	inboxmetrics "github.com/outboxshop/outboxshop/pkg/inbox/metrics"
-	"github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
 	outboxrabbitmq "github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq"
 	warehouseamqp "github.com/outboxshop/outboxshop/services/warehouse/amqp"
 	warehousehttp "github.com/outboxshop/outboxshop/services/warehouse/http"
@@ -66,32 +51,16 @@ func (m Mode) serves() (api, consumer, relay bool) {
 
 var _ warehousehttp.Store = (*postgres.Store)(nil)
 
-// Options are the parts of an App that do not come from the environment.
-type Options struct {
-	// Logger receives every log line. nil discards.
-	Logger *slog.Logger
-	// Failpoints are the armed crash points (failpoint.Parse of Config.Failpoints). nil arms
-	// none.
-	Failpoints *failpoint.Set
-	// Registry collects the metrics served on /metrics. nil makes a new one with the Go and
-	// process collectors.
-	Registry *prometheus.Registry
-}
+// Options are the parts of an App that do not come from the environment (internal/service).
+type Options = service.Options
 
-// App is a running (or ready to run) warehouse process: the components of its mode in one
-// internal/service Group.
+// App is a running (or ready to run) warehouse process: a service.Process (Registry, Stop,
+// Wait, Done, Pool) whose Start builds the components of its mode.
 type App struct {
+	*service.Process
 	cfg  Config
 	mode Mode
-	log  *slog.Logger
-	fp   *failpoint.Set
 
-	// Registry holds its metrics, served on /metrics (docs/metrics.md: those of what the mode
-	// runs, with service="warehouse"); register more collectors on it before Start.
-	Registry *prometheus.Registry
-
-	group    *service.Group
-	pool     *pgxpool.Pool
 	store    *postgres.Store
 	ln       net.Listener
 	consumer *readiness.Link // the consumer's broker connection; nil in ModeRelay
@@ -105,40 +74,28 @@ func New(cfg Config, mode Mode, opts Options) (*App, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	log := cmp.Or(opts.Logger, slog.New(slog.DiscardHandler)).With(slog.String("mode", string(mode)))
-	return &App{
-		cfg: cfg, mode: mode, log: log, fp: opts.Failpoints,
-		Registry: cmp.Or(opts.Registry, service.NewRegistry()),
-		group:    service.NewGroup("warehouse", log),
-	}, nil
+	return &App{Process: service.NewProcess(ServiceName, string(mode), opts), cfg: cfg, mode: mode}, nil
+}
+
+// database is the pgdb configuration of cfg: the warehouse's database, its migrations.
+func database(cfg Config) pgdb.Config {
+	return pgdb.Config{URL: cfg.DatabaseURL, MaxConns: cfg.DatabaseMaxConns, ConnectTimeout: cfg.DBTimeout, Migrate: postgres.Migrate}
 }
 
 // Start prepares the database (creating and migrating it, and waiting for it until ctx ends
-// while it cannot be reached: see [OpenDatabase]), binds the HTTP listener and starts the
+// while it cannot be reached: internal/pgdb), binds the HTTP listener and starts the
 // components of the mode in the background. It returns once they are started; the app then
-// runs until ctx is cancelled, [App.Stop] is called, or a component fails. After an error,
-// Stop releases what Start had acquired.
+// runs until ctx is cancelled, Stop is called, or a component fails. After an error, Stop
+// releases what Start had acquired.
 func (a *App) Start(ctx context.Context) (err error) {
+	defer a.StopOnError(&err)
 	api, consumer, relay := a.mode.serves()
-	if armed := a.fp.Armed(); len(armed) > 0 {
-		a.log.WarnContext(ctx, "crash points armed", slog.Any("failpoints", armed))
-	}
-	defer func() {
-		if err != nil {
-			_ = a.group.Stop() // releases what was acquired; nothing ran
-		}
-	}()
-	if a.pool, err = OpenDatabase(ctx, a.cfg, a.log); err != nil {
+	pool, err := a.OpenDatabase(ctx, database(a.cfg))
+	if err != nil {
 		return err
 	}
-	a.group.OnStop(a.pool.Close)
-	a.store = postgres.NewStore(a.pool)
-
-	// The metrics of every mode: the pool's statistics and the HTTP requests.
-	if err := a.Registry.Register(pgxpoolmetrics.New(a.pool, constLabels())); err != nil {
-		return fmt.Errorf("register pool metrics: %w", err)
-	}
-	httpMetrics, err := warehousehttp.NewMetrics(a.Registry, constLabels())
+	a.store = postgres.NewStore(pool)
+	httpMetrics, err := warehousehttp.NewMetrics(a.Registry, a.ConstLabels())
 	if err != nil {
 		return fmt.Errorf("register HTTP metrics: %w", err)
 	}
@@ -151,7 +108,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 	// The consumer and the relay declare the topology on every (re)connect with one
 	// declarer, which keeps a queue that exists with other arguments (a changed delivery
 	// limit) instead of failing, and warns about it once.
-	declarer, err := amqptopo.NewDeclarer(a.cfg.AMQPURL, a.cfg.Topology().Shared(), a.log)
+	declarer, err := amqptopo.NewDeclarer(a.cfg.AMQPURL, a.cfg.Topology().Shared(), a.Log)
 	if err != nil {
 		return err
 	}
@@ -159,7 +116,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 	if api {
 		addr = a.cfg.HTTPAddr
 	}
-	if a.ln, err = service.Listen(ctx, a.group, addr); err != nil {
+	if a.ln, err = service.Listen(ctx, a.Group, addr); err != nil {
 		return err
 	}
 
@@ -175,18 +132,11 @@ func (a *App) Start(ctx context.Context) (err error) {
 		}
 	}
 	if relay {
-		check, err := service.AddRelay(a.group, service.RelayConfig{
-			Pool: a.pool,
-			Publisher: outboxrabbitmq.Config{
-				URL: a.cfg.AMQPURL, ConnectionName: "warehouse-relay", Setup: declarer.Setup,
-			},
-			Settings:        a.cfg.relaySettings(),
+		check, err := service.AddRelay(a.Process, service.RelayConfig{
+			Publisher:       outboxrabbitmq.Config{URL: a.cfg.AMQPURL, ConnectionName: "warehouse-relay", Setup: declarer.Setup},
+			Settings:        a.cfg.relay(),
 			Retention:       a.cfg.OutboxRetention,
 			BrokerDownGrace: a.cfg.BrokerDownGrace,
-			Registry:        a.Registry,
-			ConstLabels:     constLabels(),
-			Failpoint:       a.fp.Func(),
-			Logger:          a.log,
 		})
 		if err != nil {
 			return err
@@ -194,40 +144,31 @@ func (a *App) Start(ctx context.Context) (err error) {
 		checks = append(checks, check)
 	}
 	httpCfg := warehousehttp.Config{
-		Pinger:    a.store,
-		Checks:    checks,
-		Gatherer:  a.Registry,
-		Metrics:   httpMetrics,
-		DBTimeout: a.cfg.DBTimeout,
-		Logger:    a.log,
+		Pinger: a.store, Checks: checks, Gatherer: a.Registry, Metrics: httpMetrics, DBTimeout: a.cfg.DBTimeout, Logger: a.Log,
 	}
 	if api {
 		httpCfg.Store = a.store
 		// The backlog of the outbox table and the stock, read here and not by the relay, so
 		// that the backlog stays visible when the relay is down.
-		if err := service.AddOutboxStats(a.group, a.Registry, a.pool, constLabels(), a.log); err != nil {
+		if err := service.AddOutboxStats(a.Group, a.Registry, pool, a.ConstLabels(), a.Log); err != nil {
 			return err
 		}
-		a.group.Add("stock metrics", func(ctx context.Context) error {
-			return service.Every(ctx, StockMetricsInterval, svc.stockGauge(a.store, a.log))
+		a.Group.Add("stock metrics", func(ctx context.Context) error {
+			return service.Every(ctx, StockMetricsInterval, svc.stockGauge(a.store, a.Log))
 		})
 	}
-	service.AddServer(a.group, "http server", a.ln, warehousehttp.NewRouter(httpCfg), a.cfg.ShutdownTimeout, a.log)
-
-	a.group.Start(ctx)
-	a.log.InfoContext(ctx, "warehouse started", slog.String("http_addr", a.HTTPAddr()),
-		slog.Bool("api", api), slog.Bool("consumer", consumer), slog.Bool("relay", relay))
+	service.AddServer(a.Group, "http server", a.ln, warehousehttp.NewRouter(httpCfg), a.cfg.ShutdownTimeout, a.Log)
+	a.Launch(ctx, slog.String("http_addr", a.HTTPAddr()), slog.Bool("api", api), slog.Bool("consumer", consumer), slog.Bool("relay", relay))
 	return nil
 }
 
 func (a *App) addConsumer(declarer *amqptopo.Declarer, svc *serviceMetrics) error {
-	consumerMetrics, err := inboxmetrics.NewConsumer(a.Registry, inboxmetrics.Config{KnownTypes: consumedTypes, ConstLabels: constLabels()})
+	hooks, err := service.ConsumerHooks(a.Process, warehouseamqp.ConsumerName, consumedTypes, a.cfg.InboxRetention,
+		a.cfg.redeliveryWindow(), a.consumer)
 	if err != nil {
-		return fmt.Errorf("register consumer metrics: %w", err)
+		return err
 	}
-	consumerMetrics.Init(warehouseamqp.ConsumerName)
-	consumerMetrics.SetWindow(warehouseamqp.ConsumerName, a.cfg.InboxRetention, redeliveryWindow(a.cfg))
-	c, err := warehouseamqp.NewConsumer(a.pool, warehouseamqp.ConsumerConfig{
+	c, err := warehouseamqp.NewConsumer(a.Pool(), warehouseamqp.ConsumerConfig{
 		URL:             a.cfg.AMQPURL,
 		Topology:        a.cfg.Topology(),
 		Declarer:        declarer,
@@ -238,40 +179,25 @@ func (a *App) addConsumer(declarer *amqptopo.Declarer, svc *serviceMetrics) erro
 		MaxRetryDelay:   a.cfg.ConsumerMaxRetryDelay,
 		MaxHold:         a.cfg.ConsumerMaxHold,
 		ShutdownTimeout: a.cfg.ShutdownTimeout,
-		Logger:          a.log,
-		Hooks: consumerMetrics.Hooks(rabbitmq.Hooks{
-			Connected: readiness.ConsumerConnected(a.consumer),
-			Failpoint: a.fp.Func(),
-		}),
-		Committed: svc.committed,
+		Logger:          a.Log,
+		Hooks:           hooks,
+		Committed:       svc.committed,
 	})
 	if err != nil {
 		return err
 	}
-	a.group.Add("consumer", c.Run)
-	service.AddInboxCleanup(a.group, a.pool, a.cfg.InboxRetention, 0, a.log)
+	a.Group.Add("consumer", c.Run)
+	service.AddInboxCleanup(a.Group, a.Pool(), a.cfg.InboxRetention, 0, a.Log)
 	return nil
 }
 
 // Run starts the app and waits until it stopped: until ctx is cancelled (graceful stop, also
 // while Start still waits for the database) or a component failed.
-func (a *App) Run(ctx context.Context) error {
-	if err := a.Start(ctx); err != nil {
-		if ctx.Err() != nil {
-			a.log.InfoContext(ctx, "warehouse stopped before it started", slog.Any("error", err))
-			return nil
-		}
-		return err
-	}
-	return a.Wait()
-}
+func (a *App) Run(ctx context.Context) error { return a.Process.Run(ctx, a.Start) }
 
 // HTTPAddr is the address the HTTP server listens on ("127.0.0.1:41234"): the API in ModeAPI
 // and ModeAll, /healthz, /readyz and /metrics only in ModeRelay.
-func (a *App) HTTPAddr() string { return a.ln.Addr().String() }
-
-// Pool is the app's database pool (nil before Start), closed when the app has stopped.
-func (a *App) Pool() *pgxpool.Pool { return a.pool }
+func (a *App) HTTPAddr() string { return service.Addr(a.ln) }
 
 // Store is the PostgreSQL adapter on Pool (nil before Start).
 func (a *App) Store() *postgres.Store { return a.store }
@@ -285,44 +211,17 @@ func (a *App) Consuming() bool {
 	return up
 }
 
-// Done is closed when the app has stopped: after Stop, the cancellation of Start's ctx, or
-// the failure of a component (Stop and Wait then return its error).
-func (a *App) Done() <-chan struct{} { return a.group.Done() }
-
-// Wait blocks until every component has stopped and the pool is closed, and returns the
-// error of the first component that failed, or nil after a graceful stop.
-func (a *App) Wait() error { return a.group.Wait() }
-
-// Stop stops the app gracefully (in-flight requests and messages get
-// Config.ShutdownTimeout) and waits for it, like cancelling Start's context.
-func (a *App) Stop() error { return a.group.Stop() }
-
-// OpenDatabase creates the database when it does not exist, opens a pool on it and migrates
-// it. While the server cannot be reached it retries with backoff and a log line per attempt,
-// until ctx ends; it gives up at once only on a configuration error (internal/pgdb).
-func OpenDatabase(ctx context.Context, cfg Config, log *slog.Logger) (*pgxpool.Pool, error) {
-	return pgdb.Open(ctx, pgdb.Config{
-		URL:            cfg.DatabaseURL,
-		MaxConns:       cfg.DatabaseMaxConns,
-		ConnectTimeout: cfg.DBTimeout,
-		Migrate:        postgres.Migrate,
-		Logger:         log,
-	})
-}
-
 // Migrate creates the database when missing and migrates it: the `migrate` subcommand.
 func Migrate(ctx context.Context, cfg Config, log *slog.Logger) error {
-	pool, err := OpenDatabase(ctx, cfg, log)
-	if err != nil {
-		return err
-	}
-	pool.Close()
-	return nil
+	return pgdb.Migrate(ctx, database(cfg), log)
 }
 
-// Seed resets the catalogue's stock (see [postgres.Store.Seed]): the `seed` subcommand.
+// Seed resets the catalogue's stock (see [postgres.Store.Seed]): the `seed` subcommand. It
+// creates and migrates the database first, like Migrate.
 func Seed(ctx context.Context, cfg Config, force bool, log *slog.Logger) ([]postgres.SeedChange, error) {
-	pool, err := OpenDatabase(ctx, cfg, log)
+	db := database(cfg)
+	db.Logger = log
+	pool, err := pgdb.Open(ctx, db)
 	if err != nil {
 		return nil, err
 	}

@@ -115,10 +115,3 @@ func (m *serviceMetrics) stockGauge(db stockReader, log *slog.Logger) func(ctx c
 		}
 	}
 }
-
-// redeliveryWindow is the longest time in which a duplicate of an order event can still reach
-// the consumer (internal/service RedeliveryWindow): the consumer's retries plus the producing
-// relay's, whose settings the warehouse relay's stand for.
-func redeliveryWindow(cfg Config) time.Duration {
-	return service.RedeliveryWindow(cfg.ConsumerMaxDeliveries, cfg.ConsumerRetryDelay, cfg.ConsumerMaxRetryDelay, cfg.RelayMaxAttempts)
-}

@@ -80,9 +80,7 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 	case "all":
 		err = serve(ctx, cfg, app.ModeAll, log)
 	case "migrate":
-		if err = app.Migrate(ctx, cfg, log); err == nil {
-			log.InfoContext(ctx, "database migrated")
-		}
+		err = app.Migrate(ctx, cfg, log)
 	case "seed":
 		fs := flag.NewFlagSet("seed", flag.ContinueOnError)
 		fs.SetOutput(stderr)
