@@ -38,6 +38,17 @@ func Load[T any](environ map[string]string) (T, error) {
 	return cfg, nil
 }
 
+// LoadValid is [Load], then T's Validate: a configuration ready to run, or every problem
+// with it.
+func LoadValid[T interface{ Validate() error }](environ map[string]string) (T, error) {
+	cfg, err := Load[T](environ)
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	return cfg, cfg.Validate()
+}
+
 // Defaults returns a T with every envDefault and nothing from the environment. It panics
 // when a default does not parse: they are constants, so that is a bug a test catches.
 func Defaults[T any]() T {

@@ -61,6 +61,17 @@ func TestLoadProcessEnvironment(t *testing.T) { // not parallel: it sets a varia
 	require.Equal(t, 7, cfg.Batch)
 }
 
+func TestLoadValid(t *testing.T) {
+	t.Parallel()
+	cfg, err := envconfig.LoadValid[config](map[string]string{"TEST_BATCH": "3"})
+	require.NoError(t, err)
+	require.Equal(t, 3, cfg.Batch)
+	_, err = envconfig.LoadValid[config](map[string]string{"TEST_BATCH": "0"})
+	require.ErrorContains(t, err, "TEST_BATCH must be positive, is 0")
+	_, err = envconfig.LoadValid[config](map[string]string{"TEST_BATCH": "x"})
+	require.ErrorContains(t, err, "TEST_BATCH: ")
+}
+
 func TestChecks(t *testing.T) {
 	t.Parallel()
 	require.NoError(t, envconfig.Defaults[config]().Validate())

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"runtime/debug"
@@ -12,9 +13,12 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/outboxshop/outboxshop/internal/apperr"
 	"github.com/outboxshop/outboxshop/internal/problem"
+	"github.com/outboxshop/outboxshop/internal/readiness"
 )
 
 // DefaultRetryAfter is the Retry-After of a 503 answer.
@@ -57,6 +61,27 @@ func (e Edge) NewRouter() chi.Router {
 			Status: http.StatusMethodNotAllowed, Detail: fmt.Sprintf("%s is not allowed on %s.", r.Method, r.URL.Path)})
 	})
 	return r
+}
+
+// MountOps adds the operations routes to r: GET /healthz (200 {"status":"ok"} while the
+// process answers), /readyz (internal/readiness over checks, each bounded by timeout, 0: its
+// default; 503 with e's Retry-After when one is down) and /metrics (g; nil serves an empty
+// registry).
+func (e Edge) MountOps(r chi.Router, g prometheus.Gatherer, checks []readiness.Check, timeout time.Duration) {
+	if g == nil {
+		g = prometheus.NewRegistry()
+	}
+	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		_, _ = io.WriteString(w, `{"status":"ok"}`+"\n")
+	})
+	r.Method(http.MethodGet, "/readyz", readiness.Handler(readiness.Config{
+		Checks: checks, Timeout: timeout, RetryAfter: cmp.Or(e.RetryAfter, DefaultRetryAfter), Logger: e.log(),
+	}))
+	r.Method(http.MethodGet, "/metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{
+		ErrorLog: slog.NewLogLogger(e.log().Handler(), slog.LevelError),
+	}))
 }
 
 func (e Edge) log() *slog.Logger { return cmp.Or(e.Logger, slog.New(slog.DiscardHandler)) }

@@ -2,6 +2,7 @@ package httpapi_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"log/slog"
@@ -9,12 +10,14 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxshop/outboxshop/internal/apperr"
 	"github.com/outboxshop/outboxshop/internal/httpapi"
 	"github.com/outboxshop/outboxshop/internal/problem"
+	"github.com/outboxshop/outboxshop/internal/readiness"
 )
 
 // logLines decodes the JSON log lines in buf.
@@ -148,6 +151,21 @@ func TestEdge(t *testing.T) {
 		require.Equal(t, http.StatusMethodNotAllowed, rec.Code)
 		require.Equal(t, []string{"GET", "HEAD", "POST"}, rec.Header().Values("Allow"))
 		require.Equal(t, problem.TypeMethodNotAllowed, decodeProblem(t, rec).Type)
+	})
+
+	t.Run("Ops", func(t *testing.T) {
+		t.Parallel()
+		e := httpapi.Edge{}
+		r := e.NewRouter()
+		down := errors.New("refused")
+		e.MountOps(r, nil, []readiness.Check{{Name: "database", Check: func(context.Context) error { return down }}}, time.Second)
+		rec := serve(r, http.MethodGet, "/healthz")
+		require.Equal(t, http.StatusOK, rec.Code)
+		require.JSONEq(t, `{"status":"ok"}`, rec.Body.String())
+		rec = serve(r, http.MethodGet, "/readyz")
+		require.Equal(t, http.StatusServiceUnavailable, rec.Code)
+		require.Equal(t, "5", rec.Header().Get("Retry-After"))
+		require.Equal(t, http.StatusOK, serve(r, http.MethodGet, "/metrics").Code)
 	})
 
 	t.Run("Head", func(t *testing.T) {

@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxshop/outboxshop/internal/apperr"
 	"github.com/outboxshop/outboxshop/internal/pgdb"
 	"github.com/outboxshop/outboxshop/internal/testinfra"
 )
@@ -40,6 +41,29 @@ func TestTransient(t *testing.T) {
 	} {
 		require.False(t, pgdb.Transient(err), "%v", err)
 	}
+}
+
+func TestWrap(t *testing.T) {
+	t.Parallel()
+	require.NoError(t, pgdb.Wrap("op", nil))
+
+	refusal := apperr.Errorf(apperr.CodeNotFound, "No such thing.")
+	require.Same(t, refusal, pgdb.Wrap("op", refusal), "a domain refusal passes as it is")
+
+	down := &pgconn.PgError{Code: "57P01"}
+	err := pgdb.Wrap("load thing", down)
+	require.Equal(t, apperr.CodeUnavailable, apperr.ErrorCode(err))
+	require.Equal(t, pgdb.UnavailableMessage, apperr.ErrorMessage(err))
+	require.ErrorIs(t, err, down)
+	require.ErrorContains(t, err, "load thing: ")
+
+	bad := &pgconn.PgError{Code: "22021"}
+	err = pgdb.Wrap("save thing", bad)
+	require.Equal(t, apperr.CodeInternal, apperr.ErrorCode(err), "not worth another try: not a 503")
+	pgErr, ok := errors.AsType[*pgconn.PgError](err)
+	require.True(t, ok)
+	require.Equal(t, "22021", pgErr.Code, "the SQLSTATE stays reachable")
+	require.EqualError(t, err, "save thing: "+bad.Error())
 }
 
 // logBuffer collects log lines from concurrent writers.

@@ -4,6 +4,7 @@ package problem
 
 import (
 	"encoding/json"
+	"maps"
 	"net/http"
 
 	"github.com/outboxshop/outboxshop/internal/apperr"
@@ -81,6 +82,31 @@ type Table map[apperr.Code]Kind
 
 // Internal is the answer of an error whose code the table does not have.
 var Internal = Kind{Status: http.StatusInternalServerError, Type: TypeInternal, Title: "Internal server error"}
+
+// Shared returns the answers of the codes both services use (internal/apperr). A service's
+// table is Shared().With(its own rows), which may also give a shared code another title or
+// type.
+func Shared() Table {
+	return Table{
+		apperr.CodeInvalid:              {Status: http.StatusBadRequest, Type: TypeMalformedBody, Title: "The request body could not be read"},
+		apperr.CodeValidation:           {Status: http.StatusUnprocessableEntity, Type: TypeValidation, Title: "The request has invalid fields"},
+		apperr.CodeTooLarge:             {Status: http.StatusRequestEntityTooLarge, Type: TypeBodyTooLarge, Title: "The request body is too large"},
+		apperr.CodeUnsupportedMediaType: {Status: http.StatusUnsupportedMediaType, Type: TypeUnsupportedMediaType, Title: "The request body must be application/json in UTF-8"},
+		apperr.CodeBadHeader:            {Status: http.StatusBadRequest, Type: TypeInvalidHeader, Title: "A request header is invalid"},
+		apperr.CodeNotFound:             {Status: http.StatusNotFound, Type: TypeNotFound, Title: "Not found"},
+		apperr.CodeConflict:             {Status: http.StatusConflict, Type: TypeConflict, Title: "Conflict with the current state"},
+		apperr.CodeUnavailable:          {Status: http.StatusServiceUnavailable, Type: TypeUnavailable, Title: "Service unavailable"},
+		apperr.CodeInternal:             Internal,
+	}
+}
+
+// With returns a copy of t with rows added, or replacing t's rows of the same codes.
+func (t Table) With(rows Table) Table {
+	out := make(Table, len(t)+len(rows))
+	maps.Copy(out, t)
+	maps.Copy(out, rows)
+	return out
+}
 
 // Kind returns the answer of code: its row, or [Internal].
 func (t Table) Kind(code apperr.Code) Kind {

@@ -51,22 +51,45 @@ const (
 )
 
 // RelaySettings are the outbox relay's settings, the same variables in both services
-// (<SERVICE>_RELAY_*; envconfig.Section reads them from a service's Config).
+// (<SERVICE>_RELAY_*, the Relay* fields of their Config, read with envconfig.Section).
 type RelaySettings struct {
-	BatchSize       int
-	PollInterval    time.Duration
-	MaxAttempts     int
-	PublishTimeout  time.Duration
-	ClaimTimeout    time.Duration
+	// BatchSize bounds the rows one cycle claims; PollInterval is the wait between cycles
+	// when no notification comes; MaxAttempts is the publishes a row gets before it is dead.
+	BatchSize    int
+	PollInterval time.Duration
+	MaxAttempts  int
+	// PublishTimeout bounds every step of a batch's publish; ClaimTimeout is the longest a
+	// paused or hung relay holds its claimed rows before PostgreSQL ends its transaction
+	// (pkg/outbox Config.ClaimTimeout; must exceed the publish timeout).
+	PublishTimeout time.Duration
+	ClaimTimeout   time.Duration
+	// MaxMessageBytes is the largest payload the relay sends; a larger row is dead at once.
 	MaxMessageBytes int
 }
 
-// ConsumerRetries are the inbox consumer's retry settings, the same variables in both
-// services (<SERVICE>_CONSUMER_*).
-type ConsumerRetries struct {
+// ConsumerSettings are the inbox consumer's settings, the same variables in both services
+// (<SERVICE>_CONSUMER_*, the Consumer* fields of their Config, read with envconfig.Section).
+// Zero values take pkg/inbox/rabbitmq's defaults.
+type ConsumerSettings struct {
+	// Prefetch and Concurrency bound the messages in hand and in work.
+	Prefetch    int
+	Concurrency int
+	// MaxDeliveries is the attempts a message gets before it is dead-lettered; RetryDelay
+	// the first wait between them, doubling per attempt.
 	MaxDeliveries int
 	RetryDelay    time.Duration
+	// MaxRetryDelay caps the retry backoff, also between the in-place retries of a message
+	// held through a database outage; MaxHold is how long such a message is held before it
+	// is handed back to the queue (without counting a delivery).
 	MaxRetryDelay time.Duration
+	MaxHold       time.Duration
+}
+
+// Apply returns c with the settings of s.
+func (s ConsumerSettings) Apply(c inboxrabbitmq.Config) inboxrabbitmq.Config {
+	c.Prefetch, c.Concurrency, c.MaxDeliveries = s.Prefetch, s.Concurrency, s.MaxDeliveries
+	c.RetryDelay, c.MaxRetryDelay, c.MaxHold = s.RetryDelay, s.MaxRetryDelay, s.MaxHold
+	return c
 }
 
 // RedeliveryWindow is the longest time in which a duplicate of an event can still reach a
@@ -84,7 +107,7 @@ type ConsumerRetries struct {
 // other service's relay, whose settings this process does not know: its own relay's (same
 // defaults) stand for them. RetryWindow sums the waits without their jitter, which only
 // shortens them.
-func RedeliveryWindow(c ConsumerRetries, relayMaxAttempts int) time.Duration {
+func RedeliveryWindow(c ConsumerSettings, relayMaxAttempts int) time.Duration {
 	consumer := inboxmetrics.RetryWindow(c.MaxDeliveries, c.RetryDelay, max(c.MaxRetryDelay, c.RetryDelay))
 	producer := inboxmetrics.RetryWindow(relayMaxAttempts, RelayRetryBaseDelay, RelayRetryMaxDelay)
 	return consumer + producer
@@ -197,4 +220,15 @@ func AddServer(g *Group, name string, ln net.Listener, h http.Handler, shutdownT
 	g.Add(name, func(ctx context.Context) error {
 		return httpserver.Serve(ctx, ln, h, httpserver.Config{ShutdownTimeout: shutdownTimeout}, log)
 	})
+}
+
+// Register registers every collector on reg, stopping at the first error: a service's own
+// metrics.
+func Register(reg prometheus.Registerer, cs ...prometheus.Collector) error {
+	for _, c := range cs {
+		if err := reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
 }

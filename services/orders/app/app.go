@@ -23,6 +23,7 @@ import (
 
 	"github.com/outboxshop/outboxshop/internal/aftercommit"
 	"github.com/outboxshop/outboxshop/internal/amqptopo"
+	"github.com/outboxshop/outboxshop/internal/envconfig"
 	"github.com/outboxshop/outboxshop/internal/pgdb"
 	"github.com/outboxshop/outboxshop/internal/readiness"
 	"github.com/outboxshop/outboxshop/internal/service"
@@ -165,8 +166,9 @@ func (a *App) addAPI() error {
 	// BrokerDownGrace (a broker restart) before the process counts as not ready.
 	consumerLink := readiness.NewLink("not connected to the broker yet")
 	a.checks = append(a.checks, readiness.Check{Name: "consumer", Check: readiness.Connection(consumerLink, a.cfg.BrokerDownGrace)})
+	settings := envconfig.Section[service.ConsumerSettings](a.cfg, "Consumer")
 	hooks, err := service.ConsumerHooks(a.Process, ordersamqp.ConsumerName, consumedTypes, a.cfg.InboxRetention,
-		a.cfg.redeliveryWindow(), consumerLink)
+		service.RedeliveryWindow(settings, a.cfg.RelayMaxAttempts), consumerLink)
 	if err != nil {
 		return err
 	}
@@ -184,24 +186,18 @@ func (a *App) addAPI() error {
 	})
 	// The pool is wrapped so that countingApplier counts an outcome after its inbox
 	// transaction committed.
-	consumer, err := inboxrabbitmq.NewConsumer(aftercommit.Wrap(a.Pool()), inboxrabbitmq.Config{
+	consumer, err := inboxrabbitmq.NewConsumer(aftercommit.Wrap(a.Pool()), settings.Apply(inboxrabbitmq.Config{
 		URL:                  a.cfg.AMQPURL,
 		Queue:                a.topology.Queue,
 		Name:                 ordersamqp.ConsumerName,
 		Handler:              ordersamqp.NewHandler(countingApplier{StockApplier: a.store, outcomes: svc.outcomes}, a.Log),
-		Prefetch:             a.cfg.ConsumerPrefetch,
-		Concurrency:          a.cfg.ConsumerConcurrency,
-		MaxDeliveries:        a.cfg.ConsumerMaxDeliveries,
-		RetryDelay:           a.cfg.ConsumerRetryDelay,
-		MaxRetryDelay:        a.cfg.ConsumerMaxRetryDelay,
-		MaxHold:              a.cfg.ConsumerMaxHold,
 		ShutdownTimeout:      a.cfg.ConsumerShutdownTimeout,
 		DeadLetterExchange:   a.topology.DeadLetterExchange,
 		DeadLetterRoutingKey: a.topology.Queue,
 		Setup:                a.declarer.Setup,
 		Logger:               a.Log,
 		Hooks:                hooks,
-	})
+	}))
 	if err != nil {
 		return fmt.Errorf("stock consumer: %w", err)
 	}
@@ -219,7 +215,7 @@ func (a *App) addRelay() error {
 		Publisher: outboxrabbitmq.Config{
 			URL: a.cfg.AMQPURL, ConnectionName: "orders-relay", DialTimeout: a.cfg.DatabaseTimeout, Setup: a.declarer.Setup,
 		},
-		Settings:        a.cfg.relay(),
+		Settings:        envconfig.Section[service.RelaySettings](a.cfg, "Relay"),
 		Retention:       a.cfg.OutboxRetention,
 		CleanupInterval: a.cfg.OutboxCleanupInterval,
 		BrokerDownGrace: a.cfg.BrokerDownGrace,

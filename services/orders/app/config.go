@@ -4,7 +4,6 @@ import (
 	"time"
 
 	"github.com/outboxshop/outboxshop/internal/envconfig"
-	"github.com/outboxshop/outboxshop/internal/service"
 )
 
 // Config is the whole configuration of the orders service, read once from the environment by
@@ -43,29 +42,23 @@ type Config struct {
 	// HTTPShutdownTimeout is how long in-flight requests get to finish on shutdown.
 	HTTPShutdownTimeout time.Duration `env:"ORDERS_HTTP_SHUTDOWN_TIMEOUT" envDefault:"10s"`
 
-	// Consumer of the stock events (api and all).
+	// Consumer of the stock events (api and all); the retry settings are documented on
+	// internal/service ConsumerRetries, ConsumerMaxHold beside them.
 	ConsumerPrefetch        int           `env:"ORDERS_CONSUMER_PREFETCH" envDefault:"32"`
 	ConsumerConcurrency     int           `env:"ORDERS_CONSUMER_CONCURRENCY" envDefault:"4"`
 	ConsumerMaxDeliveries   int           `env:"ORDERS_CONSUMER_MAX_DELIVERIES" envDefault:"5"`
 	ConsumerRetryDelay      time.Duration `env:"ORDERS_CONSUMER_RETRY_DELAY" envDefault:"1s"`
 	ConsumerShutdownTimeout time.Duration `env:"ORDERS_CONSUMER_SHUTDOWN_TIMEOUT" envDefault:"10s"`
-	// ConsumerMaxRetryDelay caps the consumer's retry backoff, also between the in-place
-	// retries of a message held through a database outage; ConsumerMaxHold is how long such a
-	// message is held before it is handed back to the queue (without counting a delivery).
-	ConsumerMaxRetryDelay time.Duration `env:"ORDERS_CONSUMER_MAX_RETRY_DELAY" envDefault:"30s"`
-	ConsumerMaxHold       time.Duration `env:"ORDERS_CONSUMER_MAX_HOLD" envDefault:"15m"`
+	ConsumerMaxRetryDelay   time.Duration `env:"ORDERS_CONSUMER_MAX_RETRY_DELAY" envDefault:"30s"`
+	ConsumerMaxHold         time.Duration `env:"ORDERS_CONSUMER_MAX_HOLD" envDefault:"15m"`
 
-	// Outbox relay (relay and all).
-	RelayBatchSize    int           `env:"ORDERS_RELAY_BATCH_SIZE" envDefault:"100"`
-	RelayPollInterval time.Duration `env:"ORDERS_RELAY_POLL_INTERVAL" envDefault:"1s"`
-	RelayMaxAttempts  int           `env:"ORDERS_RELAY_MAX_ATTEMPTS" envDefault:"10"`
-	// RelayPublishTimeout bounds every step of a batch's publish; RelayClaimTimeout is the
-	// longest a paused or hung relay holds its claimed rows before PostgreSQL ends its
-	// transaction (pkg/outbox Config.ClaimTimeout; must exceed the publish timeout).
-	RelayPublishTimeout time.Duration `env:"ORDERS_RELAY_PUBLISH_TIMEOUT" envDefault:"30s"`
-	RelayClaimTimeout   time.Duration `env:"ORDERS_RELAY_CLAIM_TIMEOUT" envDefault:"35s"`
-	// RelayMaxMessageBytes is the largest payload the relay sends; a larger row is dead at once.
-	RelayMaxMessageBytes int `env:"ORDERS_RELAY_MAX_MESSAGE_BYTES" envDefault:"16777216"`
+	// Outbox relay (relay and all), documented on internal/service RelaySettings.
+	RelayBatchSize       int           `env:"ORDERS_RELAY_BATCH_SIZE" envDefault:"100"`
+	RelayPollInterval    time.Duration `env:"ORDERS_RELAY_POLL_INTERVAL" envDefault:"1s"`
+	RelayMaxAttempts     int           `env:"ORDERS_RELAY_MAX_ATTEMPTS" envDefault:"10"`
+	RelayPublishTimeout  time.Duration `env:"ORDERS_RELAY_PUBLISH_TIMEOUT" envDefault:"30s"`
+	RelayClaimTimeout    time.Duration `env:"ORDERS_RELAY_CLAIM_TIMEOUT" envDefault:"35s"`
+	RelayMaxMessageBytes int           `env:"ORDERS_RELAY_MAX_MESSAGE_BYTES" envDefault:"16777216"`
 
 	// Retention of published outbox rows, cleaned by the relay process.
 	OutboxRetention       time.Duration `env:"ORDERS_OUTBOX_RETENTION" envDefault:"168h"`
@@ -84,35 +77,12 @@ type Config struct {
 	LogLevel  string `env:"ORDERS_LOG_LEVEL" envDefault:"info"`
 }
 
-// LoadConfig reads the configuration from the environment: the defaults of Config's tags,
-// overridden by the variables that are set, validated.
-func LoadConfig() (Config, error) { return LoadConfigFrom(nil) }
-
-// LoadConfigFrom is LoadConfig reading the variables from environ instead of the process
-// environment (nil reads the process environment).
-func LoadConfigFrom(environ map[string]string) (Config, error) {
-	cfg, err := envconfig.Load[Config](environ)
-	if err != nil {
-		return Config{}, err
-	}
-	return cfg, cfg.Validate()
-}
+// LoadConfig reads the configuration from the process environment and validates it.
+func LoadConfig() (Config, error) { return envconfig.LoadValid[Config](nil) }
 
 // DefaultConfig returns the configuration with every default and nothing from the
 // environment, for tests and embedding.
 func DefaultConfig() Config { return envconfig.Defaults[Config]() }
-
-// relay is the outbox relay's part of c (the Relay* fields).
-func (c Config) relay() service.RelaySettings {
-	return envconfig.Section[service.RelaySettings](c, "Relay")
-}
-
-// redeliveryWindow is the longest time in which a duplicate of a stock event can still reach
-// the stock consumer (service.RedeliveryWindow): the consumer's retries plus the producing
-// relay's, whose settings the orders relay's stand for.
-func (c Config) redeliveryWindow() time.Duration {
-	return service.RedeliveryWindow(envconfig.Section[service.ConsumerRetries](c, "Consumer"), c.RelayMaxAttempts)
-}
 
 // Validate reports every missing or out-of-range setting.
 func (c Config) Validate() error {

@@ -47,10 +47,8 @@ func newServiceMetrics(reg prometheus.Registerer) (*serviceMetrics, error) {
 			ConstLabels: constLabels(),
 		}, []string{"status"}),
 	}
-	for _, c := range []prometheus.Collector{m.created, m.outcomes} {
-		if err := reg.Register(c); err != nil {
-			return nil, err
-		}
+	if err := service.Register(reg, m.created, m.outcomes); err != nil {
+		return nil, err
 	}
 	for _, s := range finalStatuses {
 		m.outcomes.WithLabelValues(string(s)) // every series from the start, so rate() sees the first

@@ -27,7 +27,6 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/outboxshop/outboxshop/internal/httpapi"
 	"github.com/outboxshop/outboxshop/internal/problem"
@@ -95,9 +94,7 @@ func NewHandler(cfg Config) *Handler {
 	r.Get("/orders/{id}", h.getOrder)
 	r.Post("/orders/{id}/cancel", h.cancelOrder)
 	checks := append([]readiness.Check{{Name: "database", Check: readiness.Ping(cfg.Orders.Ping)}}, cfg.Checks...)
-	mountOps(r, cfg.Gatherer, readiness.Handler(readiness.Config{
-		Checks: checks, Timeout: min(h.dbTimeout, readiness.DefaultTimeout), RetryAfter: cmp.Or(cfg.RetryAfter, httpapi.DefaultRetryAfter), Logger: h.log,
-	}))
+	h.edge.MountOps(r, cfg.Gatherer, checks, min(h.dbTimeout, readiness.DefaultTimeout))
 	h.router = r
 	return h
 }
@@ -120,8 +117,9 @@ type OpsConfig struct {
 // that serve no API (the relay).
 func NewOpsHandler(cfg OpsConfig) http.Handler {
 	log := cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
-	r := edge(log, 0, cfg.Metrics).NewRouter()
-	mountOps(r, cfg.Gatherer, readiness.Handler(readiness.Config{Checks: cfg.Checks, Logger: log}))
+	e := edge(log, 0, cfg.Metrics)
+	r := e.NewRouter()
+	e.MountOps(r, cfg.Gatherer, cfg.Checks, 0)
 	return r
 }
 
@@ -130,31 +128,14 @@ func edge(log *slog.Logger, retryAfter time.Duration, m *Metrics) httpapi.Edge {
 	return httpapi.Edge{Problems: problems, Logger: log, Params: map[string]string{"id": "order_id"}, RetryAfter: retryAfter, Metrics: m.Middleware}
 }
 
-func mountOps(r chi.Router, g prometheus.Gatherer, ready http.Handler) {
-	if g == nil {
-		g = prometheus.NewRegistry()
-	}
-	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
-	})
-	r.Method(http.MethodGet, "/readyz", ready)
-	r.Method(http.MethodGet, "/metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
-}
-
 // problems maps each error code to its HTTP status and problem type: the one place where
-// that mapping lives. StatusCode reads it.
-var problems = problem.Table{
-	orders.CodeValidation:           {Status: http.StatusUnprocessableEntity, Type: problem.TypeValidation, Title: "The order is not valid"},
-	orders.CodeInvalid:              {Status: http.StatusBadRequest, Type: problem.TypeMalformedBody, Title: "The request body could not be read"},
-	orders.CodeTooLarge:             {Status: http.StatusRequestEntityTooLarge, Type: problem.TypeBodyTooLarge, Title: "The request body is too large"},
-	orders.CodeUnsupportedMediaType: {Status: http.StatusUnsupportedMediaType, Type: problem.TypeUnsupportedMediaType, Title: "The request body must be application/json in UTF-8"},
-	orders.CodeBadHeader:            {Status: http.StatusBadRequest, Type: problem.TypeInvalidHeader, Title: "A request header is invalid"},
-	orders.CodeNotFound:             {Status: http.StatusNotFound, Type: problem.TypeNotFound, Title: "Not found"},
-	orders.CodeConflict:             {Status: http.StatusConflict, Type: problem.TypePrefix + "order-state-conflict", Title: "The order's status does not allow this"},
-	orders.CodeIdempotencyReuse:     {Status: http.StatusUnprocessableEntity, Type: problem.TypePrefix + "idempotency-key-reuse", Title: "Idempotency-Key reused with a different request"},
-	orders.CodeUnavailable:          {Status: http.StatusServiceUnavailable, Type: problem.TypeUnavailable, Title: "Service unavailable"},
-	orders.CodeInternal:             problem.Internal,
-}
+// that mapping lives (the shared codes' rows are internal/problem's; the orders service
+// retitles CodeValidation and CodeConflict). StatusCode reads it.
+var problems = problem.Shared().With(problem.Table{
+	orders.CodeValidation:       {Status: http.StatusUnprocessableEntity, Type: problem.TypeValidation, Title: "The order is not valid"},
+	orders.CodeConflict:         {Status: http.StatusConflict, Type: problem.TypePrefix + "order-state-conflict", Title: "The order's status does not allow this"},
+	orders.CodeIdempotencyReuse: {Status: http.StatusUnprocessableEntity, Type: problem.TypePrefix + "idempotency-key-reuse", Title: "Idempotency-Key reused with a different request"},
+})
 
 // StatusCode returns the HTTP status of an error code (500 for an unknown code).
 func StatusCode(code orders.Code) int { return problems.Status(code) }

@@ -362,16 +362,6 @@ func loadOrder(ctx context.Context, q pgx.Tx, id uuid.UUID) (*orders.Order, erro
 	return o, nil
 }
 
-// dbError returns err as it is when it is already an *orders.Error, CodeUnavailable when trying
-// again may succeed (pgdb.Transient: the database could not be reached, a deadlock, …), and
-// err wrapped with op otherwise.
-func dbError(op string, err error) error {
-	var e *orders.Error
-	switch {
-	case errors.As(err, &e):
-		return err
-	case pgdb.Transient(err):
-		return orders.Wrap(orders.CodeUnavailable, fmt.Errorf("%s: %w", op, err), "The database is unavailable; try again shortly.")
-	}
-	return fmt.Errorf("%s: %w", op, err)
-}
+// dbError wraps err, the failure of op, as internal/pgdb Wrap does for both services: a
+// refusal as it is, CodeUnavailable when trying again may succeed, op: err otherwise.
+func dbError(op string, err error) error { return pgdb.Wrap(op, err) }

@@ -13,6 +13,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxshop/outboxshop/internal/service"
 	"github.com/outboxshop/outboxshop/internal/testinfra"
 	"github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
 	"github.com/outboxshop/outboxshop/services/warehouse"
@@ -79,12 +80,11 @@ func deleteTopology(t *testing.T, amqpURL string, top warehouseamqp.Topology) {
 func (b *bundle) startConsumer(t *testing.T, concurrency int) {
 	t.Helper()
 	c, err := warehouseamqp.NewConsumer(b.pool, warehouseamqp.ConsumerConfig{
-		URL:             b.amqpURL,
-		Topology:        b.top,
-		Prefetch:        max(concurrency, 16),
-		Concurrency:     concurrency,
-		MaxDeliveries:   3,
-		RetryDelay:      50 * time.Millisecond,
+		URL:      b.amqpURL,
+		Topology: b.top,
+		ConsumerSettings: service.ConsumerSettings{
+			Prefetch: max(concurrency, 16), Concurrency: concurrency, MaxDeliveries: 3, RetryDelay: 50 * time.Millisecond,
+		},
 		ShutdownTimeout: 5 * time.Second,
 		Logger:          testLogger(t),
 		Hooks: rabbitmq.Hooks{

@@ -13,6 +13,7 @@ import (
 	"net"
 
 	"github.com/outboxshop/outboxshop/internal/amqptopo"
+	"github.com/outboxshop/outboxshop/internal/envconfig"
 	"github.com/outboxshop/outboxshop/internal/pgdb"
 	"github.com/outboxshop/outboxshop/internal/readiness"
 	"github.com/outboxshop/outboxshop/internal/service"
@@ -134,7 +135,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 	if relay {
 		check, err := service.AddRelay(a.Process, service.RelayConfig{
 			Publisher:       outboxrabbitmq.Config{URL: a.cfg.AMQPURL, ConnectionName: "warehouse-relay", Setup: declarer.Setup},
-			Settings:        a.cfg.relay(),
+			Settings:        envconfig.Section[service.RelaySettings](a.cfg, "Relay"),
 			Retention:       a.cfg.OutboxRetention,
 			BrokerDownGrace: a.cfg.BrokerDownGrace,
 		})
@@ -163,25 +164,21 @@ func (a *App) Start(ctx context.Context) (err error) {
 }
 
 func (a *App) addConsumer(declarer *amqptopo.Declarer, svc *serviceMetrics) error {
+	consumer := envconfig.Section[service.ConsumerSettings](a.cfg, "Consumer")
 	hooks, err := service.ConsumerHooks(a.Process, warehouseamqp.ConsumerName, consumedTypes, a.cfg.InboxRetention,
-		a.cfg.redeliveryWindow(), a.consumer)
+		service.RedeliveryWindow(consumer, a.cfg.RelayMaxAttempts), a.consumer)
 	if err != nil {
 		return err
 	}
 	c, err := warehouseamqp.NewConsumer(a.Pool(), warehouseamqp.ConsumerConfig{
-		URL:             a.cfg.AMQPURL,
-		Topology:        a.cfg.Topology(),
-		Declarer:        declarer,
-		Prefetch:        a.cfg.ConsumerPrefetch,
-		Concurrency:     a.cfg.ConsumerConcurrency,
-		MaxDeliveries:   a.cfg.ConsumerMaxDeliveries,
-		RetryDelay:      a.cfg.ConsumerRetryDelay,
-		MaxRetryDelay:   a.cfg.ConsumerMaxRetryDelay,
-		MaxHold:         a.cfg.ConsumerMaxHold,
-		ShutdownTimeout: a.cfg.ShutdownTimeout,
-		Logger:          a.Log,
-		Hooks:           hooks,
-		Committed:       svc.committed,
+		URL:              a.cfg.AMQPURL,
+		Topology:         a.cfg.Topology(),
+		Declarer:         declarer,
+		ConsumerSettings: consumer,
+		ShutdownTimeout:  a.cfg.ShutdownTimeout,
+		Logger:           a.Log,
+		Hooks:            hooks,
+		Committed:        svc.committed,
 	})
 	if err != nil {
 		return err

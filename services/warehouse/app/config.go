@@ -4,7 +4,6 @@ import (
 	"time"
 
 	"github.com/outboxshop/outboxshop/internal/envconfig"
-	"github.com/outboxshop/outboxshop/internal/service"
 
 	warehouseamqp "github.com/outboxshop/outboxshop/services/warehouse/amqp"
 )
@@ -43,31 +42,25 @@ type Config struct {
 	// (docs/events.md).
 	QueueDeliveryLimit int `env:"WAREHOUSE_QUEUE_DELIVERY_LIMIT" envDefault:"20"`
 
-	// Consumer tuning.
+	// Consumer tuning; the retry settings are documented on internal/service ConsumerRetries,
+	// ConsumerMaxHold beside them.
 	ConsumerPrefetch      int           `env:"WAREHOUSE_CONSUMER_PREFETCH" envDefault:"32"`
 	ConsumerConcurrency   int           `env:"WAREHOUSE_CONSUMER_CONCURRENCY" envDefault:"8"`
 	ConsumerMaxDeliveries int           `env:"WAREHOUSE_CONSUMER_MAX_DELIVERIES" envDefault:"5"`
 	ConsumerRetryDelay    time.Duration `env:"WAREHOUSE_CONSUMER_RETRY_DELAY" envDefault:"1s"`
-	// ConsumerMaxRetryDelay caps the consumer's retry backoff, also between the in-place
-	// retries of a message held through a database outage; ConsumerMaxHold is how long such a
-	// message is held before it is handed back to the queue (without counting a delivery).
 	ConsumerMaxRetryDelay time.Duration `env:"WAREHOUSE_CONSUMER_MAX_RETRY_DELAY" envDefault:"30s"`
 	ConsumerMaxHold       time.Duration `env:"WAREHOUSE_CONSUMER_MAX_HOLD" envDefault:"15m"`
 	// InboxRetention is how long processed message ids are remembered. It must exceed the
 	// longest time in which a duplicate can still arrive.
 	InboxRetention time.Duration `env:"WAREHOUSE_INBOX_RETENTION" envDefault:"168h"`
 
-	// Relay tuning.
-	RelayPollInterval time.Duration `env:"WAREHOUSE_RELAY_POLL_INTERVAL" envDefault:"1s"`
-	RelayBatchSize    int           `env:"WAREHOUSE_RELAY_BATCH_SIZE" envDefault:"100"`
-	RelayMaxAttempts  int           `env:"WAREHOUSE_RELAY_MAX_ATTEMPTS" envDefault:"10"`
-	// RelayPublishTimeout bounds every step of a batch's publish; RelayClaimTimeout is the
-	// longest a paused or hung relay holds its claimed rows before PostgreSQL ends its
-	// transaction (pkg/outbox Config.ClaimTimeout; must exceed the publish timeout).
-	RelayPublishTimeout time.Duration `env:"WAREHOUSE_RELAY_PUBLISH_TIMEOUT" envDefault:"30s"`
-	RelayClaimTimeout   time.Duration `env:"WAREHOUSE_RELAY_CLAIM_TIMEOUT" envDefault:"35s"`
-	// RelayMaxMessageBytes is the largest payload the relay sends; a larger row is dead at once.
-	RelayMaxMessageBytes int `env:"WAREHOUSE_RELAY_MAX_MESSAGE_BYTES" envDefault:"16777216"`
+	// Relay tuning, documented on internal/service RelaySettings.
+	RelayPollInterval    time.Duration `env:"WAREHOUSE_RELAY_POLL_INTERVAL" envDefault:"1s"`
+	RelayBatchSize       int           `env:"WAREHOUSE_RELAY_BATCH_SIZE" envDefault:"100"`
+	RelayMaxAttempts     int           `env:"WAREHOUSE_RELAY_MAX_ATTEMPTS" envDefault:"10"`
+	RelayPublishTimeout  time.Duration `env:"WAREHOUSE_RELAY_PUBLISH_TIMEOUT" envDefault:"30s"`
+	RelayClaimTimeout    time.Duration `env:"WAREHOUSE_RELAY_CLAIM_TIMEOUT" envDefault:"35s"`
+	RelayMaxMessageBytes int           `env:"WAREHOUSE_RELAY_MAX_MESSAGE_BYTES" envDefault:"16777216"`
 	// OutboxRetention is how long published outbox rows are kept.
 	OutboxRetention time.Duration `env:"WAREHOUSE_OUTBOX_RETENTION" envDefault:"168h"`
 
@@ -80,22 +73,16 @@ type Config struct {
 	Failpoints string `env:"CHAOS_FAILPOINTS"`
 }
 
-// DefaultConfig returns the configuration with every default and nothing from the
-// environment, for tests and embedding.
+// DefaultConfig is the configuration of the tags' defaults alone (envconfig.Defaults).
 func DefaultConfig() Config { return envconfig.Defaults[Config]() }
 
-// LoadConfig reads the configuration from the environment: the defaults of Config's tags,
-// overridden by the variables that are set, validated.
+// LoadConfig is LoadConfigFrom(nil): the process environment.
 func LoadConfig() (Config, error) { return LoadConfigFrom(nil) }
 
-// LoadConfigFrom is LoadConfig reading the variables from environ instead of the process
-// environment (nil reads the process environment).
+// LoadConfigFrom reads the variables of environ over the defaults (an unset or empty one
+// keeps its default) and validates the result; cmd/warehouse's tests pass their own.
 func LoadConfigFrom(environ map[string]string) (Config, error) {
-	cfg, err := envconfig.Load[Config](environ)
-	if err != nil {
-		return Config{}, err
-	}
-	return cfg, cfg.Validate()
+	return envconfig.LoadValid[Config](environ)
 }
 
 // Topology returns the broker names of cfg.
@@ -107,18 +94,6 @@ func (c Config) Topology() warehouseamqp.Topology {
 		DeadLetterQueue:    c.DeadLetterQueue,
 		DeliveryLimit:      c.QueueDeliveryLimit,
 	}
-}
-
-// relay is the outbox relay's part of c (the Relay* fields).
-func (c Config) relay() service.RelaySettings {
-	return envconfig.Section[service.RelaySettings](c, "Relay")
-}
-
-// redeliveryWindow is the longest time in which a duplicate of an order event can still reach
-// the consumer (service.RedeliveryWindow): the consumer's retries plus the producing relay's,
-// whose settings the warehouse relay's stand for.
-func (c Config) redeliveryWindow() time.Duration {
-	return service.RedeliveryWindow(envconfig.Section[service.ConsumerRetries](c, "Consumer"), c.RelayMaxAttempts)
 }
 
 // Validate reports every setting that cannot work.

@@ -54,10 +54,8 @@ func newServiceMetrics(reg prometheus.Registerer) (*serviceMetrics, error) {
 			ConstLabels: constLabels(),
 		}, []string{"sku"}),
 	}
-	for _, c := range []prometheus.Collector{m.reservations, m.releases, m.stock} {
-		if err := reg.Register(c); err != nil {
-			return nil, err
-		}
+	if err := service.Register(reg, m.reservations, m.releases, m.stock); err != nil {
+		return nil, err
 	}
 	m.reservations.WithLabelValues(resultReserved) // both series from the start, so rate() sees the first
 	m.reservations.WithLabelValues(resultRejected)

@@ -47,7 +47,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/outboxshop/outboxshop/internal/httpapi"
 	"github.com/outboxshop/outboxshop/internal/problem"
@@ -119,9 +118,6 @@ func NewRouter(cfg Config) http.Handler {
 	if cfg.Pinger == nil && cfg.Store != nil {
 		cfg.Pinger = cfg.Store
 	}
-	if cfg.Gatherer == nil {
-		cfg.Gatherer = prometheus.NewRegistry()
-	}
 	s := &server{cfg: cfg, log: cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))}
 	s.edge = httpapi.Edge{
 		Problems: problems, Logger: s.log, Params: map[string]string{"order_id": "order_id", "sku": "sku"},
@@ -133,14 +129,7 @@ func NewRouter(cfg Config) http.Handler {
 	if cfg.Pinger != nil {
 		checks = append(checks, readiness.Check{Name: "database", Check: readiness.Ping(cfg.Pinger.Ping)})
 	}
-	r.Get("/healthz", s.healthz)
-	r.Method(http.MethodGet, "/readyz", readiness.Handler(readiness.Config{
-		Checks: append(checks, cfg.Checks...), Timeout: min(cfg.DBTimeout, readiness.DefaultTimeout),
-		RetryAfter: RetryAfterSeconds * time.Second, Logger: s.log,
-	}))
-	r.Method(http.MethodGet, "/metrics", promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{
-		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelError),
-	}))
+	s.edge.MountOps(r, cfg.Gatherer, append(checks, cfg.Checks...), min(cfg.DBTimeout, readiness.DefaultTimeout))
 	if cfg.Store != nil {
 		r.Get("/stock", s.listStock)
 		r.Get("/stock/{sku}", s.getStock)
@@ -151,21 +140,12 @@ func NewRouter(cfg Config) http.Handler {
 }
 
 // problems maps each error code to its HTTP status and problem type: the one place where that
-// mapping lives.
-var problems = problem.Table{
-	warehouse.CodeInvalid:              {Status: http.StatusBadRequest, Type: problem.TypeMalformedBody, Title: "The request body could not be read"},
-	warehouse.CodeValidation:           {Status: http.StatusUnprocessableEntity, Type: problem.TypeValidation, Title: "The request has invalid fields"},
-	warehouse.CodeNotFound:             {Status: http.StatusNotFound, Type: problem.TypeNotFound, Title: "Not found"},
-	warehouse.CodeConflict:             {Status: http.StatusConflict, Type: problem.TypeConflict, Title: "Conflict with the current state"},
-	warehouse.CodeTooLarge:             {Status: http.StatusRequestEntityTooLarge, Type: problem.TypeBodyTooLarge, Title: "The request body is too large"},
-	warehouse.CodeUnsupportedMediaType: {Status: http.StatusUnsupportedMediaType, Type: problem.TypeUnsupportedMediaType, Title: "The request body must be application/json in UTF-8"},
-	warehouse.CodeBadHeader:            {Status: http.StatusBadRequest, Type: problem.TypeInvalidHeader, Title: "A request header is invalid"},
+// mapping lives (the shared codes' rows are internal/problem's).
+var problems = problem.Shared().With(problem.Table{
 	warehouse.CodeBadQuery:             {Status: http.StatusBadRequest, Type: problem.TypeInvalidQuery, Title: "A query parameter is invalid"},
 	warehouse.CodePreconditionFailed:   {Status: http.StatusPreconditionFailed, Type: problem.TypePreconditionFailed, Title: "The SKU changed since it was read"},
 	warehouse.CodePreconditionRequired: {Status: http.StatusPreconditionRequired, Type: problem.TypePreconditionRequired, Title: "If-Match is required"},
-	warehouse.CodeUnavailable:          {Status: http.StatusServiceUnavailable, Type: problem.TypeUnavailable, Title: "Service unavailable"},
-	warehouse.CodeInternal:             problem.Internal,
-}
+})
 
 // StatusCode returns the HTTP status of an error code (500 for an unknown code).
 func StatusCode(code warehouse.Code) int { return problems.Status(code) }
