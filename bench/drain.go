@@ -110,13 +110,13 @@ func (e *env) drain(ctx context.Context, relays, rows int) (DrainResult, error) 
 	hooks := func() outbox.Hooks {
 		var cycleStart, claimedAt time.Time
 		return outbox.Hooks{
-			Polled: func(context.Context, int) {
+			Polled: func(outbox.Poll) {
 				claimedAt = time.Now()
 				if cycleStart.IsZero() {
 					cycleStart = start
 				}
 			},
-			BatchDone: func(_ context.Context, b outbox.BatchResult) {
+			BatchDone: func(b outbox.BatchResult) {
 				now := time.Now()
 				mu.Lock()
 				claims = append(claims, claimedAt.Sub(cycleStart))

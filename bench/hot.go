@@ -78,7 +78,7 @@ func (e *env) hot(ctx context.Context, backlog, batches int) HotResult {
 		}
 		if err == nil {
 			l.relay, err = outbox.NewRelay(l.pool, nullPublisher{}, outbox.Config{BatchSize: 100, DisableNotify: true,
-				Hooks: outbox.Hooks{Polled: func(context.Context, int) { l.claimedAt = time.Now() }}})
+				Hooks: outbox.Hooks{Polled: func(outbox.Poll) { l.claimedAt = time.Now() }}})
 		}
 		if err != nil {
 			res.Err = fmt.Errorf("%s layout: %w", l.name, err)

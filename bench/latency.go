@@ -205,8 +205,8 @@ func (e *env) newLatencyRig(ctx context.Context) (*latencyRig, error) {
 		Setup:                rig.top.Declare,
 		RetryDelay:           50 * time.Millisecond,
 		Logger:               e.log,
-		Hooks: inboxrabbitmq.Hooks{Connected: func(_ string, up bool) {
-			if up {
+		Hooks: inboxrabbitmq.Hooks{Connected: func(c inboxrabbitmq.ConnectionChange) {
+			if c.Up {
 				once.Do(func() { close(connected) })
 			}
 		}},
@@ -262,7 +262,7 @@ func (rig *latencyRig) run(ctx context.Context, rate int, notify bool, warmup, d
 	cfg := outbox.Config{
 		BatchSize: rig.e.cfg.BatchSize,
 		Logger:    rig.e.log,
-		Hooks: outbox.Hooks{BatchDone: func(_ context.Context, b outbox.BatchResult) {
+		Hooks: outbox.Hooks{BatchDone: func(b outbox.BatchResult) {
 			sw.mu.Lock()
 			for _, m := range b.Published {
 				sw.confirmed[m.ID.String()] = b.ConfirmedAt

@@ -60,8 +60,8 @@ func (e *env) scale(ctx context.Context, levels []int, batches int) []ScaleResul
 		start := time.Now()
 		l := &level{}
 		relay, pool, err := e.scaleLevel(ctx, i, n, outbox.Hooks{
-			Polled:    func(context.Context, int) { l.claimedAt = time.Now() },
-			BatchDone: func(context.Context, outbox.BatchResult) { l.end = time.Now() },
+			Polled:    func(outbox.Poll) { l.claimedAt = time.Now() },
+			BatchDone: func(outbox.BatchResult) { l.end = time.Now() },
 		})
 		if err != nil {
 			out[i].Err = err

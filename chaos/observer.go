@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"sort"
+	"slices"
 	"sync"
 	"time"
 
@@ -64,7 +64,7 @@ func (d *Deliveries) Counts() DeliveryCounts {
 			dup = append(dup, id)
 		}
 	}
-	sort.Strings(dup)
+	slices.Sort(dup)
 	if len(dup) > 5 {
 		dup = dup[:5]
 	}

@@ -15,9 +15,10 @@
 //
 //   - every PromQL expression of the rules and the dashboards parses (Grafana variables
 //     replaced by sample values) and names only metrics that exist: recording rules, the
-//     metrics registered by pkg/outbox/metrics and pkg/inbox/metrics, the service metrics of
-//     the contract in docs/metrics.md, the RabbitMQ plugin's metrics, the Go and process
-//     collectors', and Prometheus' own up and ALERTS;
+//     metrics registered by pkg/outbox/metrics, pkg/inbox/metrics and their adapters'
+//     rabbitmq/rabbitmqmetrics, the service metrics of the contract in docs/metrics.md,
+//     the RabbitMQ plugin's metrics, the Go and process collectors', and Prometheus' own up
+//     and ALERTS;
 //   - every alert has a for duration, a severity (page, ticket or info), a summary, a
 //     description and a runbook_url whose anchor is a heading of docs/runbook.md, and a
 //     promtool unit test that shows it firing and not firing;

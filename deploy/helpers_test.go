@@ -3,7 +3,6 @@ package deploy
 import (
 	"bufio"
 	"cmp"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,7 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"sort"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -28,8 +27,11 @@ import (
 
 	inboxmetrics "github.com/outboxshop/outboxshop/pkg/inbox/metrics"
 	inboxrabbitmq "github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
+	inboxrabbitmqmetrics "github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq/rabbitmqmetrics"
 	"github.com/outboxshop/outboxshop/pkg/outbox"
 	outboxmetrics "github.com/outboxshop/outboxshop/pkg/outbox/metrics"
+	outboxrabbitmq "github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq"
+	outboxrabbitmqmetrics "github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq/rabbitmqmetrics"
 )
 
 // Paths, relative to this package's folder (go test runs there).
@@ -283,26 +285,30 @@ var knownMetrics = sync.OnceValues(func() (map[string]string, error) {
 	return known, nil
 })
 
-// outboxMetricNames registers the relay and table metrics of pkg/outbox/metrics on a fresh
-// registry, calls each hook once so that every vector has a series, and gathers the names.
+// outboxMetricNames registers the relay and table metrics of pkg/outbox/metrics and the
+// publisher metrics of pkg/outbox/rabbitmq/rabbitmqmetrics on a fresh registry, calls each
+// hook once so that every vector has a series, and gathers the names.
 func outboxMetricNames() ([]string, error) {
 	reg := prometheus.NewRegistry()
 	relay, err := outboxmetrics.NewRelay(reg, prometheus.Labels{"service": "orders"})
 	if err != nil {
 		return nil, err
 	}
-	ctx := context.Background()
 	now := time.Now()
 	hooks := relay.Hooks(outbox.Hooks{})
-	hooks.Polled(ctx, 2)
-	hooks.BatchDone(ctx, outbox.BatchResult{
+	hooks.Polled(outbox.Poll{Claimed: 2})
+	hooks.BatchDone(outbox.BatchResult{
 		Published:   []outbox.Message{{CreatedAt: now.Add(-time.Second)}},
 		ConfirmedAt: now,
 		Failed:      []outbox.Failure{{Err: errors.New("retried")}, {Err: errors.New("dead"), Dead: true}},
 		Untouched:   1,
 	})
-	hooks.StateChanged(outbox.StateStarting, outbox.StateRunning, nil)
-	relay.PublisherHooks().Connected(true)
+	hooks.StateChanged(outbox.StateChange{From: outbox.StateStarting, To: outbox.StateRunning})
+	publisher, err := outboxrabbitmqmetrics.NewPublisher(reg, prometheus.Labels{"service": "orders"})
+	if err != nil {
+		return nil, err
+	}
+	publisher.Hooks(outboxrabbitmq.Hooks{}).Connected(outboxrabbitmq.ConnectionChange{Up: true})
 	// The table metrics are plain gauges: registering them is enough (no read, no database).
 	if _, err := outboxmetrics.NewStats(reg, nil, outboxmetrics.StatsConfig{ConstLabels: prometheus.Labels{"service": "orders"}}); err != nil {
 		return nil, err
@@ -310,22 +316,27 @@ func outboxMetricNames() ([]string, error) {
 	return gather(reg)
 }
 
-// inboxMetricNames does the same for pkg/inbox/metrics.
+// inboxMetricNames does the same for pkg/inbox/metrics and
+// pkg/inbox/rabbitmq/rabbitmqmetrics.
 func inboxMetricNames() ([]string, error) {
 	reg := prometheus.NewRegistry()
-	c, err := inboxmetrics.NewConsumer(reg, inboxmetrics.Config{KnownTypes: []string{"OrderCreated"}})
+	c, err := inboxrabbitmqmetrics.NewConsumer(reg, inboxrabbitmqmetrics.Config{KnownTypes: []string{"OrderCreated"}})
 	if err != nil {
 		return nil, err
 	}
 	c.Init("warehouse")
-	c.SetWindow("warehouse", 7*24*time.Hour, time.Hour)
+	w, err := inboxmetrics.NewWindow(reg, nil)
+	if err != nil {
+		return nil, err
+	}
+	w.Set("warehouse", 7*24*time.Hour, time.Hour)
 	hooks := c.Hooks(inboxrabbitmq.Hooks{})
-	hooks.Processed("warehouse", "OrderCreated", false, time.Millisecond)
-	hooks.Processed("warehouse", "OrderCreated", true, time.Millisecond)
-	hooks.HandlerError("warehouse", "OrderCreated", errors.New("boom"))
-	hooks.Retried("warehouse", "OrderCreated", 1)
-	hooks.DeadLettered("warehouse", "OrderCreated", inboxrabbitmq.ReasonPermanent)
-	hooks.Connected("warehouse", true)
+	hooks.Processed(inboxrabbitmq.ProcessedMessage{Consumer: "warehouse", Type: "OrderCreated", Duration: time.Millisecond})
+	hooks.Processed(inboxrabbitmq.ProcessedMessage{Consumer: "warehouse", Type: "OrderCreated", Duplicate: true, Duration: time.Millisecond})
+	hooks.HandlerError(inboxrabbitmq.HandlerFailure{Consumer: "warehouse", Type: "OrderCreated", Err: errors.New("boom")})
+	hooks.Retried(inboxrabbitmq.Retry{Consumer: "warehouse", Type: "OrderCreated", DeliveryCount: 1})
+	hooks.DeadLettered(inboxrabbitmq.DeadLetter{Consumer: "warehouse", Type: "OrderCreated", Reason: inboxrabbitmq.ReasonPermanent})
+	hooks.Connected(inboxrabbitmq.ConnectionChange{Consumer: "warehouse", Up: true})
 	return gather(reg)
 }
 
@@ -516,7 +527,7 @@ func sortedKeys[V any](m map[string]V) []string {
 	for k := range m {
 		keys = append(keys, k)
 	}
-	sort.Strings(keys)
+	slices.Sort(keys)
 	return keys
 }
 

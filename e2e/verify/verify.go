@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"sort"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -72,7 +71,7 @@ func Run(ctx context.Context, orders, warehouse DB, want Expectation) (Report, e
 		return r, fmt.Errorf("read orders: %w", err)
 	}
 	r.Orders = len(status)
-	sort.Strings(r.Stuck)
+	slices.Sort(r.Stuck)
 	if len(r.Stuck) > 0 {
 		fail("%d orders did not reach a final status: %s", len(r.Stuck), abbreviate(r.Stuck))
 	}
@@ -170,7 +169,7 @@ func Run(ctx context.Context, orders, warehouse DB, want Expectation) (Report, e
 			fail("%s outbox has %d dead rows, want %d", name, dead, want.DeadOutboxRows[name])
 		}
 	}
-	sort.Strings(r.Problems)
+	slices.Sort(r.Problems)
 	return r, nil
 }
 

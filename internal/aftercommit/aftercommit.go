@@ -20,6 +20,7 @@ import (
 	"context"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Beginner starts a transaction. *pgxpool.Pool and *pgx.Conn implement it, and so does
@@ -29,10 +30,26 @@ type Beginner interface {
 }
 
 // Wrap returns a Beginner whose transactions run the functions registered on them with
-// [Register] after they committed.
-func Wrap(db Beginner) Beginner { return beginner{db} }
+// [Register] after they committed. When db tells its pool's size (Stat, as *pgxpool.Pool
+// does), so does the Beginner returned, so that the consumer can still check its pool.
+func Wrap(db Beginner) Beginner {
+	if s, ok := db.(stater); ok {
+		return statBeginner{beginner{db}, s}
+	}
+	return beginner{db}
+}
 
 type beginner struct{ db Beginner }
+
+type stater interface{ Stat() *pgxpool.Stat }
+
+type statBeginner struct {
+	beginner
+	s stater
+}
+
+// Stat is the wrapped pool's.
+func (b statBeginner) Stat() *pgxpool.Stat { return b.s.Stat() }
 
 func (b beginner) Begin(ctx context.Context) (pgx.Tx, error) {
 	tx, err := b.db.Begin(ctx)

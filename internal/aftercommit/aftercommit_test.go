@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/outboxshop/outboxshop/internal/aftercommit"
 	"github.com/outboxshop/outboxshop/internal/testinfra"
 )
@@ -15,6 +17,19 @@ func TestRegister(t *testing.T) {
 	ctx := context.Background()
 	pool := testinfra.NewPool(t)
 	db := aftercommit.Wrap(pool)
+
+	t.Run("TellsThePoolSize", func(t *testing.T) {
+		stat, ok := db.(interface{ Stat() *pgxpool.Stat })
+		if !ok {
+			t.Fatal("the wrapped pool hides its Stat, which the consumer reads its size from")
+		}
+		if got, want := stat.Stat().MaxConns(), pool.Stat().MaxConns(); got != want {
+			t.Fatalf("MaxConns %d, want the pool's %d", got, want)
+		}
+		if _, ok := aftercommit.Wrap(aftercommit.Wrap(nil)).(interface{ Stat() *pgxpool.Stat }); ok {
+			t.Fatal("a Beginner without Stat got one")
+		}
+	})
 
 	t.Run("RunsAfterCommitInOrder", func(t *testing.T) {
 		t.Parallel()

@@ -90,13 +90,16 @@ func (s *Set) Armed() []string {
 	return names
 }
 
-// Func returns Hit as a plain func, or nil when nothing is armed, for the Failpoint hooks
-// of pkg/outbox and pkg/inbox.
-func (s *Set) Func() func(string) {
+// Hook returns a Failpoint hook of pkg/outbox or pkg/inbox/rabbitmq that hits s at the
+// point its event names (name reads it from the event), or nil when s is nil, so that the
+// library skips the call:
+//
+//	Failpoint: failpoint.Hook(fp, func(h outbox.FailpointHit) string { return h.Name })
+func Hook[E any](s *Set, name func(E) string) func(E) {
 	if s == nil {
 		return nil
 	}
-	return s.Hit
+	return func(e E) { s.Hit(name(e)) }
 }
 
 func killSelf() {

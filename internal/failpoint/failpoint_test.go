@@ -16,7 +16,7 @@ func TestParse(t *testing.T) {
 		t.Fatalf("empty spec: %v %v", s, err)
 	}
 	s.Hit("anything") // nil Set: no-op
-	if s.Func() != nil {
+	if Hook(s, func(name string) string { return name }) != nil {
 		t.Fatal("nil Set gives a nil hook")
 	}
 }

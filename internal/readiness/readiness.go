@@ -34,6 +34,7 @@ import (
 	"time"
 
 	"github.com/outboxshop/outboxshop/internal/problem"
+	inboxrabbitmq "github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
 	"github.com/outboxshop/outboxshop/pkg/outbox"
 )
 
@@ -243,9 +244,9 @@ func Connection(s State, grace time.Duration) func(ctx context.Context) error {
 // ConsumerConnected is a pkg/inbox/rabbitmq Hooks.Connected that keeps l up to date: up while
 // the consumer consumes, down from the moment it lost its connection (or stopped) until it
 // consumes again.
-func ConsumerConnected(l *Link) func(consumer string, connected bool) {
-	return func(_ string, connected bool) {
-		if connected {
+func ConsumerConnected(l *Link) func(inboxrabbitmq.ConnectionChange) {
+	return func(c inboxrabbitmq.ConnectionChange) {
+		if c.Up {
 			l.Set(true, "")
 			return
 		}
@@ -256,9 +257,9 @@ func ConsumerConnected(l *Link) func(consumer string, connected bool) {
 // RelayState is a pkg/outbox Hooks.StateChanged that keeps l up to date: up while the relay
 // is starting or running; down while the broker or the database is unavailable to it, or
 // once it stopped, with its state and the cause as the reason.
-func RelayState(l *Link) func(from, to outbox.State, err error) {
-	return func(_, to outbox.State, err error) {
-		switch to {
+func RelayState(l *Link) func(outbox.StateChange) {
+	return func(c outbox.StateChange) {
+		switch to := c.To; to {
 		case outbox.StateStarting, outbox.StateRunning:
 			l.Set(true, "")
 		case outbox.StateBrokerUnavailable:

@@ -17,6 +17,7 @@ import (
 
 	"github.com/outboxshop/outboxshop/internal/problem"
 	"github.com/outboxshop/outboxshop/internal/readiness"
+	inboxrabbitmq "github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
 	"github.com/outboxshop/outboxshop/pkg/outbox"
 )
 
@@ -119,10 +120,10 @@ func TestHooks(t *testing.T) {
 	t.Parallel()
 	consumer := readiness.NewLink("not connected yet")
 	connected := readiness.ConsumerConnected(consumer)
-	connected("orders", true)
+	connected(inboxrabbitmq.ConnectionChange{Consumer: "orders", Up: true})
 	up, _, _ := consumer.LinkState()
 	require.True(t, up)
-	connected("orders", false)
+	connected(inboxrabbitmq.ConnectionChange{Consumer: "orders", Up: false})
 	up, _, reason := consumer.LinkState()
 	require.False(t, up)
 	require.Equal(t, "disconnected from the broker", reason)
@@ -140,7 +141,7 @@ func TestHooks(t *testing.T) {
 		{outbox.StateRunning, true, ""},
 		{outbox.StateStopped, false, "stopped"},
 	} {
-		changed(outbox.StateStarting, tc.to, errors.New("cause"))
+		changed(outbox.StateChange{From: outbox.StateStarting, To: tc.to, Err: errors.New("cause")})
 		up, _, reason := relay.LinkState()
 		require.Equal(t, tc.up, up, tc.to)
 		require.Equal(t, tc.reason, reason, tc.to)

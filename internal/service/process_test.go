@@ -16,6 +16,7 @@ import (
 	"github.com/outboxshop/outboxshop/internal/readiness"
 	"github.com/outboxshop/outboxshop/internal/service"
 	"github.com/outboxshop/outboxshop/internal/testinfra"
+	inboxrabbitmq "github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
 	"github.com/outboxshop/outboxshop/pkg/outbox"
 	outboxrabbitmq "github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq"
 )
@@ -97,15 +98,16 @@ func TestProcess(t *testing.T) {
 	require.Empty(t, service.Addr(nil))
 }
 
-func TestConsumerHooks(t *testing.T) {
+func TestConsumerMetrics(t *testing.T) {
 	t.Parallel()
 	p := service.NewProcess("kit", "api", service.Options{})
 	link := readiness.NewLink("not connected yet")
-	hooks, err := service.ConsumerHooks(p, "kit", []string{"Thing"}, time.Hour, time.Minute, link)
+	m, err := service.NewConsumerMetrics(p, "kit", []string{"Thing"}, time.Hour, time.Minute, link)
 	require.NoError(t, err)
+	hooks := m.Hooks()
 	require.NotNil(t, hooks.Connected)
 	require.Error(t, readiness.Connection(link, time.Nanosecond)(context.Background()), "down until connected")
-	hooks.Connected("kit", true)
+	hooks.Connected(inboxrabbitmq.ConnectionChange{Consumer: "kit", Up: true})
 	require.NoError(t, readiness.Connection(link, time.Nanosecond)(context.Background()))
 
 	families, err := p.Registry.Gather()
@@ -117,6 +119,6 @@ func TestConsumerHooks(t *testing.T) {
 		}
 	}
 	require.Equal(t, 60.0, window)
-	_, err = service.ConsumerHooks(p, "kit", nil, time.Hour, time.Minute, link)
+	_, err = service.NewConsumerMetrics(p, "kit", nil, time.Hour, time.Minute, link)
 	require.Error(t, err, "registered twice")
 }

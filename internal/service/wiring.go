@@ -12,14 +12,17 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/outboxshop/outboxshop/internal/failpoint"
 	"github.com/outboxshop/outboxshop/internal/httpserver"
 	"github.com/outboxshop/outboxshop/internal/readiness"
 	"github.com/outboxshop/outboxshop/pkg/inbox"
 	inboxmetrics "github.com/outboxshop/outboxshop/pkg/inbox/metrics"
 	inboxrabbitmq "github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
+	inboxrabbitmqmetrics "github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq/rabbitmqmetrics"
 	"github.com/outboxshop/outboxshop/pkg/outbox"
 	outboxmetrics "github.com/outboxshop/outboxshop/pkg/outbox/metrics"
 	outboxrabbitmq "github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq"
+	outboxrabbitmqmetrics "github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq/rabbitmqmetrics"
 )
 
 // Addr is ln's address ("127.0.0.1:43127"), or "" for a nil ln (a listener the mode does
@@ -113,17 +116,42 @@ func RedeliveryWindow(c ConsumerSettings, relayMaxAttempts int) time.Duration {
 	return consumer + producer
 }
 
-// ConsumerHooks registers the inbox consumer metrics of the consumer name on p's registry
-// (with the known message types, the retention and the redelivery window) and returns the
-// consumer's hooks: the metrics, p's crash points, and link's state for /readyz.
-func ConsumerHooks(p *Process, name string, types []string, retention, window time.Duration, link *readiness.Link) (inboxrabbitmq.Hooks, error) {
-	m, err := inboxmetrics.NewConsumer(p.Registry, inboxmetrics.Config{KnownTypes: types, ConstLabels: p.ConstLabels()})
+// ConsumerMetrics are the metrics of an inbox consumer (pkg/inbox/rabbitmq/rabbitmqmetrics),
+// its redelivery window beside the inbox retention (pkg/inbox/metrics), and the hooks that
+// feed them, p's crash points and a readiness link.
+type ConsumerMetrics struct {
+	name    string
+	metrics *inboxrabbitmqmetrics.Consumer
+	hooks   inboxrabbitmq.Hooks
+}
+
+// NewConsumerMetrics registers the metrics of the consumer name on p's registry, with the
+// known message types, the inbox retention and the redelivery window; link follows the
+// consumer's broker connection for /readyz.
+func NewConsumerMetrics(p *Process, name string, types []string, retention, window time.Duration, link *readiness.Link) (*ConsumerMetrics, error) {
+	m, err := inboxrabbitmqmetrics.NewConsumer(p.Registry, inboxrabbitmqmetrics.Config{KnownTypes: types, ConstLabels: p.ConstLabels()})
 	if err != nil {
-		return inboxrabbitmq.Hooks{}, fmt.Errorf("register consumer metrics: %w", err)
+		return nil, fmt.Errorf("register consumer metrics: %w", err)
 	}
 	m.Init(name)
-	m.SetWindow(name, retention, window)
-	return m.Hooks(inboxrabbitmq.Hooks{Failpoint: p.Failpoints.Func(), Connected: readiness.ConsumerConnected(link)}), nil
+	w, err := inboxmetrics.NewWindow(p.Registry, p.ConstLabels())
+	if err != nil {
+		return nil, fmt.Errorf("register inbox window metrics: %w", err)
+	}
+	w.Set(name, retention, window)
+	return &ConsumerMetrics{name: name, metrics: m, hooks: m.Hooks(inboxrabbitmq.Hooks{
+		Failpoint: failpoint.Hook(p.Failpoints, func(h inboxrabbitmq.FailpointHit) string { return h.Name }),
+		Connected: readiness.ConsumerConnected(link),
+	})}, nil
+}
+
+// Hooks are the consumer's hooks (inboxrabbitmq.Config.Hooks).
+func (m *ConsumerMetrics) Hooks() inboxrabbitmq.Hooks { return m.hooks }
+
+// Built records the pool sizing of the consumer built with Hooks
+// (inbox_pool_shortfall_connections).
+func (m *ConsumerMetrics) Built(c *inboxrabbitmq.Consumer) {
+	m.metrics.SetPoolSize(m.name, c.PoolSize())
 }
 
 // RelayConfig configures [AddRelay].
@@ -149,8 +177,12 @@ func AddRelay(p *Process, cfg RelayConfig) (readiness.Check, error) {
 	if err != nil {
 		return readiness.Check{}, fmt.Errorf("register relay metrics: %w", err)
 	}
+	publisherMetrics, err := outboxrabbitmqmetrics.NewPublisher(p.Registry, p.ConstLabels())
+	if err != nil {
+		return readiness.Check{}, fmt.Errorf("register publisher metrics: %w", err)
+	}
 	pcfg := cfg.Publisher
-	pcfg.Logger, pcfg.Hooks = p.Log, metrics.PublisherHooks()
+	pcfg.Logger, pcfg.Hooks = p.Log, publisherMetrics.Hooks(outboxrabbitmq.Hooks{})
 	pub, err := outboxrabbitmq.New(pcfg)
 	if err != nil {
 		return readiness.Check{}, fmt.Errorf("outbox publisher: %w", err)
@@ -167,12 +199,16 @@ func AddRelay(p *Process, cfg RelayConfig) (readiness.Check, error) {
 		RetryBaseDelay:  RelayRetryBaseDelay,
 		RetryMaxDelay:   RelayRetryMaxDelay,
 		Logger:          p.Log,
-		Hooks:           metrics.Hooks(outbox.Hooks{Failpoint: p.Failpoints.Func(), StateChanged: readiness.RelayState(link)}),
+		Hooks: metrics.Hooks(outbox.Hooks{
+			Failpoint:    failpoint.Hook(p.Failpoints, func(h outbox.FailpointHit) string { return h.Name }),
+			StateChanged: readiness.RelayState(link),
+		}),
 	})
 	if err != nil {
 		_ = pub.Close()
 		return readiness.Check{}, fmt.Errorf("outbox relay: %w", err)
 	}
+	metrics.SetPoolSize(relay.PoolSize())
 	p.Group.OnStop(func() { _ = pub.Close() }) // the relay is done with it
 	p.Group.Add("outbox relay", relay.Run)
 	p.Group.Add("outbox cleanup", func(ctx context.Context) error {

@@ -1,7 +1,6 @@
 package testinfra
 
 import (
-	"io"
 	"net"
 	"net/url"
 	"sync"
@@ -9,16 +8,24 @@ import (
 )
 
 // Proxy is a TCP proxy in front of a server. Cut drops every connection and refuses new ones
-// (the server looks dead to clients); Heal lets connections through again. Tests use it to
-// take a shared broker away from the code under test without stopping the broker itself.
+// (the server looks dead to clients); Heal lets connections through again. Stall holds back
+// everything the server sends while the connections stay open (the server looks hung, as a
+// broker under a resource alarm or behind a black-holed network does); Freeze also stops
+// reading what the clients send, so that their writes block once the socket buffers are
+// full; Resume ends both and delivers what was held.
+// Tests use it to take a shared broker away from the code under test without touching the
+// broker itself.
 type Proxy struct {
 	ln     net.Listener
 	target string
 
-	mu    sync.Mutex
-	cut   bool
-	conns map[net.Conn]struct{}
-	wg    sync.WaitGroup
+	mu      sync.Mutex
+	flowing *sync.Cond // signalled when stalled or cut changes
+	cut     bool
+	stalled bool
+	frozen  bool
+	conns   map[net.Conn]struct{}
+	wg      sync.WaitGroup
 }
 
 // NewProxy listens on a free local port and forwards to target ("host:port"). It is closed
@@ -30,6 +37,7 @@ func NewProxy(t testing.TB, target string) *Proxy {
 		t.Fatalf("proxy listen: %v", err)
 	}
 	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	p.flowing = sync.NewCond(&p.mu)
 	p.wg.Add(1)
 	go p.accept()
 	t.Cleanup(p.close)
@@ -58,6 +66,51 @@ func (p *Proxy) Cut() {
 	for c := range p.conns {
 		_ = c.Close()
 	}
+	p.flowing.Broadcast()
+}
+
+// Stall holds back every byte the server sends until Resume; the client's bytes still reach
+// the server.
+func (p *Proxy) Stall() {
+	p.mu.Lock()
+	p.stalled = true
+	p.mu.Unlock()
+}
+
+// Freeze stops forwarding in both directions until Resume: the proxy reads at most one
+// more chunk from each side, so a client writing to the server blocks once its socket
+// buffers are full.
+func (p *Proxy) Freeze() {
+	p.mu.Lock()
+	p.frozen = true
+	p.mu.Unlock()
+}
+
+// Resume delivers what Stall or Freeze held back and lets bytes through again.
+func (p *Proxy) Resume() {
+	p.mu.Lock()
+	p.stalled, p.frozen = false, false
+	p.flowing.Broadcast()
+	p.mu.Unlock()
+}
+
+// waitFlowing blocks while server-to-client traffic is stalled or frozen, unless the proxy
+// is cut.
+func (p *Proxy) waitFlowing() {
+	p.mu.Lock()
+	for (p.stalled || p.frozen) && !p.cut {
+		p.flowing.Wait()
+	}
+	p.mu.Unlock()
+}
+
+// waitThawed blocks while the proxy is frozen, unless it is cut.
+func (p *Proxy) waitThawed() {
+	p.mu.Lock()
+	for p.frozen && !p.cut {
+		p.flowing.Wait()
+	}
+	p.mu.Unlock()
 }
 
 // Heal lets new connections through again.
@@ -110,14 +163,29 @@ func (p *Proxy) accept() {
 			continue
 		}
 		p.wg.Add(2)
-		go p.pipe(client, server)
-		go p.pipe(server, client)
+		go p.pipe(server, client, p.waitThawed)
+		go p.pipe(client, server, p.waitFlowing)
 	}
 }
 
-func (p *Proxy) pipe(dst, src net.Conn) {
+// pipe copies src to dst; gate, if set, is called before each write and may block.
+func (p *Proxy) pipe(dst, src net.Conn, gate func()) {
 	defer p.wg.Done()
-	_, _ = io.Copy(dst, src)
-	p.untrack(dst)
-	p.untrack(src)
+	defer p.untrack(src)
+	defer p.untrack(dst)
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			if gate != nil {
+				gate()
+			}
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
 }

@@ -8,8 +8,11 @@
 // Every test gets a fresh database (dropped afterwards) and unique exchange and queue names,
 // so tests run in parallel without seeing each other's rows or messages.
 //
-// The services and the end-to-end tests use this copy; pkg/outbox and pkg/inbox each keep
-// their own, so that each library folder can be copied on its own.
+// The package imports nothing else from this repository, so that the folder it lives in can
+// be copied on its own. internal/testinfra is the source: pkg/outbox and pkg/inbox each keep
+// a generated copy in their internal/testinfra, so that either library folder can be copied
+// alone. Edit the source and run go generate ./internal/testinfra; a test in tools fails
+// when a copy differs from the source.
 package testinfra
 
 import (
@@ -297,6 +300,15 @@ func DeclareTopology(t testing.TB, amqpURL string) Topology {
 		})
 	})
 	return top
+}
+
+// DeleteExchangeAtCleanup deletes the exchange name when the test ends: an auto-delete
+// exchange that never had a binding is never deleted by the broker.
+func DeleteExchangeAtCleanup(t testing.TB, amqpURL, name string) {
+	t.Helper()
+	t.Cleanup(func() {
+		withChannel(t, amqpURL, func(ch *amqp.Channel) error { return ch.ExchangeDelete(name, false, false) })
+	})
 }
 
 func withChannel(t testing.TB, amqpURL string, fn func(*amqp.Channel) error) {

@@ -175,8 +175,8 @@ func Permanent(err error) error {
 	return &permanentError{err: err}
 }
 
-// IsPermanent reports whether [Classify] puts err in [ClassPermanent]: the outermost mark in
-// err's chain is [Permanent].
+// IsPermanent reports whether the outermost class mark in err's chain is [Permanent] (so
+// [Classify] puts err in [ClassPermanent]). IsPermanent(nil) is false.
 func IsPermanent(err error) bool { return err != nil && Classify(err) == ClassPermanent }
 
 // Transient marks err as transient: the message is fine, something it depends on is not (a
@@ -203,6 +203,13 @@ type classMark interface {
 	inboxClass() Class
 }
 
+// permanentError is the mark of [Permanent] (transientError that of [Transient]).
+// pkg/outbox marks its permanent errors the same way, so that the two libraries read alike:
+//   - a pointer, so that errors.Is compares marks by identity: comparing two struct values
+//     compares the errors they wrap, which panics when those are of an uncomparable type;
+//   - no prefix on the message: a mark classifies an error, it adds no context, so Error
+//     is the wrapped error's text; what acts on the class says so where it matters (the
+//     consumer's dead-letter reason, permanent-error: …).
 type permanentError struct{ err error }
 
 func (e *permanentError) Error() string     { return e.err.Error() }

@@ -207,7 +207,7 @@ func (r *Relay) cycle(ctx context.Context) (cycleResult, error) {
 	}
 	res.claimed = len(msgs)
 	if h := r.cfg.Hooks.Polled; h != nil {
-		h(ctx, len(msgs))
+		h(Poll{Claimed: len(msgs)})
 	}
 	if len(msgs) == 0 {
 		return res, nil
@@ -271,9 +271,14 @@ func (r *Relay) cycle(ctx context.Context) (cycleResult, error) {
 			err = fmt.Errorf("not sent %d times in a row: %w", streak, err)
 			r.streak(m.ID, false)
 		}
-		dead := IsPermanent(err) || m.Attempts+1 >= r.cfg.MaxAttempts
+		permanent := IsPermanent(err)
+		dead := permanent || m.Attempts+1 >= r.cfg.MaxAttempts
+		lastError := err.Error()
+		if permanent {
+			lastError = "permanent: " + lastError
+		}
 		failed.ids = append(failed.ids, m.ID.String())
-		failed.errs = append(failed.errs, err.Error())
+		failed.errs = append(failed.errs, lastError)
 		failed.delays = append(failed.delays, backoff(m.Attempts+1, r.cfg.RetryBaseDelay, r.cfg.RetryMaxDelay).Milliseconds())
 		failed.dead = append(failed.dead, dead)
 		result.Failed = append(result.Failed, Failure{Message: m, Err: err, Dead: dead})
@@ -314,7 +319,7 @@ func (r *Relay) cycle(ctx context.Context) (cycleResult, error) {
 		return res, databaseError{fmt.Errorf("commit outbox batch: %w", err)}
 	}
 	if h := r.cfg.Hooks.BatchDone; h != nil {
-		h(ctx, result)
+		h(result)
 	}
 	if unavailable != nil {
 		return res, brokerError{fmt.Errorf("publish outbox batch: %w", unavailable)}

@@ -44,8 +44,8 @@ func runChild() {
 	}
 	r, err := outbox.NewRelay(pool, pub, outbox.Config{
 		BatchSize: 1000,
-		Hooks: outbox.Hooks{Failpoint: func(name string) {
-			if name == os.Getenv(childFailpoint) {
+		Hooks: outbox.Hooks{Failpoint: func(hit outbox.FailpointHit) {
+			if hit.Name == os.Getenv(childFailpoint) {
 				_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 				select {} // the signal is on its way
 			}

@@ -1,7 +1,6 @@
 package outbox_test
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -35,17 +34,17 @@ func TestRelayBrokerStopsReading(t *testing.T) {
 	)
 	cfg := fastConfig(t)
 	cfg.PublishTimeout = time.Second
-	cfg.Hooks.Polled = func(_ context.Context, n int) {
+	cfg.Hooks.Polled = func(p outbox.Poll) {
 		mu.Lock()
 		defer mu.Unlock()
-		if n > 0 && unavailable.IsZero() {
+		if p.Claimed > 0 && unavailable.IsZero() {
 			claimed = time.Now()
 		}
 	}
-	cfg.Hooks.StateChanged = func(_, to outbox.State, _ error) {
+	cfg.Hooks.StateChanged = func(c outbox.StateChange) {
 		mu.Lock()
 		defer mu.Unlock()
-		if to == outbox.StateBrokerUnavailable && unavailable.IsZero() {
+		if c.To == outbox.StateBrokerUnavailable && unavailable.IsZero() {
 			unavailable = time.Now()
 		}
 	}

@@ -73,7 +73,7 @@ func BenchmarkClaim(b *testing.B) {
 	for _, published := range []int{1_000, 100_000} {
 		b.Run(fmt.Sprintf("published=%d", published), func(b *testing.B) {
 			benchmarkCycle(b, published, func(b *testing.B) outbox.Hooks {
-				return outbox.Hooks{Polled: func(context.Context, int) { b.StopTimer() }}
+				return outbox.Hooks{Polled: func(outbox.Poll) { b.StopTimer() }}
 			}, true)
 		})
 	}
@@ -86,8 +86,8 @@ func BenchmarkMark(b *testing.B) {
 		b.Run(fmt.Sprintf("published=%d", published), func(b *testing.B) {
 			benchmarkCycle(b, published, func(b *testing.B) outbox.Hooks {
 				return outbox.Hooks{
-					Polled:    func(context.Context, int) { b.StartTimer() },
-					BatchDone: func(context.Context, outbox.BatchResult) { b.StopTimer() },
+					Polled:    func(outbox.Poll) { b.StartTimer() },
+					BatchDone: func(outbox.BatchResult) { b.StopTimer() },
 				}
 			}, false)
 		})

@@ -286,12 +286,12 @@ type corpusWatch struct {
 
 func (w *corpusWatch) hooks() outbox.Hooks {
 	return outbox.Hooks{
-		Polled: func(_ context.Context, claimed int) {
-			if claimed > 0 {
+		Polled: func(p outbox.Poll) {
+			if p.Claimed > 0 {
 				w.cycles.Add(1)
 			}
 		},
-		BatchDone: func(_ context.Context, r outbox.BatchResult) {
+		BatchDone: func(r outbox.BatchResult) {
 			w.mu.Lock()
 			defer w.mu.Unlock()
 			cycle := w.cycles.Load()
@@ -304,10 +304,10 @@ func (w *corpusWatch) hooks() outbox.Hooks {
 				}
 			}
 		},
-		StateChanged: func(_, to outbox.State, _ error) {
+		StateChanged: func(c outbox.StateChange) {
 			w.mu.Lock()
 			defer w.mu.Unlock()
-			w.states = append(w.states, to)
+			w.states = append(w.states, c.To)
 		},
 	}
 }
@@ -359,8 +359,8 @@ func runPoisonCase(t *testing.T, b *poisonBundle, c poisonCase, pubCfg rabbitmq.
 	w := &corpusWatch{settled: map[uuid.UUID]int32{}}
 	pubCfg.URL = b.amqpURL
 	pubCfg.Logger = testLogger(t)
-	pubCfg.Hooks.Connected = func(up bool) {
-		if up {
+	pubCfg.Hooks.Connected = func(c rabbitmq.ConnectionChange) {
+		if c.Up {
 			w.connects.Add(1)
 		}
 	}

@@ -128,8 +128,8 @@ func TestPrivateBroker(t *testing.T) {
 		b := private(t)
 		ctx := context.Background()
 		var connects atomic.Int32
-		pub, err := rabbitmq.New(rabbitmq.Config{URL: node.URL, Logger: testLogger(t), Hooks: rabbitmq.Hooks{Connected: func(up bool) {
-			if up {
+		pub, err := rabbitmq.New(rabbitmq.Config{URL: node.URL, Logger: testLogger(t), Hooks: rabbitmq.Hooks{Connected: func(c rabbitmq.ConnectionChange) {
+			if c.Up {
 				connects.Add(1)
 			}
 		}}})
@@ -145,14 +145,14 @@ func TestPrivateBroker(t *testing.T) {
 		)
 		cfg := fastConfig(t)
 		cfg.PublishTimeout = 2 * time.Second
-		cfg.Hooks.Polled = func(context.Context, int) { polls.Add(1) }
-		cfg.Hooks.StateChanged = func(from, to outbox.State, err error) {
+		cfg.Hooks.Polled = func(outbox.Poll) { polls.Add(1) }
+		cfg.Hooks.StateChanged = func(c outbox.StateChange) {
 			mu.Lock()
 			defer mu.Unlock()
 			switch {
-			case to == outbox.StateBrokerUnavailable && unavailable.IsZero():
-				unavailable, cause = time.Now(), err
-			case from == outbox.StateBrokerUnavailable && to == outbox.StateRunning:
+			case c.To == outbox.StateBrokerUnavailable && unavailable.IsZero():
+				unavailable, cause = time.Now(), c.Err
+			case c.From == outbox.StateBrokerUnavailable && c.To == outbox.StateRunning:
 				recovered = true
 			}
 		}

@@ -27,9 +27,9 @@ import (
 //     internal error). No attempt is counted; the relay retries the row after a backoff.
 //   - [IsPermanent](err): no retry can help: the message fails [Message.Validate] or the
 //     broker refused its content. The row is marked dead at once, with err as last_error.
-//   - any other error (an unroutable return; a channel closed by the broker over this
-//     message, e.g. its exchange does not exist): the row's attempt counts, and it is retried
-//     with backoff until [Config].MaxAttempts.
+//   - any other error (an unroutable return, which wraps [ErrUnroutable]; a channel closed by
+//     the broker over this message, e.g. its exchange does not exist): the row's attempt
+//     counts, and it is retried with backoff until [Config].MaxAttempts.
 //
 // Publish must return within the deadline of ctx (plus a moment to clean up), whatever the
 // broker or the network does. Several relays may share one Publisher; ctx carries each
@@ -51,24 +51,38 @@ var (
 	// ErrTooLarge is wrapped (as a permanent error) for a payload over Config.MaxMessageBytes,
 	// or over the broker's own limit where the publisher knows it.
 	ErrTooLarge = errors.New("message too large")
+	// ErrUnroutable marks a message the broker took but could deliver to no queue (for
+	// RabbitMQ, a mandatory message returned). The relay reads it like any other error: the
+	// attempt counts. It exists so that metrics can tell it apart without knowing the broker.
+	ErrUnroutable = errors.New("unroutable")
 )
 
-type permanentError struct{ err error }
-
-func (e permanentError) Error() string { return "permanent: " + e.err.Error() }
-func (e permanentError) Unwrap() error { return e.err }
-
 // Permanent marks err as one that no retry can fix. A [Publisher] returns it for a message
-// that can never be published; the relay then marks the row dead at once.
+// that can never be published; the relay then marks the row dead at once, and its
+// last_error reads "permanent: " and err's text. Permanent(nil) is nil.
 func Permanent(err error) error {
 	if err == nil {
 		return nil
 	}
-	return permanentError{err}
+	return &permanentError{err: err}
 }
 
-// IsPermanent reports whether err, or an error it wraps, was made by [Permanent].
+// IsPermanent reports whether the outermost class mark in err's chain is [Permanent]; the
+// outbox has no other mark, so: whether err, or an error it wraps, was made by Permanent.
+// IsPermanent(nil) is false.
 func IsPermanent(err error) bool {
-	var p permanentError
-	return errors.As(err, &p)
+	_, ok := errors.AsType[*permanentError](err)
+	return ok
 }
+
+// permanentError is the mark of [Permanent]. pkg/inbox marks its errors the same way, so
+// that the two libraries read alike:
+//   - a pointer, so that errors.Is compares marks by identity: comparing two struct values
+//     compares the errors they wrap, which panics when those are of an uncomparable type;
+//   - no prefix on the message: a mark classifies an error, it adds no context, so Error
+//     is the wrapped error's text; what acts on the class says so where it matters (the
+//     relay's last_error, the inbox consumer's dead-letter reason).
+type permanentError struct{ err error }
+
+func (e *permanentError) Error() string { return e.err.Error() }
+func (e *permanentError) Unwrap() error { return e.err }

@@ -67,12 +67,32 @@ const (
 	StateStopped             State = "stopped"
 )
 
+// Defaults for [Config].
+const (
+	DefaultBatchSize       = 100
+	DefaultPollInterval    = time.Second
+	DefaultNotifyRecheck   = 3 * time.Millisecond
+	DefaultMaxAttempts     = 10
+	DefaultRetryBaseDelay  = time.Second
+	DefaultRetryMaxDelay   = 5 * time.Minute
+	DefaultOutageBaseDelay = 100 * time.Millisecond
+	DefaultOutageMaxDelay  = 10 * time.Second
+	DefaultPublishTimeout  = 30 * time.Second
+	// DefaultClaimTimeoutMargin is how much longer than PublishTimeout the default
+	// ClaimTimeout is.
+	DefaultClaimTimeoutMargin = 5 * time.Second
+	// DefaultMaxMessageBytes is 16 MiB, RabbitMQ 4's max_message_size.
+	DefaultMaxMessageBytes = 16 << 20
+)
+
 // Config tunes a [Relay]. The zero value of every field means its default.
 type Config struct {
-	// BatchSize is how many rows one cycle claims and publishes. Default 100.
+	// BatchSize is how many rows one cycle claims and publishes, at most 10000. Default 100
+	// ([DefaultBatchSize]).
 	BatchSize int
 	// PollInterval is how often the relay looks for due rows when no notification woke it:
-	// the fallback for missed notifications and the clock for retries. Default 1s.
+	// the fallback for missed notifications and the clock for retries. Default 1s
+	// ([DefaultPollInterval]).
 	PollInterval time.Duration
 	// DisableNotify turns off LISTEN/NOTIFY wake-ups; the relay then only polls.
 	DisableNotify bool
@@ -80,21 +100,26 @@ type Config struct {
 	// again, for rows of transactions that committed during that notifier's commit and so
 	// did not notify themselves (see the trigger in migrations/001_outbox.sql). A re-check
 	// that finds rows is followed by another; an empty one doubles the delay until it
-	// reaches PollInterval. Default 3ms; at PollInterval or above, there are no re-checks.
+	// reaches PollInterval. Default 3ms ([DefaultNotifyRecheck]); at PollInterval or above,
+	// there are no re-checks.
 	NotifyRecheck time.Duration
-	// MaxAttempts is how many failed publish attempts make a row dead. Default 10.
+	// MaxAttempts is how many failed publish attempts make a row dead. Default 10
+	// ([DefaultMaxAttempts]).
 	MaxAttempts int
 	// RetryBaseDelay and RetryMaxDelay bound the exponential backoff, with jitter, between
-	// attempts of one row. Defaults 1s and 5m.
+	// attempts of one row. Defaults 1s and 5m ([DefaultRetryBaseDelay],
+	// [DefaultRetryMaxDelay]).
 	RetryBaseDelay time.Duration
 	RetryMaxDelay  time.Duration
 	// OutageBaseDelay and OutageMaxDelay bound the backoff between probes while the broker or
-	// the database is unavailable. Defaults 100ms and 10s.
+	// the database is unavailable. Defaults 100ms and 10s ([DefaultOutageBaseDelay],
+	// [DefaultOutageMaxDelay]).
 	OutageBaseDelay time.Duration
 	OutageMaxDelay  time.Duration
 	// PublishTimeout bounds the publish of one batch, every step of it (waiting for the
 	// publisher, connecting, writing to the socket, the broker's confirms); unconfirmed
-	// messages are then treated as an outage, never as published. Default 30s.
+	// messages are then treated as an outage, never as published. Default 30s
+	// ([DefaultPublishTimeout]).
 	PublishTimeout time.Duration
 	// ClaimTimeout bounds how long a claim transaction may sit idle, and each of its
 	// statements, in PostgreSQL itself (idle_in_transaction_session_timeout and
@@ -102,12 +127,13 @@ type Config struct {
 	// hung or cut off mid-batch thus loses its claim after at most ClaimTimeout, and another
 	// relay publishes its rows — a second time, if the broker had them already. It must
 	// exceed PublishTimeout by a second at least, since the transaction is idle while the
-	// batch is published (and the hooks run). Default PublishTimeout + 5s.
+	// batch is published (and the hooks run). Default PublishTimeout + 5s
+	// ([DefaultClaimTimeoutMargin]).
 	ClaimTimeout time.Duration
 	// MaxMessageBytes is the largest payload the relay sends. A larger row is marked dead at
 	// once with the reason: the broker would close the channel, which would look like an
-	// outage and be retried for ever. Default 16 MiB (RabbitMQ 4's max_message_size; 3.x
-	// allows 128 MiB).
+	// outage and be retried for ever. Default 16 MiB ([DefaultMaxMessageBytes], RabbitMQ 4's
+	// max_message_size; 3.x allows 128 MiB).
 	MaxMessageBytes int
 	// Logger receives state changes and failures. nil discards.
 	Logger *slog.Logger
@@ -115,20 +141,42 @@ type Config struct {
 	Hooks Hooks
 }
 
-// Hooks are optional callbacks. They run on the relay's goroutine: keep them fast.
+// Hooks are optional callbacks. They run on the relay's goroutine: keep them fast. Each
+// takes one event struct, so that an event can gain fields without breaking a hook (the
+// inbox's RabbitMQ consumer hooks have the same shape).
 type Hooks struct {
-	// Failpoint is called with one of the Failpoint* names each time a cycle passes that
-	// point. A chaos harness uses it to kill the process exactly there.
-	Failpoint func(name string)
-	// Polled is called after every claim, with the number of rows claimed (0 when idle).
-	Polled func(ctx context.Context, claimed int)
+	// Failpoint is called each time a cycle passes one of the Failpoint* points. A chaos
+	// harness uses it to kill the process exactly there.
+	Failpoint func(FailpointHit)
+	// Polled is called after every claim, idle ones included.
+	Polled func(Poll)
 	// BatchDone is called after a batch's outcome was committed.
-	BatchDone func(ctx context.Context, b BatchResult)
-	// StateChanged is called when the relay's state changes; err is the cause, if any.
-	StateChanged func(from, to State, err error)
+	BatchDone func(BatchResult)
+	// StateChanged is called when the relay's state changes.
+	StateChanged func(StateChange)
 }
 
-// BatchResult is the committed outcome of one relay cycle.
+// FailpointHit is passed to [Hooks].Failpoint.
+type FailpointHit struct {
+	// Name is the point passed, one of the Failpoint* constants.
+	Name string
+}
+
+// Poll is passed to [Hooks].Polled.
+type Poll struct {
+	// Claimed is the number of rows the claim took, 0 when the relay is idle.
+	Claimed int
+}
+
+// StateChange is passed to [Hooks].StateChanged.
+type StateChange struct {
+	// From and To are the states before and after the change.
+	From, To State
+	// Err is the cause of the change, if any (the outage behind an unavailable state).
+	Err error
+}
+
+// BatchResult is the committed outcome of one relay cycle, passed to [Hooks].BatchDone.
 type BatchResult struct {
 	// Published rows are confirmed by the broker and marked published.
 	Published []Message
@@ -152,33 +200,60 @@ type Failure struct {
 	Dead bool
 }
 
+// withDefaults fills in the defaults and validates c, reporting every problem at once.
 func (c Config) withDefaults() (Config, error) {
-	c.BatchSize = cmp.Or(c.BatchSize, 100)
-	c.PollInterval = cmp.Or(c.PollInterval, time.Second)
-	c.NotifyRecheck = min(cmp.Or(c.NotifyRecheck, 3*time.Millisecond), c.PollInterval)
-	c.MaxAttempts = cmp.Or(c.MaxAttempts, 10)
-	c.RetryBaseDelay = cmp.Or(c.RetryBaseDelay, time.Second)
-	c.RetryMaxDelay = cmp.Or(c.RetryMaxDelay, 5*time.Minute)
-	c.OutageBaseDelay = cmp.Or(c.OutageBaseDelay, 100*time.Millisecond)
-	c.OutageMaxDelay = cmp.Or(c.OutageMaxDelay, 10*time.Second)
-	c.PublishTimeout = cmp.Or(c.PublishTimeout, 30*time.Second)
-	c.ClaimTimeout = cmp.Or(c.ClaimTimeout, c.PublishTimeout+5*time.Second)
-	c.MaxMessageBytes = cmp.Or(c.MaxMessageBytes, 16<<20)
+	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
+	c.PollInterval = cmp.Or(c.PollInterval, DefaultPollInterval)
+	c.NotifyRecheck = min(cmp.Or(c.NotifyRecheck, DefaultNotifyRecheck), c.PollInterval)
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, DefaultMaxAttempts)
+	c.RetryBaseDelay = cmp.Or(c.RetryBaseDelay, DefaultRetryBaseDelay)
+	c.RetryMaxDelay = cmp.Or(c.RetryMaxDelay, DefaultRetryMaxDelay)
+	c.OutageBaseDelay = cmp.Or(c.OutageBaseDelay, DefaultOutageBaseDelay)
+	c.OutageMaxDelay = cmp.Or(c.OutageMaxDelay, DefaultOutageMaxDelay)
+	c.PublishTimeout = cmp.Or(c.PublishTimeout, DefaultPublishTimeout)
+	c.ClaimTimeout = cmp.Or(c.ClaimTimeout, c.PublishTimeout+DefaultClaimTimeoutMargin)
+	c.MaxMessageBytes = cmp.Or(c.MaxMessageBytes, DefaultMaxMessageBytes)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
-	switch {
-	case c.BatchSize < 0 || c.BatchSize > 10_000:
-		return c, fmt.Errorf("outbox: BatchSize %d out of range 1..10000", c.BatchSize)
-	case c.MaxAttempts < 0:
-		return c, fmt.Errorf("outbox: negative MaxAttempts %d", c.MaxAttempts)
-	case c.PollInterval < 0 || c.NotifyRecheck < 0 || c.RetryBaseDelay < 0 || c.RetryMaxDelay < c.RetryBaseDelay ||
-		c.OutageBaseDelay < 0 || c.OutageMaxDelay < c.OutageBaseDelay || c.PublishTimeout < 0:
-		return c, errors.New("outbox: negative duration, or a max delay below its base delay")
-	case c.ClaimTimeout < c.PublishTimeout+time.Second:
-		return c, fmt.Errorf("outbox: ClaimTimeout %v must exceed PublishTimeout %v by a second at least", c.ClaimTimeout, c.PublishTimeout)
-	case c.MaxMessageBytes < 0:
-		return c, fmt.Errorf("outbox: negative MaxMessageBytes %d", c.MaxMessageBytes)
+	var errs []error
+	if c.BatchSize < 0 || c.BatchSize > 10_000 {
+		errs = append(errs, fmt.Errorf("batch size must be between 0 (default %d) and 10000, got %d", DefaultBatchSize, c.BatchSize))
+	}
+	if c.MaxAttempts < 0 {
+		errs = append(errs, fmt.Errorf("max attempts must be >= 0 (default %d), got %d", DefaultMaxAttempts, c.MaxAttempts))
+	}
+	for _, d := range []struct {
+		name  string
+		value time.Duration
+	}{
+		{"poll interval", c.PollInterval},
+		{"notify recheck", c.NotifyRecheck},
+		{"retry base delay", c.RetryBaseDelay},
+		{"retry max delay", c.RetryMaxDelay},
+		{"outage base delay", c.OutageBaseDelay},
+		{"outage max delay", c.OutageMaxDelay},
+		{"publish timeout", c.PublishTimeout},
+		{"claim timeout", c.ClaimTimeout},
+	} {
+		if d.value < 0 {
+			errs = append(errs, fmt.Errorf("%s must be >= 0 (0 means the default), got %s", d.name, d.value))
+		}
+	}
+	if c.RetryMaxDelay < c.RetryBaseDelay {
+		errs = append(errs, fmt.Errorf("retry max delay (%s) must not be below retry base delay (%s)", c.RetryMaxDelay, c.RetryBaseDelay))
+	}
+	if c.OutageMaxDelay < c.OutageBaseDelay {
+		errs = append(errs, fmt.Errorf("outage max delay (%s) must not be below outage base delay (%s)", c.OutageMaxDelay, c.OutageBaseDelay))
+	}
+	if c.ClaimTimeout < c.PublishTimeout+time.Second {
+		errs = append(errs, fmt.Errorf("claim timeout (%s) must exceed publish timeout (%s) by a second at least", c.ClaimTimeout, c.PublishTimeout))
+	}
+	if c.MaxMessageBytes < 0 {
+		errs = append(errs, fmt.Errorf("max message bytes must be >= 0 (0 means the default, %d), got %d", DefaultMaxMessageBytes, c.MaxMessageBytes))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return c, fmt.Errorf("outbox: invalid relay config: %w", err)
 	}
 	return c, nil
 }
@@ -221,6 +296,11 @@ var _ RelayDB = (*pgxpool.Pool)(nil)
 // cycles, one now and then for its maintenance (taking rows that wait behind their
 // aggregate's head out of the claim's way), and one it keeps for LISTEN unless
 // cfg.DisableNotify is set.
+//
+// When pool tells its size (a *pgxpool.Pool does, see [PoolSize]), NewRelay checks it: a
+// pool of one connection for a relay that listens is an error (LISTEN would hold it, and no
+// cycle could run); a pool smaller than [PoolSize].Needed is logged as a warning, since the
+// relay then waits for connections.
 func NewRelay(pool RelayDB, pub Publisher, cfg Config) (*Relay, error) {
 	if pool == nil || pub == nil {
 		return nil, errors.New("outbox: NewRelay needs a pool and a publisher")
@@ -229,7 +309,66 @@ func NewRelay(pool RelayDB, pub Publisher, cfg Config) (*Relay, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Relay{db: pool, pub: pub, cfg: cfg, state: StateStarting}, nil
+	r := &Relay{db: pool, pub: pub, cfg: cfg, state: StateStarting}
+	size := r.PoolSize()
+	switch {
+	case !cfg.DisableNotify && size.Max == 1:
+		return nil, errors.New("outbox: invalid relay config: the pool has 1 connection, and a relay that listens " +
+			"(DisableNotify unset) needs 2 at least: one held for LISTEN, one for its cycles")
+	case size.Shortfall() > 0:
+		cfg.Logger.Warn("outbox relay: the pool is smaller than the relay needs; it will wait for connections",
+			"pool_max_conns", size.Max, "connections_needed", size.Needed)
+	}
+	return r, nil
+}
+
+// PoolSize compares the connections a relay may hold at once with the size of its pool.
+// The inbox's RabbitMQ consumer reports the same for its handlers.
+type PoolSize struct {
+	// Needed is how many connections the relay may hold at once: one for its cycles, one now
+	// and then for its maintenance, and one kept for LISTEN unless DisableNotify is set.
+	Needed int
+	// Max is the pool's largest size, read from its Stat method (*pgxpool.Pool has one); 0
+	// when the pool does not tell.
+	Max int
+}
+
+// Shortfall is how many connections the pool lacks for Needed: 0 when it is large enough
+// or its size is unknown.
+func (s PoolSize) Shortfall() int {
+	if s.Max <= 0 {
+		return 0
+	}
+	return max(0, s.Needed-s.Max)
+}
+
+// PoolSize reports what the relay needs of its pool, and the pool's size when the pool
+// tells it. Whatever else shares the pool (an API, a consumer) needs its own connections on
+// top.
+func (r *Relay) PoolSize() PoolSize {
+	needed := 2 // cycles and maintenance
+	if !r.cfg.DisableNotify {
+		needed++
+	}
+	return PoolSize{Needed: needed, Max: poolMax(r.db)}
+}
+
+// poolStater is implemented by a pool that tells its size, as *pgxpool.Pool does. A
+// [RelayDB] need not implement it; the relay then cannot check the pool's size.
+type poolStater interface {
+	Stat() *pgxpool.Stat
+}
+
+func poolMax(db any) int {
+	if p, ok := db.(*pgxpool.Pool); ok && p == nil { // a placeholder that is never used
+		return 0
+	}
+	if p, ok := db.(poolStater); ok {
+		if st := p.Stat(); st != nil {
+			return int(st.MaxConns())
+		}
+	}
+	return 0
 }
 
 // State reports what the relay is doing now.
@@ -376,13 +515,13 @@ func (r *Relay) setState(to State, cause error) {
 		log.Info("outbox relay state", "state", to, "previous", from)
 	}
 	if h := r.cfg.Hooks.StateChanged; h != nil {
-		h(from, to, cause)
+		h(StateChange{From: from, To: to, Err: cause})
 	}
 }
 
 func (r *Relay) failpoint(name string) {
 	if fp := r.cfg.Hooks.Failpoint; fp != nil {
-		fp(name)
+		fp(FailpointHit{Name: name})
 	}
 }
 

@@ -101,8 +101,8 @@ func TestRelay(t *testing.T) {
 		cfg.PollInterval = time.Hour // only notifications and re-checks can wake it
 		// The race, made certain: a writer commits without notifying (another transaction
 		// holds the notifier's lock) after the notified cycle claimed, before it published.
-		cfg.Hooks.Failpoint = func(name string) {
-			if name == outbox.FailpointBeforePublish && armed.CompareAndSwap(true, false) {
+		cfg.Hooks.Failpoint = func(hit outbox.FailpointHit) {
+			if hit.Name == outbox.FailpointBeforePublish && armed.CompareAndSwap(true, false) {
 				holdNotifierLock(t, b, func() { writeOn(t, b, skipper, b.msg("late", 1)) })
 			}
 		}
@@ -125,9 +125,9 @@ func TestRelay(t *testing.T) {
 		var probes atomic.Int32
 		cfg := fastConfig(t)
 		cfg.MaxAttempts = 2 // an outage that counted attempts would kill the rows at once
-		cfg.Hooks.StateChanged = func(_, to outbox.State, _ error) { states.Store(to, true) }
-		cfg.Hooks.Polled = func(_ context.Context, n int) {
-			if n > 0 {
+		cfg.Hooks.StateChanged = func(c outbox.StateChange) { states.Store(c.To, true) }
+		cfg.Hooks.Polled = func(p outbox.Poll) {
+			if p.Claimed > 0 {
 				probes.Add(1)
 			}
 		}
@@ -241,7 +241,7 @@ func TestRelay(t *testing.T) {
 		var dead atomic.Int32
 		cfg := fastConfig(t)
 		cfg.MaxAttempts = 3
-		cfg.Hooks.BatchDone = func(_ context.Context, res outbox.BatchResult) {
+		cfg.Hooks.BatchDone = func(res outbox.BatchResult) {
 			for _, f := range res.Failed {
 				if f.Dead {
 					dead.Add(1)
@@ -276,7 +276,8 @@ func TestRelay(t *testing.T) {
 		b.startRelay(t, b.pool, b.pub, cfg)
 		testinfra.Eventually(t, waitFor, func() bool { return got.len() == 1 }, "small message published")
 		testinfra.Eventually(t, waitFor, func() bool {
-			return b.count(t, "dead_at IS NOT NULL AND attempts = 1 AND last_error LIKE '%exceeds MaxMessageBytes%'") == 1
+			// last_error names the class: the permanent mark adds no text of its own.
+			return b.count(t, "dead_at IS NOT NULL AND attempts = 1 AND last_error LIKE 'permanent: message too large: %exceeds MaxMessageBytes%'") == 1
 		}, "big row dead after one attempt")
 	})
 
@@ -332,7 +333,13 @@ func TestRelay(t *testing.T) {
 			"NegativeMaxSize": {MaxMessageBytes: -1},
 		} {
 			_, err := outbox.NewRelay(pool, b, cfg)
-			require.Error(t, err, name)
+			require.ErrorContains(t, err, "outbox: invalid relay config: ", name)
+		}
+		// Every problem at once, as pkg/inbox's configs report them.
+		_, err = outbox.NewRelay(pool, b, outbox.Config{BatchSize: -1, MaxAttempts: -1, PollInterval: -time.Second})
+		for _, want := range []string{"batch size must be between 0 (default 100) and 10000, got -1",
+			"max attempts must be >= 0 (default 10), got -1", "poll interval must be >= 0"} {
+			require.ErrorContains(t, err, want)
 		}
 	})
 }

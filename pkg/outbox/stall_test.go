@@ -482,7 +482,7 @@ func TestMigrateUnderLoad(t *testing.T) {
 	t.Run("UpgradeOfAnUnversionedTable", func(t *testing.T) {
 		t.Parallel()
 		pool := testinfra.NewPool(t)
-		v1, err := os.ReadFile("migrations/001_outbox.sql")
+		v1, err := os.ReadFile("testdata/legacy/001_outbox.sql")
 		require.NoError(t, err)
 		_, err = pool.Exec(ctx, string(v1))
 		require.NoError(t, err)
@@ -581,8 +581,8 @@ func runPausedChild(claimTimeout time.Duration) {
 		BatchSize:      20,
 		PublishTimeout: claimTimeout / 2,
 		ClaimTimeout:   claimTimeout,
-		Hooks: outbox.Hooks{Failpoint: func(name string) {
-			if name == os.Getenv(childFailpoint) {
+		Hooks: outbox.Hooks{Failpoint: func(hit outbox.FailpointHit) {
+			if hit.Name == os.Getenv(childFailpoint) {
 				fmt.Println("pausing")
 				_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
 			}
@@ -661,13 +661,14 @@ func TestReleaseNeverWaits(t *testing.T) {
 	requireAggregateOrder(t, map[string][]uuid.UUID{"a": ids(rows)}, pub.all())
 }
 
-// TestMigrateAfterAnotherTool: a schema made by applying migrations/*.sql with another tool,
-// which records no version here, is taken over by Migrate.
+// TestMigrateAfterAnotherTool: a schema made by applying the SQL files of earlier versions
+// of this package (testdata/legacy) with another tool, which records no version here, is
+// taken over by Migrate.
 func TestMigrateAfterAnotherTool(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testinfra.NewPool(t)
-	files, err := filepath.Glob("migrations/*.sql")
+	files, err := filepath.Glob("testdata/legacy/*.sql")
 	require.NoError(t, err)
 	for _, f := range files {
 		sql, err := os.ReadFile(f)

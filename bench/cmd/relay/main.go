@@ -59,7 +59,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	start := time.Now()
 	relay, err := outbox.NewRelay(pool, pub, outbox.Config{
 		BatchSize: *batch,
-		Hooks: outbox.Hooks{BatchDone: func(_ context.Context, b outbox.BatchResult) {
+		Hooks: outbox.Hooks{BatchDone: func(b outbox.BatchResult) {
 			n := published.Add(int64(len(b.Published)))
 			if before := n - int64(len(b.Published)); *rows > 0 && before < *rows && n >= *rows {
 				fmt.Fprintf(stdout, "drained %d %.3f\n", n, time.Since(start).Seconds())

@@ -1,189 +1,52 @@
-// Package metrics exposes a RabbitMQ inbox consumer's work as Prometheus metrics.
+// Package metrics exposes an inbox's own state as Prometheus metrics, whatever broker feeds
+// it: [Window] exports each inbox consumer's retention beside the longest time a duplicate
+// can still arrive, so that an alert can fire when a duplicate could outlive its inbox row,
+// and [RetryWindow] computes that time.
 //
-// [Consumer] turns the consumer runner's hooks into counters and a histogram labelled by
-// consumer name and message type, and exports the inbox retention beside the longest
-// redelivery window, so that an alert can fire when a duplicate could outlive its inbox row.
-// Everything is registered on the [prometheus.Registerer] passed in; nothing is global.
-// The metric names are listed in docs/metrics.md of the outboxshop repository.
+// The package measures the broker-neutral inbox only and imports no broker adapter: the
+// RabbitMQ consumer's metrics (messages processed, duplicates, errors, dead letters…) are
+// in rabbitmq/rabbitmqmetrics. Everything is registered on the [prometheus.Registerer]
+// passed in; nothing is global. The metric names are listed in docs/metrics.md of the
+// outboxshop repository.
 package metrics
 
 import (
-	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/outboxshop/outboxshop/pkg/inbox"
-	"github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
 )
 
-// OtherType is the type label of messages whose type is not in Config.KnownTypes: a producer
-// cannot blow up the number of series by inventing types.
-const OtherType = "other"
-
-// Config configures [NewConsumer].
-type Config struct {
-	// KnownTypes are the message types that get a label value of their own.
-	KnownTypes []string
-	// ConstLabels go on every metric (say, service="warehouse").
-	ConstLabels prometheus.Labels
+// Window holds the retention and redelivery window of inbox consumers.
+type Window struct {
+	retention *prometheus.GaugeVec
+	window    *prometheus.GaugeVec
 }
 
-// Consumer holds an inbox consumer's metrics.
-type Consumer struct {
-	known      []string
-	processed  *prometheus.CounterVec
-	duplicates *prometheus.CounterVec
-	errors     *prometheus.CounterVec
-	transient  *prometheus.CounterVec
-	retries    *prometheus.CounterVec
-	dead       *prometheus.CounterVec
-	handedBack *prometheus.CounterVec
-	duration   *prometheus.HistogramVec
-	connected  *prometheus.GaugeVec
-	held       *prometheus.GaugeVec
-	retention  *prometheus.GaugeVec
-	window     *prometheus.GaugeVec
-}
-
-// NewConsumer registers the consumer metrics on reg.
-func NewConsumer(reg prometheus.Registerer, cfg Config) (*Consumer, error) {
-	labels := []string{"consumer", "type"}
-	counter := func(name, help string, extra ...string) *prometheus.CounterVec {
-		return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "inbox", Name: name, Help: help, ConstLabels: cfg.ConstLabels},
-			append(slices.Clone(labels), extra...))
-	}
+// NewWindow registers the window metrics on reg; constLabels (say, service="warehouse") go
+// on every one of them.
+func NewWindow(reg prometheus.Registerer, constLabels prometheus.Labels) (*Window, error) {
 	gauge := func(name, help string) *prometheus.GaugeVec {
-		return prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "inbox", Name: name, Help: help, ConstLabels: cfg.ConstLabels},
+		return prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "inbox", Name: name, Help: help, ConstLabels: constLabels},
 			[]string{"consumer"})
 	}
-	m := &Consumer{
-		known:      slices.Clone(cfg.KnownTypes),
-		processed:  counter("messages_processed_total", "Messages applied and committed."),
-		duplicates: counter("duplicates_total", "Deliveries skipped because the message was already processed."),
-		errors:     counter("handler_errors_total", "Failed attempts: handler or database errors, transient ones included."),
-		transient:  counter("transient_errors_total", "Failed attempts retried in place without counting: the database unreachable, a deadlock, an error marked transient."),
-		retries:    counter("retries_total", "Messages sent back for another attempt."),
-		dead:       counter("dead_lettered_total", "Messages sent to the dead-letter queue.", "reason"),
-		handedBack: counter("handed_back_total", "Deliveries given back to the broker unprocessed.", "reason"),
-		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Namespace: "inbox", Name: "handler_duration_seconds", ConstLabels: cfg.ConstLabels,
-			Help:    "Time from receipt to acknowledgement of a processed or duplicate message.",
-			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
-		}, labels),
-		connected: gauge("broker_connected", "1 while the consumer is consuming."),
-		held:      gauge("held_messages", "Deliveries held for an in-place retry after transient failures."),
+	w := &Window{
 		retention: gauge("retention_seconds", "How long processed message ids are kept."),
 		window:    gauge("redelivery_window_seconds", "The longest time in which a duplicate can still arrive."),
 	}
-	for _, c := range []prometheus.Collector{m.processed, m.duplicates, m.errors, m.transient, m.retries, m.dead,
-		m.handedBack, m.duration, m.connected, m.held, m.retention, m.window} {
+	for _, c := range []prometheus.Collector{w.retention, w.window} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
 	}
-	return m, nil
+	return w, nil
 }
 
-// Init creates the series of a consumer at zero, so that rate() and absent() work before
-// the first message, and increase() sees the first dead letter of every reason.
-func (m *Consumer) Init(consumer string) {
-	for _, t := range append(slices.Clone(m.known), OtherType) {
-		m.processed.WithLabelValues(consumer, t)
-		m.duplicates.WithLabelValues(consumer, t)
-		m.errors.WithLabelValues(consumer, t)
-		m.transient.WithLabelValues(consumer, t)
-		m.retries.WithLabelValues(consumer, t)
-		for _, reason := range rabbitmq.Reasons() {
-			m.dead.WithLabelValues(consumer, t, reason)
-		}
-		for _, reason := range []string{rabbitmq.HandBackHoldLimit, rabbitmq.HandBackShutdown, rabbitmq.HandBackRequeued} {
-			m.handedBack.WithLabelValues(consumer, t, reason)
-		}
-	}
-	m.connected.WithLabelValues(consumer)
-	m.held.WithLabelValues(consumer)
-}
-
-// SetWindow exports a consumer's inbox retention and the longest time a duplicate can still
-// arrive through it (its own retries plus its producers' relay retries). An alert compares
-// them: retention must be longer.
-func (m *Consumer) SetWindow(consumer string, retention, redelivery time.Duration) {
-	m.retention.WithLabelValues(consumer).Set(retention.Seconds())
-	m.window.WithLabelValues(consumer).Set(redelivery.Seconds())
-}
-
-func (m *Consumer) typ(t string) string {
-	if slices.Contains(m.known, t) {
-		return t
-	}
-	return OtherType
-}
-
-// Hooks returns h with the metric updates added; h's own callbacks still run.
-func (m *Consumer) Hooks(h rabbitmq.Hooks) rabbitmq.Hooks {
-	processed, handlerErr, retried, dead, connected := h.Processed, h.HandlerError, h.Retried, h.DeadLettered, h.Connected
-	held, handedBack := h.Held, h.HandedBack
-	h.Processed = func(consumer, msgType string, duplicate bool, d time.Duration) {
-		t := m.typ(msgType)
-		if duplicate {
-			m.duplicates.WithLabelValues(consumer, t).Inc()
-		} else {
-			m.processed.WithLabelValues(consumer, t).Inc()
-		}
-		m.duration.WithLabelValues(consumer, t).Observe(d.Seconds())
-		if processed != nil {
-			processed(consumer, msgType, duplicate, d)
-		}
-	}
-	h.HandlerError = func(consumer, msgType string, err error) {
-		m.errors.WithLabelValues(consumer, m.typ(msgType)).Inc()
-		if inbox.IsTransient(err) {
-			m.transient.WithLabelValues(consumer, m.typ(msgType)).Inc()
-		}
-		if handlerErr != nil {
-			handlerErr(consumer, msgType, err)
-		}
-	}
-	h.Retried = func(consumer, msgType string, n int) {
-		m.retries.WithLabelValues(consumer, m.typ(msgType)).Inc()
-		if retried != nil {
-			retried(consumer, msgType, n)
-		}
-	}
-	h.DeadLettered = func(consumer, msgType, reason string) {
-		m.dead.WithLabelValues(consumer, m.typ(msgType), reason).Inc()
-		if dead != nil {
-			dead(consumer, msgType, reason)
-		}
-	}
-	h.Held = func(consumer, msgType string, on bool) {
-		if on {
-			m.held.WithLabelValues(consumer).Inc()
-		} else {
-			m.held.WithLabelValues(consumer).Dec()
-		}
-		if held != nil {
-			held(consumer, msgType, on)
-		}
-	}
-	h.HandedBack = func(consumer, msgType, reason string) {
-		m.handedBack.WithLabelValues(consumer, m.typ(msgType), reason).Inc()
-		if handedBack != nil {
-			handedBack(consumer, msgType, reason)
-		}
-	}
-	h.Connected = func(consumer string, up bool) {
-		v := 0.0
-		if up {
-			v = 1
-		}
-		m.connected.WithLabelValues(consumer).Set(v)
-		if connected != nil {
-			connected(consumer, up)
-		}
-	}
-	return h
+// Set exports the inbox retention of consumer (the inbox consumer name) and the longest time
+// a duplicate can still arrive through it (its own retries plus its producers' relay
+// retries). An alert compares them: retention must be longer.
+func (w *Window) Set(consumer string, retention, redelivery time.Duration) {
+	w.retention.WithLabelValues(consumer).Set(retention.Seconds())
+	w.window.WithLabelValues(consumer).Set(redelivery.Seconds())
 }
 
 // RetryWindow is the longest a message can spend in n attempts with exponential backoff

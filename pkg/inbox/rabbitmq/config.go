@@ -173,37 +173,101 @@ type Delivery struct {
 }
 
 // Hooks are optional callbacks for metrics and fault injection. Nil fields are skipped. They
-// are called from the consumer's goroutines, concurrently, and must return quickly. msgType
-// is the message's type property as received: it may be anything, even invalid UTF-8, so map
-// it to a known set before using it as a metric label (the metrics subpackage does).
+// are called from the consumer's goroutines, concurrently, and must return quickly. Each takes
+// one event struct, so that an event can gain fields without breaking a hook (the outbox
+// relay's hooks have the same shape). An event's Type is the message's type property as
+// received: it may be anything, even invalid UTF-8, so map it to a known set before using it
+// as a metric label (package rabbitmqmetrics does).
 type Hooks struct {
-	// Processed is called after a message was committed (duplicate == false) or found in the
-	// inbox (duplicate == true), and its acknowledgement was sent. d runs from receipt to
-	// acknowledgement.
-	Processed func(consumer, msgType string, duplicate bool, d time.Duration)
+	// Processed is called after a message was committed or found in the inbox (a
+	// duplicate), and its acknowledgement was sent.
+	Processed func(ProcessedMessage)
 	// HandlerError is called for every failed attempt: an error returned by the handler, or
 	// an error of the database (begin, insert, commit), transient ones included. Use
-	// inbox.Classify(err) to tell them apart.
-	HandlerError func(consumer, msgType string, err error)
-	// Retried is called after a retry copy was published; deliveryCount is the number of the
-	// attempt that failed.
-	Retried func(consumer, msgType string, deliveryCount int)
-	// DeadLettered is called after a message was dead-lettered and acknowledged; reason is
-	// one of the Reason constants.
-	DeadLettered func(consumer, msgType, reason string)
-	// Held is called with true when a delivery starts being held after a transient failure,
-	// and with false when the hold ends (processed, dead-lettered, handed back).
-	Held func(consumer, msgType string, held bool)
-	// HandedBack is called when a delivery went back to the broker unprocessed; reason is
-	// one of the HandBack constants.
-	HandedBack func(consumer, msgType, reason string)
-	// Connected is called with true when the consumer starts consuming on a new connection,
-	// and with false when it lost it (or stopped).
-	Connected func(consumer string, connected bool)
-	// Failpoint is called with FailpointBeforeCommit when a handler returned nil, and with
+	// inbox.Classify on its Err to tell them apart.
+	HandlerError func(HandlerFailure)
+	// Retried is called after a retry copy was published.
+	Retried func(Retry)
+	// DeadLettered is called after a message was dead-lettered and acknowledged.
+	DeadLettered func(DeadLetter)
+	// Held is called when a delivery starts being held after a transient failure, and when
+	// the hold ends (processed, dead-lettered, handed back).
+	Held func(Hold)
+	// HandedBack is called when a delivery went back to the broker unprocessed.
+	HandedBack func(HandBack)
+	// Connected is called with Up true when the consumer starts consuming on a new
+	// connection, and with Up false when it lost it (or stopped).
+	Connected func(ConnectionChange)
+	// Failpoint is called at FailpointBeforeCommit when a handler returned nil, and at
 	// FailpointAfterCommit when its transaction committed (not for duplicates, which commit
 	// nothing). A chaos test makes it kill the process. Only for tests; nil costs a nil check.
-	Failpoint func(name string)
+	Failpoint func(FailpointHit)
+}
+
+// ProcessedMessage is passed to [Hooks].Processed.
+type ProcessedMessage struct {
+	// Consumer is the inbox consumer name ([Config].Name); Type the message's type property.
+	Consumer, Type string
+	// Duplicate is true when the message was found in the inbox and skipped.
+	Duplicate bool
+	// Duration runs from receipt to acknowledgement.
+	Duration time.Duration
+}
+
+// HandlerFailure is passed to [Hooks].HandlerError.
+type HandlerFailure struct {
+	// Consumer is the inbox consumer name ([Config].Name); Type the message's type property.
+	Consumer, Type string
+	// Err is the attempt's error.
+	Err error
+}
+
+// Retry is passed to [Hooks].Retried.
+type Retry struct {
+	// Consumer is the inbox consumer name ([Config].Name); Type the message's type property.
+	Consumer, Type string
+	// DeliveryCount is the number of the attempt that failed.
+	DeliveryCount int
+}
+
+// DeadLetter is passed to [Hooks].DeadLettered.
+type DeadLetter struct {
+	// Consumer is the inbox consumer name ([Config].Name); Type the message's type property.
+	Consumer, Type string
+	// Reason is one of the Reason constants.
+	Reason string
+}
+
+// Hold is passed to [Hooks].Held.
+type Hold struct {
+	// Consumer is the inbox consumer name ([Config].Name); Type the message's type property.
+	Consumer, Type string
+	// Held is true when the hold starts, false when it ends.
+	Held bool
+}
+
+// HandBack is passed to [Hooks].HandedBack.
+type HandBack struct {
+	// Consumer is the inbox consumer name ([Config].Name); Type the message's type property.
+	Consumer, Type string
+	// Reason is one of the HandBack constants.
+	Reason string
+}
+
+// ConnectionChange is passed to [Hooks].Connected.
+type ConnectionChange struct {
+	// Consumer is the inbox consumer name ([Config].Name).
+	Consumer string
+	// Up is true when the consumer consumes on a connection.
+	Up bool
+	// Err is why the connection was lost; nil when it came up or the consumer stopped.
+	Err error
+}
+
+// FailpointHit is passed to [Hooks].Failpoint.
+type FailpointHit struct {
+	// Name is the point reached, one of the Failpoint constants.
+	Name string
 }
 
 // Config configures a [Consumer].
@@ -220,7 +284,7 @@ type Config struct {
 	Handler Handler
 
 	// Prefetch is the AMQP prefetch count: how many unacknowledged messages the broker hands
-	// the consumer at once. Default 32, at most 65535.
+	// the consumer at once, at most 65535. Default 32 ([DefaultPrefetch]).
 	Prefetch int
 	// Concurrency is the number of messages handled at the same time, each in its own
 	// transaction (so up to Concurrency pool connections). Default Prefetch; it cannot
@@ -229,12 +293,13 @@ type Config struct {
 	Concurrency int
 
 	// MaxDeliveries is how many times a message is attempted before it is dead-lettered.
-	// Default 5.
+	// Default 5 ([DefaultMaxDeliveries]).
 	MaxDeliveries int
 	// RetryDelay is the wait before the first retry; the n-th retry waits RetryDelay·2^(n-1),
-	// at most MaxRetryDelay, jittered by up to half of it. Default 1s.
+	// at most MaxRetryDelay, jittered by up to half of it. Default 1s ([DefaultRetryDelay]).
 	RetryDelay time.Duration
-	// MaxRetryDelay caps RetryDelay's growth. Default 30s (or RetryDelay if larger).
+	// MaxRetryDelay caps RetryDelay's growth. Default 30s ([DefaultMaxRetryDelay]), or
+	// RetryDelay if larger.
 	// RetryDelay and MaxRetryDelay also space the in-place retries of a held delivery,
 	// capped at a quarter of MaxHold.
 	MaxRetryDelay time.Duration
@@ -245,14 +310,15 @@ type Config struct {
 	// original, which the broker does not count as a delivery, and the copy starts a new
 	// hold when it arrives. Keep it well below the broker's consumer_timeout (RabbitMQ
 	// closes the channel of a consumer that keeps a delivery unacknowledged longer, and
-	// counts a delivery for every message on it). Default 15 minutes, half of RabbitMQ's
-	// default consumer_timeout.
+	// counts a delivery for every message on it). Default 15 minutes ([DefaultMaxHold]),
+	// half of RabbitMQ's default consumer_timeout.
 	MaxHold time.Duration
 
 	// MaxBodyBytes is the largest body the consumer accepts; a larger message is
 	// dead-lettered (ReasonBodyTooLarge) before its body is parsed. The broker has already
 	// received the whole body by then (RabbitMQ's max_message_size bounds that), so this
-	// protects the handler's decoding, not the consumer's memory. Default 1 MiB.
+	// protects the handler's decoding, not the consumer's memory. Default 1 MiB
+	// ([DefaultMaxBodyBytes]).
 	MaxBodyBytes int
 	// ContentTypes, when not empty, are the media types the consumer accepts (compared
 	// case-insensitively, without parameters, e.g. "application/json"); a message with
@@ -288,15 +354,16 @@ type Config struct {
 	Setup func(ch *amqp.Channel) error
 
 	// ReconnectDelay is the wait before the first reconnect attempt; it doubles per failed
-	// attempt up to MaxReconnectDelay, jittered. Defaults 500ms and 30s.
+	// attempt up to MaxReconnectDelay, jittered. Defaults 500ms and 30s
+	// ([DefaultReconnectDelay], [DefaultMaxReconnectDelay]).
 	ReconnectDelay    time.Duration
 	MaxReconnectDelay time.Duration
 	// PublishTimeout bounds the wait for the broker's confirm of a retry copy or a dead
-	// letter. Default 30s.
+	// letter. Default 30s ([DefaultPublishTimeout]).
 	PublishTimeout time.Duration
 	// ShutdownTimeout bounds how long Run waits, after its context ended or the connection
 	// was lost, for messages being handled to finish. Then their context is cancelled and
-	// their transactions roll back. Default 30s.
+	// their transactions roll back. Default 30s ([DefaultShutdownTimeout]).
 	ShutdownTimeout time.Duration
 
 	// Logger receives the consumer's logs. Nil discards them.

@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxshop/outboxshop/pkg/inbox"
@@ -72,12 +73,63 @@ func NewConsumer(pool inbox.TxBeginner, cfg Config) (*Consumer, error) {
 		return nil, err
 	}
 	uri, _ := amqp.ParseURI(cfg.URL) // checked by withDefaults
-	return &Consumer{
+	c := &Consumer{
 		pool: pool,
 		cfg:  cfg,
 		log:  cfg.Logger.With(slog.String("consumer", cfg.Name), slog.String("queue", cfg.Queue)),
 		user: uri.Username,
-	}, nil
+	}
+	if size := c.PoolSize(); size.Shortfall() > 0 {
+		c.log.Warn("rabbitmq consumer: the pool is smaller than Concurrency; handlers will wait for connections",
+			slog.Int("pool_max_conns", size.Max), slog.Int("connections_needed", size.Needed))
+	}
+	return c, nil
+}
+
+// PoolSize compares the connections a consumer may hold at once with the size of its pool.
+// The outbox relay reports the same.
+type PoolSize struct {
+	// Needed is how many connections the consumer may hold at once: one per message handled
+	// at the same time, [Config].Concurrency.
+	Needed int
+	// Max is the pool's largest size, read from its Stat method (*pgxpool.Pool has one); 0
+	// when the pool does not tell.
+	Max int
+}
+
+// Shortfall is how many connections the pool lacks for Needed: 0 when it is large enough
+// or its size is unknown.
+func (s PoolSize) Shortfall() int {
+	if s.Max <= 0 {
+		return 0
+	}
+	return max(0, s.Needed-s.Max)
+}
+
+// PoolSize reports what the consumer needs of its pool, and the pool's size when the pool
+// tells it. A pool smaller than Needed works, more slowly: handlers wait for a connection,
+// holding their deliveries meanwhile. Whatever else shares the pool (an API, a relay) needs
+// its own connections on top.
+func (c *Consumer) PoolSize() PoolSize {
+	return PoolSize{Needed: c.cfg.Concurrency, Max: poolMax(c.pool)}
+}
+
+// poolStater is implemented by a pool that tells its size, as *pgxpool.Pool does. The pool
+// passed to [NewConsumer] need not implement it; the consumer then cannot check its size.
+type poolStater interface {
+	Stat() *pgxpool.Stat
+}
+
+func poolMax(db any) int {
+	if p, ok := db.(*pgxpool.Pool); ok && p == nil { // a placeholder that is never used
+		return 0
+	}
+	if p, ok := db.(poolStater); ok {
+		if st := p.Stat(); st != nil {
+			return int(st.MaxConns())
+		}
+	}
+	return 0
 }
 
 // Run consumes until ctx is done, then stops gracefully and returns nil.
@@ -114,13 +166,13 @@ func (c *Consumer) Run(ctx context.Context) error {
 			slog.Int("failed_attempts", failures), slog.Duration("down_for", time.Since(downSince).Round(time.Millisecond)))
 		connected, failures = true, 0
 		c.setStatus(func(st *Status) { st.Connected, st.Since, st.LastError = true, time.Now(), nil })
-		c.hookConnected(true)
+		c.hookConnected(true, nil)
 	}
 	for {
 		err := c.session(ctx, onConnected)
 		if ctx.Err() != nil {
 			if connected {
-				c.hookConnected(false)
+				c.hookConnected(false, nil)
 			}
 			c.log.InfoContext(ctx, "consumer stopped")
 			return nil
@@ -135,7 +187,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		case connected:
 			c.log.WarnContext(ctx, "lost the broker connection; reconnecting", slog.Any("error", err))
 			connected = false
-			c.hookConnected(false)
+			c.hookConnected(false, err)
 		case failures == 0:
 			c.log.WarnContext(ctx, "cannot consume; retrying with backoff", slog.Any("error", err))
 		default:
@@ -409,13 +461,13 @@ func (c *Consumer) dial(ctx context.Context) (*amqp.Connection, error) {
 
 func (c *Consumer) hookHandedBack(msgType, reason string) {
 	if h := c.cfg.Hooks.HandedBack; h != nil {
-		h(c.cfg.Name, msgType, reason)
+		h(HandBack{Consumer: c.cfg.Name, Type: msgType, Reason: reason})
 	}
 }
 
-func (c *Consumer) hookConnected(connected bool) {
+func (c *Consumer) hookConnected(up bool, err error) {
 	if h := c.cfg.Hooks.Connected; h != nil {
-		h(c.cfg.Name, connected)
+		h(ConnectionChange{Consumer: c.cfg.Name, Up: up, Err: err})
 	}
 }
 

@@ -118,8 +118,8 @@ func TestCrashChild(t *testing.T) {
 		Name:               "orders-projection",
 		Handler:            recordEffect,
 		DeadLetterExchange: os.Getenv(crashDeadEnv),
-		Hooks: rabbitmq.Hooks{Failpoint: func(name string) {
-			if name == target {
+		Hooks: rabbitmq.Hooks{Failpoint: func(hit rabbitmq.FailpointHit) {
+			if hit.Name == target {
 				_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 				select {} // the signal is on its way
 			}

@@ -5,7 +5,9 @@
 // ends. It connects, declares the topology through [Config].Setup, consumes with manual
 // acknowledgements and a prefetch limit, handles up to [Config].Concurrency messages at a
 // time, and reconnects with backoff when the broker goes away. [Consumer.Ready] and
-// [Consumer.Status] tell a readiness check whether it can do its job.
+// [Consumer.Status] tell a readiness check whether it can do its job. Each message handled
+// at the same time holds a connection of the pool; [Consumer.PoolSize] tells whether the
+// pool has one for each (NewConsumer logs a warning when it has not).
 //
 // # The path of a message
 //
@@ -143,7 +145,7 @@
 // message_type. Reconnect attempts are logged once per change between connected and
 // disconnected; a hold once when it starts (retries in place at debug level), and once when
 // it ends. [Hooks] report processed messages, duplicates, errors, retries, dead letters,
-// holds, hand-backs and the connection state, for metrics (see the metrics subpackage), and
+// holds, hand-backs and the connection state, for metrics (see package rabbitmqmetrics), and
 // [Hooks].Failpoint lets chaos tests kill the process at [FailpointBeforeCommit] and
 // [FailpointAfterCommit].
 //

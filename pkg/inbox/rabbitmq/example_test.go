@@ -63,8 +63,8 @@ func ExampleNewConsumer() {
 		},
 		Concurrency: 1, // one message at a time, so this example prints in a fixed order
 		Hooks: rabbitmq.Hooks{
-			Processed: func(_, msgType string, duplicate bool, _ time.Duration) {
-				processed <- fmt.Sprintf("%s duplicate=%v", msgType, duplicate)
+			Processed: func(p rabbitmq.ProcessedMessage) {
+				processed <- fmt.Sprintf("%s duplicate=%v", p.Type, p.Duplicate)
 			},
 		},
 	})
@@ -129,7 +129,7 @@ func Example_service() {
 	}
 	amqpURL := os.Getenv("AMQP_URL")
 
-	if err := inbox.Migrate(ctx, pool); err != nil { // or apply migrations/*.sql with your tool
+	if err := inbox.Migrate(ctx, pool); err != nil { // or apply inbox.Migrations with goose or golang-migrate
 		log.Fatal(err)
 	}
 	consumer, err := rabbitmq.NewConsumer(pool, rabbitmq.Config{

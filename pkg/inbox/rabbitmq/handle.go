@@ -97,7 +97,7 @@ func (c *Consumer) handle(s *session, in inbound) {
 			m.held, m.holdStart = true, time.Now()
 			c.held.Add(1)
 			if h := c.cfg.Hooks.Held; h != nil {
-				h(c.cfg.Name, m.d.Type, true)
+				h(Hold{Consumer: c.cfg.Name, Type: m.d.Type, Held: true})
 			}
 			m.log.WarnContext(s.workCtx, "transient failure; holding the message and retrying in place",
 				slog.Any("error", err), slog.Duration("retry_in", delay), slog.Duration("max_hold", c.cfg.MaxHold))
@@ -132,7 +132,7 @@ func (c *Consumer) endHold(m *message) {
 	m.held = false
 	c.held.Add(-1)
 	if h := c.cfg.Hooks.Held; h != nil {
-		h(c.cfg.Name, m.d.Type, false)
+		h(Hold{Consumer: c.cfg.Name, Type: m.d.Type, Held: false})
 	}
 }
 
@@ -206,7 +206,7 @@ func (c *Consumer) processStage(s *session, m *message) step {
 			return nil, nil
 		}
 		if h := c.cfg.Hooks.HandlerError; h != nil {
-			h(c.cfg.Name, m.d.Type, err)
+			h(HandlerFailure{Consumer: c.cfg.Name, Type: m.d.Type, Err: err})
 		}
 		if ctx.Err() != nil {
 			// A stop or a lost connection cut the attempt short; it rolled back. Not the
@@ -247,7 +247,7 @@ func (c *Consumer) processed(s *session, m *message, duplicate bool) {
 			slog.Any("error", err))
 	}
 	if h := c.cfg.Hooks.Processed; h != nil {
-		h(c.cfg.Name, m.d.Type, duplicate, time.Since(m.start))
+		h(ProcessedMessage{Consumer: c.cfg.Name, Type: m.d.Type, Duplicate: duplicate, Duration: time.Since(m.start)})
 	}
 	switch {
 	case m.held:
@@ -278,7 +278,7 @@ func (c *Consumer) callHandler(ctx context.Context, tx pgx.Tx, d Delivery, log *
 
 func (c *Consumer) failpoint(name string) {
 	if f := c.cfg.Hooks.Failpoint; f != nil {
-		f(name)
+		f(FailpointHit{Name: name})
 	}
 }
 
@@ -314,7 +314,7 @@ func (c *Consumer) publishRetryStage(s *session, m *message) step {
 				slog.Any("error", err))
 		}
 		if h := c.cfg.Hooks.Retried; h != nil {
-			h(c.cfg.Name, m.d.Type, m.del.DeliveryCount)
+			h(Retry{Consumer: c.cfg.Name, Type: m.d.Type, DeliveryCount: m.del.DeliveryCount})
 		}
 		return nil, nil
 	}
@@ -349,7 +349,7 @@ func (c *Consumer) deadLetterStage(s *session, m *message, reason, detail string
 				slog.Any("error", err))
 		}
 		if h := c.cfg.Hooks.DeadLettered; h != nil {
-			h(c.cfg.Name, m.d.Type, reason)
+			h(DeadLetter{Consumer: c.cfg.Name, Type: m.d.Type, Reason: reason})
 		}
 		m.log.WarnContext(s.workCtx, "message dead-lettered", slog.String("reason", text),
 			slog.String("dead_letter_exchange", c.cfg.DeadLetterExchange), slog.String("dead_letter_routing_key", c.cfg.DeadLetterRoutingKey))

@@ -239,51 +239,51 @@ func newEvents() *events { return &events{connectedCh: make(chan bool, 100)} }
 
 func (e *events) hooks() rabbitmq.Hooks {
 	return rabbitmq.Hooks{
-		Processed: func(_, _ string, duplicate bool, _ time.Duration) {
+		Processed: func(p rabbitmq.ProcessedMessage) {
 			e.mu.Lock()
 			defer e.mu.Unlock()
-			if duplicate {
+			if p.Duplicate {
 				e.duplicates++
 			} else {
 				e.processed++
 			}
 		},
-		HandlerError: func(_, _ string, err error) {
+		HandlerError: func(f rabbitmq.HandlerFailure) {
 			e.mu.Lock()
 			defer e.mu.Unlock()
 			e.handlerErrs++
-			e.errs = append(e.errs, err)
+			e.errs = append(e.errs, f.Err)
 		},
-		Held: func(_, _ string, held bool) {
+		Held: func(h rabbitmq.Hold) {
 			e.mu.Lock()
 			defer e.mu.Unlock()
-			if held {
+			if h.Held {
 				e.held++
 				e.maxHeld = max(e.maxHeld, e.held)
 			} else {
 				e.held--
 			}
 		},
-		HandedBack: func(_, _, reason string) {
+		HandedBack: func(h rabbitmq.HandBack) {
 			e.mu.Lock()
 			defer e.mu.Unlock()
-			e.handBacks = append(e.handBacks, reason)
+			e.handBacks = append(e.handBacks, h.Reason)
 		},
-		Retried: func(_, _ string, n int) {
+		Retried: func(r rabbitmq.Retry) {
 			e.mu.Lock()
 			defer e.mu.Unlock()
-			e.retried = append(e.retried, n)
+			e.retried = append(e.retried, r.DeliveryCount)
 		},
-		DeadLettered: func(_, _, reason string) {
+		DeadLettered: func(d rabbitmq.DeadLetter) {
 			e.mu.Lock()
 			defer e.mu.Unlock()
-			e.deadLettered = append(e.deadLettered, reason)
+			e.deadLettered = append(e.deadLettered, d.Reason)
 		},
-		Connected: func(_ string, connected bool) {
+		Connected: func(c rabbitmq.ConnectionChange) {
 			e.mu.Lock()
-			e.connected = append(e.connected, connected)
+			e.connected = append(e.connected, c.Up)
 			e.mu.Unlock()
-			e.connectedCh <- connected
+			e.connectedCh <- c.Up
 		},
 	}
 }

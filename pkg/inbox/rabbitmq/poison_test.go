@@ -17,8 +17,8 @@ import (
 
 	"github.com/outboxshop/outboxshop/pkg/inbox"
 	"github.com/outboxshop/outboxshop/pkg/inbox/internal/testinfra"
-	"github.com/outboxshop/outboxshop/pkg/inbox/metrics"
 	"github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
+	"github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq/rabbitmqmetrics"
 )
 
 // poisonHandler is a handler of version 1 order.placed events, as a service would write it:
@@ -66,7 +66,7 @@ func TestPoisonCorpus(t *testing.T) {
 	require.NoError(t, err)
 
 	reg := prometheus.NewPedanticRegistry()
-	m, err := metrics.NewConsumer(reg, metrics.Config{KnownTypes: []string{"order.placed"}})
+	m, err := rabbitmqmetrics.NewConsumer(reg, rabbitmqmetrics.Config{KnownTypes: []string{"order.placed"}})
 	require.NoError(t, err)
 	cfg := b.config(poisonHandler)
 	cfg.Hooks = m.Hooks(cfg.Hooks)

@@ -2,13 +2,15 @@
 //
 // Two halves, for two kinds of process:
 //
-//   - [Relay] turns a relay's [outbox.Hooks] and its RabbitMQ publisher's hooks into counters,
-//     histograms and gauges. Register it in the relay process.
+//   - [Relay] turns a relay's [outbox.Hooks] into counters, histograms and gauges. Register it
+//     in the relay process.
 //   - [Stats] reads the backlog, the age of its oldest row and the dead rows with
 //     [outbox.ReadStats] at an interval. Run it in a process that is not the relay (the API,
 //     say), so that the backlog of a dead relay is still seen; reading at an interval, not on
 //     scrape, keeps the query's cost fixed however often Prometheus scrapes.
 //
+// The package measures the broker-neutral core only and imports no broker adapter: the
+// RabbitMQ publisher's own metrics (its connection) are in rabbitmq/rabbitmqmetrics.
 // Everything is registered on the [prometheus.Registerer] passed in; nothing is global.
 // The metric names are listed in docs/metrics.md of the outboxshop repository.
 package metrics
@@ -23,7 +25,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outboxshop/outboxshop/pkg/outbox"
-	"github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq"
 )
 
 // Publish error reasons, the values of the reason label.
@@ -50,9 +51,7 @@ type Relay struct {
 	lastPoll      prometheus.Gauge
 	lastPublish   prometheus.Gauge
 	state         *prometheus.GaugeVec
-	connected     prometheus.Gauge
-	reconnects    prometheus.Counter
-	everConnected bool
+	poolShortfall prometheus.Gauge
 }
 
 // NewRelay registers a relay's metrics on reg; constLabels (say, service="orders") go on
@@ -83,11 +82,11 @@ func NewRelay(reg prometheus.Registerer, constLabels prometheus.Labels) (*Relay,
 			"Unix time of the last published batch."))),
 		state: prometheus.NewGaugeVec(prometheus.GaugeOpts(opts("relay_state",
 			"1 for the relay's current state, 0 for the others.")), []string{"state"}),
-		connected:  prometheus.NewGauge(prometheus.GaugeOpts(opts("broker_connected", "1 while the publisher has a broker connection."))),
-		reconnects: prometheus.NewCounter(prometheus.CounterOpts(opts("broker_reconnects_total", "Successful broker connects after the first."))),
+		poolShortfall: prometheus.NewGauge(prometheus.GaugeOpts(opts("pool_shortfall_connections",
+			"Connections the relay may hold at once beyond its pool's size; 0 when the pool is large enough or its size is unknown."))),
 	}
 	for _, c := range []prometheus.Collector{m.published, m.errors, m.retries, m.dead, m.latency, m.batchSize,
-		m.lastPoll, m.lastPublish, m.state, m.connected, m.reconnects} {
+		m.lastPoll, m.lastPublish, m.state, m.poolShortfall} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -102,29 +101,33 @@ func NewRelay(reg prometheus.Registerer, constLabels prometheus.Labels) (*Relay,
 // Hooks returns h with the metric updates added; h's own callbacks (a Failpoint, say) still run.
 func (m *Relay) Hooks(h outbox.Hooks) outbox.Hooks {
 	polled, done, changed := h.Polled, h.BatchDone, h.StateChanged
-	h.Polled = func(ctx context.Context, n int) {
+	h.Polled = func(p outbox.Poll) {
 		m.lastPoll.SetToCurrentTime()
-		if n > 0 {
-			m.batchSize.Observe(float64(n))
+		if p.Claimed > 0 {
+			m.batchSize.Observe(float64(p.Claimed))
 		}
 		if polled != nil {
-			polled(ctx, n)
+			polled(p)
 		}
 	}
-	h.BatchDone = func(ctx context.Context, b outbox.BatchResult) {
+	h.BatchDone = func(b outbox.BatchResult) {
 		m.observe(b)
 		if done != nil {
-			done(ctx, b)
+			done(b)
 		}
 	}
-	h.StateChanged = func(from, to outbox.State, err error) {
-		m.setState(to)
+	h.StateChanged = func(c outbox.StateChange) {
+		m.setState(c.To)
 		if changed != nil {
-			changed(from, to, err)
+			changed(c)
 		}
 	}
 	return h
 }
+
+// SetPoolSize exports s, the relay's [outbox.Relay.PoolSize]: a pool smaller than the relay
+// needs does not stop it, it makes it wait for connections.
+func (m *Relay) SetPoolSize(s outbox.PoolSize) { m.poolShortfall.Set(float64(s.Shortfall())) }
 
 func (m *Relay) observe(b outbox.BatchResult) {
 	if n := len(b.Published); n > 0 {
@@ -160,28 +163,14 @@ func (m *Relay) setState(s outbox.State) {
 	}
 }
 
-// PublisherHooks returns hooks for the RabbitMQ publisher: connection state and reconnects.
-// The publisher calls them from one goroutine at a time.
-func (m *Relay) PublisherHooks() rabbitmq.Hooks {
-	return rabbitmq.Hooks{Connected: func(up bool) {
-		if up {
-			m.connected.Set(1)
-			if m.everConnected {
-				m.reconnects.Inc()
-			}
-			m.everConnected = true
-			return
-		}
-		m.connected.Set(0)
-	}}
-}
-
-// Reason classifies a publish error for the reason label.
+// Reason classifies a publish error for the reason label, by the broker-neutral errors of
+// package outbox: [outbox.ErrUnroutable] is unroutable, [outbox.ErrRefused] (a RabbitMQ nack)
+// is nacked.
 func Reason(err error) string {
 	switch {
-	case errors.Is(err, rabbitmq.ErrUnroutable):
+	case errors.Is(err, outbox.ErrUnroutable):
 		return ReasonUnroutable
-	case errors.Is(err, rabbitmq.ErrNacked):
+	case errors.Is(err, outbox.ErrRefused):
 		return ReasonNacked
 	case errors.Is(err, outbox.ErrTooLarge):
 		return ReasonTooLarge
@@ -205,9 +194,12 @@ type Stats struct {
 	lastSuccess prometheus.Gauge
 }
 
+// DefaultStatsInterval is the default of [StatsConfig].Interval.
+const DefaultStatsInterval = 5 * time.Second
+
 // StatsConfig tunes [Stats].
 type StatsConfig struct {
-	// Interval between reads. Default 5s.
+	// Interval between reads. Default 5s ([DefaultStatsInterval]).
 	Interval time.Duration
 	// ConstLabels go on every metric.
 	ConstLabels prometheus.Labels
@@ -221,7 +213,7 @@ func NewStats(reg prometheus.Registerer, db outbox.DBTX, cfg StatsConfig) (*Stat
 		return prometheus.GaugeOpts{Namespace: "outbox", Name: name, Help: help, ConstLabels: cfg.ConstLabels}
 	}
 	s := &Stats{
-		db: db, interval: cmp.Or(cfg.Interval, 5*time.Second), log: cfg.Logger,
+		db: db, interval: cmp.Or(cfg.Interval, DefaultStatsInterval), log: cfg.Logger,
 		pending:     prometheus.NewGauge(opts("pending_messages", "Outbox rows not yet published and not dead (the backlog).")),
 		oldestAge:   prometheus.NewGauge(opts("oldest_pending_age_seconds", "Age of the oldest pending outbox row; 0 when none.")),
 		dead:        prometheus.NewGauge(opts("dead_messages", "Outbox rows that gave up.")),

@@ -3,6 +3,7 @@ package metrics_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/outboxshop/outboxshop/pkg/outbox/internal/testinfra"
 	"github.com/outboxshop/outboxshop/pkg/outbox/metrics"
 	"github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq"
+	"github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq/rabbitmqmetrics"
 )
 
 func TestMain(m *testing.M) { testinfra.Main(m) }
@@ -34,6 +36,8 @@ func TestRelayAndStats(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	relayMetrics, err := metrics.NewRelay(reg, prometheus.Labels{"service": "test"})
 	require.NoError(t, err)
+	pubMetrics, err := rabbitmqmetrics.NewPublisher(reg, prometheus.Labels{"service": "test"})
+	require.NoError(t, err)
 	stats, err := metrics.NewStats(reg, pool, metrics.StatsConfig{ConstLabels: prometheus.Labels{"service": "test"}})
 	require.NoError(t, err)
 
@@ -47,7 +51,7 @@ func TestRelayAndStats(t *testing.T) {
 	require.NoError(t, stats.Refresh(ctx))
 	require.InDelta(t, 4, testutil.ToFloat64(metric(t, reg, "outbox_pending_messages")), 0)
 
-	pub, err := rabbitmq.New(rabbitmq.Config{URL: url, Hooks: relayMetrics.PublisherHooks(), Setup: func(ch *amqp.Channel) error {
+	pub, err := rabbitmq.New(rabbitmq.Config{URL: url, Hooks: pubMetrics.Hooks(rabbitmq.Hooks{}), Setup: func(ch *amqp.Channel) error {
 		return ch.ExchangeDeclare(nowhere, "topic", false, true, false, false, nil) // bound to nothing
 	}})
 	require.NoError(t, err)
@@ -57,6 +61,10 @@ func TestRelayAndStats(t *testing.T) {
 		Hooks: relayMetrics.Hooks(outbox.Hooks{}),
 	})
 	require.NoError(t, err)
+	relayMetrics.SetPoolSize(relay.PoolSize()) // pgxpool's default of 4 connections at least: enough
+	require.Zero(t, testutil.ToFloat64(metric(t, reg, "outbox_pool_shortfall_connections")))
+	relayMetrics.SetPoolSize(outbox.PoolSize{Needed: 3, Max: 2})
+	require.Equal(t, 1.0, testutil.ToFloat64(metric(t, reg, "outbox_pool_shortfall_connections")))
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- relay.Run(runCtx) }()
@@ -108,12 +116,14 @@ outbox_broker_connected{service="test"} 1
 func TestReason(t *testing.T) {
 	t.Parallel()
 	for err, want := range map[error]string{
-		rabbitmq.ErrUnroutable:               metrics.ReasonUnroutable,
-		rabbitmq.ErrNacked:                   metrics.ReasonNacked,
-		outbox.Permanent(outbox.ErrTooLarge): metrics.ReasonTooLarge,
-		outbox.Permanent(context.Canceled):   metrics.ReasonPermanent,
-		outbox.ErrUnavailable:                metrics.ReasonUnavailable,
-		context.DeadlineExceeded:             metrics.ReasonOther,
+		rabbitmq.ErrUnroutable: metrics.ReasonUnroutable,
+		outbox.ErrUnroutable:   metrics.ReasonUnroutable,
+		outbox.ErrRefused:      metrics.ReasonNacked,
+		fmt.Errorf("%w (%w)", rabbitmq.ErrNacked, outbox.ErrRefused): metrics.ReasonNacked, // the publisher's nack
+		outbox.Permanent(outbox.ErrTooLarge):                         metrics.ReasonTooLarge,
+		outbox.Permanent(context.Canceled):                           metrics.ReasonPermanent,
+		outbox.ErrUnavailable:                                        metrics.ReasonUnavailable,
+		context.DeadlineExceeded:                                     metrics.ReasonOther,
 	} {
 		require.Equal(t, want, metrics.Reason(err), "%v", err)
 	}

@@ -21,8 +21,8 @@ import (
 func countingPublisher(t *testing.T, cfg rabbitmq.Config) (*rabbitmq.Publisher, *atomic.Int32) {
 	t.Helper()
 	var connects atomic.Int32
-	cfg.Hooks.Connected = func(up bool) {
-		if up {
+	cfg.Hooks.Connected = func(c rabbitmq.ConnectionChange) {
+		if c.Up {
 			connects.Add(1)
 		}
 	}

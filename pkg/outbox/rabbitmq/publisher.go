@@ -82,8 +82,9 @@ import (
 )
 
 var (
-	// ErrUnroutable: the broker returned the message because no queue is bound for it.
-	ErrUnroutable = errors.New("unroutable")
+	// ErrUnroutable: the broker returned the message because no queue is bound for it. It is
+	// outbox.ErrUnroutable, so that broker-neutral code (metrics) recognises it.
+	ErrUnroutable = outbox.ErrUnroutable
 	// ErrNacked: the broker refused the message for a reason of its own (a full queue with
 	// reject-publish, say). Errors wrapping it also wrap outbox.ErrRefused.
 	ErrNacked = errors.New("nacked by broker")
@@ -94,14 +95,21 @@ var errNacked = fmt.Errorf("%w (%w)", ErrNacked, outbox.ErrRefused)
 
 var _ outbox.Publisher = (*Publisher)(nil)
 
+// Defaults for [Config].
+const (
+	DefaultConnectionName = "outbox-relay"
+	DefaultDialTimeout    = 5 * time.Second
+)
+
 // Config configures a [Publisher].
 type Config struct {
-	// URL is the broker, e.g. amqp://guest:guest@localhost:5672/.
+	// URL is the broker, e.g. amqp://guest:guest@localhost:5672/. Required.
 	URL string
-	// ConnectionName shows in the management UI. Default "outbox-relay".
+	// ConnectionName shows in the management UI. Default "outbox-relay"
+	// ([DefaultConnectionName]).
 	ConnectionName string
 	// DialTimeout bounds connecting (within the caller's deadline), and closing a connection
-	// in [Publisher.Close]. Default 5s.
+	// in [Publisher.Close]. Default 5s ([DefaultDialTimeout]).
 	DialTimeout time.Duration
 	// MaxBodyBytes is the broker's max_message_size, when known: a larger body is reported
 	// as outbox.Permanent wrapping outbox.ErrTooLarge and never sent. 0 (the default) checks
@@ -117,11 +125,21 @@ type Config struct {
 	Hooks Hooks
 }
 
-// Hooks are optional callbacks for metrics.
+// Hooks are optional callbacks for metrics. Each takes one event struct, so that an event
+// can gain fields without breaking a hook (the inbox consumer's hooks have the same shape).
 type Hooks struct {
-	// Connected is called with true after every successful (re)connect, and with false when
-	// a connection is lost or a dial fails.
-	Connected func(up bool)
+	// Connected is called with Up true after every successful (re)connect, and with Up false
+	// when a connection is lost or closed, or a dial fails.
+	Connected func(ConnectionChange)
+}
+
+// ConnectionChange is passed to [Hooks].Connected.
+type ConnectionChange struct {
+	// Up is true when the publisher has a connection.
+	Up bool
+	// Err is why the connection went down or could not be opened; nil when it came up or
+	// was closed by [Publisher.Close].
+	Err error
 }
 
 // Publisher publishes batches of outbox messages on one channel. It is safe for concurrent
@@ -166,17 +184,20 @@ type channel struct {
 
 // New returns a Publisher. It does not connect: the first Publish does.
 func New(cfg Config) (*Publisher, error) {
+	var errs []error
 	if cfg.URL == "" {
-		return nil, errors.New("rabbitmq publisher: empty URL")
-	}
-	if _, err := amqp.ParseURI(cfg.URL); err != nil {
-		return nil, fmt.Errorf("rabbitmq publisher: %w", err)
+		errs = append(errs, errors.New("URL is required"))
+	} else if _, err := amqp.ParseURI(cfg.URL); err != nil {
+		errs = append(errs, fmt.Errorf("URL: %w", err))
 	}
 	if cfg.MaxBodyBytes < 0 {
-		return nil, fmt.Errorf("rabbitmq publisher: negative MaxBodyBytes %d", cfg.MaxBodyBytes)
+		errs = append(errs, fmt.Errorf("max body bytes must be >= 0 (0 checks nothing), got %d", cfg.MaxBodyBytes))
 	}
-	cfg.ConnectionName = cmp.Or(cfg.ConnectionName, "outbox-relay")
-	cfg.DialTimeout = cmp.Or(cfg.DialTimeout, 5*time.Second)
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("rabbitmq: invalid publisher config: %w", err)
+	}
+	cfg.ConnectionName = cmp.Or(cfg.ConnectionName, DefaultConnectionName)
+	cfg.DialTimeout = cmp.Or(cfg.DialTimeout, DefaultDialTimeout)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -791,7 +812,7 @@ func (p *Publisher) setUp(up bool, cause error) {
 		}
 	}
 	if h := p.cfg.Hooks.Connected; h != nil && (changed || !up) {
-		h(up)
+		h(ConnectionChange{Up: up, Err: cause})
 	}
 }
 

@@ -81,8 +81,8 @@ func TestPublisher(t *testing.T) {
 		top := testinfra.DeclareTopology(t, url)
 		proxy := testinfra.NewProxy(t, fmt.Sprintf("%s:%d", must(amqp.ParseURI(url)).Host, must(amqp.ParseURI(url)).Port))
 		var ups, downs atomic.Int32
-		pub, err := rabbitmq.New(rabbitmq.Config{URL: proxy.RewriteURL(t, url), Hooks: rabbitmq.Hooks{Connected: func(up bool) {
-			if up {
+		pub, err := rabbitmq.New(rabbitmq.Config{URL: proxy.RewriteURL(t, url), Hooks: rabbitmq.Hooks{Connected: func(c rabbitmq.ConnectionChange) {
+			if c.Up {
 				ups.Add(1)
 			} else {
 				downs.Add(1)

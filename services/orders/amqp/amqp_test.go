@@ -90,18 +90,19 @@ func setup(t *testing.T) *bundle {
 		DeadLetterRoutingKey: b.top.Queue,
 		Setup:                b.top.Declare,
 		Hooks: rabbitmq.Hooks{
-			Processed: func(_, msgType string, duplicate bool, _ time.Duration) {
+			Processed: func(p rabbitmq.ProcessedMessage) {
 				b.mu.Lock()
 				defer b.mu.Unlock()
-				if duplicate {
+				msgType := p.Type
+				if p.Duplicate {
 					msgType += " duplicate"
 				}
 				b.processed = append(b.processed, msgType)
 			},
-			DeadLettered: func(_, _, reason string) {
+			DeadLettered: func(d rabbitmq.DeadLetter) {
 				b.mu.Lock()
 				defer b.mu.Unlock()
-				b.dead = append(b.dead, reason)
+				b.dead = append(b.dead, d.Reason)
 			},
 		},
 	})

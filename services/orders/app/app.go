@@ -167,7 +167,7 @@ func (a *App) addAPI() error {
 	consumerLink := readiness.NewLink("not connected to the broker yet")
 	a.checks = append(a.checks, readiness.Check{Name: "consumer", Check: readiness.Connection(consumerLink, a.cfg.BrokerDownGrace)})
 	settings := envconfig.Section[service.ConsumerSettings](a.cfg, "Consumer")
-	hooks, err := service.ConsumerHooks(a.Process, ordersamqp.ConsumerName, consumedTypes, a.cfg.InboxRetention,
+	consumerMetrics, err := service.NewConsumerMetrics(a.Process, ordersamqp.ConsumerName, consumedTypes, a.cfg.InboxRetention,
 		service.RedeliveryWindow(settings, a.cfg.RelayMaxAttempts), consumerLink)
 	if err != nil {
 		return err
@@ -196,11 +196,12 @@ func (a *App) addAPI() error {
 		DeadLetterRoutingKey: a.topology.Queue,
 		Setup:                a.declarer.Setup,
 		Logger:               a.Log,
-		Hooks:                hooks,
+		Hooks:                consumerMetrics.Hooks(),
 	}))
 	if err != nil {
 		return fmt.Errorf("stock consumer: %w", err)
 	}
+	consumerMetrics.Built(consumer)
 	service.AddServer(a.Group, "http server", a.apiLn, api, a.cfg.HTTPShutdownTimeout, a.Log)
 	a.Group.Add("stock consumer", consumer.Run)
 	service.AddInboxCleanup(a.Group, a.Pool(), a.cfg.InboxRetention, a.cfg.InboxCleanupInterval, a.Log)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxshop/outboxshop/internal/pgdb"
@@ -27,12 +28,24 @@ type StoreConfig struct {
 // Store is the orders repository. Every method that changes an order writes the order, its
 // history row and its event (outbox.Add) in one transaction.
 type Store struct {
-	pool     *pgxpool.Pool
+	pool     DB
 	exchange string
 }
 
+// DB is what a Store needs of its database; *pgxpool.Pool satisfies it. A test may give it
+// an open transaction (see store_outbox_test.go): each method's transaction is then a
+// savepoint of it, and the test can look at what the method wrote before rolling back.
+type DB interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Ping(ctx context.Context) error
+}
+
+var _ DB = (*pgxpool.Pool)(nil)
+
 // NewStore returns a Store on pool, which must be migrated (Migrate).
-func NewStore(pool *pgxpool.Pool, cfg StoreConfig) (*Store, error) {
+func NewStore(pool DB, cfg StoreConfig) (*Store, error) {
 	if cfg.Exchange == "" {
 		return nil, errors.New("postgres store: Exchange is required")
 	}

@@ -88,13 +88,13 @@ func (b *bundle) startConsumer(t *testing.T, concurrency int) {
 		ShutdownTimeout: 5 * time.Second,
 		Logger:          testLogger(t),
 		Hooks: rabbitmq.Hooks{
-			Processed: func(_, _ string, duplicate bool, _ time.Duration) {
+			Processed: func(p rabbitmq.ProcessedMessage) {
 				b.processed.Add(1)
-				if duplicate {
+				if p.Duplicate {
 					b.duplicates.Add(1)
 				}
 			},
-			DeadLettered: func(_, _, _ string) { b.deadLettered.Add(1) },
+			DeadLettered: func(rabbitmq.DeadLetter) { b.deadLettered.Add(1) },
 		},
 	})
 	require.NoError(t, err)

@@ -165,7 +165,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 
 func (a *App) addConsumer(declarer *amqptopo.Declarer, svc *serviceMetrics) error {
 	consumer := envconfig.Section[service.ConsumerSettings](a.cfg, "Consumer")
-	hooks, err := service.ConsumerHooks(a.Process, warehouseamqp.ConsumerName, consumedTypes, a.cfg.InboxRetention,
+	consumerMetrics, err := service.NewConsumerMetrics(a.Process, warehouseamqp.ConsumerName, consumedTypes, a.cfg.InboxRetention,
 		service.RedeliveryWindow(consumer, a.cfg.RelayMaxAttempts), a.consumer)
 	if err != nil {
 		return err
@@ -177,12 +177,13 @@ func (a *App) addConsumer(declarer *amqptopo.Declarer, svc *serviceMetrics) erro
 		ConsumerSettings: consumer,
 		ShutdownTimeout:  a.cfg.ShutdownTimeout,
 		Logger:           a.Log,
-		Hooks:            hooks,
+		Hooks:            consumerMetrics.Hooks(),
 		Committed:        svc.committed,
 	})
 	if err != nil {
 		return err
 	}
+	consumerMetrics.Built(c)
 	a.Group.Add("consumer", c.Run)
 	service.AddInboxCleanup(a.Group, a.Pool(), a.cfg.InboxRetention, 0, a.Log)
 	return nil

@@ -1,0 +1,247 @@
+package testinfra
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// RabbitNode is a private RabbitMQ node that one test owns: its own node name, ports and
+// directories, so that a test may raise a resource alarm on it or give it a configuration of
+// its own without touching the broker other tests share. It needs the rabbitmq-server
+// scripts of a local installation (the Debian package puts them in /usr/lib/rabbitmq/bin);
+// only the machine's epmd is shared, to register the node's name.
+//
+// A node takes several seconds to start: share one between the subtests that need it.
+type RabbitNode struct {
+	// URL is the node's AMQP URL (guest/guest).
+	URL string
+
+	name    string
+	dir     string
+	binDir  string
+	cred    *syscall.Credential // the rabbitmq user, when the tests run as root
+	pgid    int
+	exited  chan struct{}
+	logPath string
+}
+
+// rabbitBinDirs are where the unwrapped scripts live: Debian's /usr/sbin wrappers switch
+// user and reset HOME, which would give the node the shared Erlang cookie.
+var rabbitBinDirs = []string{"/usr/lib/rabbitmq/bin", "/opt/rabbitmq/sbin", "/usr/local/sbin"}
+
+// StartRabbitNode starts a private node with the given extra rabbitmq.conf lines (e.g.
+// "max_message_size = 65536") and stops it when the test ends. Without a local RabbitMQ
+// installation the test is skipped, or fails under CI=true.
+func StartRabbitNode(t testing.TB, conf ...string) *RabbitNode {
+	t.Helper()
+	n, err := startRabbitNode(conf)
+	if n != nil {
+		t.Cleanup(n.stop)
+	}
+	if err != nil {
+		var missing *missingError
+		if errors.As(err, &missing) {
+			unavailable(t, "a private RabbitMQ node", err)
+		}
+		t.Fatalf("private RabbitMQ node: %v", err)
+	}
+	return n
+}
+
+type missingError struct{ error }
+
+func startRabbitNode(conf []string) (*RabbitNode, error) {
+	binDir := ""
+	for _, d := range rabbitBinDirs {
+		if st, err := os.Stat(filepath.Join(d, "rabbitmq-server")); err == nil && !st.IsDir() {
+			binDir = d
+			break
+		}
+	}
+	if binDir == "" {
+		return nil, &missingError{fmt.Errorf("rabbitmq-server not found in %v", rabbitBinDirs)}
+	}
+	var cred *syscall.Credential
+	if os.Geteuid() == 0 { // rabbitmq-server refuses to run as root
+		u, err := user.Lookup("rabbitmq")
+		if err != nil {
+			return nil, &missingError{fmt.Errorf("running as root, the rabbitmq user is needed: %w", err)}
+		}
+		uid, err1 := strconv.Atoi(u.Uid)
+		gid, err2 := strconv.Atoi(u.Gid)
+		if err := errors.Join(err1, err2); err != nil {
+			return nil, err
+		}
+		cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+	}
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	distPort, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "outbox-rabbit-")
+	if err != nil {
+		return nil, err
+	}
+	suffix := make([]byte, 4)
+	_, _ = rand.Read(suffix)
+	n := &RabbitNode{
+		URL:     fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", port),
+		name:    "outboxtest" + hex.EncodeToString(suffix) + "@localhost",
+		dir:     dir,
+		binDir:  binDir,
+		cred:    cred,
+		exited:  make(chan struct{}),
+		logPath: filepath.Join(dir, "server.log"),
+	}
+	config := fmt.Sprintf("listeners.tcp.1 = 127.0.0.1:%d\nloopback_users = none\nlog.console = true\n"+
+		"log.console.level = warning\nlog.file = false\n%s\n", port, strings.Join(conf, "\n"))
+	for name, content := range map[string]string{"enabled_plugins": "[].\n", "rabbitmq.conf": config} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+			return n, err
+		}
+	}
+	for _, sub := range []string{"", "mnesia", "log"} {
+		p := filepath.Join(dir, sub)
+		if err := os.MkdirAll(p, 0o755); err != nil {
+			return n, err
+		}
+		if cred != nil {
+			if err := os.Chown(p, int(cred.Uid), int(cred.Gid)); err != nil {
+				return n, err
+			}
+		}
+	}
+
+	logf, err := os.Create(n.logPath)
+	if err != nil {
+		return n, err
+	}
+	defer logf.Close()
+	cmd := exec.Command(filepath.Join(binDir, "rabbitmq-server"))
+	cmd.Dir = dir
+	cmd.Env = append(n.env(), "RABBITMQ_DIST_PORT="+strconv.Itoa(distPort))
+	cmd.Stdout, cmd.Stderr = logf, logf
+	// A process group of its own, so that the script, the VM and its helpers stop together;
+	// killed with the test binary if that dies first.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL, Credential: cred}
+	if err := cmd.Start(); err != nil {
+		return n, fmt.Errorf("start %s: %w", cmd.Path, err)
+	}
+	n.pgid = cmd.Process.Pid
+	go func() {
+		_ = cmd.Wait()
+		close(n.exited)
+	}()
+
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		select {
+		case <-n.exited:
+			return n, fmt.Errorf("node %s exited at start-up: %s", n.name, n.logTail())
+		default:
+		}
+		conn, err := amqp.DialConfig(n.URL, amqp.Config{Dial: amqp.DefaultDial(2 * time.Second)})
+		if err == nil {
+			_ = conn.Close()
+			return n, nil
+		}
+		if time.Now().After(deadline) {
+			return n, fmt.Errorf("node %s did not accept connections within 90s: %v\n%s", n.name, err, n.logTail())
+		}
+		time.Sleep(200 * time.Millisecond) // polling a server that is starting up
+	}
+}
+
+// env is the environment of the node and of rabbitmqctl against it: the node's name, and a
+// HOME of its own, so that the Erlang cookie is private too.
+func (n *RabbitNode) env() []string {
+	d := func(name string) string { return filepath.Join(n.dir, name) }
+	return []string{
+		"PATH=/usr/sbin:/usr/bin:/sbin:/bin",
+		"LANG=C.UTF-8",
+		"HOME=" + n.dir,
+		"RABBITMQ_NODENAME=" + n.name,
+		"RABBITMQ_CONFIG_FILE=" + d("rabbitmq.conf"),
+		"RABBITMQ_MNESIA_BASE=" + d("mnesia"),
+		"RABBITMQ_LOG_BASE=" + d("log"),
+		"RABBITMQ_ENABLED_PLUGINS_FILE=" + d("enabled_plugins"),
+		"RABBITMQ_FEATURE_FLAGS_FILE=" + d("feature_flags"),
+		"RABBITMQ_PLUGINS_EXPAND_DIR=" + d("plugins-expand"),
+		"RABBITMQ_PID_FILE=" + d("pid"),
+	}
+}
+
+// Ctl runs rabbitmqctl against the node, e.g. Ctl(t, "set_vm_memory_high_watermark", "0").
+func (n *RabbitNode) Ctl(t testing.TB, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(n.binDir, "rabbitmqctl"), append([]string{"-n", n.name}, args...)...)
+	cmd.Dir = n.dir
+	cmd.Env = n.env()
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: n.cred}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("rabbitmqctl %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// stop kills the node's process group, waits for it, and removes its directory.
+func (n *RabbitNode) stop() {
+	if n.pgid > 0 {
+		_ = syscall.Kill(-n.pgid, syscall.SIGKILL)
+		select {
+		case <-n.exited:
+		case <-time.After(30 * time.Second):
+		}
+		// The VM and its helpers belong to the group; wait until none is left.
+		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			if syscall.Kill(-n.pgid, 0) != nil {
+				break
+			}
+		}
+	}
+	_ = os.RemoveAll(n.dir)
+}
+
+func (n *RabbitNode) logTail() string {
+	b, err := os.ReadFile(n.logPath)
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > 20 {
+		lines = lines[len(lines)-20:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// freePort returns a TCP port on 127.0.0.1 that nobody listened on a moment ago.
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("find a free port: %w", err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}

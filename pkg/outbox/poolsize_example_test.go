@@ -1,0 +1,37 @@
+package outbox_test
+
+import (
+	"context"
+	"fmt"
+	"log"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxshop/outboxshop/pkg/outbox"
+	"github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq"
+)
+
+// A relay that listens for notifications holds three connections at most: its cycles, its
+// maintenance and LISTEN. A pool of two works, more slowly; NewRelay logs a warning.
+func ExampleRelay_PoolSize() {
+	cfg, err := pgxpool.ParseConfig("postgres://localhost/shop?pool_max_conns=2")
+	if err != nil {
+		log.Fatal(err)
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg) // connects on first use
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	pub, err := rabbitmq.New(rabbitmq.Config{URL: "amqp://guest:guest@localhost:5672/"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	relay, err := outbox.NewRelay(pool, pub, outbox.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	size := relay.PoolSize()
+	fmt.Printf("needs %d connections, the pool has %d: short by %d\n", size.Needed, size.Max, size.Shortfall())
+	// Output: needs 3 connections, the pool has 2: short by 1
+}

@@ -1,0 +1,112 @@
+package outbox_test
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxshop/outboxshop/pkg/outbox"
+	"github.com/outboxshop/outboxshop/pkg/outbox/internal/testinfra"
+)
+
+// sizedPool opens a pool of at most maxConns connections on b's database.
+func sizedPool(t *testing.T, b *bundle, maxConns int32) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(b.pool.Config().ConnString())
+	require.NoError(t, err)
+	cfg.MaxConns = maxConns
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// unsizedDB is a RelayDB that does not tell its pool's size.
+type unsizedDB struct{ pool *pgxpool.Pool }
+
+func (d unsizedDB) Begin(ctx context.Context) (pgx.Tx, error) { return d.pool.Begin(ctx) }
+func (d unsizedDB) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	return d.pool.Exec(ctx, sql, args...)
+}
+func (d unsizedDB) Acquire(ctx context.Context) (*pgxpool.Conn, error) { return d.pool.Acquire(ctx) }
+
+func TestPoolSize(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+
+	t.Run("Sizes", func(t *testing.T) {
+		t.Parallel()
+		for name, tc := range map[string]struct {
+			maxConns      int32
+			disableNotify bool
+			want          outbox.PoolSize
+			warned        bool
+		}{
+			"ListeningWithThree":   {3, false, outbox.PoolSize{Needed: 3, Max: 3}, false},
+			"ListeningWithTwo":     {2, false, outbox.PoolSize{Needed: 3, Max: 2}, true},
+			"PollingWithTwo":       {2, true, outbox.PoolSize{Needed: 2, Max: 2}, false},
+			"PollingWithOne":       {1, true, outbox.PoolSize{Needed: 2, Max: 1}, true},
+			"PgxpoolDefaultOfFour": {0, false, outbox.PoolSize{Needed: 3, Max: 4}, false}, // pgxpool: max(4, CPUs)
+		} {
+			t.Run(name, func(t *testing.T) {
+				t.Parallel()
+				pool := b.pool
+				if tc.maxConns > 0 {
+					pool = sizedPool(t, b, tc.maxConns)
+				} else if pool.Stat().MaxConns() != 4 {
+					t.Skipf("pgxpool's default here is %d connections, not 4", pool.Stat().MaxConns())
+				}
+				var logs bytes.Buffer
+				r, err := outbox.NewRelay(pool, fakePublisher{}, outbox.Config{
+					DisableNotify: tc.disableNotify, Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+				})
+				require.NoError(t, err)
+				require.Equal(t, tc.want, r.PoolSize())
+				require.Equal(t, tc.want.Needed-tc.want.Max > 0, r.PoolSize().Shortfall() > 0)
+				if tc.warned {
+					require.Contains(t, logs.String(), "the pool is smaller than the relay needs")
+				} else {
+					require.Empty(t, logs.String())
+				}
+			})
+		}
+	})
+
+	t.Run("OneConnectionCannotListen", func(t *testing.T) {
+		t.Parallel()
+		_, err := outbox.NewRelay(sizedPool(t, b, 1), fakePublisher{}, outbox.Config{})
+		require.ErrorContains(t, err, "outbox: invalid relay config: the pool has 1 connection")
+	})
+
+	t.Run("UnknownSize", func(t *testing.T) {
+		t.Parallel()
+		r, err := outbox.NewRelay(unsizedDB{sizedPool(t, b, 1)}, fakePublisher{}, outbox.Config{})
+		require.NoError(t, err, "a pool that does not tell its size is not checked")
+		require.Equal(t, outbox.PoolSize{Needed: 3}, r.PoolSize())
+		require.Zero(t, r.PoolSize().Shortfall())
+	})
+
+	t.Run("TooSmallOnlySlowsDown", func(t *testing.T) {
+		// Two connections for a relay that wants three: it publishes all the same.
+		t.Parallel()
+		got := consume(t, b.amqpURL, b.top.Queue)
+		pool := sizedPool(t, b, 2)
+		msgs := b.write(t, b.msg("small-pool", 1), b.msg("small-pool", 2), b.msg("small-pool", 3))
+		b.startRelay(t, pool, b.pub, fastConfig(t))
+		testinfra.Eventually(t, waitFor, func() bool {
+			ids := got.ids()
+			for _, m := range msgs {
+				if ids[m.ID.String()] == 0 {
+					return false
+				}
+			}
+			return true
+		}, "published through a pool of two")
+	})
+}

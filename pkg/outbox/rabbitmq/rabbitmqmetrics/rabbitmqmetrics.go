@@ -1,0 +1,70 @@
+// Package rabbitmqmetrics exposes the RabbitMQ publisher's own state as Prometheus metrics:
+// whether it has a broker connection, and how often it reconnected.
+//
+// The relay's broker-neutral metrics are in package metrics of the outbox library; this
+// package lives beside the adapter so that those import nothing of RabbitMQ. A relay process
+// registers both, with the same constant labels. Everything is registered on the
+// [prometheus.Registerer] passed in; nothing is global. The metric names are listed in
+// docs/metrics.md of the outboxshop repository.
+package rabbitmqmetrics
+
+import (
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq"
+)
+
+// Publisher holds a RabbitMQ publisher's metrics.
+type Publisher struct {
+	connected  prometheus.Gauge
+	reconnects prometheus.Counter
+
+	mu            sync.Mutex
+	everConnected bool
+}
+
+// NewPublisher registers the publisher's metrics on reg; constLabels (say,
+// service="orders") go on every one of them.
+func NewPublisher(reg prometheus.Registerer, constLabels prometheus.Labels) (*Publisher, error) {
+	opts := func(name, help string) prometheus.Opts {
+		return prometheus.Opts{Namespace: "outbox", Name: name, Help: help, ConstLabels: constLabels}
+	}
+	m := &Publisher{
+		connected:  prometheus.NewGauge(prometheus.GaugeOpts(opts("broker_connected", "1 while the publisher has a broker connection."))),
+		reconnects: prometheus.NewCounter(prometheus.CounterOpts(opts("broker_reconnects_total", "Successful broker connects after the first."))),
+	}
+	for _, c := range []prometheus.Collector{m.connected, m.reconnects} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// Hooks returns h with the metric updates added; h's own callbacks still run.
+func (m *Publisher) Hooks(h rabbitmq.Hooks) rabbitmq.Hooks {
+	connected := h.Connected
+	h.Connected = func(c rabbitmq.ConnectionChange) {
+		m.setConnected(c.Up)
+		if connected != nil {
+			connected(c)
+		}
+	}
+	return h
+}
+
+func (m *Publisher) setConnected(up bool) {
+	if !up {
+		m.connected.Set(0)
+		return
+	}
+	m.connected.Set(1)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.everConnected {
+		m.reconnects.Inc()
+	}
+	m.everConnected = true
+}
