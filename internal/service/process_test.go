@@ -45,13 +45,13 @@ func TestProcess(t *testing.T) {
 		BrokerDownGrace: time.Second,
 	})
 	require.NoError(t, err)
-	require.NoError(t, service.AddOutboxStats(p.Group, p.Registry, pool, p.ConstLabels(), p.Log))
-	service.AddInboxCleanup(p.Group, pool, time.Hour, 0, p.Log)
-	ln, err := service.Listen(ctx, p.Group, "127.0.0.1:0")
+	require.NoError(t, service.AddOutboxStats(p))
+	service.AddInboxCleanup(p, time.Hour, 0)
+	ln, err := service.Listen(ctx, p, "127.0.0.1:0")
 	require.NoError(t, err)
-	service.AddServer(p.Group, "http server", ln, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	service.AddServer(p, "http server", ln, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.WriteHeader(http.StatusNoContent)
-	}), time.Second, p.Log)
+	}), time.Second)
 	p.Launch(ctx)
 	stopped := false
 	t.Cleanup(func() {

@@ -3,12 +3,10 @@ package service
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/http"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
@@ -219,42 +217,43 @@ func AddRelay(p *Process, cfg RelayConfig) (readiness.Check, error) {
 	return readiness.Check{Name: "relay", Check: readiness.Connection(link, cfg.BrokerDownGrace)}, nil
 }
 
-// AddInboxCleanup adds the cleanup of processed inbox rows ("inbox cleanup") to g
+// AddInboxCleanup adds the cleanup of p's processed inbox rows ("inbox cleanup") to its group
 // (inbox.RunCleanup; an interval of 0 takes its default).
-func AddInboxCleanup(g *Group, pool *pgxpool.Pool, retention, interval time.Duration, log *slog.Logger) {
-	g.Add("inbox cleanup", func(ctx context.Context) error {
-		return inbox.RunCleanup(ctx, pool, inbox.CleanupConfig{Retention: retention, Interval: interval, Logger: log})
+func AddInboxCleanup(p *Process, retention, interval time.Duration) {
+	p.Group.Add("inbox cleanup", func(ctx context.Context) error {
+		return inbox.RunCleanup(ctx, p.Pool(), inbox.CleanupConfig{Retention: retention, Interval: interval, Logger: p.Log})
 	})
 }
 
-// AddOutboxStats adds the outbox backlog metrics ("outbox stats") to g. The API process
-// reads them, not the relay, so that the backlog stays visible while the relay is down.
-func AddOutboxStats(g *Group, reg prometheus.Registerer, pool *pgxpool.Pool, labels prometheus.Labels, log *slog.Logger) error {
-	stats, err := outboxmetrics.NewStats(reg, pool, outboxmetrics.StatsConfig{ConstLabels: labels, Logger: log})
+// AddOutboxStats adds the outbox backlog metrics of p's database ("outbox stats") to its
+// group. The API process reads them, not the relay, so that the backlog stays visible while
+// the relay is down.
+func AddOutboxStats(p *Process) error {
+	stats, err := outboxmetrics.NewStats(p.Registry, p.Pool(), outboxmetrics.StatsConfig{ConstLabels: p.ConstLabels(), Logger: p.Log})
 	if err != nil {
 		return fmt.Errorf("register outbox stats metrics: %w", err)
 	}
-	g.Add("outbox stats", stats.Run)
+	p.Group.Add("outbox stats", stats.Run)
 	return nil
 }
 
-// Listen binds addr ("127.0.0.1:0" in tests) and registers its closing with g, for a
-// start-up that fails before the server runs.
-func Listen(ctx context.Context, g *Group, addr string) (net.Listener, error) {
+// Listen binds addr ("127.0.0.1:0" in tests) and registers its closing with p's group, for
+// a start-up that fails before the server runs.
+func Listen(ctx context.Context, p *Process, addr string) (net.Listener, error) {
 	var lc net.ListenConfig
 	ln, err := lc.Listen(ctx, "tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s: %w", addr, err)
 	}
-	g.OnStop(func() { _ = ln.Close() }) // already closed by the server when it ran
+	p.Group.OnStop(func() { _ = ln.Close() }) // already closed by the server when it ran
 	return ln, nil
 }
 
 // AddServer adds an HTTP server of h on ln (internal/httpserver: timeouts, graceful shutdown
-// within shutdownTimeout) to g under name.
-func AddServer(g *Group, name string, ln net.Listener, h http.Handler, shutdownTimeout time.Duration, log *slog.Logger) {
-	g.Add(name, func(ctx context.Context) error {
-		return httpserver.Serve(ctx, ln, h, httpserver.Config{ShutdownTimeout: shutdownTimeout}, log)
+// within shutdownTimeout) to p's group under name.
+func AddServer(p *Process, name string, ln net.Listener, h http.Handler, shutdownTimeout time.Duration) {
+	p.Group.Add(name, func(ctx context.Context) error {
+		return httpserver.Serve(ctx, ln, h, httpserver.Config{ShutdownTimeout: shutdownTimeout}, p.Log)
 	})
 }
 

@@ -128,12 +128,12 @@ func (a *App) Start(ctx context.Context) (err error) {
 		return fmt.Errorf("register HTTP metrics: %w", err)
 	}
 	if a.mode == ModeAPI || a.mode == ModeAll {
-		if a.apiLn, err = service.Listen(ctx, a.Group, a.cfg.HTTPAddr); err != nil {
+		if a.apiLn, err = service.Listen(ctx, a.Process, a.cfg.HTTPAddr); err != nil {
 			return err
 		}
 	}
 	if a.mode == ModeRelay {
-		if a.opsLn, err = service.Listen(ctx, a.Group, a.cfg.RelayHTTPAddr); err != nil {
+		if a.opsLn, err = service.Listen(ctx, a.Process, a.cfg.RelayHTTPAddr); err != nil {
 			return err
 		}
 	}
@@ -159,7 +159,7 @@ func (a *App) addAPI() error {
 	if err != nil {
 		return fmt.Errorf("register service metrics: %w", err)
 	}
-	if err := service.AddOutboxStats(a.Group, a.Registry, a.Pool(), a.ConstLabels(), a.Log); err != nil {
+	if err := service.AddOutboxStats(a.Process); err != nil {
 		return err
 	}
 	// /readyz: the database, and the consumer's broker connection, which may be away for
@@ -202,9 +202,9 @@ func (a *App) addAPI() error {
 		return fmt.Errorf("stock consumer: %w", err)
 	}
 	consumerMetrics.Built(consumer)
-	service.AddServer(a.Group, "http server", a.apiLn, api, a.cfg.HTTPShutdownTimeout, a.Log)
+	service.AddServer(a.Process, "http server", a.apiLn, api, a.cfg.HTTPShutdownTimeout)
 	a.Group.Add("stock consumer", consumer.Run)
-	service.AddInboxCleanup(a.Group, a.Pool(), a.cfg.InboxRetention, a.cfg.InboxCleanupInterval, a.Log)
+	service.AddInboxCleanup(a.Process, a.cfg.InboxRetention, a.cfg.InboxCleanupInterval)
 	a.Group.Add("idempotency key cleanup", func(ctx context.Context) error {
 		return service.Every(ctx, a.cfg.IdempotencyKeyCleanupInterval, a.cleanupIdempotencyKeys)
 	})
@@ -230,7 +230,7 @@ func (a *App) addRelay() error {
 		ops := ordershttp.NewOpsHandler(ordershttp.OpsConfig{
 			Gatherer: a.Registry, Metrics: a.httpm, Checks: checks, Logger: a.Log,
 		})
-		service.AddServer(a.Group, "relay http server", a.opsLn, ops, a.cfg.HTTPShutdownTimeout, a.Log)
+		service.AddServer(a.Process, "relay http server", a.opsLn, ops, a.cfg.HTTPShutdownTimeout)
 	}
 	return nil
 }

@@ -117,7 +117,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 	if api {
 		addr = a.cfg.HTTPAddr
 	}
-	if a.ln, err = service.Listen(ctx, a.Group, addr); err != nil {
+	if a.ln, err = service.Listen(ctx, a.Process, addr); err != nil {
 		return err
 	}
 
@@ -151,14 +151,14 @@ func (a *App) Start(ctx context.Context) (err error) {
 		httpCfg.Store = a.store
 		// The backlog of the outbox table and the stock, read here and not by the relay, so
 		// that the backlog stays visible when the relay is down.
-		if err := service.AddOutboxStats(a.Group, a.Registry, pool, a.ConstLabels(), a.Log); err != nil {
+		if err := service.AddOutboxStats(a.Process); err != nil {
 			return err
 		}
 		a.Group.Add("stock metrics", func(ctx context.Context) error {
 			return service.Every(ctx, StockMetricsInterval, svc.stockGauge(a.store, a.Log))
 		})
 	}
-	service.AddServer(a.Group, "http server", a.ln, warehousehttp.NewRouter(httpCfg), a.cfg.ShutdownTimeout, a.Log)
+	service.AddServer(a.Process, "http server", a.ln, warehousehttp.NewRouter(httpCfg), a.cfg.ShutdownTimeout)
 	a.Launch(ctx, slog.String("http_addr", a.HTTPAddr()), slog.Bool("api", api), slog.Bool("consumer", consumer), slog.Bool("relay", relay))
 	return nil
 }
@@ -185,7 +185,7 @@ func (a *App) addConsumer(declarer *amqptopo.Declarer, svc *serviceMetrics) erro
 	}
 	consumerMetrics.Built(c)
 	a.Group.Add("consumer", c.Run)
-	service.AddInboxCleanup(a.Group, a.Pool(), a.cfg.InboxRetention, 0, a.Log)
+	service.AddInboxCleanup(a.Process, a.cfg.InboxRetention, 0)
 	return nil
 }
 
