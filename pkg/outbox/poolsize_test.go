@@ -5,6 +5,7 @@ import (
 	"context"
 	"log/slog"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -82,6 +83,29 @@ func TestPoolSize(t *testing.T) {
 		t.Parallel()
 		_, err := outbox.NewRelay(sizedPool(t, b, 1), fakePublisher{}, outbox.Config{})
 		require.ErrorContains(t, err, "outbox: invalid relay config: the pool has 1 connection")
+	})
+
+	t.Run("OneConnectionListens", func(t *testing.T) {
+		// The listener takes its connection out of the pool (Hijack), which frees its slot:
+		// a pool of one connection still runs cycles, and notifications still wake them.
+		t.Parallel()
+		got := consume(t, b.amqpURL, b.top.Queue)
+		pool := sizedPool(t, b, 1)
+		cfg := fastConfig(t)
+		cfg.PollInterval = time.Hour // only a notification can start a cycle after the first
+		b.startRelay(t, pool, b.pub, cfg)
+		testinfra.Eventually(t, waitFor, func() bool {
+			var n int
+			require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+				WHERE datname = current_database() AND query LIKE 'LISTEN %'`).Scan(&n))
+			return n > 0
+		}, "the relay listens")
+		for i := range 3 {
+			m := b.write(t, b.msg("one-conn-listen", i))[0]
+			testinfra.Eventually(t, waitFor, func() bool { return got.ids()[m.ID.String()] > 0 },
+				"message %d published through a pool of one that listens", i)
+			require.LessOrEqual(t, pool.Stat().TotalConns(), int32(1))
+		}
 	})
 
 	t.Run("UnknownSize", func(t *testing.T) {
