@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -162,6 +163,36 @@ func TestMigrateTables(t *testing.T) {
 		quick, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
 		require.NoError(t, migrate(quick, pool, tables))
+	})
+
+	// Every Tables that Validate accepts is one migrate can make, and whose trigger notifies:
+	// names at the byte limits in multi-byte characters, quotes, dots, dollars.
+	t.Run("WhatValidateAccepts", func(t *testing.T) {
+		t.Parallel()
+		pool := testinfra.NewPool(t)
+		e40 := strings.Repeat("é", MaxTableBytes/2) // 40 bytes, 20 runes
+		s63 := strings.Repeat("ü", 31) + "s"        // 63 bytes
+		for _, tables := range []Tables{
+			{Messages: "a$$b"},
+			{Schema: "s$$", Messages: "m"},
+			{Schema: "s$", Messages: "$m"},
+			{Messages: `"; DROP TABLE x; --`},
+			{Schema: "a.b", Messages: "c.d"},
+			{Messages: e40},
+			{Schema: s63, Messages: e40},
+			{Schema: s63, Messages: e40 + "x"}, // too long: refused
+			{Messages: "m", Migrations: strings.Repeat("€", 21)},
+		} {
+			t.Run(fmt.Sprintf("%q.%q", tables.Schema, tables.Messages), func(t *testing.T) {
+				if tables.Validate() != nil {
+					return
+				}
+				require.NoError(t, migrate(ctx, pool, tables))
+				require.NoError(t, migrate(ctx, pool, tables), "again")
+				require.Equal(t, []int{1, 2}, versions(t, pool, tables))
+				requireNotifies(t, pool, tables)
+			})
+		}
 	})
 
 	t.Run("InvalidTables", func(t *testing.T) {
