@@ -200,7 +200,7 @@ func TestDeliverRabbitMQ(t *testing.T) {
 		return nil
 	}}
 	delivery := func(id, body string, count int) rabbitmq.Delivery {
-		return rabbitmq.Delivery{ID: id, Type: "order.placed", Body: []byte(body), DeliveryCount: count}
+		return rabbitmq.Delivery{ID: id, Type: "order.placed", ContentType: "text/plain", Body: []byte(body), DeliveryCount: count}
 	}
 
 	t.Run("Once", func(t *testing.T) {
