@@ -141,9 +141,14 @@ type Config struct {
 	Hooks Hooks
 }
 
-// Hooks are optional callbacks. They run on the relay's goroutine: keep them fast. Each
-// takes one event struct, so that an event can gain fields without breaking a hook (the
-// inbox's RabbitMQ consumer hooks have the same shape).
+// Hooks are optional callbacks. They run on the goroutine that called [Relay.Run]: keep them
+// fast. While a hook runs the relay does nothing else, and Polled runs with the claim's
+// transaction open: a hook that blocks keeps the claimed rows locked (other relays skip
+// them) and holds back vacuum for as long. A hook that panics unwinds Run: the batch in hand
+// is rolled back, the relay's own goroutines stop, and the panic goes on in Run's caller
+// (nothing recovers it); Run may be called again. Each hook takes one event struct, so that
+// an event can gain fields without breaking a hook (the inbox's RabbitMQ consumer hooks have
+// the same shape).
 type Hooks struct {
 	// Failpoint is called each time a cycle passes one of the Failpoint* points. A chaos
 	// harness uses it to kill the process exactly there.
