@@ -29,7 +29,8 @@ var migrationTemplates embed.FS
 // of its own, since these versions are numbered on their own (goose.WithTableName(
 // "inbox_goose_db_version"), the driver's MigrationsTable "inbox_schema_migrations"); or copy the
 // files into your project's migrations, renumbered. The Down migrations drop what the Up ones
-// made, rows included.
+// made, rows included, and take the versions they undo out of [Migrate]'s version table
+// (inbox_migrations) if there is one, so that Migrate, run afterwards, makes them again.
 // Tables with other names than the defaults are made by [Store.Migrate].
 //
 // Earlier versions of this package had Migrations hold the plain SQL files Migrate applied

@@ -201,12 +201,12 @@ func TestMigrateTables(t *testing.T) {
 		require.ErrorIs(t, err, ErrInvalidTables)
 		_, err = renderMigrations(Tables{Messages: "a$$b"})
 		require.ErrorContains(t, err, "$$")
-		for _, tables := range []Tables{{Messages: "a$$b"}, {Schema: "$$"}} {
+		for _, tables := range []Tables{{Messages: "a$$b"}, {Schema: "$$"}, {Migrations: "$$"}} {
 			err = migrate(ctx, nil, tables)
 			require.ErrorIs(t, err, ErrInvalidTables)
 			require.ErrorContains(t, err, "contains $$")
 		}
-		require.NoError(t, Tables{Messages: "m", Migrations: "a$$b"}.Validate(), "the version table is in no function body")
+		require.ErrorIs(t, Tables{Messages: "m", Migrations: "a$$b"}.Validate(), ErrInvalidTables, "the version table is in the Down's DO body")
 	})
 }
 

@@ -54,8 +54,8 @@ func (t Tables) WithDefaults() Tables {
 
 // Validate reports whether t, with its defaults, names usable tables: valid UTF-8 without
 // NUL bytes, Messages at most [MaxTableBytes] bytes, Schema and Migrations at most 63,
-// Messages and Migrations different, and no "$$" in Schema or Messages (the notify trigger's
-// function body is quoted with $$, and holds them). Names are quoted in every statement, so
+// Messages and Migrations different, and no "$$" in any of them (the migrations' $$-quoted
+// bodies, the notify trigger's function among them, hold them). Names are quoted in every statement, so
 // any other character, case included, is kept as written. The error wraps
 // [ErrInvalidTables].
 func (t Tables) Validate() error {
@@ -77,9 +77,9 @@ func (t Tables) Validate() error {
 			return fmt.Errorf("%w: %s contains a NUL byte", ErrInvalidTables, f.field)
 		}
 	}
-	for _, f := range []struct{ field, value string }{{"Schema", t.Schema}, {"Messages", t.Messages}} {
+	for _, f := range []struct{ field, value string }{{"Schema", t.Schema}, {"Messages", t.Messages}, {"Migrations", t.Migrations}} {
 		if strings.Contains(f.value, "$$") {
-			return fmt.Errorf("%w: %s contains $$, which would end the notify trigger's $$-quoted function body", ErrInvalidTables, f.field)
+			return fmt.Errorf("%w: %s contains $$, which would end a migration's $$-quoted body", ErrInvalidTables, f.field)
 		}
 	}
 	if t.Messages == t.Migrations {
