@@ -103,6 +103,7 @@ func migrateConfig(t Tables) (pgmigrate.Config, error) {
 		Schema:           t.Schema,
 		VersionTable:     n.Migrations,
 		VersionTableText: n.MigrationsText,
+		Table:            n.MessagesText,
 		LegacyTable:      n.MessagesText,
 		LockKey:          t.lockKey("migrate", migrationLock),
 		Migrations:       ms,
@@ -137,6 +138,8 @@ func migrate(ctx context.Context, db TxBeginner, t Tables) error {
 //   - A table made by a version of this package that recorded no versions, or by a
 //     migration tool from [Migrations], is taken to be at version 1; the versions after it
 //     may be applied again.
+//   - A version table that records versions while the outbox table is missing is an error,
+//     not a current schema: it belongs to other tables too, or the table was dropped.
 //
 // Users who manage their schema with goose or golang-migrate apply [Migrations] instead.
 func Migrate(ctx context.Context, db TxBeginner) error {
