@@ -173,7 +173,10 @@ type Delivery struct {
 }
 
 // Hooks are optional callbacks for metrics and fault injection. Nil fields are skipped. They
-// are called from the consumer's goroutines, concurrently, and must return quickly. Each takes
+// are called from the consumer's goroutines, concurrently, and must return quickly: a hook
+// that blocks holds up the delivery it reports on, and the worker handling it. Nothing
+// recovers a hook's panic: it ends the process, as any unrecovered panic does, and the
+// deliveries not yet acknowledged go back to the broker with the connection. Each takes
 // one event struct, so that an event can gain fields without breaking a hook (the outbox
 // relay's hooks have the same shape). An event's Type is the message's type property as
 // received: it may be anything, even invalid UTF-8, so map it to a known set before using it
