@@ -69,6 +69,10 @@ const (
 
 // Config tunes a [Relay]. The zero value of every field means its default.
 type Config struct {
+	// Tables names the outbox table the relay publishes from, and so its notify channel
+	// ([Tables.NotifyChannel]). Default: the default Tables, outbox_messages. An invalid
+	// value makes [NewRelay] return an error wrapping [ErrInvalidTables].
+	Tables Tables
 	// BatchSize is how many rows one cycle claims and publishes. Default 100.
 	BatchSize int
 	// PollInterval is how often the relay looks for due rows when no notification woke it:
@@ -189,6 +193,7 @@ type Relay struct {
 	db  RelayDB
 	pub Publisher
 	cfg Config
+	sql statements // for cfg.Tables
 
 	running atomic.Bool
 	mu      sync.Mutex
@@ -207,7 +212,10 @@ type Relay struct {
 }
 
 // RelayDB is what a relay needs of the database: transactions and statements for its
-// cycles, and a connection of its own to LISTEN on. *pgxpool.Pool satisfies it.
+// cycles, and a connection of its own to LISTEN on (Acquire, whose connection the relay
+// hijacks: it never goes back to the pool). A *pgxpool.Pool satisfies it, and the relay uses
+// nothing else of it: a wrapper of your own (to count or trace statements, say) that has
+// these three methods will do.
 type RelayDB interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
@@ -217,10 +225,10 @@ type RelayDB interface {
 var _ RelayDB = (*pgxpool.Pool)(nil)
 
 // NewRelay returns a relay that publishes the rows of the outbox table in pool's database
-// through pub. While it runs, the relay uses up to three connections of the pool: one for its
-// cycles, one now and then for its maintenance (taking rows that wait behind their
-// aggregate's head out of the claim's way), and one it keeps for LISTEN unless
-// cfg.DisableNotify is set.
+// through pub: the table of cfg.Tables, by default outbox_messages. While it runs, the relay
+// uses up to three connections of the pool: one for its cycles, one now and then for its
+// maintenance (taking rows that wait behind their aggregate's head out of the claim's way),
+// and one it keeps for LISTEN unless cfg.DisableNotify is set.
 func NewRelay(pool RelayDB, pub Publisher, cfg Config) (*Relay, error) {
 	if pool == nil || pub == nil {
 		return nil, errors.New("outbox: NewRelay needs a pool and a publisher")
@@ -229,7 +237,12 @@ func NewRelay(pool RelayDB, pub Publisher, cfg Config) (*Relay, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Relay{db: pool, pub: pub, cfg: cfg, state: StateStarting}, nil
+	store, err := NewStore(cfg.Tables)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Tables = store.Tables()
+	return &Relay{db: pool, pub: pub, cfg: cfg, sql: store.sql, state: StateStarting}, nil
 }
 
 // State reports what the relay is doing now.
@@ -417,7 +430,7 @@ func (r *Relay) listenOnce(ctx context.Context, wake chan<- struct{}, listening 
 	// A LISTENing connection must not go back to the pool: it is ours until it fails.
 	conn := pc.Hijack()
 	defer conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck // closing a dead or idle connection
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{NotifyChannel}.Sanitize()); err != nil {
+	if _, err := conn.Exec(ctx, r.sql.listen); err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
 	listening()
