@@ -191,7 +191,8 @@ func writeOn(t testing.TB, b *bundle, c *pgx.Conn, msgs ...outbox.Message) {
 	}))
 }
 
-// notifierLock is the advisory lock key the notify trigger tries (migrations/001_outbox.sql).
+// notifierLock is the advisory lock key the notify trigger of the default tables tries
+// (migrations/templates/001_outbox.sql.tmpl).
 const notifierLock = 8031453476610924398
 
 // holdNotifierLock runs fn while another session holds the trigger's notifier lock, as a

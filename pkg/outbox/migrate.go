@@ -3,52 +3,45 @@ package outbox
 import (
 	"context"
 	"embed"
-	"errors"
 	"fmt"
-	"io/fs"
-	"path"
-	"slices"
-	"strconv"
-	"strings"
-	"time"
+	"sync"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outboxshop/outboxshop/pkg/outbox/internal/pgmigrate"
 )
 
-//go:embed migrations/*.sql
-var migrations embed.FS
+//go:generate go test -run ^TestToolMigrations$ -update .
 
-// migrationLock is the pg_advisory_xact_lock key that serialises concurrent migrations
-// (several relays or API processes starting at once).
-const migrationLock = 0x6f7574626f78 // "outbox"
+// migrationTemplates are the source of the schema: one text/template per version, rendered
+// for a [Tables] by [Migrate] and [Store.Migrate], and for the default Tables into
+// [Migrations] by go generate.
+//
+//go:embed migrations/templates/*.sql.tmpl
+var migrationTemplates embed.FS
 
-// migrationLockTimeout bounds how long a migration waits for a table lock. A migration that
-// has to change outbox_messages queues for its lock behind running transactions, and every
-// writer queues behind the migration: PostgreSQL's lock queue is first come, first served.
-// Giving up quickly and trying again keeps writers waiting at most this long.
-const migrationLockTimeout = 2 * time.Second
+// Migrations holds the outbox schema of the default [Tables] for migration tools, generated
+// from the templates [Migrate] applies, so that either way makes the same schema:
+//
+//   - migrations/goose/NNN_name.sql for goose (-- +goose Up and Down annotations);
+//   - migrations/golang-migrate/NNN_name.up.sql and NNN_name.down.sql for golang-migrate.
+//
+// Give goose fs.Sub(Migrations, "migrations/goose") (goose.SetBaseFS, or goose.NewProvider),
+// golang-migrate iofs.New(Migrations, "migrations/golang-migrate"); or copy the files into
+// your project's migrations. The Down migrations drop what the Up ones made, rows included.
+// Tables with other names than the defaults are made by [Store.Migrate].
+//
+//go:embed migrations/goose migrations/golang-migrate
+var Migrations embed.FS
 
-// migrationAttempts is how often Migrate tries when a lock is not available in time.
-const migrationAttempts = 10
-
-// The version table, and what Migrate reads before anything else.
+// Advisory lock keys of the default tables; other tables derive theirs with Tables.lockKey.
 const (
-	createVersionTable = `
-CREATE TABLE IF NOT EXISTS outbox_migrations (
-    version    integer     PRIMARY KEY,
-    applied_at timestamptz NOT NULL DEFAULT now()
-)`
-	// versionTableExists and currentVersion take no lock on outbox_messages, so the common
-	// case — nothing to do — never waits for a relay.
-	versionTableExists = `SELECT to_regclass('outbox_migrations') IS NOT NULL`
-	currentVersion     = `SELECT coalesce(max(version), 0) FROM outbox_migrations`
-	// legacyTable tells whether outbox_messages was created before the library recorded
-	// versions (by version 1, unrecorded).
-	legacyTable     = `SELECT to_regclass('outbox_messages') IS NOT NULL`
-	recordVersion   = `INSERT INTO outbox_migrations (version) VALUES ($1)`
-	setLockTimeout  = `SELECT set_config('lock_timeout', $1, true)`
-	takeMigrateLock = `SELECT pg_advisory_xact_lock($1)`
+	// migrationLock serialises concurrent migrations (several relays or API processes
+	// starting at once).
+	migrationLock int64 = 0x6f7574626f78 // "outbox"
+	// notifyLock is the lock the notify trigger tries, so that one committing transaction
+	// at a time notifies (see migrations/templates/001_outbox.sql.tmpl).
+	notifyLock int64 = 8031453476610924398 // "outbox_n"
 )
 
 // TxBeginner starts a transaction. *pgxpool.Pool and *pgx.Conn satisfy it.
@@ -56,39 +49,75 @@ type TxBeginner interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
-// migration is one numbered file of migrations/.
-type migration struct {
-	version int
-	name    string
-	sql     string
+// templates are migrationTemplates, parsed once.
+var templates = sync.OnceValues(func() (*pgmigrate.Templates, error) {
+	return pgmigrate.ParseTemplates(migrationTemplates, "migrations/templates")
+})
+
+// migrationNames are what the migration templates are rendered with: t's SQL names, and
+// what the notify trigger needs.
+type migrationNames struct {
+	sqlNames
+	// NotifyChannel is the channel the trigger notifies, [Tables.NotifyChannel].
+	NotifyChannel string
+	// NotifyLock is the advisory lock key the trigger tries.
+	NotifyLock int64
 }
 
-// loadMigrations reads migrations/NNN_name.sql in version order.
-func loadMigrations() ([]migration, error) {
-	names, err := fs.Glob(migrations, "migrations/*.sql")
+// renderMigrations returns the migrations of t's tables, in version order.
+func renderMigrations(t Tables) ([]pgmigrate.Migration, error) {
+	tmpl, err := templates()
 	if err != nil {
-		return nil, fmt.Errorf("list outbox migrations: %w", err)
+		return nil, fmt.Errorf("outbox migrations: %w", err)
 	}
-	slices.Sort(names)
-	out := make([]migration, 0, len(names))
-	for _, name := range names {
-		prefix, _, _ := strings.Cut(path.Base(name), "_")
-		v, err := strconv.Atoi(prefix)
-		if err != nil || v != len(out)+1 {
-			return nil, fmt.Errorf("outbox migration %s: want version %d as its prefix", name, len(out)+1)
-		}
-		sql, err := migrations.ReadFile(name)
-		if err != nil {
-			return nil, fmt.Errorf("read %s: %w", name, err)
-		}
-		out = append(out, migration{version: v, name: path.Base(name), sql: string(sql)})
+	t = t.WithDefaults()
+	ms, err := tmpl.Render(migrationNames{
+		sqlNames:      t.sqlNames(),
+		NotifyChannel: t.NotifyChannel(),
+		NotifyLock:    t.lockKey("notify", notifyLock),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outbox migrations for %s: %w", t, err)
 	}
-	return out, nil
+	return ms, nil
 }
 
-// Migrate brings the outbox schema to the version this package needs: the table, its
-// indexes and its notify trigger. Versions are recorded in the outbox_migrations table, and
-// each embedded migrations/NNN_*.sql file is applied once, in order, in one transaction.
+// migrateConfig returns what migrating t's tables takes: t validated, its migrations
+// rendered, its version table and lock key.
+func migrateConfig(t Tables) (pgmigrate.Config, error) {
+	if err := t.Validate(); err != nil {
+		return pgmigrate.Config{}, err
+	}
+	ms, err := renderMigrations(t)
+	if err != nil {
+		return pgmigrate.Config{}, err
+	}
+	t = t.WithDefaults()
+	n := t.sqlNames()
+	return pgmigrate.Config{
+		Library:          "outbox",
+		Schema:           t.Schema,
+		VersionTable:     n.Migrations,
+		VersionTableText: n.MigrationsText,
+		LegacyTable:      n.MessagesText,
+		LockKey:          t.lockKey("migrate", migrationLock),
+		Migrations:       ms,
+	}, nil
+}
+
+// migrate brings t's tables to the version this package needs, creating t.Schema when it is
+// set and missing. See [Migrate].
+func migrate(ctx context.Context, db TxBeginner, t Tables) error {
+	c, err := migrateConfig(t)
+	if err != nil {
+		return err
+	}
+	return pgmigrate.Apply(ctx, db, c)
+}
+
+// Migrate brings the outbox schema of the default [Tables] to the version this package
+// needs: the table, its indexes and its notify trigger. Versions are recorded in the
+// outbox_migrations table, and each version is applied once, in order, in one transaction.
 //
 // Migrate is safe on every start of every replica while relays and writers run at full load:
 //
@@ -101,107 +130,11 @@ func loadMigrations() ([]migration, error) {
 //     backoff, up to ten times, then returns the error. Once it has a table's lock, writers
 //     wait for what the migration does with it (version 2 rewrites the table: milliseconds
 //     for a table that Cleanup keeps small).
-//   - A table made by a version of this package that recorded no versions is taken to be at
-//     version 1.
+//   - A table made by a version of this package that recorded no versions, or by a
+//     migration tool from [Migrations], is taken to be at version 1; the versions after it
+//     may be applied again.
 //
-// Users who manage their schema with another tool apply migrations/*.sql in order instead,
-// each once.
+// Users who manage their schema with goose or golang-migrate apply [Migrations] instead.
 func Migrate(ctx context.Context, db TxBeginner) error {
-	all, err := loadMigrations()
-	if err != nil {
-		return err
-	}
-	latest := all[len(all)-1].version
-	for attempt := 1; ; attempt++ {
-		err := migrateOnce(ctx, db, all, latest)
-		var pgErr *pgconn.PgError
-		if err == nil || !errors.As(err, &pgErr) || pgErr.Code != "55P03" || attempt == migrationAttempts {
-			return err
-		}
-		// lock_not_available: a long transaction holds the table. Let the writers queued
-		// behind us through, and try again.
-		t := time.NewTimer(backoff(attempt, 100*time.Millisecond, 2*time.Second))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return fmt.Errorf("migrate outbox: %w (last attempt: %w)", ctx.Err(), err)
-		case <-t.C:
-		}
-	}
-}
-
-func migrateOnce(ctx context.Context, db TxBeginner, all []migration, latest int) error {
-	tx, err := db.Begin(ctx)
-	if err != nil {
-		return fmt.Errorf("migrate outbox: begin: %w", err)
-	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
-
-	version, err := readVersion(ctx, tx)
-	if err != nil {
-		return err
-	}
-	if version >= latest {
-		return nil // current: nothing locked, nothing to commit
-	}
-	// lock_timeout first: it bounds the wait for the advisory lock too, behind another
-	// process's migration that is itself waiting.
-	if _, err := tx.Exec(ctx, setLockTimeout, strconv.Itoa(int(migrationLockTimeout.Milliseconds()))); err != nil {
-		return fmt.Errorf("migrate outbox: set lock_timeout: %w", err)
-	}
-	if _, err := tx.Exec(ctx, takeMigrateLock, int64(migrationLock)); err != nil {
-		return fmt.Errorf("migrate outbox: lock: %w", err)
-	}
-	if _, err := tx.Exec(ctx, createVersionTable); err != nil {
-		return fmt.Errorf("migrate outbox: create version table: %w", err)
-	}
-	// Read again under the lock: another process may have migrated meanwhile.
-	applied, err := readVersion(ctx, tx)
-	if err != nil {
-		return err
-	}
-	if applied >= latest {
-		return nil
-	}
-	if applied == 0 {
-		var legacy bool
-		if err := tx.QueryRow(ctx, legacyTable).Scan(&legacy); err != nil {
-			return fmt.Errorf("migrate outbox: look for an unversioned table: %w", err)
-		}
-		if legacy {
-			if _, err := tx.Exec(ctx, recordVersion, 1); err != nil {
-				return fmt.Errorf("migrate outbox: record version 1 of an unversioned table: %w", err)
-			}
-			applied = 1
-		}
-	}
-	for _, m := range all[applied:] {
-		if _, err := tx.Exec(ctx, m.sql); err != nil {
-			return fmt.Errorf("apply outbox migration %s: %w", m.name, err)
-		}
-		if _, err := tx.Exec(ctx, recordVersion, m.version); err != nil {
-			return fmt.Errorf("record outbox migration %s: %w", m.name, err)
-		}
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("migrate outbox: commit: %w", err)
-	}
-	return nil
-}
-
-// readVersion returns the highest applied version, 0 when the version table is missing or
-// empty.
-func readVersion(ctx context.Context, tx pgx.Tx) (int, error) {
-	var exists bool
-	if err := tx.QueryRow(ctx, versionTableExists).Scan(&exists); err != nil {
-		return 0, fmt.Errorf("migrate outbox: look for the version table: %w", err)
-	}
-	if !exists {
-		return 0, nil
-	}
-	var v int
-	if err := tx.QueryRow(ctx, currentVersion).Scan(&v); err != nil {
-		return 0, fmt.Errorf("migrate outbox: read version: %w", err)
-	}
-	return v, nil
+	return migrate(ctx, db, Tables{})
 }

@@ -482,7 +482,7 @@ func TestMigrateUnderLoad(t *testing.T) {
 	t.Run("UpgradeOfAnUnversionedTable", func(t *testing.T) {
 		t.Parallel()
 		pool := testinfra.NewPool(t)
-		v1, err := os.ReadFile("migrations/001_outbox.sql")
+		v1, err := os.ReadFile("testdata/legacy/001_outbox.sql")
 		require.NoError(t, err)
 		_, err = pool.Exec(ctx, string(v1))
 		require.NoError(t, err)
@@ -661,13 +661,14 @@ func TestReleaseNeverWaits(t *testing.T) {
 	requireAggregateOrder(t, map[string][]uuid.UUID{"a": ids(rows)}, pub.all())
 }
 
-// TestMigrateAfterAnotherTool: a schema made by applying migrations/*.sql with another tool,
-// which records no version here, is taken over by Migrate.
+// TestMigrateAfterAnotherTool: a schema made by applying the SQL files of earlier versions
+// of this package (testdata/legacy) with another tool, which records no version here, is
+// taken over by Migrate.
 func TestMigrateAfterAnotherTool(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testinfra.NewPool(t)
-	files, err := filepath.Glob("migrations/*.sql")
+	files, err := filepath.Glob("testdata/legacy/*.sql")
 	require.NoError(t, err)
 	for _, f := range files {
 		sql, err := os.ReadFile(f)

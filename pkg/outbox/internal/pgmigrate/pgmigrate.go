@@ -1,0 +1,231 @@
+// Package pgmigrate applies a library's versioned migrations to PostgreSQL, and renders them
+// from text/template files for the library's table names.
+//
+// pkg/outbox and pkg/inbox each keep an identical copy of this package, so that either folder
+// can be copied alone; tools/copies_test.go fails when the copies drift apart. Change both.
+package pgmigrate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// TxBeginner starts a transaction. *pgxpool.Pool and *pgx.Conn satisfy it.
+type TxBeginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Migration is one version of a schema: the SQL that brings it from the previous version,
+// and the SQL that takes it back.
+type Migration struct {
+	// Version is 1 for the first migration, and one more for each next one.
+	Version int
+	// Name is the migration's name without its version prefix, e.g. "outbox".
+	Name string
+	// Up and Down are the statements, several in one string.
+	Up, Down string
+}
+
+// Config says what to migrate, and how to recognise what was done before.
+type Config struct {
+	// Library names what is migrated in errors, e.g. "outbox".
+	Library string
+	// Schema is the schema that holds the tables, unquoted; created when missing. Empty: the
+	// tables are unqualified, and the connection's search_path decides.
+	Schema string
+	// VersionTable is the table versions are recorded in, quoted and schema-qualified as SQL
+	// spells it; VersionTableText is the same name as text, for to_regclass.
+	VersionTable, VersionTableText string
+	// LegacyTable, as text for to_regclass, is a table made by version 1 before versions were
+	// recorded: when it exists and VersionTable does not, the schema is at version 1. Empty:
+	// no such table.
+	LegacyTable string
+	// LockKey is the pg_advisory_xact_lock key that serialises the processes migrating these
+	// tables.
+	LockKey int64
+	// Migrations are the versions 1, 2, … in order.
+	Migrations []Migration
+}
+
+// LockTimeout bounds how long a migration waits for a lock. A migration that has to change a
+// table queues for its lock behind running transactions, and every writer queues behind the
+// migration: PostgreSQL's lock queue is first come, first served. Giving up quickly and
+// trying again keeps writers waiting at most this long.
+const LockTimeout = 2 * time.Second
+
+// Attempts is how often [Apply] tries when a lock is not available in time.
+const Attempts = 10
+
+// SQLSTATEs Apply retries on.
+const (
+	lockNotAvailable = "55P03"
+	// uniqueViolation: another library created the same missing schema at the same time (the
+	// advisory lock only serialises the processes migrating the same tables).
+	uniqueViolation = "23505"
+)
+
+// Statements of the runner; the version table's name is added where it is used.
+const (
+	// tableExists and currentVersion take no lock on the migrated tables, so the common case
+	// — nothing to do — never waits for their users.
+	tableExists     = `SELECT to_regclass($1) IS NOT NULL`
+	currentVersion  = `SELECT coalesce(max(version), 0) FROM `
+	schemaExists    = `SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1)`
+	setLockTimeout  = `SELECT set_config('lock_timeout', $1, true)`
+	takeLock        = `SELECT pg_advisory_xact_lock($1)`
+	recordVersion   = `INSERT INTO %s (version) VALUES ($1)`
+	createVersionTB = `
+CREATE TABLE IF NOT EXISTS %s (
+    version    integer     PRIMARY KEY,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)`
+)
+
+// Apply brings the schema to the last of c.Migrations:
+//
+//   - When the schema is current (the common case) it reads the version table and returns:
+//     it takes no lock on the migrated tables, so it never waits for their users nor makes
+//     them wait.
+//   - Otherwise it sets lock_timeout, then takes the advisory lock (so the timeout bounds
+//     the wait behind another process's migration too), creates the schema and the version
+//     table when missing, reads the version again, and applies each missing version once, in
+//     order, recording it, all in one transaction. When a lock is not available in time it
+//     rolls back and tries again with backoff, up to [Attempts] times, then returns the
+//     error.
+//   - A c.LegacyTable that exists without a version table is taken to be at version 1.
+func Apply(ctx context.Context, db TxBeginner, c Config) error {
+	if len(c.Migrations) == 0 {
+		return fmt.Errorf("migrate %s: no migrations", c.Library)
+	}
+	for i, m := range c.Migrations {
+		if m.Version != i+1 {
+			return fmt.Errorf("migrate %s: migration %s has version %d, want %d", c.Library, m.Name, m.Version, i+1)
+		}
+	}
+	for attempt := 1; ; attempt++ {
+		err := applyOnce(ctx, db, c)
+		var pgErr *pgconn.PgError
+		if err == nil || !errors.As(err, &pgErr) || attempt == Attempts ||
+			(pgErr.Code != lockNotAvailable && pgErr.Code != uniqueViolation) {
+			return err
+		}
+		// lock_not_available: a long transaction holds the table. Let the writers queued
+		// behind us through, and try again.
+		t := time.NewTimer(backoff(attempt, 100*time.Millisecond, 2*time.Second))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("migrate %s: %w (last attempt: %w)", c.Library, ctx.Err(), err)
+		case <-t.C:
+		}
+	}
+}
+
+// backoff returns the wait after attempt n: base doubled per attempt up to max, with jitter
+// in its upper half.
+func backoff(n int, base, max time.Duration) time.Duration {
+	d := base
+	for i := 1; i < n && d < max; i++ {
+		d *= 2
+	}
+	d = min(d, max)
+	return d/2 + rand.N(d/2+1)
+}
+
+func applyOnce(ctx context.Context, db TxBeginner, c Config) error {
+	latest := len(c.Migrations)
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("migrate %s: begin: %w", c.Library, err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+
+	version, err := readVersion(ctx, tx, c)
+	if err != nil {
+		return err
+	}
+	if version >= latest {
+		return nil // current: nothing locked, nothing to commit
+	}
+	// lock_timeout first: it bounds the wait for the advisory lock too, behind another
+	// process's migration that is itself waiting.
+	if _, err := tx.Exec(ctx, setLockTimeout, strconv.Itoa(int(LockTimeout.Milliseconds()))); err != nil {
+		return fmt.Errorf("migrate %s: set lock_timeout: %w", c.Library, err)
+	}
+	if _, err := tx.Exec(ctx, takeLock, c.LockKey); err != nil {
+		return fmt.Errorf("migrate %s: lock: %w", c.Library, err)
+	}
+	if c.Schema != "" {
+		// CREATE SCHEMA IF NOT EXISTS needs the CREATE privilege on the database even when
+		// the schema exists: only run it when the schema is missing.
+		var exists bool
+		if err := tx.QueryRow(ctx, schemaExists, c.Schema).Scan(&exists); err != nil {
+			return fmt.Errorf("migrate %s: look for schema %q: %w", c.Library, c.Schema, err)
+		}
+		if !exists {
+			if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{c.Schema}.Sanitize()); err != nil {
+				return fmt.Errorf("migrate %s: create schema %q: %w", c.Library, c.Schema, err)
+			}
+		}
+	}
+	if _, err := tx.Exec(ctx, fmt.Sprintf(createVersionTB, c.VersionTable)); err != nil {
+		return fmt.Errorf("migrate %s: create version table: %w", c.Library, err)
+	}
+	// Read again under the lock: another process may have migrated meanwhile.
+	applied, err := readVersion(ctx, tx, c)
+	if err != nil {
+		return err
+	}
+	if applied >= latest {
+		return nil
+	}
+	record := fmt.Sprintf(recordVersion, c.VersionTable)
+	if applied == 0 && c.LegacyTable != "" {
+		var legacy bool
+		if err := tx.QueryRow(ctx, tableExists, c.LegacyTable).Scan(&legacy); err != nil {
+			return fmt.Errorf("migrate %s: look for an unversioned table: %w", c.Library, err)
+		}
+		if legacy {
+			if _, err := tx.Exec(ctx, record, 1); err != nil {
+				return fmt.Errorf("migrate %s: record version 1 of an unversioned table: %w", c.Library, err)
+			}
+			applied = 1
+		}
+	}
+	for _, m := range c.Migrations[applied:] {
+		if _, err := tx.Exec(ctx, m.Up); err != nil {
+			return fmt.Errorf("migrate %s: apply %03d_%s: %w", c.Library, m.Version, m.Name, err)
+		}
+		if _, err := tx.Exec(ctx, record, m.Version); err != nil {
+			return fmt.Errorf("migrate %s: record %03d_%s: %w", c.Library, m.Version, m.Name, err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("migrate %s: commit: %w", c.Library, err)
+	}
+	return nil
+}
+
+// readVersion returns the highest applied version, 0 when the version table is missing or
+// empty.
+func readVersion(ctx context.Context, tx pgx.Tx, c Config) (int, error) {
+	var exists bool
+	if err := tx.QueryRow(ctx, tableExists, c.VersionTableText).Scan(&exists); err != nil {
+		return 0, fmt.Errorf("migrate %s: look for the version table: %w", c.Library, err)
+	}
+	if !exists {
+		return 0, nil
+	}
+	var v int
+	if err := tx.QueryRow(ctx, currentVersion+c.VersionTable).Scan(&v); err != nil {
+		return 0, fmt.Errorf("migrate %s: read version: %w", c.Library, err)
+	}
+	return v, nil
+}
