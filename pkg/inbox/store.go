@@ -1,6 +1,7 @@
 package inbox
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"text/template"
@@ -41,6 +42,13 @@ func NewStore(t Tables) (*Store, error) {
 
 // Tables returns the store's tables, with their defaults filled in.
 func (s *Store) Tables() Tables { return s.tables }
+
+// Migrate is [Migrate] for the store's tables: it brings them to the version this package
+// needs, with their own version table and advisory lock, and creates their Schema first when
+// it is set and missing.
+func (s *Store) Migrate(ctx context.Context, db TxBeginner) error {
+	return migrate(ctx, db, s.tables)
+}
 
 // defaultStore is the store of the default tables, behind the package-level functions.
 var defaultStore = func() *Store {
