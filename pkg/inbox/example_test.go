@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/url"
 	"os"
 	"time"
@@ -203,4 +204,28 @@ func ExampleClassify() {
 	// transient FATAL: terminating connection due to administrator command (SQLSTATE 57P01)
 	// failed    ERROR: duplicate key value violates unique constraint (SQLSTATE 23505)
 	// failed    warehouse says no
+}
+
+// Migrations holds the schema for goose and golang-migrate. Hand goose the goose folder
+// (goose.NewProvider(goose.DialectPostgres, db, files, goose.WithTableName(
+// "inbox_goose_db_version"))), golang-migrate the other (iofs.New(inbox.Migrations,
+// "migrations/golang-migrate")), or copy the files into your migrations.
+func ExampleMigrations() {
+	files, err := fs.Sub(inbox.Migrations, "migrations/goose")
+	if err != nil {
+		panic(err)
+	}
+	goose, err := fs.Glob(files, "*.sql")
+	if err != nil {
+		panic(err)
+	}
+	golangMigrate, err := fs.Glob(inbox.Migrations, "migrations/golang-migrate/*.sql")
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("goose:", goose)
+	fmt.Println("golang-migrate:", golangMigrate)
+	// Output:
+	// goose: [001_inbox.sql]
+	// golang-migrate: [migrations/golang-migrate/001_inbox.down.sql migrations/golang-migrate/001_inbox.up.sql]
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io/fs"
 	"log"
 	"net/url"
 	"os"
@@ -213,4 +214,28 @@ func exampleEnv() (pool *pgxpool.Pool, amqpURL string, cleanup func()) {
 		_, _ = admin.Exec(ctx, "DROP DATABASE "+name+" WITH (FORCE)")
 		_ = admin.Close(ctx)
 	}
+}
+
+// Migrations holds the schema for goose and golang-migrate. Hand goose the goose folder
+// (goose.NewProvider(goose.DialectPostgres, db, files, goose.WithTableName(
+// "outbox_goose_db_version"))), golang-migrate the other (iofs.New(outbox.Migrations,
+// "migrations/golang-migrate")), or copy the files into your migrations.
+func ExampleMigrations() {
+	files, err := fs.Sub(outbox.Migrations, "migrations/goose")
+	if err != nil {
+		log.Fatal(err)
+	}
+	goose, err := fs.Glob(files, "*.sql")
+	if err != nil {
+		log.Fatal(err)
+	}
+	golangMigrate, err := fs.Glob(outbox.Migrations, "migrations/golang-migrate/*.sql")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("goose:", goose)
+	fmt.Println("golang-migrate:", golangMigrate)
+	// Output:
+	// goose: [001_outbox.sql 002_waiting_and_json_payload.sql]
+	// golang-migrate: [migrations/golang-migrate/001_outbox.down.sql migrations/golang-migrate/001_outbox.up.sql migrations/golang-migrate/002_waiting_and_json_payload.down.sql migrations/golang-migrate/002_waiting_and_json_payload.up.sql]
 }

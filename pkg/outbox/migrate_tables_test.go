@@ -128,18 +128,23 @@ func TestMigrateTables(t *testing.T) {
 		)), "table payments_messages")
 	})
 
+	// Processes starting at once, for two tables of one missing schema: those of one table
+	// wait for one another (its advisory lock), and the two tables' race to create the
+	// schema is settled by trying again.
 	t.Run("ConcurrentIntoAMissingSchema", func(t *testing.T) {
 		t.Parallel()
 		pool := testinfra.NewPool(t)
-		tables := Tables{Schema: "tenant_1"}
+		tables := []Tables{{Schema: "tenant_1"}, {Schema: "tenant_1", Messages: "other_messages"}}
 		errs := make(chan error, 8)
-		for range cap(errs) {
-			go func() { errs <- migrate(ctx, pool, tables) }()
+		for i := range cap(errs) {
+			go func() { errs <- migrate(ctx, pool, tables[i%2]) }()
 		}
 		for range cap(errs) {
 			require.NoError(t, <-errs)
 		}
-		require.Equal(t, []int{1, 2}, versions(t, pool, tables))
+		for _, tables := range tables {
+			require.Equal(t, []int{1, 2}, versions(t, pool, tables))
+		}
 	})
 
 	// When the schema is current, migrating takes no lock on the table: it returns while

@@ -129,7 +129,7 @@ func Example_service() {
 	}
 	amqpURL := os.Getenv("AMQP_URL")
 
-	if err := inbox.Migrate(ctx, pool); err != nil { // or apply migrations/*.sql with your tool
+	if err := inbox.Migrate(ctx, pool); err != nil { // or apply inbox.Migrations with goose or golang-migrate
 		log.Fatal(err)
 	}
 	consumer, err := rabbitmq.NewConsumer(pool, rabbitmq.Config{

@@ -63,13 +63,17 @@ const LockTimeout = 2 * time.Second
 // Attempts is how often [Apply] tries when a lock is not available in time.
 const Attempts = 10
 
-// SQLSTATEs Apply retries on.
+// lockNotAvailable is the SQLSTATE of a lock not granted within lock_timeout;
+// uniqueViolation, of a catalog row another transaction inserted first.
 const (
 	lockNotAvailable = "55P03"
-	// uniqueViolation: another library created the same missing schema at the same time (the
-	// advisory lock only serialises the processes migrating the same tables).
-	uniqueViolation = "23505"
+	uniqueViolation  = "23505"
 )
+
+// errSchemaCreated: another process created the missing schema at the same time (the
+// advisory lock only serialises the processes migrating the same tables; the other library,
+// or tables of other names, may be creating the same schema).
+var errSchemaCreated = errors.New("created concurrently")
 
 // Statements of the runner; the version table's name is added where it is used.
 const (
@@ -112,12 +116,12 @@ func Apply(ctx context.Context, db TxBeginner, c Config) error {
 	for attempt := 1; ; attempt++ {
 		err := applyOnce(ctx, db, c)
 		var pgErr *pgconn.PgError
-		if err == nil || !errors.As(err, &pgErr) || attempt == Attempts ||
-			(pgErr.Code != lockNotAvailable && pgErr.Code != uniqueViolation) {
+		retry := errors.Is(err, errSchemaCreated) || errors.As(err, &pgErr) && pgErr.Code == lockNotAvailable
+		if err == nil || !retry || attempt == Attempts {
 			return err
 		}
 		// lock_not_available: a long transaction holds the table. Let the writers queued
-		// behind us through, and try again.
+		// behind us through, and try again. Or the schema now exists: use it.
 		t := time.NewTimer(backoff(attempt, 100*time.Millisecond, 2*time.Second))
 		select {
 		case <-ctx.Done():
@@ -171,6 +175,10 @@ func applyOnce(ctx context.Context, db TxBeginner, c Config) error {
 		}
 		if !exists {
 			if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{c.Schema}.Sanitize()); err != nil {
+				var pgErr *pgconn.PgError
+				if errors.As(err, &pgErr) && pgErr.Code == uniqueViolation {
+					err = fmt.Errorf("%w: %w", errSchemaCreated, err)
+				}
 				return fmt.Errorf("migrate %s: create schema %q: %w", c.Library, c.Schema, err)
 			}
 		}
