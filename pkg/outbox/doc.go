@@ -107,11 +107,11 @@
 // # Wake-ups
 //
 // A trigger runs pg_notify on the table's channel ([Tables.NotifyChannel]; [NotifyChannel]
-// for the default tables) when a writing transaction commits; relays
-// LISTEN on a dedicated connection and start a cycle at once, so the latency from commit to
-// broker is a cycle, not a poll interval. [Config].PollInterval remains as the fallback and as
-// the clock for retries. After any cycle that found rows, or that a notification started, the
-// relay looks again [Config].NotifyRecheck later.
+// for the default tables) when a writing transaction commits; relays LISTEN on a dedicated
+// connection and start a cycle at once, so the latency from commit to broker is a cycle, not
+// a poll interval. [Config].PollInterval remains as the fallback and as the clock for
+// retries. After any cycle that found rows, or that a notification started, the relay looks
+// again [Config].NotifyRecheck later.
 //
 // Only one transaction at a time notifies. PostgreSQL serialises the commits of notifying
 // transactions cluster-wide, each holding a lock through its WAL flush; if every outbox write
