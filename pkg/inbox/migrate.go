@@ -25,8 +25,11 @@ var migrationTemplates embed.FS
 //   - migrations/golang-migrate/NNN_name.up.sql and NNN_name.down.sql for golang-migrate.
 //
 // Give goose fs.Sub(Migrations, "migrations/goose") (goose.SetBaseFS, or goose.NewProvider),
-// golang-migrate iofs.New(Migrations, "migrations/golang-migrate"); or copy the files into
-// your project's migrations. The Down migrations drop what the Up ones made, rows included.
+// golang-migrate iofs.New(Migrations, "migrations/golang-migrate"), each with a version table
+// of its own, since these versions are numbered on their own (goose.WithTableName(
+// "inbox_goose_db_version"), the driver's MigrationsTable "inbox_schema_migrations"); or copy the
+// files into your project's migrations, renumbered. The Down migrations drop what the Up ones
+// made, rows included.
 // Tables with other names than the defaults are made by [Store.Migrate].
 //
 // Earlier versions of this package had Migrations hold the plain SQL files Migrate applied

@@ -214,3 +214,25 @@ func requireNotifies(t *testing.T, pool *pgxpool.Pool, tables Tables) {
 	require.NoError(t, err, "no notification on %q", tables.NotifyChannel())
 	require.Equal(t, tables.NotifyChannel(), n.Channel)
 }
+
+// BenchmarkMigrate is what Migrate costs on every start when the schema is current (a
+// transaction that reads the version table), and what rendering the templates costs of it.
+func BenchmarkMigrate(b *testing.B) {
+	b.Run("Current", func(b *testing.B) {
+		ctx := context.Background()
+		pool := testinfra.NewPool(b)
+		require.NoError(b, Migrate(ctx, pool))
+		for b.Loop() {
+			if err := Migrate(ctx, pool); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("Render", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := renderMigrations(Tables{Schema: "billing"}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
