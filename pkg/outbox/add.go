@@ -19,16 +19,18 @@ type DBTX interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// insertMessage inserts one row, the common case: one event per business transaction.
+// insertMessage inserts one row, the common case: one event per business transaction. It and
+// the other statements are templates, rendered once per [Store] with its table names
+// ({{.Messages}}: the quoted, schema-qualified outbox table).
 const insertMessage = `
-INSERT INTO outbox_messages (id, exchange, routing_key, type, aggregate_type, aggregate_id, payload, headers)
+INSERT INTO {{.Messages}} (id, exchange, routing_key, type, aggregate_type, aggregate_id, payload, headers)
 VALUES ($1::uuid, $2, $3, $4, $5, $6, $7::text::json, $8::text::jsonb)`
 
 // insertMessages inserts any number of rows in one round trip. For one row, insertMessage is
 // cheaper: with the deferred notify trigger, an INSERT … SELECT FROM unnest measured about a
 // third fewer transactions per second than the same row inserted with VALUES, at 16 writers.
 const insertMessages = `
-INSERT INTO outbox_messages (id, exchange, routing_key, type, aggregate_type, aggregate_id, payload, headers)
+INSERT INTO {{.Messages}} (id, exchange, routing_key, type, aggregate_type, aggregate_id, payload, headers)
 SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[]::json[], $8::text[]::jsonb[])`
 
 // ErrInvalidMessage is wrapped by the error Add returns for a message it refuses.
@@ -43,7 +45,14 @@ var ErrInvalidMessage = errors.New("invalid outbox message")
 // before writing any, and returns an error wrapping [ErrInvalidMessage], naming the message
 // and the field, for the first one that fails: nothing is written then, and tx is left
 // usable.
+//
+// Add writes to the table of the default [Tables]; [Store.Add] to a table of your naming.
 func Add(ctx context.Context, tx DBTX, msgs ...Message) error {
+	return defaultStore.Add(ctx, tx, msgs...)
+}
+
+// Add is [Add] for the store's table.
+func (s *Store) Add(ctx context.Context, tx DBTX, msgs ...Message) error {
 	if len(msgs) == 0 {
 		return nil
 	}
@@ -77,12 +86,12 @@ func Add(ctx context.Context, tx DBTX, msgs ...Message) error {
 		payloads[i], headers[i] = string(m.Payload), string(h)
 	}
 	if n == 1 {
-		if _, err := tx.Exec(ctx, insertMessage, ids[0], exchanges[0], keys[0], types[0], aggTypes[0], aggIDs[0], payloads[0], headers[0]); err != nil {
+		if _, err := tx.Exec(ctx, s.sql.insertMessage, ids[0], exchanges[0], keys[0], types[0], aggTypes[0], aggIDs[0], payloads[0], headers[0]); err != nil {
 			return fmt.Errorf("insert outbox message: %w", err)
 		}
 		return nil
 	}
-	if _, err := tx.Exec(ctx, insertMessages, ids, exchanges, keys, types, aggTypes, aggIDs, payloads, headers); err != nil {
+	if _, err := tx.Exec(ctx, s.sql.insertMessages, ids, exchanges, keys, types, aggTypes, aggIDs, payloads, headers); err != nil {
 		return fmt.Errorf("insert %d outbox messages: %w", n, err)
 	}
 	return nil

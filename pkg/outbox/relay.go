@@ -87,6 +87,10 @@ const (
 
 // Config tunes a [Relay]. The zero value of every field means its default.
 type Config struct {
+	// Tables names the outbox table the relay publishes from, and so its notify channel
+	// ([Tables.NotifyChannel]). Default: the default Tables, outbox_messages. An invalid
+	// value makes [NewRelay] return an error wrapping [ErrInvalidTables].
+	Tables Tables
 	// BatchSize is how many rows one cycle claims and publishes, at most 10000. Default 100
 	// ([DefaultBatchSize]).
 	BatchSize int
@@ -269,6 +273,7 @@ type Relay struct {
 	db  RelayDB
 	pub Publisher
 	cfg Config
+	sql statements // for cfg.Tables
 
 	running atomic.Bool
 	mu      sync.Mutex
@@ -287,7 +292,10 @@ type Relay struct {
 }
 
 // RelayDB is what a relay needs of the database: transactions and statements for its
-// cycles, and a connection of its own to LISTEN on. *pgxpool.Pool satisfies it.
+// cycles, and a connection of its own to LISTEN on (Acquire, whose connection the relay
+// hijacks: it never goes back to the pool). A *pgxpool.Pool satisfies it, and the relay uses
+// nothing else of it: a wrapper of your own (to count or trace statements, say) that has
+// these three methods will do.
 type RelayDB interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
@@ -297,7 +305,7 @@ type RelayDB interface {
 var _ RelayDB = (*pgxpool.Pool)(nil)
 
 // NewRelay returns a relay that publishes the rows of the outbox table in pool's database
-// through pub. While it runs, the relay uses up to two connections of the pool: one for its
+// through pub: the table of cfg.Tables, by default outbox_messages. While it runs, the relay uses up to two connections of the pool: one for its
 // cycles and one now and then for its maintenance (taking rows that wait behind their
 // aggregate's head out of the claim's way). Unless cfg.DisableNotify is set it also keeps
 // one connection for LISTEN, which it takes out of the pool (pgxpool's Hijack): that one
@@ -315,7 +323,12 @@ func NewRelay(pool RelayDB, pub Publisher, cfg Config) (*Relay, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Relay{db: pool, pub: pub, cfg: cfg, state: StateStarting}
+	store, err := NewStore(cfg.Tables)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Tables = store.Tables()
+	r := &Relay{db: pool, pub: pub, cfg: cfg, sql: store.sql, state: StateStarting}
 	size := r.PoolSize()
 	if size.Shortfall() > 0 {
 		cfg.Logger.Warn("outbox relay: the pool is smaller than the relay needs; it will wait for connections",
@@ -559,7 +572,7 @@ func (r *Relay) listenOnce(ctx context.Context, wake chan<- struct{}, listening 
 	// Hijacking it also frees its slot in the pool, so the cycles never wait for it.
 	conn := pc.Hijack()
 	defer conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck // closing a dead or idle connection
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{NotifyChannel}.Sanitize()); err != nil {
+	if _, err := conn.Exec(ctx, r.sql.listen); err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
 	listening()

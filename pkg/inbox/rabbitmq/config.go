@@ -285,6 +285,10 @@ type Config struct {
 	Name string
 	// Handler applies a message. Required.
 	Handler Handler
+	// Tables names the inbox table messages are recorded in: messages are deduplicated per
+	// table and, within it, per Name. Default: the default inbox.Tables, inbox_messages. An
+	// invalid value makes [NewConsumer] return an error wrapping inbox.ErrInvalidTables.
+	Tables inbox.Tables
 
 	// Prefetch is the AMQP prefetch count: how many unacknowledged messages the broker hands
 	// the consumer at once, at most 65535. Default 32 ([DefaultPrefetch]).
@@ -393,6 +397,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.Handler == nil {
 		errs = append(errs, errors.New("handler is required"))
+	}
+	if err := c.Tables.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("tables: %w", err))
 	}
 	if c.DeadLetterExchange == "" && c.DeadLetterRoutingKey == "" {
 		errs = append(errs, errors.New("a dead-letter destination is required: set DeadLetterExchange and/or DeadLetterRoutingKey"))

@@ -26,9 +26,10 @@ const dialTimeout = 15 * time.Second
 // Consumer consumes a RabbitMQ queue into PostgreSQL through the inbox. Create it with
 // [NewConsumer] and start it with [Consumer.Run].
 type Consumer struct {
-	pool inbox.TxBeginner
-	cfg  Config
-	log  *slog.Logger
+	pool  inbox.TxBeginner
+	store *inbox.Store // of cfg.Tables
+	cfg   Config
+	log   *slog.Logger
 	// user is the login of cfg.URL, the only user-id property the broker lets it publish.
 	user string
 
@@ -63,7 +64,8 @@ type Status struct {
 }
 
 // NewConsumer checks cfg, fills in its defaults and returns a consumer that processes each
-// message with inbox.Process on pool. It does not connect; [Consumer.Run] does.
+// message with inbox.Process on pool, in the inbox table of cfg.Tables. It does not connect;
+// [Consumer.Run] does.
 func NewConsumer(pool inbox.TxBeginner, cfg Config) (*Consumer, error) {
 	if pool == nil {
 		return nil, errors.New("rabbitmq: pool is nil")
@@ -72,12 +74,18 @@ func NewConsumer(pool inbox.TxBeginner, cfg Config) (*Consumer, error) {
 	if err != nil {
 		return nil, err
 	}
+	store, err := inbox.NewStore(cfg.Tables)
+	if err != nil {
+		return nil, fmt.Errorf("rabbitmq: invalid consumer config: %w", err)
+	}
+	cfg.Tables = store.Tables()
 	uri, _ := amqp.ParseURI(cfg.URL) // checked by withDefaults
 	c := &Consumer{
-		pool: pool,
-		cfg:  cfg,
-		log:  cfg.Logger.With(slog.String("consumer", cfg.Name), slog.String("queue", cfg.Queue)),
-		user: uri.Username,
+		pool:  pool,
+		store: store,
+		cfg:   cfg,
+		log:   cfg.Logger.With(slog.String("consumer", cfg.Name), slog.String("queue", cfg.Queue)),
+		user:  uri.Username,
 	}
 	if size := c.PoolSize(); size.Shortfall() > 0 {
 		c.log.Warn("rabbitmq consumer: the pool is smaller than Concurrency; handlers will wait for connections",

@@ -209,7 +209,7 @@ func (c *Consumer) processStage(s *session, m *message) step {
 		}
 		var handlerErr error
 		msg := inbox.Message{ID: m.d.MessageId, Type: m.d.Type, ReceivedAt: m.start}
-		duplicate, err := inbox.Process(ctx, c.pool, c.cfg.Name, msg, func(ctx context.Context, tx pgx.Tx) error {
+		duplicate, err := c.store.Process(ctx, c.pool, c.cfg.Name, msg, func(ctx context.Context, tx pgx.Tx) error {
 			if err := c.callHandler(ctx, tx, m.del, m.log); err != nil {
 				handlerErr = err
 				return err
