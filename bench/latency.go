@@ -170,7 +170,7 @@ func (e *env) newLatencyRig(ctx context.Context) (*latencyRig, error) {
 	if err := warehousepg.Migrate(ctx, wh); err != nil {
 		return nil, fmt.Errorf("migrate warehouse: %w", err)
 	}
-	repo := warehousepg.NewRepo(wh)
+	repo := warehousepg.NewStore(wh)
 	for _, sku := range skus {
 		if _, _, err := repo.SetStock(ctx, sku, "", 1_000_000_000); err != nil {
 			return nil, fmt.Errorf("stock %s: %w", sku, err)

@@ -340,8 +340,9 @@ func startSplitShop(t *testing.T) *splitShop {
 
 	var err error
 	// The APIs first: their consumers declare the queues, so that no event is unroutable.
-	s.warehouseAPI, err = warehouseapp.Start(ctx, wcfg, warehouseapp.ModeAPI, nil)
+	s.warehouseAPI, err = warehouseapp.New(wcfg, warehouseapp.ModeAPI, warehouseapp.Options{})
 	require.NoError(t, err)
+	require.NoError(t, s.warehouseAPI.Start(ctx))
 	t.Cleanup(func() { require.NoError(t, s.warehouseAPI.Stop()) })
 	s.ordersAPI, err = ordersapp.New(ocfg, ordersapp.ModeAPI, ordersapp.Options{})
 	require.NoError(t, err)
@@ -349,8 +350,9 @@ func startSplitShop(t *testing.T) *splitShop {
 	t.Cleanup(func() { require.NoError(t, s.ordersAPI.Stop()) })
 	waitForConsumers(t, s.amqpURL, warehouseQueue, ordersQueue)
 
-	s.warehouseRelay, err = warehouseapp.Start(ctx, wcfg, warehouseapp.ModeRelay, nil)
+	s.warehouseRelay, err = warehouseapp.New(wcfg, warehouseapp.ModeRelay, warehouseapp.Options{})
 	require.NoError(t, err)
+	require.NoError(t, s.warehouseRelay.Start(ctx))
 	t.Cleanup(func() { require.NoError(t, s.warehouseRelay.Stop()) })
 	s.ordersRelay, err = ordersapp.New(ocfg, ordersapp.ModeRelay, ordersapp.Options{})
 	require.NoError(t, err)

@@ -64,8 +64,9 @@ func startShop(t *testing.T) *shop {
 	var err error
 	// Each service declares the queue it consumes: both must be up before events flow, or
 	// the first events would be unroutable.
-	s.warehouseApp, err = warehouseapp.Start(ctx, wcfg, warehouseapp.ModeAll, nil)
+	s.warehouseApp, err = warehouseapp.New(wcfg, warehouseapp.ModeAll, warehouseapp.Options{})
 	require.NoError(t, err)
+	require.NoError(t, s.warehouseApp.Start(ctx))
 	t.Cleanup(func() { require.NoError(t, s.warehouseApp.Stop()) })
 	s.ordersApp, err = ordersapp.New(ocfg, ordersapp.ModeAll, ordersapp.Options{})
 	require.NoError(t, err)
@@ -74,7 +75,7 @@ func startShop(t *testing.T) *shop {
 	testinfra.Eventually(t, 30*time.Second, s.warehouseApp.Consuming, "warehouse consuming")
 
 	s.ordersURL, s.stockURL = s.ordersApp.URL(), "http://"+s.warehouseApp.HTTPAddr()
-	s.orders, s.warehouse = s.ordersApp.Pool(), s.warehouseApp.Pool
+	s.orders, s.warehouse = s.ordersApp.Pool(), s.warehouseApp.Pool()
 	return s
 }
 

@@ -1,15 +1,25 @@
-// Package internal holds the pieces the services share, written once so that both services
-// behave, and read, the same:
+// Package internal is the service kit: what the orders service and the warehouse both need,
+// written once, so that the twins behave, and read, as one author wrote both. Each service's
+// app package is wiring only; README.md in this folder has the table of the shared
+// conventions, where each lives and why it was chosen over the other service's former idiom.
 //
-//   - the HTTP edge: the input policy (input: strict JSON, identifiers, header tokens, ids),
-//     its application to requests, the request id and the Allow of a 405 (httpapi), RFC 9457
-//     problem responses and their types (problem), readiness checks for /readyz (readiness),
-//     HTTP metrics by route pattern (httpmetrics), a server with timeouts and graceful
-//     shutdown (httpserver);
-//   - PostgreSQL: opening a database with start-up retries and the classification of its
-//     errors (pgdb), numbered SQL migrations applied once (pgmigrate), pgxpool statistics as
-//     Prometheus metrics (pgxpoolmetrics), callbacks that run only after a transaction
-//     committed (aftercommit);
+//   - lifecycle: a process is a service.Process (New, then Start on :0 in tests, Stop or
+//     Run), its long-running parts components of a service.Group; the periodic jobs run on
+//     service.Every; the wiring both services repeat (the relay and its cleanup, the inbox
+//     cleanup, the outbox stats, consumer hooks and settings, HTTP servers and listeners) is
+//     service's too;
+//   - configuration: a flat Config with the variable and its default in each field's tags,
+//     read and checked with envconfig (Load, Defaults, Checks, Section);
+//   - errors: one error type with typed codes (apperr), mapped to HTTP statuses in one
+//     problem.Table per service, answered as RFC 9457 problem documents (problem);
+//   - the HTTP edge: httpapi.Edge (request id, access log, metrics, recoverer, 404/405,
+//     problem answers, /healthz /readyz /metrics), the input policy (input, httpapi:
+//     ReadJSON, DecodeJSON, Token), readiness checks (readiness), HTTP metrics by route
+//     pattern (httpmetrics), a server with timeouts and graceful shutdown (httpserver);
+//   - PostgreSQL: pgdb (open, create and migrate with start-up retries; Transient; Wrap, the
+//     adapters' error wrapping), pgmigrate (numbered SQL files applied once, then the
+//     libraries' schemas), pgxpool statistics as metrics (pgxpoolmetrics), callbacks after a
+//     commit (aftercommit);
 //   - RabbitMQ: a service's topology, declared so that a changed setting never stops it
 //     (amqptopo);
 //   - slog set-up (logging), crash points for chaos tests (failpoint), and for tests: the

@@ -18,6 +18,8 @@ require (
 	go.uber.org/goleak v1.3.0
 )
 
+require github.com/caarlos0/env/v11 v11.4.2
+
 require (
 	dario.cat/mergo v1.0.2 // indirect
 	github.com/Azure/go-ansiterm v0.0.0-20261006220739-8c912ac31dd4 // indirect

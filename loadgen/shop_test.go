@@ -48,8 +48,9 @@ func startShop(t *testing.T) *shop {
 	})
 
 	// Each service declares the queue it consumes: both must be up before events flow.
-	warehouse, err := warehouseapp.Start(ctx, wcfg, warehouseapp.ModeAll, nil)
+	warehouse, err := warehouseapp.New(wcfg, warehouseapp.ModeAll, warehouseapp.Options{})
 	require.NoError(t, err)
+	require.NoError(t, warehouse.Start(ctx))
 	t.Cleanup(func() { require.NoError(t, warehouse.Stop()) })
 	orders, err := ordersapp.New(ocfg, ordersapp.ModeAll, ordersapp.Options{})
 	require.NoError(t, err)

@@ -5,9 +5,11 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"fmt"
 	"io/fs"
 	"net/url"
 	"os"
+	"slices"
 	"testing"
 	"time"
 
@@ -155,6 +157,39 @@ func TestMigrationToolsMakeMigratesSchema(t *testing.T) {
 						require.NoError(t, newGolangMigrate(t, dbURL, lib.name, lib.migrations).Up())
 					}
 					require.Equal(t, want, describe(t, dbURL), "%s changed the schema Migrate made", tool)
+				}
+			})
+
+			// Back to Migrate after a tool went down: the Down migrations take back what
+			// they undo from Migrate's version table too, so that Migrate, on the next
+			// start, makes the schema again instead of taking a stale record for it.
+			t.Run("MigrateAfterToolDown", func(t *testing.T) {
+				t.Parallel()
+				for _, tool := range []string{"goose", "golang-migrate"} {
+					for _, steps := range slices.Compact([]int{1, lib.versions}) {
+						t.Run(fmt.Sprintf("%s/%d", tool, steps), func(t *testing.T) {
+							dbURL := newDatabase(t)
+							pool, err := pgxpool.New(ctx, dbURL)
+							require.NoError(t, err)
+							defer pool.Close()
+							require.NoError(t, lib.migrate(ctx, pool))
+							if tool == "goose" {
+								files, err := fs.Sub(lib.migrations, "migrations/goose")
+								require.NoError(t, err)
+								p := newGoose(t, dbURL, lib.name, files)
+								_, err = p.Up(ctx)
+								require.NoError(t, err)
+								_, err = p.DownTo(ctx, int64(lib.versions-steps))
+								require.NoError(t, err)
+							} else {
+								m := newGolangMigrate(t, dbURL, lib.name, lib.migrations)
+								require.NoError(t, m.Up())
+								require.NoError(t, m.Steps(-steps))
+							}
+							require.NoError(t, lib.migrate(ctx, pool))
+							require.Equal(t, want, describe(t, dbURL), "Migrate after %s went %d down", tool, steps)
+						})
+					}
 				}
 			})
 		})

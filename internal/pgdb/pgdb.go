@@ -29,6 +29,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxshop/outboxshop/internal/apperr"
 	"github.com/outboxshop/outboxshop/pkg/inbox"
 )
 
@@ -65,6 +66,20 @@ type ConfigError struct{ Err error }
 
 func (e *ConfigError) Error() string { return "database configuration: " + e.Err.Error() }
 func (e *ConfigError) Unwrap() error { return e.Err }
+
+// Migrate creates the database of cfg.URL when it does not exist and migrates it (Open),
+// then closes it: a service's `migrate` subcommand. log gets Open's lines and "database
+// migrated"; nil discards.
+func Migrate(ctx context.Context, cfg Config, log *slog.Logger) error {
+	cfg.Logger = cmp.Or(log, slog.New(slog.DiscardHandler))
+	pool, err := Open(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	pool.Close()
+	cfg.Logger.InfoContext(ctx, "database migrated")
+	return nil
+}
 
 // Open creates the database of cfg.URL when it does not exist, opens a pool on it, pings it
 // and runs cfg.Migrate. While a step fails with a [Transient] error it logs the attempt and
@@ -207,4 +222,27 @@ func Transient(err error) bool {
 		errors.Is(err, pgconn.ErrConnClosed) || errors.Is(err, net.ErrClosed) ||
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}
+
+// UnavailableMessage is the caller-facing message of an error [Wrap] classifies as
+// apperr.CodeUnavailable.
+const UnavailableMessage = "The database is unavailable; try again shortly."
+
+// Wrap wraps err, the failure of op, with context for a service's PostgreSQL adapter: nil
+// stays nil and an *apperr.Error (a domain refusal) is returned as it is; when trying again
+// may succeed ([Transient]) it becomes an *apperr.Error with CodeUnavailable, which the API
+// answers with 503 and Retry-After; anything else is wrapped as "op: err". The cause stays
+// reachable (%w), so a *pgconn.PgError can still be classified by SQLSTATE.
+func Wrap(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := errors.AsType[*apperr.Error](err); ok {
+		return err
+	}
+	wrapped := fmt.Errorf("%s: %w", op, err)
+	if Transient(err) {
+		return apperr.Wrap(apperr.CodeUnavailable, wrapped, UnavailableMessage)
+	}
+	return wrapped
 }

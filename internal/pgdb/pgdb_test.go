@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxshop/outboxshop/internal/apperr"
 	"github.com/outboxshop/outboxshop/internal/pgdb"
 	"github.com/outboxshop/outboxshop/internal/testinfra"
 )
@@ -40,6 +41,29 @@ func TestTransient(t *testing.T) {
 	} {
 		require.False(t, pgdb.Transient(err), "%v", err)
 	}
+}
+
+func TestWrap(t *testing.T) {
+	t.Parallel()
+	require.NoError(t, pgdb.Wrap("op", nil))
+
+	refusal := apperr.Errorf(apperr.CodeNotFound, "No such thing.")
+	require.Same(t, refusal, pgdb.Wrap("op", refusal), "a domain refusal passes as it is")
+
+	down := &pgconn.PgError{Code: "57P01"}
+	err := pgdb.Wrap("load thing", down)
+	require.Equal(t, apperr.CodeUnavailable, apperr.ErrorCode(err))
+	require.Equal(t, pgdb.UnavailableMessage, apperr.ErrorMessage(err))
+	require.ErrorIs(t, err, down)
+	require.ErrorContains(t, err, "load thing: ")
+
+	bad := &pgconn.PgError{Code: "22021"}
+	err = pgdb.Wrap("save thing", bad)
+	require.Equal(t, apperr.CodeInternal, apperr.ErrorCode(err), "not worth another try: not a 503")
+	pgErr, ok := errors.AsType[*pgconn.PgError](err)
+	require.True(t, ok)
+	require.Equal(t, "22021", pgErr.Code, "the SQLSTATE stays reachable")
+	require.EqualError(t, err, "save thing: "+bad.Error())
 }
 
 // logBuffer collects log lines from concurrent writers.
@@ -201,4 +225,25 @@ func TestOpen(t *testing.T) {
 		wg.Wait()
 		require.NoError(t, errors.Join(errs...))
 	})
+}
+
+func TestMigrate(t *testing.T) {
+	t.Parallel()
+	u, err := url.Parse(testinfra.PostgresURL(t))
+	require.NoError(t, err)
+	dbURL := freshDatabaseURL(t, u.Host)
+	logs := &logBuffer{}
+	cfg := pgdb.Config{URL: dbURL, Migrate: func(ctx context.Context, pool *pgxpool.Pool) error {
+		_, err := pool.Exec(ctx, "CREATE TABLE IF NOT EXISTS t (id int)")
+		return err
+	}}
+	require.NoError(t, pgdb.Migrate(context.Background(), cfg, slog.New(slog.NewTextHandler(logs, nil))))
+	require.NoError(t, pgdb.Migrate(context.Background(), cfg, nil), "again: a no-op")
+	require.Equal(t, 1, logs.count("database migrated"))
+
+	pool, err := pgxpool.New(context.Background(), dbURL)
+	require.NoError(t, err)
+	defer pool.Close()
+	_, err = pool.Exec(context.Background(), "INSERT INTO t VALUES (1)")
+	require.NoError(t, err, "the database exists and is migrated")
 }

@@ -1,4 +1,5 @@
-// Package pgmigrate applies a service's numbered .sql migrations, each once.
+// Package pgmigrate applies a service's numbered .sql migrations, each once, and with
+// [Service] the libraries' schemas after them.
 package pgmigrate
 
 import (
@@ -10,7 +11,28 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxshop/outboxshop/pkg/inbox"
+	"github.com/outboxshop/outboxshop/pkg/outbox"
 )
+
+// Service brings the database of the service name up to date: its own migrations (the
+// migrations/*.sql files of fsys, applied by [Apply] into name_schema_migrations under the
+// advisory lock lockKey), then the outbox's and the inbox's schemas (outbox.Migrate,
+// inbox.Migrate). Safe to call on every start, from several processes at once.
+func Service(ctx context.Context, pool *pgxpool.Pool, name string, fsys fs.FS, lockKey int64) error {
+	if err := Apply(ctx, pool, fsys, "migrations", name+"_schema_migrations", lockKey); err != nil {
+		return fmt.Errorf("migrate %s schema: %w", name, err)
+	}
+	if err := outbox.Migrate(ctx, pool); err != nil {
+		return fmt.Errorf("migrate outbox schema: %w", err)
+	}
+	if err := inbox.Migrate(ctx, pool); err != nil {
+		return fmt.Errorf("migrate inbox schema: %w", err)
+	}
+	return nil
+}
 
 // TxBeginner starts a transaction; *pgxpool.Pool and *pgx.Conn satisfy it.
 type TxBeginner interface {

@@ -1,9 +1,13 @@
-// Package problem writes HTTP errors as RFC 9457 problem details (application/problem+json).
+// Package problem writes HTTP errors as RFC 9457 problem details (application/problem+json),
+// and maps a service's error codes (internal/apperr) to them through one [Table].
 package problem
 
 import (
 	"encoding/json"
+	"maps"
 	"net/http"
+
+	"github.com/outboxshop/outboxshop/internal/apperr"
 )
 
 // ContentType is the media type of a problem document.
@@ -63,4 +67,65 @@ func Write(w http.ResponseWriter, r *http.Request, d Details) {
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(d.Status)
 	_ = json.NewEncoder(w).Encode(d)
+}
+
+// Kind is how one error code is answered: the status, the problem type and its title.
+type Kind struct {
+	Status int
+	Type   string
+	Title  string
+}
+
+// Table maps each error code of a service to its answer: the one place where a service says
+// which status a code is. A code missing from the table is answered as [Internal].
+type Table map[apperr.Code]Kind
+
+// Internal is the answer of an error whose code the table does not have.
+var Internal = Kind{Status: http.StatusInternalServerError, Type: TypeInternal, Title: "Internal server error"}
+
+// Shared returns the answers of the codes both services use (internal/apperr). A service's
+// table is Shared().With(its own rows), which may also give a shared code another title or
+// type.
+func Shared() Table {
+	return Table{
+		apperr.CodeInvalid:              {Status: http.StatusBadRequest, Type: TypeMalformedBody, Title: "The request body could not be read"},
+		apperr.CodeValidation:           {Status: http.StatusUnprocessableEntity, Type: TypeValidation, Title: "The request has invalid fields"},
+		apperr.CodeTooLarge:             {Status: http.StatusRequestEntityTooLarge, Type: TypeBodyTooLarge, Title: "The request body is too large"},
+		apperr.CodeUnsupportedMediaType: {Status: http.StatusUnsupportedMediaType, Type: TypeUnsupportedMediaType, Title: "The request body must be application/json in UTF-8"},
+		apperr.CodeBadHeader:            {Status: http.StatusBadRequest, Type: TypeInvalidHeader, Title: "A request header is invalid"},
+		apperr.CodeNotFound:             {Status: http.StatusNotFound, Type: TypeNotFound, Title: "Not found"},
+		apperr.CodeConflict:             {Status: http.StatusConflict, Type: TypeConflict, Title: "Conflict with the current state"},
+		apperr.CodeUnavailable:          {Status: http.StatusServiceUnavailable, Type: TypeUnavailable, Title: "Service unavailable"},
+		apperr.CodeInternal:             Internal,
+	}
+}
+
+// With returns a copy of t with rows added, or replacing t's rows of the same codes.
+func (t Table) With(rows Table) Table {
+	out := make(Table, len(t)+len(rows))
+	maps.Copy(out, t)
+	maps.Copy(out, rows)
+	return out
+}
+
+// Kind returns the answer of code: its row, or [Internal].
+func (t Table) Kind(code apperr.Code) Kind {
+	if k, ok := t[code]; ok {
+		return k
+	}
+	return Internal
+}
+
+// Status returns the HTTP status of code (500 for a code the table does not have).
+func (t Table) Status(code apperr.Code) int { return t.Kind(code).Status }
+
+// Details returns the problem document of err, by the code of its *apperr.Error: status,
+// type and title from the table, the caller-facing message as detail, and the field errors.
+func (t Table) Details(err error) Details {
+	k := t.Kind(apperr.ErrorCode(err))
+	d := Details{Type: k.Type, Title: k.Title, Status: k.Status, Detail: apperr.ErrorMessage(err)}
+	for _, f := range apperr.ErrorFields(err) {
+		d.Errors = append(d.Errors, FieldError{Field: f.Field, Message: f.Message})
+	}
+	return d
 }

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
 	"time"
 
@@ -21,58 +20,71 @@ type Execer interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// Defaults for [CleanupConfig].
+// Defaults for [CleanupConfig]. The outbox package has the same three, named alike.
 const (
+	// DefaultCleanupRetention remembers processed messages for a week, the same default as
+	// the outbox's: far beyond every automatic redelivery (the broker's redeliveries, the
+	// consumer's retries and holds, a producer's relay retrying for its MaxAttempts, all
+	// minutes to hours), so that only a replay of week-old messages (dead letters, a
+	// restored backup) can arrive after the row is gone. Set Retention above the longest
+	// replay your operators may run.
+	DefaultCleanupRetention = 7 * 24 * time.Hour
 	DefaultCleanupBatchSize = 1000
 	DefaultCleanupInterval  = 10 * time.Minute
 )
 
-// CleanupConfig configures [Cleanup] and [RunCleanup].
+// CleanupConfig configures [Cleanup] and [RunCleanup]. The zero value of every field means
+// its default.
 type CleanupConfig struct {
-	// Retention is how long a processed message is remembered. Required, > 0.
+	// Retention is how long a processed message is remembered. Default
+	// [DefaultCleanupRetention], 7 days.
 	//
 	// It must exceed the longest time in which the same message can still arrive again:
 	// broker redeliveries, retries, a producer's outbox republishing after a crash, a
 	// replay of dead letters. A duplicate that arrives after its row was deleted is not
 	// recognised and is applied a second time. Days, not minutes.
 	Retention time.Duration
-	// BatchSize is the most rows one DELETE statement removes. Default 1000.
+	// BatchSize is the most rows one DELETE statement removes, so that no statement holds
+	// locks for long. Default [DefaultCleanupBatchSize], 1000.
 	BatchSize int
-	// Interval is the time between two runs of RunCleanup. Default 10 minutes.
+	// Interval is the time between two runs of RunCleanup. Default [DefaultCleanupInterval],
+	// 10 minutes.
 	Interval time.Duration
-	// Logger receives a line per run that deleted rows and per failed run (RunCleanup). Nil
-	// discards.
+	// Logger receives a line per run that deleted rows and per failed run (RunCleanup), and
+	// a debug line per batch. Nil discards.
 	Logger *slog.Logger
 }
 
+// withDefaults checks c and fills in its defaults.
 func (c CleanupConfig) withDefaults() (CleanupConfig, error) {
-	if c.Retention <= 0 {
-		return c, fmt.Errorf("inbox: cleanup retention must be > 0, got %s", c.Retention)
-	}
-	if c.BatchSize < 0 {
+	switch {
+	case c.Retention < 0:
+		return c, fmt.Errorf("inbox: cleanup retention must be >= 0 (0 means %s), got %s", DefaultCleanupRetention, c.Retention)
+	case c.BatchSize < 0:
 		return c, fmt.Errorf("inbox: cleanup batch size must be >= 0 (0 means %d), got %d", DefaultCleanupBatchSize, c.BatchSize)
-	}
-	if c.Interval < 0 {
+	case c.Interval < 0:
 		return c, fmt.Errorf("inbox: cleanup interval must be >= 0 (0 means %s), got %s", DefaultCleanupInterval, c.Interval)
 	}
+	c.Retention = cmp.Or(c.Retention, DefaultCleanupRetention)
 	c.BatchSize = cmp.Or(c.BatchSize, DefaultCleanupBatchSize)
 	c.Interval = cmp.Or(c.Interval, DefaultCleanupInterval)
-	c.Logger = cmp.Or(c.Logger, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	c.Logger = cmp.Or(c.Logger, slog.New(slog.DiscardHandler))
 	return c, nil
 }
 
 // SQL run by Cleanup.
 const (
 	// cleanupCutoffSQL computes the cutoff once per run, on the database clock, so that the
-	// clocks of the application hosts do not matter. $1 retention in seconds.
+	// clocks of the application hosts do not matter and a run does not chase rows processed
+	// while it deletes. $1 retention in seconds.
 	cleanupCutoffSQL = `SELECT now() - make_interval(secs => $1)`
 
 	// cleanupBatchSQL deletes at most $2 rows processed before $1. The subquery walks the
 	// processed_at index; SKIP LOCKED lets several cleaners run side by side without waiting
 	// for each other.
-	cleanupBatchSQL = `DELETE FROM inbox_messages
+	cleanupBatchSQL = `DELETE FROM {{.Messages}}
 WHERE (consumer, message_id) IN (
-    SELECT consumer, message_id FROM inbox_messages
+    SELECT consumer, message_id FROM {{.Messages}}
     WHERE processed_at < $1
     ORDER BY processed_at
     LIMIT $2
@@ -88,19 +100,26 @@ WHERE (consumer, message_id) IN (
 // The retention must exceed the longest redelivery window: a duplicate arriving after its
 // inbox row was deleted would be applied twice. See [CleanupConfig].Retention.
 //
-// A retention <= 0 returns an error without deleting anything. When ctx ends between batches,
-// Cleanup returns the rows deleted so far and ctx's error.
+// An invalid cfg (a negative field) returns an error without deleting anything. When ctx
+// ends between batches, Cleanup returns the rows deleted so far and ctx's error.
+//
+// Cleanup deletes from the table of the default [Tables]; [Store.Cleanup] from another.
 func Cleanup(ctx context.Context, db Execer, cfg CleanupConfig) (deleted int64, err error) {
+	return defaultStore.Cleanup(ctx, db, cfg)
+}
+
+// Cleanup is [Cleanup] for the store's table.
+func (s *Store) Cleanup(ctx context.Context, db Execer, cfg CleanupConfig) (deleted int64, err error) {
 	cfg, err = cfg.withDefaults()
 	if err != nil {
 		return 0, err
 	}
 	var cutoff time.Time
-	if err := db.QueryRow(ctx, cleanupCutoffSQL, cfg.Retention.Seconds()).Scan(&cutoff); err != nil {
+	if err := db.QueryRow(ctx, s.sql.cleanupCutoff, cfg.Retention.Seconds()).Scan(&cutoff); err != nil {
 		return 0, fmt.Errorf("inbox: cleanup: compute cutoff: %w", err)
 	}
 	for {
-		tag, err := db.Exec(ctx, cleanupBatchSQL, cutoff, cfg.BatchSize)
+		tag, err := db.Exec(ctx, s.sql.cleanupBatch, cutoff, cfg.BatchSize)
 		if err != nil {
 			return deleted, fmt.Errorf("inbox: cleanup: delete batch: %w", err)
 		}
@@ -118,10 +137,16 @@ func Cleanup(ctx context.Context, db Execer, cfg CleanupConfig) (deleted int64, 
 
 // RunCleanup calls [Cleanup] at once and then every cfg.Interval until ctx is done, and then
 // returns nil. A failed run is logged and retried at the next interval. An invalid cfg
-// (retention <= 0) returns an error at once.
+// returns an error at once.
 //
 // Run it in one or more processes per database; concurrent cleaners skip each other's rows.
+// It cleans the table of the default [Tables]; [Store.RunCleanup] another.
 func RunCleanup(ctx context.Context, db Execer, cfg CleanupConfig) error {
+	return defaultStore.RunCleanup(ctx, db, cfg)
+}
+
+// RunCleanup is [RunCleanup] for the store's table.
+func (s *Store) RunCleanup(ctx context.Context, db Execer, cfg CleanupConfig) error {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
 		return err
@@ -130,12 +155,12 @@ func RunCleanup(ctx context.Context, db Execer, cfg CleanupConfig) error {
 	defer ticker.Stop()
 	for {
 		start := time.Now()
-		deleted, err := Cleanup(ctx, db, cfg)
+		deleted, err := s.Cleanup(ctx, db, cfg)
 		switch {
 		case ctx.Err() != nil:
 			return nil
 		case err != nil:
-			cfg.Logger.ErrorContext(ctx, "inbox cleanup failed", slog.Int64("deleted", deleted), slog.Any("error", err))
+			cfg.Logger.WarnContext(ctx, "inbox cleanup failed", slog.Int64("deleted", deleted), slog.Any("error", err))
 		case deleted > 0:
 			cfg.Logger.InfoContext(ctx, "inbox cleanup", slog.Int64("deleted", deleted), slog.Duration("took", time.Since(start)))
 		}

@@ -62,6 +62,20 @@ func TestCleanup(t *testing.T) {
 		require.False(t, dup)
 	})
 
+	t.Run("ZeroMeansTheDefaults", func(t *testing.T) {
+		t.Parallel()
+		ctx := t.Context()
+		pool := newMigratedPool(t)
+		insertProcessed(t, pool, "expired", 3, inbox.DefaultCleanupRetention+time.Hour)
+		insertProcessed(t, pool, "kept", 2, inbox.DefaultCleanupRetention-time.Hour)
+
+		deleted, err := inbox.Cleanup(ctx, pool, inbox.CleanupConfig{})
+		require.NoError(t, err)
+		require.EqualValues(t, 3, deleted)
+		require.Equal(t, 2, countRows(t, pool, `SELECT count(*) FROM inbox_messages WHERE message_id LIKE 'kept-%'`))
+		require.Equal(t, 2, countRows(t, pool, `SELECT count(*) FROM inbox_messages`))
+	})
+
 	t.Run("RejectsInvalidConfig", func(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background() // outlives this function: the subtests run in parallel after it
@@ -69,7 +83,6 @@ func TestCleanup(t *testing.T) {
 		insertProcessed(t, pool, "old", 1, 48*time.Hour)
 
 		for name, cfg := range map[string]inbox.CleanupConfig{
-			"ZeroRetention":     {},
 			"NegativeRetention": {Retention: -time.Hour},
 			"NegativeBatchSize": {Retention: time.Hour, BatchSize: -1},
 			"NegativeInterval":  {Retention: time.Hour, Interval: -1},

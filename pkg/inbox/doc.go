@@ -136,4 +136,32 @@
 // one database (billing and shipping both reacting to order.placed, say) uses its own consumer
 // name and processes the message once. Keep the names stable: renaming a consumer forgets
 // what it processed. Several replicas of the same handler share one name.
+//
+// # Your own table names and schema
+//
+// The package-level functions work on the default [Tables]: inbox_messages, with its
+// versions in inbox_migrations, found through the connection's search_path. To keep several
+// inboxes in one database (one per service or module), or an inbox in a schema of its own (a
+// schema per tenant, one that search_path does not name), make a [Store] of your Tables with
+// [NewStore] and call its methods, and give the RabbitMQ consumer the same Tables in its
+// Config.Tables (from ExampleStore):
+//
+//	ledger, err := inbox.NewStore(inbox.Tables{Schema: "billing", Messages: "ledger_inbox"})
+//	if err != nil {
+//		panic(err) // wraps inbox.ErrInvalidTables
+//	}
+//	if err := ledger.Migrate(ctx, pool); err != nil { // once, at start-up
+//		panic(err)
+//	}
+//
+// A message is deduplicated per table (and, within it, per consumer name): inboxes of
+// different tables know nothing of each other's messages, and [Store.Cleanup] cleans its own
+// table. The index and the advisory lock key of migrations are derived from the names. Names
+// are quoted in every statement, so upper case, spaces and quotes are kept as written;
+// [Tables.Validate] says what is refused ([ErrInvalidTables]). The default tables keep the
+// names and lock key of earlier versions, so existing databases need no change.
+//
+// A Store renders its statements once, when it is made: make one per set of tables at
+// start-up and share it. The package-level functions are the methods of the default Tables'
+// store.
 package inbox

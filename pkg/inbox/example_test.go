@@ -55,6 +55,35 @@ func ExampleProcess() {
 	// reserved: 1
 }
 
+// An inbox of your own naming: the ledger keeps its inbox in schema billing, as
+// ledger_inbox, beside other inboxes in the same database. Migrate creates the schema; a
+// message is deduplicated per table. The RabbitMQ consumer takes the same Tables in its
+// Config.
+func ExampleStore() {
+	ctx := context.Background()
+	pool, drop := exampleDatabase(ctx)
+	defer drop()
+
+	ledger, err := inbox.NewStore(inbox.Tables{Schema: "billing", Messages: "ledger_inbox"})
+	if err != nil {
+		panic(err) // wraps inbox.ErrInvalidTables
+	}
+	if err := ledger.Migrate(ctx, pool); err != nil { // once, at start-up
+		panic(err)
+	}
+	msg := inbox.Message{ID: "payment-7", Type: "payment.captured"}
+	for range 2 { // the broker delivers the message twice
+		duplicate, err := ledger.Process(ctx, pool, "ledger", msg, nil)
+		if err != nil {
+			panic(err)
+		}
+		fmt.Println(ledger.Tables(), "duplicate:", duplicate)
+	}
+	// Output:
+	// "billing"."ledger_inbox" duplicate: false
+	// "billing"."ledger_inbox" duplicate: true
+}
+
 // Migrate is safe to call on every start, from every replica.
 func ExampleMigrate() {
 	ctx := context.Background()

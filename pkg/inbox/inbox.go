@@ -99,8 +99,10 @@ func invalidText(s string, limit int) string {
 	return ""
 }
 
-// SQL run by Process. $1 consumer, $2 message id, $3 message type, $4 received at.
-const insertMessageSQL = `INSERT INTO inbox_messages (consumer, message_id, message_type, received_at)
+// SQL run by Process. $1 consumer, $2 message id, $3 message type, $4 received at. It and the
+// other statements are templates, rendered once per [Store] with its table names
+// ({{.Messages}}: the quoted, schema-qualified inbox table).
+const insertMessageSQL = `INSERT INTO {{.Messages}} (consumer, message_id, message_type, received_at)
 VALUES ($1, $2, $3, $4)
 ON CONFLICT (consumer, message_id) DO NOTHING`
 
@@ -150,12 +152,20 @@ ON CONFLICT (consumer, message_id) DO NOTHING`
 // with a serialization error instead, which Process returns, and a redelivery then finds the
 // row and reports a duplicate.
 //
+// Process records messages in the table of the default [Tables]; [Store.Process] in another.
+//
 // # Tracing
 //
 // Process makes no span of its own. When ctx carries a recording OpenTelemetry span (the
 // RabbitMQ consumer's process span, or one of yours), a duplicate sets [AttrDuplicate] on
 // it; fn gets ctx, so the spans fn makes nest under that span.
 func Process(ctx context.Context, db TxBeginner, consumer string, msg Message, fn func(ctx context.Context, tx pgx.Tx) error) (duplicate bool, err error) {
+	return defaultStore.Process(ctx, db, consumer, msg, fn)
+}
+
+// Process is [Process] for the store's table: messages are deduplicated per table (and per
+// consumer within it).
+func (s *Store) Process(ctx context.Context, db TxBeginner, consumer string, msg Message, fn func(ctx context.Context, tx pgx.Tx) error) (duplicate bool, err error) {
 	if err := ValidateConsumer(consumer); err != nil {
 		return false, err
 	}
@@ -175,7 +185,7 @@ func Process(ctx context.Context, db TxBeginner, consumer string, msg Message, f
 	// rollback, or the connection would go back to a pool inside a failed transaction.
 	defer rollback(ctx, tx)
 
-	tag, err := tx.Exec(ctx, insertMessageSQL, consumer, msg.ID, msg.Type, receivedAt)
+	tag, err := tx.Exec(ctx, s.sql.insertMessage, consumer, msg.ID, msg.Type, receivedAt)
 	if err != nil {
 		err = fmt.Errorf("inbox: record message %q: %w", msg.ID, err)
 		if isDataException(err) {

@@ -140,6 +140,27 @@ func TestMigrateTables(t *testing.T) {
 		require.NoError(t, Migrate(quick, pool))
 	})
 
+	// Two sets of tables whose version tables have one name ("orders" and "orders_messages"
+	// both default to orders_migrations; "inbox" to the default tables' inbox_migrations):
+	// the second must not take the first's versions for its own and leave its table unmade.
+	t.Run("SharedVersionTable", func(t *testing.T) {
+		t.Parallel()
+		pool := testinfra.NewPool(t)
+		for _, pair := range [][2]Tables{
+			{{Messages: "orders"}, {Messages: "orders_messages"}},
+			{{}, {Messages: "inbox"}},
+		} {
+			first, second := pair[0], pair[1]
+			require.Equal(t, first.WithDefaults().Migrations, second.WithDefaults().Migrations)
+			require.NoError(t, migrate(ctx, pool, first))
+			err := migrate(ctx, pool, second)
+			require.ErrorContains(t, err, "Tables.Migrations", "%s after %s", second, first)
+			second.Migrations = second.WithDefaults().Messages + "_versions"
+			require.NoError(t, migrate(ctx, pool, second), "with a version table of its own")
+			require.Equal(t, []int{1}, versions(t, pool, second))
+		}
+	})
+
 	t.Run("InvalidTables", func(t *testing.T) {
 		t.Parallel()
 		err := migrate(ctx, nil, Tables{Messages: strings.Repeat("x", MaxTableBytes+1)})

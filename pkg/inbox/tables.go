@@ -23,7 +23,9 @@ type Tables struct {
 	Messages string
 	// Migrations is the table [Migrate] records applied versions in. Default: Messages with
 	// its "_messages" suffix replaced by "_migrations" (inbox_migrations for the default Messages),
-	// or Messages + "_migrations".
+	// or Messages + "_migrations". Tables in one schema whose defaults meet ("orders" and
+	// "orders_messages"; "inbox" and the default Messages) need one set here: [Migrate]
+	// refuses a version table that records versions while its own Messages table is missing.
 	Migrations string
 }
 

@@ -19,16 +19,18 @@ type DBTX interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// insertMessage inserts one row, the common case: one event per business transaction.
+// insertMessage inserts one row, the common case: one event per business transaction. It and
+// the other statements are templates, rendered once per [Store] with its table names
+// ({{.Messages}}: the quoted, schema-qualified outbox table).
 const insertMessage = `
-INSERT INTO outbox_messages (id, exchange, routing_key, type, aggregate_type, aggregate_id, payload, headers)
+INSERT INTO {{.Messages}} (id, exchange, routing_key, type, aggregate_type, aggregate_id, payload, headers)
 VALUES ($1::uuid, $2, $3, $4, $5, $6, $7::text::json, $8::text::jsonb)`
 
 // insertMessages inserts any number of rows in one round trip. For one row, insertMessage is
 // cheaper: with the deferred notify trigger, an INSERT … SELECT FROM unnest measured about a
 // third fewer transactions per second than the same row inserted with VALUES, at 16 writers.
 const insertMessages = `
-INSERT INTO outbox_messages (id, exchange, routing_key, type, aggregate_type, aggregate_id, payload, headers)
+INSERT INTO {{.Messages}} (id, exchange, routing_key, type, aggregate_type, aggregate_id, payload, headers)
 SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[]::json[], $8::text[]::jsonb[])`
 
 // ErrInvalidMessage is wrapped by the error Add returns for a message it refuses.
@@ -50,7 +52,15 @@ var ErrInvalidMessage = errors.New("invalid outbox message")
 // relay's publish span then joins the trace of the code that called Add, however much later
 // it runs. msgs[i].Headers is not changed. When ctx carries no span context and no baggage,
 // nothing is recorded and nothing is spent. See the package documentation's Tracing section.
+//
+// Add writes to the table of the default [Tables]; [Store.Add] to a table of your naming.
 func Add(ctx context.Context, tx DBTX, msgs ...Message) error {
+	return defaultStore.Add(ctx, tx, msgs...)
+}
+
+// Add is [Add] for the store's table. It records the trace context through the store's
+// propagator ([Store.WithPropagator]), by default the global one.
+func (s *Store) Add(ctx context.Context, tx DBTX, msgs ...Message) error {
 	if len(msgs) == 0 {
 		return nil
 	}
@@ -63,7 +73,7 @@ func Add(ctx context.Context, tx DBTX, msgs ...Message) error {
 		m := &msgs[i]
 		// The caller's trace context goes into the row now, when the message is written,
 		// not when it is relayed: the relay runs later, on contexts of its own.
-		hdrs := traceHeaders(ctx, nil, m.Headers)
+		hdrs := traceHeaders(ctx, s.propagator, m.Headers)
 		stored := *m
 		stored.Headers = hdrs
 		if err := stored.Validate(); err != nil {
@@ -89,12 +99,12 @@ func Add(ctx context.Context, tx DBTX, msgs ...Message) error {
 		payloads[i], headers[i] = string(m.Payload), string(h)
 	}
 	if n == 1 {
-		if _, err := tx.Exec(ctx, insertMessage, ids[0], exchanges[0], keys[0], types[0], aggTypes[0], aggIDs[0], payloads[0], headers[0]); err != nil {
+		if _, err := tx.Exec(ctx, s.sql.insertMessage, ids[0], exchanges[0], keys[0], types[0], aggTypes[0], aggIDs[0], payloads[0], headers[0]); err != nil {
 			return fmt.Errorf("insert outbox message: %w", err)
 		}
 		return nil
 	}
-	if _, err := tx.Exec(ctx, insertMessages, ids, exchanges, keys, types, aggTypes, aggIDs, payloads, headers); err != nil {
+	if _, err := tx.Exec(ctx, s.sql.insertMessages, ids, exchanges, keys, types, aggTypes, aggIDs, payloads, headers); err != nil {
 		return fmt.Errorf("insert %d outbox messages: %w", n, err)
 	}
 	return nil

@@ -38,10 +38,10 @@ import (
 const claimBatch = `
 SELECT o.id, o.exchange, o.routing_key, o.type, o.aggregate_type, o.aggregate_id,
        o.payload::text, o.headers::text, o.created_at, o.attempts
-FROM outbox_messages o
+FROM {{.Messages}} o
 WHERE o.published_at IS NULL AND o.dead_at IS NULL AND NOT o.waiting AND o.next_attempt_at <= now()
   AND o.seq = (
-      SELECT min(head.seq) FROM outbox_messages head
+      SELECT min(head.seq) FROM {{.Messages}} head
       WHERE head.aggregate_type = o.aggregate_type AND head.aggregate_id = o.aggregate_id
         AND head.published_at IS NULL AND head.dead_at IS NULL)
 ORDER BY o.seq
@@ -59,12 +59,12 @@ SELECT set_config('idle_in_transaction_session_timeout', $1, true),
 // markPublished marks exactly the confirmed rows. clock_timestamp, not now(): now() is when
 // the claim began.
 const markPublished = `
-UPDATE outbox_messages SET published_at = clock_timestamp() WHERE id = ANY($1::uuid[])`
+UPDATE {{.Messages}} SET published_at = clock_timestamp() WHERE id = ANY($1::uuid[])`
 
 // markFailed counts an attempt against each failed row, schedules its retry from the moment
 // of the failure, and buries the rows that gave up.
 const markFailed = `
-UPDATE outbox_messages o
+UPDATE {{.Messages}} o
 SET attempts        = o.attempts + 1,
     last_error      = f.error,
     next_attempt_at = clock_timestamp() + f.delay_ms * interval '1 millisecond',
@@ -75,7 +75,7 @@ WHERE o.id = f.id`
 // markDeferred schedules a row later without counting an attempt: the broker refused it for
 // a reason of its own (a full queue, say), or it was not sent several times in a row.
 const markDeferred = `
-UPDATE outbox_messages o
+UPDATE {{.Messages}} o
 SET last_error      = f.error,
     next_attempt_at = clock_timestamp() + f.delay_ms * interval '1 millisecond'
 FROM unnest($1::uuid[], $2::text[], $3::bigint[]) AS f(id, error, delay_ms)
@@ -98,18 +98,18 @@ WITH head AS MATERIALIZED (
     SELECT h.id
     FROM unnest($1::text[], $2::text[]) AS a(aggregate_type, aggregate_id),
     LATERAL (
-        SELECT o.id, o.waiting FROM outbox_messages o
+        SELECT o.id, o.waiting FROM {{.Messages}} o
         WHERE o.aggregate_type = a.aggregate_type AND o.aggregate_id = a.aggregate_id
           AND o.published_at IS NULL AND o.dead_at IS NULL
         ORDER BY o.seq
         LIMIT 1) h
     WHERE h.waiting
 ), locked AS (
-    SELECT l.id FROM outbox_messages l
+    SELECT l.id FROM {{.Messages}} l
     WHERE l.id = ANY (ARRAY(SELECT id FROM head)) AND l.waiting
     FOR NO KEY UPDATE SKIP LOCKED
 ), released AS (
-    UPDATE outbox_messages m SET waiting = false FROM locked WHERE m.id = locked.id
+    UPDATE {{.Messages}} m SET waiting = false FROM locked WHERE m.id = locked.id
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM head), (SELECT count(*) FROM released)`
@@ -123,26 +123,26 @@ SELECT (SELECT count(*) FROM head), (SELECT count(*) FROM released)`
 const markWaiting = `
 WITH candidate AS MATERIALIZED (
     SELECT c.id
-    FROM outbox_messages c
+    FROM {{.Messages}} c
     WHERE c.published_at IS NULL AND c.dead_at IS NULL AND NOT c.waiting
       AND c.seq > (
-          SELECT min(head.seq) FROM outbox_messages head
+          SELECT min(head.seq) FROM {{.Messages}} head
           WHERE head.aggregate_type = c.aggregate_type AND head.aggregate_id = c.aggregate_id
             AND head.published_at IS NULL AND head.dead_at IS NULL)
     ORDER BY c.seq
     LIMIT $1
 ), locked AS (
     SELECT l.id, l.seq, l.aggregate_type, l.aggregate_id
-    FROM outbox_messages l
+    FROM {{.Messages}} l
     WHERE l.id = ANY (ARRAY(SELECT id FROM candidate))
       AND l.published_at IS NULL AND l.dead_at IS NULL AND NOT l.waiting
     FOR UPDATE SKIP LOCKED
 )
-UPDATE outbox_messages m SET waiting = true
+UPDATE {{.Messages}} m SET waiting = true
 FROM locked l
 WHERE m.id = l.id
   AND EXISTS (
-      SELECT 1 FROM outbox_messages older
+      SELECT 1 FROM {{.Messages}} older
       WHERE older.aggregate_type = l.aggregate_type AND older.aggregate_id = l.aggregate_id
         AND older.published_at IS NULL AND older.dead_at IS NULL AND older.seq < l.seq
       FOR KEY SHARE SKIP LOCKED)`
@@ -151,10 +151,10 @@ WHERE m.id = l.id
 // does it as heads go; this is the safety net for rows changed by hand (an operator marking a
 // row dead in SQL, say), run now and then. It reads the whole backlog.
 const repairWaiting = `
-UPDATE outbox_messages m SET waiting = false
+UPDATE {{.Messages}} m SET waiting = false
 FROM (
     SELECT DISTINCT ON (aggregate_type, aggregate_id) id, waiting
-    FROM outbox_messages
+    FROM {{.Messages}}
     WHERE published_at IS NULL AND dead_at IS NULL
     ORDER BY aggregate_type, aggregate_id, seq) head
 WHERE m.id = head.id AND head.waiting`
@@ -301,23 +301,23 @@ func (r *Relay) cycle(ctx context.Context) (res cycleResult, err error) {
 	res.settled = len(published) + len(failed.ids)
 
 	if len(published) > 0 {
-		if _, err := tx.Exec(ctx, markPublished, published); err != nil {
+		if _, err := tx.Exec(ctx, r.sql.markPublished, published); err != nil {
 			return res, databaseError{fmt.Errorf("mark %d outbox rows published: %w", len(published), err)}
 		}
 	}
 	if len(failed.ids) > 0 {
-		if _, err := tx.Exec(ctx, markFailed, failed.ids, failed.errs, failed.delays, failed.dead); err != nil {
+		if _, err := tx.Exec(ctx, r.sql.markFailed, failed.ids, failed.errs, failed.delays, failed.dead); err != nil {
 			return res, databaseError{fmt.Errorf("mark %d outbox rows failed: %w", len(failed.ids), err)}
 		}
 	}
 	if len(deferred.ids) > 0 {
-		if _, err := tx.Exec(ctx, markDeferred, deferred.ids, deferred.errs, deferred.delays); err != nil {
+		if _, err := tx.Exec(ctx, r.sql.markDeferred, deferred.ids, deferred.errs, deferred.delays); err != nil {
 			return res, databaseError{fmt.Errorf("defer %d outbox rows: %w", len(deferred.ids), err)}
 		}
 	}
 	if len(doneAggTypes) > 0 {
 		var heads, released int
-		if err := tx.QueryRow(ctx, releaseNext, doneAggTypes, doneAggIDs).Scan(&heads, &released); err != nil {
+		if err := tx.QueryRow(ctx, r.sql.releaseNext, doneAggTypes, doneAggIDs).Scan(&heads, &released); err != nil {
 			return res, databaseError{fmt.Errorf("release the next rows of %d aggregates: %w", len(doneAggTypes), err)}
 		}
 		if released < heads {
@@ -404,12 +404,12 @@ func (r *Relay) maybeMaintain(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.ClaimTimeout)
 	defer cancel()
 	if r.repairNow.Swap(false) || r.maintainPasses%repairEvery == 0 {
-		if _, err := r.db.Exec(ctx, repairWaiting); err != nil && ctx.Err() == nil {
+		if _, err := r.db.Exec(ctx, r.sql.repairWaiting); err != nil && ctx.Err() == nil {
 			r.cfg.Logger.WarnContext(ctx, "outbox relay: repair waiting rows", "error", err)
 			r.repairNow.Store(true)
 		}
 	}
-	tag, err := r.db.Exec(ctx, markWaiting, markWaitingLimit)
+	tag, err := r.db.Exec(ctx, r.sql.markWaiting, markWaitingLimit)
 	if err != nil {
 		if ctx.Err() == nil {
 			r.cfg.Logger.WarnContext(ctx, "outbox relay: mark waiting rows", "error", err)
@@ -483,7 +483,7 @@ func (r *Relay) claim(ctx context.Context, tx pgx.Tx) (msgs []Message, unreadabl
 	if _, err := tx.Exec(ctx, claimTimeouts, ms, ms); err != nil {
 		return nil, nil, fmt.Errorf("set timeouts: %w", err)
 	}
-	rows, err := tx.Query(ctx, claimBatch, r.cfg.BatchSize)
+	rows, err := tx.Query(ctx, r.sql.claimBatch, r.cfg.BatchSize)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -106,11 +106,12 @@
 //
 // # Wake-ups
 //
-// A trigger runs pg_notify on [NotifyChannel] when a writing transaction commits; relays
-// LISTEN on a dedicated connection and start a cycle at once, so the latency from commit to
-// broker is a cycle, not a poll interval. [Config].PollInterval remains as the fallback and as
-// the clock for retries. After any cycle that found rows, or that a notification started, the
-// relay looks again [Config].NotifyRecheck later.
+// A trigger runs pg_notify on the table's channel ([Tables.NotifyChannel]; [NotifyChannel]
+// for the default tables) when a writing transaction commits; relays LISTEN on a dedicated
+// connection and start a cycle at once, so the latency from commit to broker is a cycle, not
+// a poll interval. [Config].PollInterval remains as the fallback and as the clock for
+// retries. After any cycle that found rows, or that a notification started, the relay looks
+// again [Config].NotifyRecheck later.
 //
 // Only one transaction at a time notifies. PostgreSQL serialises the commits of notifying
 // transactions cluster-wide, each holding a lock through its WAL flush; if every outbox write
@@ -151,4 +152,34 @@
 // [Hooks] expose every cycle (for metrics) and the named crash points
 // ([FailpointBeforePublish], [FailpointAfterPublish], [FailpointAfterMark]) used by chaos
 // tests.
+//
+// # Your own table names and schema
+//
+// The package-level functions work on the default [Tables]: outbox_messages, with its
+// versions in outbox_migrations, found through the connection's search_path. To keep several
+// outboxes in one database (one per service or module), or an outbox in a schema of its own
+// (a schema per tenant, one that search_path does not name), make a [Store] of your Tables
+// with [NewStore] and call its methods, and give the relay the same Tables in
+// [Config].Tables (from ExampleStore):
+//
+//	payments, err := outbox.NewStore(outbox.Tables{Schema: "billing", Messages: "payments_outbox"})
+//	if err != nil {
+//		log.Fatal(err) // wraps outbox.ErrInvalidTables
+//	}
+//	if err := payments.Migrate(ctx, pool); err != nil { // once, at start-up
+//		log.Fatal(err)
+//	}
+//
+// Everything else follows the table's names: its indexes and trigger, the trigger's function
+// in the table's schema, the notify channel ([Tables.NotifyChannel]) and the advisory lock
+// keys of migrations and notifications. Names are quoted in every statement, so upper case,
+// spaces and quotes are kept as written; [Tables.Validate] says what is refused
+// ([ErrInvalidTables]). Outboxes of different tables are independent: a relay claims only
+// its table's rows and wakes only for its table's commits, ordering is per table, and a dead
+// row concerns its table alone. The default tables keep the names and lock keys of earlier
+// versions, so existing databases need no change.
+//
+// A Store renders its statements once, when it is made: make one per set of tables at
+// start-up and share it. The package-level functions are the methods of the default Tables'
+// store, and cost what they cost before.
 package outbox

@@ -100,6 +100,69 @@ func Example() {
 	// published OrderCreated for order-1
 }
 
+// An outbox of your own naming: the payments service keeps its outbox in schema billing, as
+// payments_outbox, beside other outboxes in the same database. Migrate creates the schema;
+// the relay follows the store's tables, notifications included.
+func ExampleStore() {
+	ctx := context.Background()
+	pool, amqpURL, cleanup := exampleEnv()
+	defer cleanup()
+
+	payments, err := outbox.NewStore(outbox.Tables{Schema: "billing", Messages: "payments_outbox"})
+	if err != nil {
+		log.Fatal(err) // wraps outbox.ErrInvalidTables
+	}
+	if err := payments.Migrate(ctx, pool); err != nil { // once, at start-up
+		log.Fatal(err)
+	}
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		return payments.Add(ctx, tx, outbox.Message{
+			Exchange: "example.events", RoutingKey: "payment.captured", Type: "PaymentCaptured",
+			AggregateType: "payment", AggregateID: "pay-7", Payload: json.RawMessage(`{"payment_id":"pay-7"}`),
+		})
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	pub, err := rabbitmq.New(rabbitmq.Config{
+		URL: amqpURL,
+		Setup: func(ch *amqp.Channel) error {
+			if err := ch.ExchangeDeclare("example.events", "topic", true, false, false, false, nil); err != nil {
+				return err
+			}
+			if _, err := ch.QueueDeclare("example.payments", false, true, false, false, nil); err != nil {
+				return err
+			}
+			return ch.QueueBind("example.payments", "payment.#", "example.events", false, nil)
+		},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pub.Close()
+	relay, err := outbox.NewRelay(pool, pub, outbox.Config{Tables: payments.Tables()})
+	if err != nil {
+		log.Fatal(err)
+	}
+	for {
+		n, err := relay.PublishBatch(ctx) // in a service: relay.Run(ctx)
+		if err != nil {
+			log.Fatal(err)
+		}
+		if n == 0 {
+			break
+		}
+	}
+	s, err := payments.ReadStats(ctx, pool)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(payments.Tables(), "pending:", s.Pending)
+	// Output:
+	// "billing"."payments_outbox" pending: 0
+}
+
 // Cleanup keeps the table small: published rows older than the retention go, in batches.
 func ExampleCleanup() {
 	ctx := context.Background()
@@ -140,9 +203,10 @@ func exampleEnv() (pool *pgxpool.Pool, amqpURL string, cleanup func()) {
 	amqpURL = os.Getenv("OUTBOXSHOP_TEST_AMQP_URL")
 	return pool, amqpURL, func() {
 		pool.Close()
-		if conn, err := amqp.Dial(amqpURL); err == nil { // what Example declared
+		if conn, err := amqp.Dial(amqpURL); err == nil { // what the examples declared
 			if ch, err := conn.Channel(); err == nil {
 				_, _ = ch.QueueDelete("example.orders", false, false, false)
+				_, _ = ch.QueueDelete("example.payments", false, false, false) // ExampleStore's
 				_ = ch.ExchangeDelete("example.events", false, false)
 			}
 			_ = conn.Close()

@@ -2,9 +2,15 @@ package outbox_test
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"strings"
 	"testing"
 
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxshop/outboxshop/pkg/outbox"
@@ -91,5 +97,38 @@ func BenchmarkMark(b *testing.B) {
 				}
 			}, false)
 		})
+	}
+}
+
+// discardDB is a DBTX that runs nothing, so that BenchmarkAddCPU measures Add's own work:
+// checking, encoding and choosing the statement.
+type discardDB struct{}
+
+func (discardDB) Exec(context.Context, string, ...any) (pgconn.CommandTag, error) {
+	return pgconn.NewCommandTag("INSERT 0 1"), nil
+}
+
+func (discardDB) Query(context.Context, string, ...any) (pgx.Rows, error) {
+	return nil, errors.New("discardDB runs no queries")
+}
+
+func (discardDB) QueryRow(context.Context, string, ...any) pgx.Row { return nil }
+
+// BenchmarkAddCPU measures what Add costs in the process, without the database: validation,
+// id, header encoding and the statement's arguments, for one message of about 1 KiB.
+func BenchmarkAddCPU(b *testing.B) {
+	ctx := context.Background()
+	payload, _ := json.Marshal(map[string]string{"order_id": "order-1", "note": strings.Repeat("x", 960)})
+	m := outbox.Message{
+		Exchange: "shop.events", RoutingKey: "order.created", Type: "OrderCreated",
+		AggregateType: "order", AggregateID: "order-1", Payload: payload,
+		Headers: map[string]string{outbox.HeaderCorrelationID: "req-42"},
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		m.ID = uuid.Nil
+		if err := outbox.Add(ctx, discardDB{}, m); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

@@ -31,7 +31,8 @@ var migrationTemplates embed.FS
 // of its own, since these versions are numbered on their own (goose.WithTableName(
 // "outbox_goose_db_version"), the driver's MigrationsTable "outbox_schema_migrations"); or copy the
 // files into your project's migrations, renumbered. The Down migrations drop what the Up ones
-// made, rows included.
+// made, rows included, and take the versions they undo out of [Migrate]'s version table
+// (outbox_migrations) if there is one, so that Migrate, run afterwards, makes them again.
 // Tables with other names than the defaults are made by [Store.Migrate].
 //
 //go:embed migrations/goose migrations/golang-migrate
@@ -102,6 +103,7 @@ func migrateConfig(t Tables) (pgmigrate.Config, error) {
 		Schema:           t.Schema,
 		VersionTable:     n.Migrations,
 		VersionTableText: n.MigrationsText,
+		Table:            n.MessagesText,
 		LegacyTable:      n.MessagesText,
 		LockKey:          t.lockKey("migrate", migrationLock),
 		Migrations:       ms,
@@ -136,6 +138,8 @@ func migrate(ctx context.Context, db TxBeginner, t Tables) error {
 //   - A table made by a version of this package that recorded no versions, or by a
 //     migration tool from [Migrations], is taken to be at version 1; the versions after it
 //     may be applied again.
+//   - A version table that records versions while the outbox table is missing is an error,
+//     not a current schema: it belongs to other tables too, or the table was dropped.
 //
 // Users who manage their schema with goose or golang-migrate apply [Migrations] instead.
 func Migrate(ctx context.Context, db TxBeginner) error {

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -164,12 +165,69 @@ func TestMigrateTables(t *testing.T) {
 		require.NoError(t, migrate(quick, pool, tables))
 	})
 
+	// Every Tables that Validate accepts is one migrate can make, and whose trigger notifies:
+	// names at the byte limits in multi-byte characters, quotes, dots, dollars.
+	t.Run("WhatValidateAccepts", func(t *testing.T) {
+		t.Parallel()
+		pool := testinfra.NewPool(t)
+		e40 := strings.Repeat("é", MaxTableBytes/2) // 40 bytes, 20 runes
+		s63 := strings.Repeat("ü", 31) + "s"        // 63 bytes
+		for _, tables := range []Tables{
+			{Messages: "a$$b"},
+			{Schema: "s$$", Messages: "m"},
+			{Schema: "s$", Messages: "$m"},
+			{Messages: `"; DROP TABLE x; --`},
+			{Schema: "a.b", Messages: "c.d"},
+			{Messages: e40},
+			{Schema: s63, Messages: e40},
+			{Schema: s63, Messages: e40 + "x"}, // too long: refused
+			{Messages: "m", Migrations: strings.Repeat("€", 21)},
+		} {
+			t.Run(fmt.Sprintf("%q.%q", tables.Schema, tables.Messages), func(t *testing.T) {
+				if tables.Validate() != nil {
+					return
+				}
+				require.NoError(t, migrate(ctx, pool, tables))
+				require.NoError(t, migrate(ctx, pool, tables), "again")
+				require.Equal(t, []int{1, 2}, versions(t, pool, tables))
+				requireNotifies(t, pool, tables)
+			})
+		}
+	})
+
+	// Two sets of tables whose version tables have one name ("orders" and "orders_messages"
+	// both default to orders_migrations; "outbox" to the default tables' outbox_migrations):
+	// the second must not take the first's versions for its own and leave its table unmade.
+	t.Run("SharedVersionTable", func(t *testing.T) {
+		t.Parallel()
+		pool := testinfra.NewPool(t)
+		for _, pair := range [][2]Tables{
+			{{Messages: "orders"}, {Messages: "orders_messages"}},
+			{{}, {Messages: "outbox"}},
+		} {
+			first, second := pair[0], pair[1]
+			require.Equal(t, first.WithDefaults().Migrations, second.WithDefaults().Migrations)
+			require.NoError(t, migrate(ctx, pool, first))
+			err := migrate(ctx, pool, second)
+			require.ErrorContains(t, err, "Tables.Migrations", "%s after %s", second, first)
+			second.Migrations = second.WithDefaults().Messages + "_versions"
+			require.NoError(t, migrate(ctx, pool, second), "with a version table of its own")
+			require.Equal(t, []int{1, 2}, versions(t, pool, second))
+		}
+	})
+
 	t.Run("InvalidTables", func(t *testing.T) {
 		t.Parallel()
 		err := migrate(ctx, nil, Tables{Messages: strings.Repeat("x", MaxTableBytes+1)})
 		require.ErrorIs(t, err, ErrInvalidTables)
 		_, err = renderMigrations(Tables{Messages: "a$$b"})
 		require.ErrorContains(t, err, "$$")
+		for _, tables := range []Tables{{Messages: "a$$b"}, {Schema: "$$"}, {Migrations: "$$"}} {
+			err = migrate(ctx, nil, tables)
+			require.ErrorIs(t, err, ErrInvalidTables)
+			require.ErrorContains(t, err, "contains $$")
+		}
+		require.ErrorIs(t, Tables{Messages: "m", Migrations: "a$$b"}.Validate(), ErrInvalidTables, "the version table is in the Down's DO body")
 	})
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"log/slog"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -48,11 +49,12 @@ func TestPoolSize(t *testing.T) {
 			want          outbox.PoolSize
 			warned        bool
 		}{
-			"ListeningWithThree":   {3, false, outbox.PoolSize{Needed: 3, Max: 3}, false},
-			"ListeningWithTwo":     {2, false, outbox.PoolSize{Needed: 3, Max: 2}, true},
+			// LISTEN's connection is hijacked from the pool: it does not count.
+			"ListeningWithTwo":     {2, false, outbox.PoolSize{Needed: 2, Max: 2}, false},
+			"ListeningWithOne":     {1, false, outbox.PoolSize{Needed: 2, Max: 1}, true},
 			"PollingWithTwo":       {2, true, outbox.PoolSize{Needed: 2, Max: 2}, false},
 			"PollingWithOne":       {1, true, outbox.PoolSize{Needed: 2, Max: 1}, true},
-			"PgxpoolDefaultOfFour": {0, false, outbox.PoolSize{Needed: 3, Max: 4}, false}, // pgxpool: max(4, CPUs)
+			"PgxpoolDefaultOfFour": {0, false, outbox.PoolSize{Needed: 2, Max: 4}, false}, // pgxpool: max(4, CPUs)
 		} {
 			t.Run(name, func(t *testing.T) {
 				t.Parallel()
@@ -78,27 +80,47 @@ func TestPoolSize(t *testing.T) {
 		}
 	})
 
-	t.Run("OneConnectionCannotListen", func(t *testing.T) {
+	t.Run("OneConnectionListens", func(t *testing.T) {
+		// The listener takes its connection out of the pool (Hijack), which frees its slot:
+		// a pool of one connection still runs cycles, and notifications still wake them.
 		t.Parallel()
-		_, err := outbox.NewRelay(sizedPool(t, b, 1), fakePublisher{}, outbox.Config{})
-		require.ErrorContains(t, err, "outbox: invalid relay config: the pool has 1 connection")
+		b := setup(t) // a table and a queue of its own: no other relay nor consumer
+		got := consume(t, b.amqpURL, b.top.Queue)
+		pool := sizedPool(t, b, 1)
+		cfg := fastConfig(t)
+		cfg.PollInterval = time.Hour // only a notification can start a cycle after the first
+		b.startRelay(t, pool, b.pub, cfg)
+		testinfra.Eventually(t, waitFor, func() bool {
+			var n int
+			require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+				WHERE datname = current_database() AND query LIKE 'LISTEN %'`).Scan(&n))
+			return n > 0
+		}, "the relay listens")
+		for i := range 3 {
+			m := b.write(t, b.msg("one-conn-listen", i))[0]
+			testinfra.Eventually(t, waitFor, func() bool { return got.ids()[m.ID.String()] > 0 },
+				"message %d published through a pool of one that listens", i)
+			require.LessOrEqual(t, pool.Stat().TotalConns(), int32(1))
+		}
 	})
 
 	t.Run("UnknownSize", func(t *testing.T) {
 		t.Parallel()
 		r, err := outbox.NewRelay(unsizedDB{sizedPool(t, b, 1)}, fakePublisher{}, outbox.Config{})
 		require.NoError(t, err, "a pool that does not tell its size is not checked")
-		require.Equal(t, outbox.PoolSize{Needed: 3}, r.PoolSize())
+		require.Equal(t, outbox.PoolSize{Needed: 2}, r.PoolSize())
 		require.Zero(t, r.PoolSize().Shortfall())
 	})
 
 	t.Run("TooSmallOnlySlowsDown", func(t *testing.T) {
-		// Two connections for a relay that wants three: it publishes all the same.
+		// One connection for a relay that wants two: it publishes all the same.
 		t.Parallel()
 		got := consume(t, b.amqpURL, b.top.Queue)
-		pool := sizedPool(t, b, 2)
+		pool := sizedPool(t, b, 1)
 		msgs := b.write(t, b.msg("small-pool", 1), b.msg("small-pool", 2), b.msg("small-pool", 3))
-		b.startRelay(t, pool, b.pub, fastConfig(t))
+		cfg := fastConfig(t)
+		cfg.DisableNotify = true
+		b.startRelay(t, pool, b.pub, cfg)
 		testinfra.Eventually(t, waitFor, func() bool {
 			ids := got.ids()
 			for _, m := range msgs {
@@ -107,6 +129,6 @@ func TestPoolSize(t *testing.T) {
 				}
 			}
 			return true
-		}, "published through a pool of two")
+		}, "published through a pool of one")
 	})
 }

@@ -90,6 +90,10 @@ const (
 
 // Config tunes a [Relay]. The zero value of every field means its default.
 type Config struct {
+	// Tables names the outbox table the relay publishes from, and so its notify channel
+	// ([Tables.NotifyChannel]). Default: the default Tables, outbox_messages. An invalid
+	// value makes [NewRelay] return an error wrapping [ErrInvalidTables].
+	Tables Tables
 	// BatchSize is how many rows one cycle claims and publishes, at most 10000. Default 100
 	// ([DefaultBatchSize]).
 	BatchSize int
@@ -158,9 +162,14 @@ type Config struct {
 	MessagingSystem string
 }
 
-// Hooks are optional callbacks. They run on the relay's goroutine: keep them fast. Each
-// takes one event struct, so that an event can gain fields without breaking a hook (the
-// inbox's RabbitMQ consumer hooks have the same shape).
+// Hooks are optional callbacks. They run on the goroutine that called [Relay.Run]: keep them
+// fast. While a hook runs the relay does nothing else, and Polled runs with the claim's
+// transaction open: a hook that blocks keeps the claimed rows locked (other relays skip
+// them) and holds back vacuum for as long. A hook that panics unwinds Run: the batch in hand
+// is rolled back, the relay's own goroutines stop, and the panic goes on in Run's caller
+// (nothing recovers it); Run may be called again. Each hook takes one event struct, so that
+// an event can gain fields without breaking a hook (the inbox's RabbitMQ consumer hooks have
+// the same shape).
 type Hooks struct {
 	// Failpoint is called each time a cycle passes one of the Failpoint* points. A chaos
 	// harness uses it to kill the process exactly there.
@@ -287,6 +296,7 @@ type Relay struct {
 	db     RelayDB
 	pub    Publisher
 	cfg    Config
+	sql    statements // for cfg.Tables
 	tracer trace.Tracer
 
 	running atomic.Bool
@@ -306,7 +316,10 @@ type Relay struct {
 }
 
 // RelayDB is what a relay needs of the database: transactions and statements for its
-// cycles, and a connection of its own to LISTEN on. *pgxpool.Pool satisfies it.
+// cycles, and a connection of its own to LISTEN on (Acquire, whose connection the relay
+// hijacks: it never goes back to the pool). A *pgxpool.Pool satisfies it, and the relay uses
+// nothing else of it: a wrapper of your own (to count or trace statements, say) that has
+// these three methods will do.
 type RelayDB interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
@@ -316,15 +329,16 @@ type RelayDB interface {
 var _ RelayDB = (*pgxpool.Pool)(nil)
 
 // NewRelay returns a relay that publishes the rows of the outbox table in pool's database
-// through pub. While it runs, the relay uses up to three connections of the pool: one for its
-// cycles, one now and then for its maintenance (taking rows that wait behind their
-// aggregate's head out of the claim's way), and one it keeps for LISTEN unless
-// cfg.DisableNotify is set.
+// through pub: the table of cfg.Tables, by default outbox_messages. While it runs, the relay uses up to two connections of the pool: one for its
+// cycles and one now and then for its maintenance (taking rows that wait behind their
+// aggregate's head out of the claim's way). Unless cfg.DisableNotify is set it also keeps
+// one connection for LISTEN, which it takes out of the pool (pgxpool's Hijack): that one
+// does not count against the pool's MaxConns, so a pool of one connection still runs
+// cycles, but it does count against PostgreSQL's max_connections.
 //
 // When pool tells its size (a *pgxpool.Pool does, see [PoolSize]), NewRelay checks it: a
-// pool of one connection for a relay that listens is an error (LISTEN would hold it, and no
-// cycle could run); a pool smaller than [PoolSize].Needed is logged as a warning, since the
-// relay then waits for connections.
+// pool smaller than [PoolSize].Needed is logged as a warning, since the relay then waits for
+// connections.
 func NewRelay(pool RelayDB, pub Publisher, cfg Config) (*Relay, error) {
 	if pool == nil || pub == nil {
 		return nil, errors.New("outbox: NewRelay needs a pool and a publisher")
@@ -333,16 +347,17 @@ func NewRelay(pool RelayDB, pub Publisher, cfg Config) (*Relay, error) {
 	if err != nil {
 		return nil, err
 	}
+	store, err := NewStore(cfg.Tables)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Tables = store.Tables()
 	if sn, ok := pub.(systemNamer); ok && cfg.MessagingSystem == "" {
 		cfg.MessagingSystem = sn.MessagingSystem()
 	}
-	r := &Relay{db: pool, pub: pub, cfg: cfg, state: StateStarting, tracer: cfg.TracerProvider.Tracer(TracerName)}
+	r := &Relay{db: pool, pub: pub, cfg: cfg, sql: store.sql, state: StateStarting, tracer: cfg.TracerProvider.Tracer(TracerName)}
 	size := r.PoolSize()
-	switch {
-	case !cfg.DisableNotify && size.Max == 1:
-		return nil, errors.New("outbox: invalid relay config: the pool has 1 connection, and a relay that listens " +
-			"(DisableNotify unset) needs 2 at least: one held for LISTEN, one for its cycles")
-	case size.Shortfall() > 0:
+	if size.Shortfall() > 0 {
 		cfg.Logger.Warn("outbox relay: the pool is smaller than the relay needs; it will wait for connections",
 			"pool_max_conns", size.Max, "connections_needed", size.Needed)
 	}
@@ -352,8 +367,10 @@ func NewRelay(pool RelayDB, pub Publisher, cfg Config) (*Relay, error) {
 // PoolSize compares the connections a relay may hold at once with the size of its pool.
 // The inbox's RabbitMQ consumer reports the same for its handlers.
 type PoolSize struct {
-	// Needed is how many connections the relay may hold at once: one for its cycles, one now
-	// and then for its maintenance, and one kept for LISTEN unless DisableNotify is set.
+	// Needed is how many connections of the pool the relay may hold at once: one for its
+	// cycles and one now and then for its maintenance. The connection it keeps for LISTEN
+	// (unless DisableNotify is set) is taken out of the pool, so it is not counted here: the
+	// relay's share of max_connections is Needed plus that one.
 	Needed int
 	// Max is the pool's largest size, read from its Stat method (*pgxpool.Pool has one); 0
 	// when the pool does not tell.
@@ -373,11 +390,9 @@ func (s PoolSize) Shortfall() int {
 // tells it. Whatever else shares the pool (an API, a consumer) needs its own connections on
 // top.
 func (r *Relay) PoolSize() PoolSize {
-	needed := 2 // cycles and maintenance
-	if !r.cfg.DisableNotify {
-		needed++
-	}
-	return PoolSize{Needed: needed, Max: poolMax(r.db)}
+	// Cycles and maintenance. The LISTEN connection is hijacked from the pool (see listenOnce):
+	// it frees its slot, and is not counted against MaxConns.
+	return PoolSize{Needed: 2, Max: poolMax(r.db)}
 }
 
 // poolStater is implemented by a pool that tells its size, as *pgxpool.Pool does. A
@@ -581,9 +596,10 @@ func (r *Relay) listenOnce(ctx context.Context, wake chan<- struct{}, listening 
 		return fmt.Errorf("acquire listen connection: %w", err)
 	}
 	// A LISTENing connection must not go back to the pool: it is ours until it fails.
+	// Hijacking it also frees its slot in the pool, so the cycles never wait for it.
 	conn := pc.Hijack()
 	defer conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck // closing a dead or idle connection
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{NotifyChannel}.Sanitize()); err != nil {
+	if _, err := conn.Exec(ctx, r.sql.listen); err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
 	listening()

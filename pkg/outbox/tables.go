@@ -23,7 +23,9 @@ type Tables struct {
 	Messages string
 	// Migrations is the table [Migrate] records applied versions in. Default: Messages with
 	// its "_messages" suffix replaced by "_migrations" (outbox_migrations for the default Messages),
-	// or Messages + "_migrations".
+	// or Messages + "_migrations". Tables in one schema whose defaults meet ("orders" and
+	// "orders_messages"; "outbox" and the default Messages) need one set here: [Migrate]
+	// refuses a version table that records versions while its own Messages table is missing.
 	Migrations string
 }
 
@@ -53,9 +55,11 @@ func (t Tables) WithDefaults() Tables {
 }
 
 // Validate reports whether t, with its defaults, names usable tables: valid UTF-8 without
-// NUL bytes, Messages at most [MaxTableBytes] bytes, Schema and Migrations at most 63, and
-// Messages and Migrations different. Names are quoted in every statement, so any other
-// character, case included, is kept as written. The error wraps [ErrInvalidTables].
+// NUL bytes, Messages at most [MaxTableBytes] bytes, Schema and Migrations at most 63,
+// Messages and Migrations different, and no "$$" in any of them (the migrations' $$-quoted
+// bodies, the notify trigger's function among them, hold them). Names are quoted in every statement, so
+// any other character, case included, is kept as written. The error wraps
+// [ErrInvalidTables].
 func (t Tables) Validate() error {
 	t = t.WithDefaults()
 	for _, f := range []struct {
@@ -73,6 +77,11 @@ func (t Tables) Validate() error {
 			return fmt.Errorf("%w: %s is not valid UTF-8", ErrInvalidTables, f.field)
 		case strings.IndexByte(f.value, 0) >= 0:
 			return fmt.Errorf("%w: %s contains a NUL byte", ErrInvalidTables, f.field)
+		}
+	}
+	for _, f := range []struct{ field, value string }{{"Schema", t.Schema}, {"Messages", t.Messages}, {"Migrations", t.Migrations}} {
+		if strings.Contains(f.value, "$$") {
+			return fmt.Errorf("%w: %s contains $$, which would end a migration's $$-quoted body", ErrInvalidTables, f.field)
 		}
 	}
 	if t.Messages == t.Migrations {

@@ -84,3 +84,18 @@ func Example_tracing() {
 	// Output:
 	// publish example.events - child of the request: true - status: Unset
 }
+
+// A store whose Add records the trace context through a propagator of its own rather than the
+// global one; the relay reads it back with the same one.
+func ExampleStore_WithPropagator() {
+	w3c := propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+	store, err := outbox.NewStore(outbox.Tables{Schema: "billing"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	store = store.WithPropagator(w3c)
+	cfg := outbox.Config{Tables: store.Tables(), Propagator: w3c}
+	fmt.Println(cfg.Tables.Schema)
+	// Output:
+	// billing
+}

@@ -139,6 +139,32 @@ func TestTracing(t *testing.T) {
 		require.NotContains(t, h, outbox.HeaderTracestate)
 	})
 
+	t.Run("a store's propagator replaces the global one", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		tr := newTracing(t)
+		member, err := baggage.NewMember("tenant", "acme")
+		require.NoError(t, err)
+		bag, err := baggage.New(member)
+		require.NoError(t, err)
+		ctx, span := tr.tp.Tracer("test").Start(baggage.ContextWithBaggage(context.Background(), bag), "request")
+		defer span.End()
+		store, err := outbox.NewStore(outbox.Tables{})
+		require.NoError(t, err)
+		store = store.WithPropagator(propagation.Baggage{}) // baggage only
+
+		m := b.msg("order-1", 1)
+		require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+			msgs := []outbox.Message{m}
+			err := store.Add(ctx, tx, msgs...)
+			m = msgs[0]
+			return err
+		}))
+		h := b.rowHeaders(t, m)
+		require.Equal(t, "tenant=acme", h[outbox.HeaderBaggage])
+		require.NotContains(t, h, outbox.HeaderTraceparent)
+	})
+
 	t.Run("without a span Add records nothing", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)

@@ -105,3 +105,22 @@ func Cancel(s Status) CancelOutcome {
 	}
 	return CancelRefused
 }
+
+// StockUpdate is a consumed stock event, for the repository to apply.
+type StockUpdate struct {
+	Event     string // EventStockReserved, EventStockRejected or EventStockReleased
+	OrderID   uuid.UUID
+	Reason    string // StockRejected's reason
+	MessageID string
+}
+
+// StockOutcome is what applying a StockUpdate did.
+type StockOutcome struct {
+	// Found is false when no order has the id: nothing was written.
+	Found bool
+	// From is the order's status before; To is the status after (equal to From when the
+	// transition was illegal).
+	From, To Status
+	// Applied is false for an illegal transition: nothing was written.
+	Applied bool
+}

@@ -65,13 +65,13 @@ func TestCancel(t *testing.T) {
 func TestError(t *testing.T) {
 	t.Parallel()
 	cause := errors.New("connection refused")
-	err := fmt.Errorf("create order: %w", orders.Wrap(orders.EUNAVAILABLE, cause, "The database is unavailable."))
-	require.Equal(t, orders.EUNAVAILABLE, orders.ErrorCode(err))
+	err := fmt.Errorf("create order: %w", orders.Wrap(orders.CodeUnavailable, cause, "The database is unavailable."))
+	require.Equal(t, orders.CodeUnavailable, orders.ErrorCode(err))
 	require.Equal(t, "The database is unavailable.", orders.ErrorMessage(err))
 	require.ErrorIs(t, err, cause)
 
 	plain := errors.New("boom")
-	require.Equal(t, orders.EINTERNAL, orders.ErrorCode(plain))
+	require.Equal(t, orders.CodeInternal, orders.ErrorCode(plain))
 	require.Equal(t, "Internal error.", orders.ErrorMessage(plain), "the cause of an unexpected error is never shown")
 	require.Empty(t, orders.ErrorCode(nil))
 }

@@ -17,7 +17,7 @@
 // Anything else (a second OrderCreated for a decided order, a second OrderCancelled) changes
 // nothing and emits nothing: [ActionIgnore].
 //
-// The adapters live in sub-packages named after what they adapt: postgres (the repository
-// and migrations), amqp (topology and message handlers), http (the HTTP API) and app (the
+// The adapters live in sub-packages named after what they adapt: postgres (the Store and
+// migrations), amqp (topology and message handlers), http (the HTTP API) and app (the
 // wiring that cmd/warehouse starts).
 package warehouse

@@ -17,10 +17,11 @@
 // service builds its consumer from, and reports the [Outcome] the consumer would reach:
 // acknowledged, acknowledged as a duplicate, held and retried in place (a transient error),
 // retried as a counted attempt, or dead-lettered with its reason (a permanent error, the last
-// of [rabbitmq.Config].MaxDeliveries attempts, a message id or type the inbox cannot store).
-// A handler that panics is treated as the consumer treats it: as a failed attempt. The
-// consumer's checks of the body (size, content type, type and JSON syntax) run before any
-// handler, with its configuration, and are not repeated here.
+// of [rabbitmq.Config].MaxDeliveries attempts, a message id or type the inbox cannot store, or
+// what the consumer refuses before any handler runs). A handler that panics is treated as the
+// consumer treats it: as a failed attempt. The consumer's checks of the delivery (body size,
+// content type, type, and JSON syntax, which a body without a content type must pass) run
+// first, through [rabbitmq.Config.Refusal], as the consumer runs them.
 //
 // # Looking into the transaction
 //

@@ -91,13 +91,13 @@ func ExampleDeliverRabbitMQ() {
 			return reserveStock(ctx, tx, string(d.Body))
 		},
 	}
-	d := rabbitmq.Delivery{ID: "order-44", Type: "order.placed", Body: []byte("sku-1")}
+	d := rabbitmq.Delivery{ID: "order-44", Type: "order.placed", ContentType: "text/plain", Body: []byte("sku-1")}
 	inboxtest.RequireHandledOnce(ctx, t, pool, cfg, d, nil)
 
 	for _, d := range []rabbitmq.Delivery{
-		{ID: "order-45", Type: "order.placed", Body: []byte("sku-404")},
-		{ID: "order-46", Type: "pricing.needed", DeliveryCount: 1},
-		{ID: "order-47", Type: "pricing.needed", DeliveryCount: 3},
+		{ID: "order-45", Type: "order.placed", ContentType: "text/plain", Body: []byte("sku-404")},
+		{ID: "order-46", Type: "pricing.needed", ContentType: "text/plain", DeliveryCount: 1},
+		{ID: "order-47", Type: "pricing.needed", ContentType: "text/plain", DeliveryCount: 3},
 	} {
 		h := inboxtest.DeliverRabbitMQ(ctx, pool, cfg, d, nil)
 		if h.Reason != "" {

@@ -161,9 +161,12 @@ type Handled struct {
 
 // DeliverRabbitMQ runs cfg.Handler on d through the inbox as consumer cfg.Name, as the
 // RabbitMQ consumer built from cfg does, and reports the outcome the consumer would reach.
-// cfg.MaxDeliveries (default rabbitmq.DefaultMaxDeliveries) and d.DeliveryCount (0 counts as
-// the first attempt) decide between Retried and DeadLettered for a counted failure. The
-// other fields of cfg, the broker's among them, are not used. An invalid cfg.Name, with
+// What the consumer dead-letters before its transaction ([rabbitmq.Config.Refusal]: cfg.Types,
+// cfg.ContentTypes, cfg.MaxBodyBytes, a body that is not JSON while the content type says it
+// is, or is empty) is DeadLettered without calling the handler, with a permanent Err naming
+// the reason. cfg.MaxDeliveries (default rabbitmq.DefaultMaxDeliveries) and d.DeliveryCount
+// (0 counts as the first attempt) decide between Retried and DeadLettered for a counted
+// failure. The other fields of cfg, the broker's among them, are not used. An invalid cfg.Name, with
 // which the consumer would not start, gives no Outcome and an Err saying so.
 func DeliverRabbitMQ(ctx context.Context, db inbox.TxBeginner, cfg rabbitmq.Config, d rabbitmq.Delivery, opts *Options) Handled {
 	if err := inbox.ValidateConsumer(cfg.Name); err != nil {
@@ -184,6 +187,11 @@ func DeliverRabbitMQ(ctx context.Context, db inbox.TxBeginner, cfg rabbitmq.Conf
 		case errors.Is(err, inbox.ErrInvalidMessageType):
 			reason = rabbitmq.ReasonInvalidMessageType
 		}
+		return Handled{Result: Result{Err: err, Class: inbox.Classify(err)}, Outcome: DeadLettered, Reason: reason}
+	}
+	if reason, detail := cfg.Refusal(d); reason != "" {
+		// Dead-lettered before a transaction, as the consumer does: the handler does not run.
+		err := inbox.Permanent(fmt.Errorf("%s: %s", reason, detail))
 		return Handled{Result: Result{Err: err, Class: inbox.Classify(err)}, Outcome: DeadLettered, Reason: reason}
 	}
 	var handler func(ctx context.Context, tx pgx.Tx) error

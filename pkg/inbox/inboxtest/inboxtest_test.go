@@ -200,7 +200,7 @@ func TestDeliverRabbitMQ(t *testing.T) {
 		return nil
 	}}
 	delivery := func(id, body string, count int) rabbitmq.Delivery {
-		return rabbitmq.Delivery{ID: id, Type: "order.placed", Body: []byte(body), DeliveryCount: count}
+		return rabbitmq.Delivery{ID: id, Type: "order.placed", ContentType: "text/plain", Body: []byte(body), DeliveryCount: count}
 	}
 
 	t.Run("Once", func(t *testing.T) {
@@ -276,4 +276,54 @@ func TestDeliverRabbitMQInvalidName(t *testing.T) {
 	failed, msg := check(func(tb inboxtest.TB) { h.RequireOutcome(tb, inboxtest.Acked, "") })
 	require.True(t, failed)
 	require.Contains(t, msg, "want the delivery acked, got no outcome after a failed error: inboxtest: rabbitmq.Config.Name: inbox: consumer name is empty")
+}
+
+// TestDeliverRabbitMQRefuses: what the consumer dead-letters before it opens a transaction
+// (rabbitmq.Reasons; internal_test.go and consumer_test.go there show the consumer doing it),
+// DeliverRabbitMQ dead-letters too, without calling the handler.
+func TestDeliverRabbitMQRefuses(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := setup(t)
+	cfg := rabbitmq.Config{
+		Name: "stock", Types: []string{"order.placed"}, ContentTypes: []string{"application/json", "text/plain"},
+		MaxBodyBytes: 16,
+		Handler: func(context.Context, pgx.Tx, rabbitmq.Delivery) error {
+			t.Error("the handler must not run")
+			return nil
+		},
+	}
+	json := func(id string) rabbitmq.Delivery {
+		return rabbitmq.Delivery{ID: id, Type: "order.placed", ContentType: "application/json", Body: []byte(`{}`)}
+	}
+	for _, c := range []struct {
+		name   string
+		cfg    rabbitmq.Config
+		d      rabbitmq.Delivery
+		reason string
+	}{
+		{"UnknownType", cfg, rabbitmq.Delivery{ID: "u", Type: "order.exploded", ContentType: "application/json", Body: []byte(`{}`)}, rabbitmq.ReasonUnknownType},
+		{"BodyTooLarge", cfg, rabbitmq.Delivery{ID: "b", Type: "order.placed", ContentType: "text/plain", Body: []byte(strings.Repeat("x", 17))}, rabbitmq.ReasonBodyTooLarge},
+		{"OtherContentType", cfg, rabbitmq.Delivery{ID: "c", Type: "order.placed", ContentType: "application/xml", Body: []byte(`<a/>`)}, rabbitmq.ReasonUnsupportedContentType},
+		{"MalformedJSON", cfg, rabbitmq.Delivery{ID: "j", Type: "order.placed", ContentType: "application/json", Body: []byte(`{`)}, rabbitmq.ReasonMalformedJSON},
+		// An empty content type is taken for JSON, with the defaults of every limit.
+		{"NoContentTypeNotJSON", rabbitmq.Config{Name: "stock", Handler: cfg.Handler}, rabbitmq.Delivery{ID: "n", Type: "t", Body: []byte("sku-1")}, rabbitmq.ReasonMalformedJSON},
+		{"DefaultMaxBodyBytes", rabbitmq.Config{Name: "stock", Handler: cfg.Handler}, rabbitmq.Delivery{ID: "d", Type: "t", ContentType: "text/plain",
+			Body: make([]byte, rabbitmq.DefaultMaxBodyBytes+1)}, rabbitmq.ReasonBodyTooLarge},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			h := inboxtest.DeliverRabbitMQ(ctx, pool, c.cfg, c.d, nil)
+			h.RequireOutcome(t, inboxtest.DeadLettered, c.reason)
+			require.False(t, h.Called)
+			require.Equal(t, inbox.ClassPermanent, h.Class)
+			require.ErrorContains(t, h.Err, c.reason)
+		})
+	}
+	t.Run("Accepted", func(t *testing.T) {
+		t.Parallel()
+		accept := cfg
+		accept.Handler = func(context.Context, pgx.Tx, rabbitmq.Delivery) error { return nil }
+		inboxtest.DeliverRabbitMQ(ctx, pool, accept, json("ok"), nil).RequireOutcome(t, inboxtest.Acked, "")
+	})
 }

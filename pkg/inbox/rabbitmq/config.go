@@ -176,7 +176,10 @@ type Delivery struct {
 }
 
 // Hooks are optional callbacks for metrics and fault injection. Nil fields are skipped. They
-// are called from the consumer's goroutines, concurrently, and must return quickly. Each takes
+// are called from the consumer's goroutines, concurrently, and must return quickly: a hook
+// that blocks holds up the delivery it reports on, and the worker handling it. Nothing
+// recovers a hook's panic: it ends the process, as any unrecovered panic does, and the
+// deliveries not yet acknowledged go back to the broker with the connection. Each takes
 // one event struct, so that an event can gain fields without breaking a hook (the outbox
 // relay's hooks have the same shape). An event's Type is the message's type property as
 // received: it may be anything, even invalid UTF-8, so map it to a known set before using it
@@ -285,6 +288,10 @@ type Config struct {
 	Name string
 	// Handler applies a message. Required.
 	Handler Handler
+	// Tables names the inbox table messages are recorded in: messages are deduplicated per
+	// table and, within it, per Name. Default: the default inbox.Tables, inbox_messages. An
+	// invalid value makes [NewConsumer] return an error wrapping inbox.ErrInvalidTables.
+	Tables inbox.Tables
 
 	// Prefetch is the AMQP prefetch count: how many unacknowledged messages the broker hands
 	// the consumer at once, at most 65535. Default 32 ([DefaultPrefetch]).
@@ -403,6 +410,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.Handler == nil {
 		errs = append(errs, errors.New("handler is required"))
+	}
+	if err := c.Tables.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("tables: %w", err))
 	}
 	if c.DeadLetterExchange == "" && c.DeadLetterRoutingKey == "" {
 		errs = append(errs, errors.New("a dead-letter destination is required: set DeadLetterExchange and/or DeadLetterRoutingKey"))

@@ -28,6 +28,7 @@ const dialTimeout = 15 * time.Second
 // [NewConsumer] and start it with [Consumer.Run].
 type Consumer struct {
 	pool   inbox.TxBeginner
+	store  *inbox.Store // of cfg.Tables
 	cfg    Config
 	log    *slog.Logger
 	tracer trace.Tracer
@@ -65,7 +66,8 @@ type Status struct {
 }
 
 // NewConsumer checks cfg, fills in its defaults and returns a consumer that processes each
-// message with inbox.Process on pool. It does not connect; [Consumer.Run] does.
+// message with inbox.Process on pool, in the inbox table of cfg.Tables. It does not connect;
+// [Consumer.Run] does.
 func NewConsumer(pool inbox.TxBeginner, cfg Config) (*Consumer, error) {
 	if pool == nil {
 		return nil, errors.New("rabbitmq: pool is nil")
@@ -74,12 +76,18 @@ func NewConsumer(pool inbox.TxBeginner, cfg Config) (*Consumer, error) {
 	if err != nil {
 		return nil, err
 	}
+	store, err := inbox.NewStore(cfg.Tables)
+	if err != nil {
+		return nil, fmt.Errorf("rabbitmq: invalid consumer config: %w", err)
+	}
+	cfg.Tables = store.Tables()
 	uri, _ := amqp.ParseURI(cfg.URL) // checked by withDefaults
 	c := &Consumer{
-		pool: pool,
-		cfg:  cfg,
-		log:  cfg.Logger.With(slog.String("consumer", cfg.Name), slog.String("queue", cfg.Queue)),
-		user: uri.Username,
+		pool:  pool,
+		store: store,
+		cfg:   cfg,
+		log:   cfg.Logger.With(slog.String("consumer", cfg.Name), slog.String("queue", cfg.Queue)),
+		user:  uri.Username,
 	}
 	c.tracer = cfg.TracerProvider.Tracer(TracerName)
 	if size := c.PoolSize(); size.Shortfall() > 0 {

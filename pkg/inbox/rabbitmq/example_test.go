@@ -241,3 +241,21 @@ func exampleDatabase(ctx context.Context) (*pgxpool.Pool, func()) {
 		}
 	}
 }
+
+// Refusal says what the consumer does with a delivery before its handler runs: here, a type
+// the consumer does not take, and a JSON body cut short, are dead-lettered.
+func ExampleConfig_Refusal() {
+	cfg := rabbitmq.Config{Name: "orders-projection", Types: []string{"order.placed"}}
+	for _, d := range []rabbitmq.Delivery{
+		{ID: "m-1", Type: "order.placed", ContentType: "application/json", Body: []byte(`{"order_id":"o-1"}`)},
+		{ID: "m-2", Type: "order.exploded", ContentType: "application/json", Body: []byte(`{}`)},
+		{ID: "m-3", Type: "order.placed", ContentType: "application/json", Body: []byte(`{"order_id":`)},
+	} {
+		reason, _ := cfg.Refusal(d)
+		fmt.Printf("%s: %q\n", d.ID, reason)
+	}
+	// Output:
+	// m-1: ""
+	// m-2: "unknown-type"
+	// m-3: "malformed-json"
+}

@@ -149,30 +149,46 @@ func (c *Consumer) endHold(m *message) {
 // check returns the first stage for m: dead-lettering when the message can never succeed,
 // processing otherwise.
 func (c *Consumer) check(s *session, m *message) step {
-	if reason, detail := c.refuse(m.d); reason != "" {
+	if reason, detail := refusal(c.cfg, m.del); reason != "" {
 		return c.deadLetterStage(s, m, reason, detail)
 	}
 	return c.processStage(s, m)
 }
 
-// refuse returns the reason and details for dead-lettering d without a transaction, or "".
-// The checks run in the order of [Reasons]; the body is parsed only when it is small enough.
-func (c *Consumer) refuse(d amqp.Delivery) (reason, detail string) {
-	if d.MessageId == "" {
+// Refusal returns why the consumer built from c dead-letters d before its handler runs (one
+// of the Reason* constants, with details), or "" when it would run the handler on d. It
+// applies the same defaults as [NewConsumer] (MaxBodyBytes) and needs nothing else of c:
+// inboxtest uses it to reach the consumer's outcome without a broker.
+func (c Config) Refusal(d Delivery) (reason, detail string) {
+	if c.MaxBodyBytes <= 0 {
+		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	contentTypes := make([]string, 0, len(c.ContentTypes))
+	for _, ct := range c.ContentTypes {
+		contentTypes = append(contentTypes, mediaType(ct))
+	}
+	c.ContentTypes = contentTypes
+	return refusal(c, d)
+}
+
+// refusal is [Config.Refusal] for a cfg with its defaults. The checks run in the order of
+// [Reasons]; the body is parsed only when it is small enough.
+func refusal(cfg Config, d Delivery) (reason, detail string) {
+	if d.ID == "" {
 		return ReasonMissingMessageID, "the message has no message-id property, so the inbox cannot deduplicate it"
 	}
-	if err := (inbox.Message{ID: d.MessageId, Type: d.Type}).Validate(); err != nil {
+	if err := (inbox.Message{ID: d.ID, Type: d.Type}).Validate(); err != nil {
 		if errors.Is(err, inbox.ErrInvalidMessageType) {
 			return ReasonInvalidMessageType, err.Error()
 		}
 		return ReasonInvalidMessageID, err.Error()
 	}
-	if len(d.Body) > c.cfg.MaxBodyBytes {
-		return ReasonBodyTooLarge, fmt.Sprintf("the body has %d bytes, more than the %d accepted", len(d.Body), c.cfg.MaxBodyBytes)
+	if len(d.Body) > cfg.MaxBodyBytes {
+		return ReasonBodyTooLarge, fmt.Sprintf("the body has %d bytes, more than the %d accepted", len(d.Body), cfg.MaxBodyBytes)
 	}
 	mt := mediaType(d.ContentType)
-	if len(c.cfg.ContentTypes) > 0 && !slices.Contains(c.cfg.ContentTypes, mt) {
-		return ReasonUnsupportedContentType, fmt.Sprintf("content type %q is not one of %q", d.ContentType, c.cfg.ContentTypes)
+	if len(cfg.ContentTypes) > 0 && !slices.Contains(cfg.ContentTypes, mt) {
+		return ReasonUnsupportedContentType, fmt.Sprintf("content type %q is not one of %q", d.ContentType, cfg.ContentTypes)
 	}
 	jsonBody := isJSON(mt)
 	if jsonBody {
@@ -180,8 +196,8 @@ func (c *Consumer) refuse(d amqp.Delivery) (reason, detail string) {
 			return ReasonUnsupportedContentType, fmt.Sprintf("content type %q: JSON must be UTF-8", d.ContentType)
 		}
 	}
-	if len(c.cfg.Types) > 0 && !slices.Contains(c.cfg.Types, d.Type) {
-		return ReasonUnknownType, fmt.Sprintf("type %q is not one of %q", d.Type, c.cfg.Types)
+	if len(cfg.Types) > 0 && !slices.Contains(cfg.Types, d.Type) {
+		return ReasonUnknownType, fmt.Sprintf("type %q is not one of %q", d.Type, cfg.Types)
 	}
 	if jsonBody {
 		if err := checkJSON(d.Body); err != nil {
@@ -204,7 +220,7 @@ func (c *Consumer) processStage(s *session, m *message) step {
 		ctx = withSpan(ctx, m) // the handler's spans nest under the process span
 		var handlerErr error
 		msg := inbox.Message{ID: m.d.MessageId, Type: m.d.Type, ReceivedAt: m.start}
-		duplicate, err := inbox.Process(ctx, c.pool, c.cfg.Name, msg, func(ctx context.Context, tx pgx.Tx) error {
+		duplicate, err := c.store.Process(ctx, c.pool, c.cfg.Name, msg, func(ctx context.Context, tx pgx.Tx) error {
 			if err := c.callHandler(ctx, tx, m.del, m.log); err != nil {
 				handlerErr = err
 				return err

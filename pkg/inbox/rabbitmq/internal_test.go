@@ -267,3 +267,9 @@ func TestHoldDelay(t *testing.T) {
 		})
 	}
 }
+
+// refuse returns the reason and details for dead-lettering d without a transaction, or "",
+// as c's handling of d decides.
+func (c *Consumer) refuse(d amqp.Delivery) (reason, detail string) {
+	return refusal(c.cfg, newDelivery(d))
+}

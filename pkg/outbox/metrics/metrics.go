@@ -5,7 +5,7 @@
 //   - [Relay] turns a relay's [outbox.Hooks] into counters, histograms and gauges. Register it
 //     in the relay process.
 //   - [Stats] reads the backlog, the age of its oldest row and the dead rows with
-//     [outbox.ReadStats] at an interval. Run it in a process that is not the relay (the API,
+//     [outbox.ReadStats] (of [StatsConfig].Tables) at an interval. Run it in a process that is not the relay (the API,
 //     say), so that the backlog of a dead relay is still seen; reading at an interval, not on
 //     scrape, keeps the query's cost fixed however often Prometheus scrapes.
 //
@@ -186,6 +186,7 @@ func Reason(err error) string {
 // Stats polls the outbox table's state.
 type Stats struct {
 	db          outbox.DBTX
+	store       *outbox.Store
 	interval    time.Duration
 	log         *slog.Logger
 	pending     prometheus.Gauge
@@ -199,6 +200,8 @@ const DefaultStatsInterval = 5 * time.Second
 
 // StatsConfig tunes [Stats].
 type StatsConfig struct {
+	// Tables names the outbox table to read. Default: the default outbox.Tables.
+	Tables outbox.Tables
 	// Interval between reads. Default 5s ([DefaultStatsInterval]).
 	Interval time.Duration
 	// ConstLabels go on every metric.
@@ -209,11 +212,15 @@ type StatsConfig struct {
 
 // NewStats registers the table metrics on reg. Call [Stats.Run] to keep them fresh.
 func NewStats(reg prometheus.Registerer, db outbox.DBTX, cfg StatsConfig) (*Stats, error) {
+	store, err := outbox.NewStore(cfg.Tables)
+	if err != nil {
+		return nil, err
+	}
 	opts := func(name, help string) prometheus.GaugeOpts {
 		return prometheus.GaugeOpts{Namespace: "outbox", Name: name, Help: help, ConstLabels: cfg.ConstLabels}
 	}
 	s := &Stats{
-		db: db, interval: cmp.Or(cfg.Interval, DefaultStatsInterval), log: cfg.Logger,
+		db: db, store: store, interval: cmp.Or(cfg.Interval, DefaultStatsInterval), log: cfg.Logger,
 		pending:     prometheus.NewGauge(opts("pending_messages", "Outbox rows not yet published and not dead (the backlog).")),
 		oldestAge:   prometheus.NewGauge(opts("oldest_pending_age_seconds", "Age of the oldest pending outbox row; 0 when none.")),
 		dead:        prometheus.NewGauge(opts("dead_messages", "Outbox rows that gave up.")),
@@ -232,7 +239,7 @@ func NewStats(reg prometheus.Registerer, db outbox.DBTX, cfg StatsConfig) (*Stat
 
 // Refresh reads the table once.
 func (s *Stats) Refresh(ctx context.Context) error {
-	st, err := outbox.ReadStats(ctx, s.db)
+	st, err := s.store.ReadStats(ctx, s.db)
 	if err != nil {
 		return err
 	}

@@ -154,3 +154,27 @@ func (g gathered) Collect(ch chan<- prometheus.Metric) {
 }
 
 func stringsReader(s string) *strings.Reader { return strings.NewReader(s) }
+
+// TestStatsTables reads the outbox of StatsConfig.Tables, and refuses invalid ones.
+func TestStatsTables(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testinfra.NewPool(t)
+	require.NoError(t, outbox.Migrate(ctx, pool))
+	tables := outbox.Tables{Schema: "billing"}
+	store, err := outbox.NewStore(tables)
+	require.NoError(t, err)
+	require.NoError(t, store.Migrate(ctx, pool))
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		return store.Add(ctx, tx, outbox.Message{Exchange: "x", RoutingKey: "k", Type: "T", AggregateType: "a", AggregateID: "1", Payload: json.RawMessage(`{}`)})
+	}))
+
+	reg := prometheus.NewPedanticRegistry()
+	stats, err := metrics.NewStats(reg, pool, metrics.StatsConfig{Tables: tables})
+	require.NoError(t, err)
+	require.NoError(t, stats.Refresh(ctx))
+	require.InDelta(t, 1, testutil.ToFloat64(metric(t, reg, "outbox_pending_messages")), 0, "the row in billing, not the default table's none")
+
+	_, err = metrics.NewStats(prometheus.NewPedanticRegistry(), pool, metrics.StatsConfig{Tables: outbox.Tables{Messages: "a\x00b"}})
+	require.ErrorIs(t, err, outbox.ErrInvalidTables)
+}

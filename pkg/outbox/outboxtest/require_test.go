@@ -141,6 +141,40 @@ func TestRequireAdded(t *testing.T) {
 		outboxtest.RequireNotAdded(ctx, t, tx, outboxtest.Expect{AggregateID: "undone"}, nil)
 	})
 
+	t.Run("LaterTransactionCommittedMeanwhile", func(t *testing.T) {
+		// Transactions that took their ids after tx's and committed while tx is open: their
+		// rows are visible to tx (read committed) and newer than tx's id, but not tx's.
+		t.Parallel()
+		tx := b.begin(t)
+		require.NoError(t, outbox.Add(ctx, tx, created("mine")))
+		var wg sync.WaitGroup
+		errs := make(chan error, 20)
+		for i := range 20 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs <- pgx.BeginFunc(ctx, b.pool, func(other pgx.Tx) error {
+					if err := outbox.Add(ctx, other, created(fmt.Sprintf("meanwhile-%d", i))); err != nil {
+						return err
+					}
+					// A savepoint of the other transaction: its id is newer still.
+					return pgx.BeginFunc(ctx, other, func(sp pgx.Tx) error {
+						return outbox.Add(ctx, sp, cancelled(fmt.Sprintf("meanwhile-%d", i)))
+					})
+				})
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			require.NoError(t, err)
+		}
+		var visible int
+		require.NoError(t, tx.QueryRow(ctx, "SELECT count(*) FROM outbox_messages WHERE aggregate_id LIKE 'meanwhile-%'").Scan(&visible))
+		require.Equal(t, 40, visible, "the other transactions' rows are visible to tx")
+		outboxtest.RequireAddedMany(ctx, t, tx, []outboxtest.Expect{{AggregateID: "mine"}}, nil)
+	})
+
 	t.Run("ConcurrentTransactions", func(t *testing.T) {
 		t.Parallel()
 		tx1, tx2 := b.begin(t), b.begin(t)

@@ -125,8 +125,11 @@ type Config struct {
 	Hooks Hooks
 }
 
-// Hooks are optional callbacks for metrics. Each takes one event struct, so that an event
-// can gain fields without breaking a hook (the inbox consumer's hooks have the same shape).
+// Hooks are optional callbacks for metrics. They are called inside the Publish or Close that
+// saw the change, while it holds the publisher: a hook must return quickly and must not call
+// the Publisher (a Close from a hook waits for itself for ever). A hook's panic goes on in
+// the caller of Publish (the relay's Run). Each takes one event struct, so that an event can
+// gain fields without breaking a hook (the inbox consumer's hooks have the same shape).
 type Hooks struct {
 	// Connected is called with Up true after every successful (re)connect, and with Up false
 	// when a connection is lost or closed, or a dial fails.

@@ -1,17 +1,13 @@
 package app
 
 import (
-	"errors"
-	"fmt"
-	"reflect"
-	"strings"
 	"time"
 
-	"github.com/caarlos0/env/v11"
+	"github.com/outboxshop/outboxshop/internal/envconfig"
 )
 
 // Config is the whole configuration of the orders service, read once from the environment by
-// LoadConfig. The defaults work on a developer machine with PostgreSQL on 127.0.0.1:5432
+// LoadConfig (internal/envconfig: each variable and its default in the field's tags). The defaults work on a developer machine with PostgreSQL on 127.0.0.1:5432
 // (user postgres, no password) and RabbitMQ on 127.0.0.1:5672 (guest/guest).
 type Config struct {
 	// DatabaseURL names the service's own database; it is created on first start.
@@ -46,29 +42,23 @@ type Config struct {
 	// HTTPShutdownTimeout is how long in-flight requests get to finish on shutdown.
 	HTTPShutdownTimeout time.Duration `env:"ORDERS_HTTP_SHUTDOWN_TIMEOUT" envDefault:"10s"`
 
-	// Consumer of the stock events (api and all).
+	// Consumer of the stock events (api and all); the retry settings are documented on
+	// internal/service ConsumerRetries, ConsumerMaxHold beside them.
 	ConsumerPrefetch        int           `env:"ORDERS_CONSUMER_PREFETCH" envDefault:"32"`
 	ConsumerConcurrency     int           `env:"ORDERS_CONSUMER_CONCURRENCY" envDefault:"4"`
 	ConsumerMaxDeliveries   int           `env:"ORDERS_CONSUMER_MAX_DELIVERIES" envDefault:"5"`
 	ConsumerRetryDelay      time.Duration `env:"ORDERS_CONSUMER_RETRY_DELAY" envDefault:"1s"`
 	ConsumerShutdownTimeout time.Duration `env:"ORDERS_CONSUMER_SHUTDOWN_TIMEOUT" envDefault:"10s"`
-	// ConsumerMaxRetryDelay caps the consumer's retry backoff, also between the in-place
-	// retries of a message held through a database outage; ConsumerMaxHold is how long such a
-	// message is held before it is handed back to the queue (without counting a delivery).
-	ConsumerMaxRetryDelay time.Duration `env:"ORDERS_CONSUMER_MAX_RETRY_DELAY" envDefault:"30s"`
-	ConsumerMaxHold       time.Duration `env:"ORDERS_CONSUMER_MAX_HOLD" envDefault:"15m"`
+	ConsumerMaxRetryDelay   time.Duration `env:"ORDERS_CONSUMER_MAX_RETRY_DELAY" envDefault:"30s"`
+	ConsumerMaxHold         time.Duration `env:"ORDERS_CONSUMER_MAX_HOLD" envDefault:"15m"`
 
-	// Outbox relay (relay and all).
-	RelayBatchSize    int           `env:"ORDERS_RELAY_BATCH_SIZE" envDefault:"100"`
-	RelayPollInterval time.Duration `env:"ORDERS_RELAY_POLL_INTERVAL" envDefault:"1s"`
-	RelayMaxAttempts  int           `env:"ORDERS_RELAY_MAX_ATTEMPTS" envDefault:"10"`
-	// RelayPublishTimeout bounds every step of a batch's publish; RelayClaimTimeout is the
-	// longest a paused or hung relay holds its claimed rows before PostgreSQL ends its
-	// transaction (pkg/outbox Config.ClaimTimeout; must exceed the publish timeout).
-	RelayPublishTimeout time.Duration `env:"ORDERS_RELAY_PUBLISH_TIMEOUT" envDefault:"30s"`
-	RelayClaimTimeout   time.Duration `env:"ORDERS_RELAY_CLAIM_TIMEOUT" envDefault:"35s"`
-	// RelayMaxMessageBytes is the largest payload the relay sends; a larger row is dead at once.
-	RelayMaxMessageBytes int `env:"ORDERS_RELAY_MAX_MESSAGE_BYTES" envDefault:"16777216"`
+	// Outbox relay (relay and all), documented on internal/service RelaySettings.
+	RelayBatchSize       int           `env:"ORDERS_RELAY_BATCH_SIZE" envDefault:"100"`
+	RelayPollInterval    time.Duration `env:"ORDERS_RELAY_POLL_INTERVAL" envDefault:"1s"`
+	RelayMaxAttempts     int           `env:"ORDERS_RELAY_MAX_ATTEMPTS" envDefault:"10"`
+	RelayPublishTimeout  time.Duration `env:"ORDERS_RELAY_PUBLISH_TIMEOUT" envDefault:"30s"`
+	RelayClaimTimeout    time.Duration `env:"ORDERS_RELAY_CLAIM_TIMEOUT" envDefault:"35s"`
+	RelayMaxMessageBytes int           `env:"ORDERS_RELAY_MAX_MESSAGE_BYTES" envDefault:"16777216"`
 
 	// Retention of published outbox rows, cleaned by the relay process.
 	OutboxRetention       time.Duration `env:"ORDERS_OUTBOX_RETENTION" envDefault:"168h"`
@@ -87,56 +77,17 @@ type Config struct {
 	LogLevel  string `env:"ORDERS_LOG_LEVEL" envDefault:"info"`
 }
 
-// LoadConfig reads the configuration from the environment.
-func LoadConfig() (Config, error) {
-	var cfg Config
-	if err := env.Parse(&cfg); err != nil {
-		return Config{}, fmt.Errorf("read configuration: %w", nameVariables(err))
-	}
-	return cfg, cfg.Validate()
-}
-
-// nameVariables rewrites env's parse errors, which name the Go field, to name the environment
-// variable instead ("ORDERS_RELAY_POLL_INTERVAL: time: invalid duration \"soon\"").
-func nameVariables(err error) error {
-	var agg env.AggregateError
-	if !errors.As(err, &agg) {
-		return err
-	}
-	typ := reflect.TypeFor[Config]()
-	out := make([]error, 0, len(agg.Errors))
-	for _, e := range agg.Errors {
-		var pe env.ParseError
-		if errors.As(e, &pe) {
-			if f, ok := typ.FieldByName(pe.Name); ok {
-				name, _, _ := strings.Cut(f.Tag.Get("env"), ",")
-				out = append(out, fmt.Errorf("%s: %w", name, pe.Err))
-				continue
-			}
-		}
-		out = append(out, e)
-	}
-	return errors.Join(out...)
-}
+// LoadConfig reads the configuration from the process environment and validates it.
+func LoadConfig() (Config, error) { return envconfig.LoadValid[Config](nil) }
 
 // DefaultConfig returns the configuration with every default and nothing from the
 // environment, for tests and embedding.
-func DefaultConfig() Config {
-	var cfg Config
-	if err := env.ParseWithOptions(&cfg, env.Options{Environment: map[string]string{}}); err != nil {
-		panic(fmt.Sprintf("orders: default configuration: %v", err)) // the defaults above are constants
-	}
-	return cfg
-}
+func DefaultConfig() Config { return envconfig.Defaults[Config]() }
 
 // Validate reports every missing or out-of-range setting.
 func (c Config) Validate() error {
-	var errs []error
-	check := func(ok bool, format string, args ...any) {
-		if !ok {
-			errs = append(errs, fmt.Errorf(format, args...))
-		}
-	}
+	var v envconfig.Checks
+	check := v.Check
 	check(c.DatabaseURL != "", "ORDERS_DATABASE_URL is empty")
 	check(c.AMQPURL != "", "ORDERS_AMQP_URL is empty")
 	check(c.DatabaseMaxConns >= 2, "ORDERS_DATABASE_MAX_CONNS must be at least 2, got %d", c.DatabaseMaxConns)
@@ -164,5 +115,5 @@ func (c Config) Validate() error {
 	check(c.IdempotencyKeyRetention > 0 && c.IdempotencyKeyCleanupInterval > 0,
 		"ORDERS_IDEMPOTENCY_KEY_RETENTION and ORDERS_IDEMPOTENCY_KEY_CLEANUP_INTERVAL must be positive")
 	check(c.HTTPShutdownTimeout > 0, "ORDERS_HTTP_SHUTDOWN_TIMEOUT must be positive")
-	return errors.Join(errs...)
+	return v.Err()
 }

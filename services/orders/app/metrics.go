@@ -3,13 +3,12 @@ package app
 import (
 	"context"
 	"slices"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outboxshop/outboxshop/internal/aftercommit"
-	inboxmetrics "github.com/outboxshop/outboxshop/pkg/inbox/metrics"
+	"github.com/outboxshop/outboxshop/internal/service"
 	"github.com/outboxshop/outboxshop/services/orders"
 	ordersamqp "github.com/outboxshop/outboxshop/services/orders/amqp"
 )
@@ -18,14 +17,7 @@ import (
 // the libraries' (docs/metrics.md); the Go and process collectors go without it.
 const ServiceName = "orders"
 
-func constLabels() prometheus.Labels { return prometheus.Labels{"service": ServiceName} }
-
-// The relay's backoff between the attempts of a failed row: pkg/outbox's defaults, set
-// explicitly so that the redelivery window below is computed from what the relay runs with.
-const (
-	relayRetryBaseDelay = time.Second
-	relayRetryMaxDelay  = 5 * time.Minute
-)
+func constLabels() prometheus.Labels { return service.ConstLabels(ServiceName) }
 
 // consumedTypes are the message types the stock consumer knows: the type label of the inbox
 // metrics; any other type is counted as "other".
@@ -55,10 +47,8 @@ func newServiceMetrics(reg prometheus.Registerer) (*serviceMetrics, error) {
 			ConstLabels: constLabels(),
 		}, []string{"status"}),
 	}
-	for _, c := range []prometheus.Collector{m.created, m.outcomes} {
-		if err := reg.Register(c); err != nil {
-			return nil, err
-		}
+	if err := service.Register(reg, m.created, m.outcomes); err != nil {
+		return nil, err
 	}
 	for _, s := range finalStatuses {
 		m.outcomes.WithLabelValues(string(s)) // every series from the start, so rate() sees the first
@@ -82,26 +72,4 @@ func (c countingApplier) ApplyStockUpdate(ctx context.Context, tx pgx.Tx, u orde
 		aftercommit.Register(tx, c.outcomes.WithLabelValues(string(out.To)).Inc)
 	}
 	return out, err
-}
-
-// redeliveryWindow is the longest time in which a duplicate of a stock event can still reach
-// the stock consumer, exported as inbox_redelivery_window_seconds beside the inbox retention
-// (an alert fires when the retention is not longer):
-//
-//	window = RetryWindow(ORDERS_CONSUMER_MAX_DELIVERIES, ORDERS_CONSUMER_RETRY_DELAY, consumer max retry delay)
-//	       + RetryWindow(ORDERS_RELAY_MAX_ATTEMPTS, 1s, 5m)
-//
-// The first term is the consumer's own retries: MaxDeliveries attempts, backing off
-// exponentially from RetryDelay up to the consumer's max retry delay (default 30s, or
-// RetryDelay when larger). The second is the producing relay's: a row whose publish failed is
-// tried again up to MaxAttempts times, backing off from RetryBaseDelay 1s to RetryMaxDelay 5m,
-// and a failed attempt may have reached the broker, so each retry may deliver a duplicate.
-// The producer of the stock events is the warehouse's relay, whose settings this process does
-// not know: the orders relay's own (same defaults: 10 attempts, 1s to 5m) stand for them.
-// RetryWindow sums the waits without their jitter, which only shortens them.
-func redeliveryWindow(cfg Config) time.Duration {
-	consumer := inboxmetrics.RetryWindow(cfg.ConsumerMaxDeliveries, cfg.ConsumerRetryDelay,
-		max(cfg.ConsumerMaxRetryDelay, cfg.ConsumerRetryDelay))
-	producer := inboxmetrics.RetryWindow(cfg.RelayMaxAttempts, relayRetryBaseDelay, relayRetryMaxDelay)
-	return consumer + producer
 }

@@ -4,7 +4,7 @@
 // (application/problem+json) for every error.
 //
 // Input follows the policy both services share (internal/input, internal/httpapi): a body
-// is application/json in UTF-8 (415 otherwise), at most orders.MaxRequestBytes (413), one
+// is application/json in UTF-8 (415 otherwise), at most MaxRequestBytes (413), one
 // JSON object without duplicate or unknown members, field names spelled exactly (400);
 // identifiers without control or bidirectional formatting characters (422); an
 // Idempotency-Key of 1 to 255 bytes of visible ASCII (400); an order id in its canonical
@@ -25,10 +25,8 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
-	"github.com/go-chi/chi/v5/middleware"
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/outboxshop/outboxshop/internal/httpapi"
 	"github.com/outboxshop/outboxshop/internal/problem"
@@ -41,7 +39,7 @@ type OrderService interface {
 	// CreateOrder writes the order and its OrderCreated event in one transaction (see
 	// orders.CreateOrderInput for the idempotency contract).
 	CreateOrder(ctx context.Context, in orders.CreateOrderInput) (orders.CreateOrderResult, error)
-	// Order returns an order or an ENOTFOUND error.
+	// Order returns an order or an CodeNotFound error.
 	Order(ctx context.Context, id uuid.UUID) (*orders.Order, error)
 	// CancelOrder requests a cancellation (see orders.Cancel).
 	CancelOrder(ctx context.Context, id uuid.UUID, meta orders.EventMeta) (*orders.Order, error)
@@ -77,9 +75,9 @@ type Handler struct {
 	router      chi.Router
 	orders      OrderService
 	log         *slog.Logger
+	edge        httpapi.Edge
 	afterCommit func()
 	dbTimeout   time.Duration
-	retryAfter  string
 }
 
 // NewHandler returns the API handler.
@@ -89,16 +87,14 @@ func NewHandler(cfg Config) *Handler {
 		log:         cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
 		afterCommit: cfg.AfterCommit,
 		dbTimeout:   cmp.Or(cfg.DatabaseTimeout, 5*time.Second),
-		retryAfter:  retryAfterSeconds(cmp.Or(cfg.RetryAfter, 5*time.Second)),
 	}
-	r := newRouter(h.log, h.retryAfter, cfg.Metrics)
+	h.edge = edge(h.log, cfg.RetryAfter, cfg.Metrics)
+	r := h.edge.NewRouter()
 	r.Post("/orders", h.createOrder)
 	r.Get("/orders/{id}", h.getOrder)
 	r.Post("/orders/{id}/cancel", h.cancelOrder)
 	checks := append([]readiness.Check{{Name: "database", Check: readiness.Ping(cfg.Orders.Ping)}}, cfg.Checks...)
-	mountOps(r, cfg.Gatherer, readiness.Handler(readiness.Config{
-		Checks: checks, Timeout: min(h.dbTimeout, readiness.DefaultTimeout), RetryAfter: cmp.Or(cfg.RetryAfter, 5*time.Second), Logger: h.log,
-	}))
+	h.edge.MountOps(r, cfg.Gatherer, checks, min(h.dbTimeout, readiness.DefaultTimeout))
 	h.router = r
 	return h
 }
@@ -121,103 +117,31 @@ type OpsConfig struct {
 // that serve no API (the relay).
 func NewOpsHandler(cfg OpsConfig) http.Handler {
 	log := cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
-	retryAfter := retryAfterSeconds(5 * time.Second)
-	r := newRouter(log, retryAfter, cfg.Metrics)
-	mountOps(r, cfg.Gatherer, readiness.Handler(readiness.Config{Checks: cfg.Checks, Logger: log}))
+	e := edge(log, 0, cfg.Metrics)
+	r := e.NewRouter()
+	e.MountOps(r, cfg.Gatherer, cfg.Checks, 0)
 	return r
 }
 
-func newRouter(log *slog.Logger, retryAfter string, m *Metrics) chi.Router {
-	r := chi.NewRouter()
-	r.Use(httpapi.WithRequestID, accessLog(log), m.Middleware, recoverer(log, retryAfter), middleware.GetHead)
-	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, r, log, retryAfter, orders.Errorf(orders.ENOTFOUND, "No resource at %s.", r.URL.Path))
-	})
-	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
-		httpapi.SetAllow(w, r)
-		writeError(w, r, log, retryAfter, orders.Errorf(eMethodNotAllowed, "%s is not allowed on %s.", r.Method, r.URL.Path))
-	})
-	return r
-}
-
-func mountOps(r chi.Router, g prometheus.Gatherer, ready http.Handler) {
-	if g == nil {
-		g = prometheus.NewRegistry()
-	}
-	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
-	})
-	r.Method(http.MethodGet, "/readyz", ready)
-	r.Method(http.MethodGet, "/metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
-}
-
-// eMethodNotAllowed is the router's own code, next to the domain's.
-const eMethodNotAllowed = "method_not_allowed"
-
-// problemKind is how one error code is answered.
-type problemKind struct {
-	status int
-	typ    string
-	title  string
+// edge is the middleware and the error answers of both handlers (internal/httpapi).
+func edge(log *slog.Logger, retryAfter time.Duration, m *Metrics) httpapi.Edge {
+	return httpapi.Edge{Problems: problems, Logger: log, Params: map[string]string{"id": "order_id"}, RetryAfter: retryAfter, Metrics: m.Middleware}
 }
 
 // problems maps each error code to its HTTP status and problem type: the one place where
-// that mapping lives. StatusCode reads it.
-var problems = map[string]problemKind{
-	orders.EINVALID:          {http.StatusUnprocessableEntity, problem.TypeValidation, "The order is not valid"},
-	orders.EMALFORMED:        {http.StatusBadRequest, problem.TypeMalformedBody, "The request body could not be read"},
-	orders.ETOOLARGE:         {http.StatusRequestEntityTooLarge, problem.TypeBodyTooLarge, "The request body is too large"},
-	orders.EUNSUPPORTED:      {http.StatusUnsupportedMediaType, problem.TypeUnsupportedMediaType, "The request body must be application/json in UTF-8"},
-	orders.EBADHEADER:        {http.StatusBadRequest, problem.TypeInvalidHeader, "A request header is invalid"},
-	orders.ENOTFOUND:         {http.StatusNotFound, problem.TypeNotFound, "Not found"},
-	orders.ECONFLICT:         {http.StatusConflict, problem.TypePrefix + "order-state-conflict", "The order's status does not allow this"},
-	orders.EIDEMPOTENCYREUSE: {http.StatusUnprocessableEntity, problem.TypePrefix + "idempotency-key-reuse", "Idempotency-Key reused with a different request"},
-	orders.EUNAVAILABLE:      {http.StatusServiceUnavailable, problem.TypeUnavailable, "Service unavailable"},
-	orders.EINTERNAL:         {http.StatusInternalServerError, problem.TypeInternal, "Internal server error"},
-	eMethodNotAllowed:        {http.StatusMethodNotAllowed, problem.TypeMethodNotAllowed, "Method not allowed"},
-}
+// that mapping lives (the shared codes' rows are internal/problem's; the orders service
+// retitles CodeValidation and CodeConflict). StatusCode reads it.
+var problems = problem.Shared().With(problem.Table{
+	orders.CodeValidation:       {Status: http.StatusUnprocessableEntity, Type: problem.TypeValidation, Title: "The order is not valid"},
+	orders.CodeConflict:         {Status: http.StatusConflict, Type: problem.TypePrefix + "order-state-conflict", Title: "The order's status does not allow this"},
+	orders.CodeIdempotencyReuse: {Status: http.StatusUnprocessableEntity, Type: problem.TypePrefix + "idempotency-key-reuse", Title: "Idempotency-Key reused with a different request"},
+})
 
 // StatusCode returns the HTTP status of an error code (500 for an unknown code).
-func StatusCode(code string) int {
-	if p, ok := problems[code]; ok {
-		return p.status
-	}
-	return http.StatusInternalServerError
-}
+func StatusCode(code orders.Code) int { return problems.Status(code) }
 
 // error answers err as a problem document.
-func (h *Handler) error(w http.ResponseWriter, r *http.Request, err error) {
-	writeError(w, r, h.log, h.retryAfter, err)
-}
-
-func writeError(w http.ResponseWriter, r *http.Request, log *slog.Logger, retryAfter string, err error) {
-	code := orders.ErrorCode(err)
-	kind, ok := problems[code]
-	if !ok {
-		kind = problems[orders.EINTERNAL]
-	}
-	status := StatusCode(code)
-	attrs := []any{"request_id", RequestID(r.Context()), "method", r.Method, "path", r.URL.Path, "status", status, "error", err.Error()}
-	if id := chi.URLParam(r, "id"); id != "" {
-		attrs = append(attrs, "order_id", id)
-	}
-	switch {
-	case status == http.StatusServiceUnavailable:
-		log.WarnContext(r.Context(), "request failed: unavailable", attrs...)
-	case status >= 500:
-		log.ErrorContext(r.Context(), "request failed", attrs...)
-	default:
-		log.DebugContext(r.Context(), "request refused", attrs...)
-	}
-	if status == http.StatusServiceUnavailable {
-		w.Header().Set("Retry-After", retryAfter)
-	}
-	d := problem.Details{Type: kind.typ, Title: kind.title, Status: status, Detail: orders.ErrorMessage(err)}
-	for _, f := range orders.ErrorFields(err) {
-		d.Errors = append(d.Errors, problem.FieldError{Field: f.Field, Message: f.Message})
-	}
-	problem.Write(w, r, d)
-}
+func (h *Handler) error(w http.ResponseWriter, r *http.Request, err error) { h.edge.Error(w, r, err) }
 
 // writeJSON answers v as application/json.
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -235,8 +159,4 @@ func writeBody(w http.ResponseWriter, status int, body []byte) {
 	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 	w.WriteHeader(status)
 	_, _ = w.Write(body)
-}
-
-func retryAfterSeconds(d time.Duration) string {
-	return strconv.Itoa(max(1, int((d+time.Second-1)/time.Second)))
 }

@@ -84,12 +84,12 @@ func (h *Handler) createOrder(w http.ResponseWriter, r *http.Request) {
 		h.error(w, r, orders.FromInput(err))
 		return
 	}
-	body, err := httpapi.ReadJSON(w, r, orders.MaxRequestBytes)
+	body, err := httpapi.ReadJSON(w, r, MaxRequestBytes)
 	if err != nil {
 		h.error(w, r, orders.FromInput(err))
 		return
 	}
-	req, err := orders.DecodeOrderRequest(bytes.NewReader(body))
+	req, err := DecodeOrderRequest(bytes.NewReader(body))
 	if err != nil {
 		h.error(w, r, err)
 		return
@@ -154,7 +154,7 @@ func orderID(r *http.Request) (uuid.UUID, error) {
 	raw := chi.URLParam(r, "id")
 	id, ok := input.ParseID(raw)
 	if !ok {
-		return uuid.Nil, orders.Errorf(orders.ENOTFOUND, "Order %q does not exist: order ids are lowercase UUIDs (8-4-4-4-12).", raw)
+		return uuid.Nil, orders.Errorf(orders.CodeNotFound, "Order %q does not exist: order ids are lowercase UUIDs (8-4-4-4-12).", raw)
 	}
 	return id, nil
 }

@@ -96,9 +96,9 @@ func TestBadInput(t *testing.T) {
 		{name: "DuplicateSKU", body: `{"customer_id":"c","items":[{"sku":"BOOK-1","quantity":1},{"sku":"BOOK-1","quantity":2}]}`, status: 422, typ: "validation", fields: []string{"items[1].sku"}},
 		{name: "UnknownSKU", body: `{"customer_id":"c","items":[{"sku":"BOOK-1","quantity":1},{"sku":"CAR-1","quantity":1}]}`, status: 422, typ: "validation", fields: []string{"items[1].sku"}},
 		{name: "UnknownSKUWithKey", body: `{"customer_id":"c","items":[{"sku":"CAR-1","quantity":1}]}`, headers: []string{"Idempotency-Key: k-unknown"}, status: 422, typ: "validation", fields: []string{"items[0].sku"}},
-		{name: "BodyTooLarge", body: `{"customer_id":"` + strings.Repeat("c", orders.MaxRequestBytes) + `","items":[]}`, status: 413, typ: "body-too-large"},
-		{name: "BodyTooLargeChunked", body: `{"customer_id":"` + strings.Repeat("c", orders.MaxRequestBytes) + `","items":[]}`, chunked: true, status: 413, typ: "body-too-large"},
-		{name: "BodyTooLargeAfterObject", body: validBody + strings.Repeat(" ", orders.MaxRequestBytes), status: 413, typ: "body-too-large"},
+		{name: "BodyTooLarge", body: `{"customer_id":"` + strings.Repeat("c", ordershttp.MaxRequestBytes) + `","items":[]}`, status: 413, typ: "body-too-large"},
+		{name: "BodyTooLargeChunked", body: `{"customer_id":"` + strings.Repeat("c", ordershttp.MaxRequestBytes) + `","items":[]}`, chunked: true, status: 413, typ: "body-too-large"},
+		{name: "BodyTooLargeAfterObject", body: validBody + strings.Repeat(" ", ordershttp.MaxRequestBytes), status: 413, typ: "body-too-large"},
 		{name: "WrongContentType", body: validBody, headers: []string{"Content-Type: text/plain"}, status: 415, typ: "unsupported-media-type"},
 		{name: "FormContentType", body: validBody, headers: []string{"Content-Type: application/x-www-form-urlencoded"}, status: 415, typ: "unsupported-media-type"},
 		{name: "NoContentType", body: validBody, headers: []string{"Content-Type:"}, status: 415, typ: "unsupported-media-type"},
@@ -564,7 +564,7 @@ func TestServerErrors(t *testing.T) {
 	}{
 		{"Unexpected", errors.New("secret connection string in the error"), http.StatusInternalServerError, ""},
 		{"Panic", nil, http.StatusInternalServerError, ""},
-		{"Unavailable", orders.Wrap(orders.EUNAVAILABLE, errors.New("dial tcp: refused"), "The database is unavailable."), http.StatusServiceUnavailable, "5"},
+		{"Unavailable", orders.Wrap(orders.CodeUnavailable, errors.New("dial tcp: refused"), "The database is unavailable."), http.StatusServiceUnavailable, "5"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -31,5 +31,5 @@ func TestErrorsKeepTheirSQLSTATE(t *testing.T) {
 	pgErr, ok := errors.AsType[*pgconn.PgError](err)
 	require.True(t, ok, "%T: %v", err, err)
 	require.Equal(t, "22021", pgErr.Code)
-	require.Equal(t, orders.EINTERNAL, orders.ErrorCode(err), "not a 503: trying again does not help")
+	require.Equal(t, orders.CodeInternal, orders.ErrorCode(err), "not a 503: trying again does not help")
 }

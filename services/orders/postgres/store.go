@@ -65,10 +65,10 @@ func (s *Store) Ping(ctx context.Context) error {
 //
 // With an idempotency key the transaction first claims the key. When the key was already
 // used (or is being used by a concurrent request, whose transaction it then waits for), nothing
-// is written: the stored answer is returned with Replayed set, or EIDEMPOTENCYREUSE when the
+// is written: the stored answer is returned with Replayed set, or CodeIdempotencyReuse when the
 // request differs from the first one.
 //
-// A SKU that is not in the catalogue is EINVALID with one field error per such line.
+// A SKU that is not in the catalogue is CodeValidation with one field error per such line.
 func (s *Store) CreateOrder(ctx context.Context, in orders.CreateOrderInput) (orders.CreateOrderResult, error) {
 	if in.Idempotency != nil && in.Render == nil {
 		return orders.CreateOrderResult{}, errors.New("create order: Render is required with an idempotency key")
@@ -165,7 +165,7 @@ func claimIdempotencyKey(ctx context.Context, tx pgx.Tx, k *orders.IdempotencyKe
 		return nil, fmt.Errorf("read idempotency key: %w", err)
 	}
 	if !bytes.Equal(hash, k.Fingerprint) {
-		return nil, orders.Errorf(orders.EIDEMPOTENCYREUSE,
+		return nil, orders.Errorf(orders.CodeIdempotencyReuse,
 			"The Idempotency-Key was already used with a different request body; use a new key for a new request.")
 	}
 	if orderID == nil || status == nil {
@@ -179,7 +179,7 @@ func claimIdempotencyKey(ctx context.Context, tx pgx.Tx, k *orders.IdempotencyKe
 	}, nil
 }
 
-// checkCatalogue returns EINVALID naming each line whose SKU is not a product.
+// checkCatalogue returns CodeValidation naming each line whose SKU is not a product.
 func checkCatalogue(ctx context.Context, tx pgx.Tx, items []orders.Item) error {
 	skus := make([]string, len(items))
 	for i, it := range items {
@@ -208,12 +208,12 @@ func checkCatalogue(ctx context.Context, tx pgx.Tx, items []orders.Item) error {
 		}
 	}
 	if len(fields) > 0 {
-		return &orders.Error{Code: orders.EINVALID, Message: "The order names unknown products; see errors.", Fields: fields}
+		return &orders.Error{Code: orders.CodeValidation, Message: "The order names unknown products; see errors.", Fields: fields}
 	}
 	return nil
 }
 
-// Order returns the order with its lines and history, or ENOTFOUND.
+// Order returns the order with its lines and history, or CodeNotFound.
 func (s *Store) Order(ctx context.Context, id uuid.UUID) (*orders.Order, error) {
 	var order *orders.Order
 	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
@@ -230,21 +230,21 @@ func (s *Store) Order(ctx context.Context, id uuid.UUID) (*orders.Order, error) 
 // CancelOrder asks for the cancellation of an order. A PENDING or RESERVED order becomes
 // CANCELLING and an OrderCancelled event is written, in one transaction that holds the
 // order's row lock; a CANCELLING or CANCELLED order is returned as it is (cancelling is
-// idempotent); a REJECTED one is ECONFLICT; an unknown one ENOTFOUND.
+// idempotent); a REJECTED one is CodeConflict; an unknown one CodeNotFound.
 func (s *Store) CancelOrder(ctx context.Context, id uuid.UUID, meta orders.EventMeta) (*orders.Order, error) {
 	var order *orders.Order
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		var status orders.Status
 		err := tx.QueryRow(ctx, selectOrderStatusForUpdate, id).Scan(&status)
 		if errors.Is(err, pgx.ErrNoRows) {
-			return orders.Errorf(orders.ENOTFOUND, "Order %s does not exist.", id)
+			return orders.Errorf(orders.CodeNotFound, "Order %s does not exist.", id)
 		}
 		if err != nil {
 			return fmt.Errorf("lock order: %w", err)
 		}
 		switch orders.Cancel(status) {
 		case orders.CancelRefused:
-			return orders.Errorf(orders.ECONFLICT, "Order %s is %s and can no longer be cancelled.", id, status)
+			return orders.Errorf(orders.CodeConflict, "Order %s is %s and can no longer be cancelled.", id, status)
 		case orders.CancelStart:
 			next, _ := orders.Next(status, orders.EventOrderCancelled)
 			var at time.Time
@@ -345,7 +345,7 @@ func loadOrder(ctx context.Context, q pgx.Tx, id uuid.UUID) (*orders.Order, erro
 	o := &orders.Order{}
 	err := q.QueryRow(ctx, selectOrder, id).Scan(&o.ID, &o.CustomerID, &o.Status, &o.CreatedAt, &o.UpdatedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, orders.Errorf(orders.ENOTFOUND, "Order %s does not exist.", id)
+		return nil, orders.Errorf(orders.CodeNotFound, "Order %s does not exist.", id)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("read order %s: %w", id, err)
@@ -375,16 +375,6 @@ func loadOrder(ctx context.Context, q pgx.Tx, id uuid.UUID) (*orders.Order, erro
 	return o, nil
 }
 
-// dbError returns err as it is when it is already an *orders.Error, EUNAVAILABLE when trying
-// again may succeed (pgdb.Transient: the database could not be reached, a deadlock, …), and
-// err wrapped with op otherwise.
-func dbError(op string, err error) error {
-	var e *orders.Error
-	switch {
-	case errors.As(err, &e):
-		return err
-	case pgdb.Transient(err):
-		return orders.Wrap(orders.EUNAVAILABLE, fmt.Errorf("%s: %w", op, err), "The database is unavailable; try again shortly.")
-	}
-	return fmt.Errorf("%s: %w", op, err)
-}
+// dbError wraps err, the failure of op, as internal/pgdb Wrap does for both services: a
+// refusal as it is, CodeUnavailable when trying again may succeed, op: err otherwise.
+func dbError(op string, err error) error { return pgdb.Wrap(op, err) }

@@ -69,7 +69,7 @@ func TestStoreOutbox(t *testing.T) {
 		_, err := store.CreateOrder(ctx, orders.CreateOrderInput{
 			Request: orders.OrderRequest{CustomerID: "c-42", Items: []orders.Item{{SKU: "NOPE-1", Quantity: 1}}},
 		})
-		require.Equal(t, orders.EINVALID, orders.ErrorCode(err), "error: %v", err)
+		require.Equal(t, orders.CodeValidation, orders.ErrorCode(err), "error: %v", err)
 		outboxtest.RequireNotAdded(ctx, t, tx, outboxtest.Expect{}, nil)
 	})
 

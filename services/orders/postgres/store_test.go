@@ -138,7 +138,7 @@ func TestStoreCreateOrder(t *testing.T) {
 			Idempotency: &orders.IdempotencyKey{Key: "k", Fingerprint: []byte{1}},
 			Render:      render,
 		})
-		require.Equal(t, orders.EINVALID, orders.ErrorCode(err))
+		require.Equal(t, orders.CodeValidation, orders.ErrorCode(err))
 		require.Equal(t, []orders.FieldError{
 			{Field: "items[1].sku", Message: `"NOPE-1" is not in the catalogue`},
 			{Field: "items[2].sku", Message: `"book-1" is not in the catalogue`},
@@ -170,7 +170,7 @@ func TestStoreCreateOrder(t *testing.T) {
 
 		in.Idempotency = &orders.IdempotencyKey{Key: "key-1", Fingerprint: []byte("fp-2")}
 		_, err = b.store.CreateOrder(ctx, in)
-		require.Equal(t, orders.EIDEMPOTENCYREUSE, orders.ErrorCode(err))
+		require.Equal(t, orders.CodeIdempotencyReuse, orders.ErrorCode(err))
 
 		require.Equal(t, 1, b.count(t, "orders"))
 		require.Equal(t, 1, b.count(t, "outbox_messages"))
@@ -184,7 +184,7 @@ func TestStoreCreateOrder(t *testing.T) {
 		_, err := b.store.CreateOrder(ctx, orders.CreateOrderInput{
 			Request: orders.OrderRequest{CustomerID: "c", Items: []orders.Item{{SKU: "NOPE", Quantity: 1}}}, Idempotency: key, Render: render,
 		})
-		require.Equal(t, orders.EINVALID, orders.ErrorCode(err))
+		require.Equal(t, orders.CodeValidation, orders.ErrorCode(err))
 		res, err := b.store.CreateOrder(ctx, orders.CreateOrderInput{
 			Request: orders.OrderRequest{CustomerID: "c", Items: []orders.Item{{SKU: "BAG-1", Quantity: 1}}}, Idempotency: key, Render: render,
 		})
@@ -199,14 +199,14 @@ func TestStoreCancelOrder(t *testing.T) {
 	cases := []struct {
 		from       orders.Status
 		wantStatus orders.Status
-		wantCode   string
+		wantCode   orders.Code
 		wantEvent  bool
 	}{
 		{orders.StatusPending, orders.StatusCancelling, "", true},
 		{orders.StatusReserved, orders.StatusCancelling, "", true},
 		{orders.StatusCancelling, orders.StatusCancelling, "", false},
 		{orders.StatusCancelled, orders.StatusCancelled, "", false},
-		{orders.StatusRejected, orders.StatusRejected, orders.ECONFLICT, false},
+		{orders.StatusRejected, orders.StatusRejected, orders.CodeConflict, false},
 	}
 	for _, tc := range cases {
 		t.Run(string(tc.from), func(t *testing.T) {
@@ -251,9 +251,9 @@ func TestStoreCancelOrder(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		_, err := b.store.CancelOrder(ctx, uuid.Must(uuid.NewV7()), orders.EventMeta{})
-		require.Equal(t, orders.ENOTFOUND, orders.ErrorCode(err))
+		require.Equal(t, orders.CodeNotFound, orders.ErrorCode(err))
 		_, err = b.store.Order(ctx, uuid.Must(uuid.NewV7()))
-		require.Equal(t, orders.ENOTFOUND, orders.ErrorCode(err))
+		require.Equal(t, orders.CodeNotFound, orders.ErrorCode(err))
 	})
 }
 

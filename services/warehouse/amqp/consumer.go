@@ -7,9 +7,9 @@ import (
 
 	"github.com/outboxshop/outboxshop/internal/aftercommit"
 	"github.com/outboxshop/outboxshop/internal/amqptopo"
+	"github.com/outboxshop/outboxshop/internal/service"
 	"github.com/outboxshop/outboxshop/pkg/inbox"
 	"github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
-	outboxrabbitmq "github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq"
 	"github.com/outboxshop/outboxshop/services/warehouse"
 )
 
@@ -26,17 +26,9 @@ type ConsumerConfig struct {
 	// runs the relay too shares one, so that it warns once about a queue that exists with
 	// other arguments.
 	Declarer *amqptopo.Declarer
-	// Prefetch and Concurrency bound the messages in hand and in work.
-	Prefetch    int
-	Concurrency int
-	// MaxDeliveries is how many times a failing message is tried before it is dead-lettered.
-	MaxDeliveries int
-	// RetryDelay is the wait before the first retry (doubling after, up to MaxRetryDelay).
-	RetryDelay    time.Duration
-	MaxRetryDelay time.Duration
-	// MaxHold is how long a message is held through a database outage before it is handed
-	// back to the queue (without counting a delivery).
-	MaxHold time.Duration
+	// ConsumerSettings tune the consumer (internal/service: the same settings in both
+	// services).
+	service.ConsumerSettings
 	// ShutdownTimeout bounds the wait for messages in work when stopping.
 	ShutdownTimeout time.Duration
 	Logger          *slog.Logger
@@ -60,43 +52,20 @@ func NewConsumer(pool inbox.TxBeginner, cfg ConsumerConfig) (*rabbitmq.Consumer,
 	}
 	h := NewHandler(cfg.Topology.Exchange, cfg.Logger)
 	h.Committed = cfg.Committed
-	c, err := rabbitmq.NewConsumer(aftercommit.Wrap(pool), rabbitmq.Config{
+	c, err := rabbitmq.NewConsumer(aftercommit.Wrap(pool), cfg.ConsumerSettings.Apply(rabbitmq.Config{
 		URL:                  cfg.URL,
 		Queue:                cfg.Topology.Queue,
 		Name:                 ConsumerName,
 		Handler:              h.Handle,
-		Prefetch:             cfg.Prefetch,
-		Concurrency:          cfg.Concurrency,
-		MaxDeliveries:        cfg.MaxDeliveries,
-		RetryDelay:           cfg.RetryDelay,
-		MaxRetryDelay:        cfg.MaxRetryDelay,
-		MaxHold:              cfg.MaxHold,
 		DeadLetterExchange:   cfg.Topology.DeadLetterExchange,
 		DeadLetterRoutingKey: cfg.Topology.Queue,
 		Setup:                cfg.Declarer.Setup,
 		ShutdownTimeout:      cfg.ShutdownTimeout,
 		Logger:               cfg.Logger,
 		Hooks:                cfg.Hooks,
-	})
+	}))
 	if err != nil {
 		return nil, fmt.Errorf("new consumer: %w", err)
 	}
 	return c, nil
-}
-
-// NewPublisher returns the outbox publisher of the warehouse's relay: it declares the
-// topology with declarer on every new channel, so the events exchange exists before the
-// first publish. hooks observe its connection (pkg/outbox/rabbitmq/rabbitmqmetrics).
-func NewPublisher(url string, declarer *amqptopo.Declarer, log *slog.Logger, hooks outboxrabbitmq.Hooks) (*outboxrabbitmq.Publisher, error) {
-	p, err := outboxrabbitmq.New(outboxrabbitmq.Config{
-		URL:            url,
-		ConnectionName: "warehouse-relay",
-		Setup:          declarer.Setup,
-		Logger:         log,
-		Hooks:          hooks,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("new publisher: %w", err)
-	}
-	return p, nil
 }

@@ -28,7 +28,7 @@ func TestHandlerConcurrentOrders(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	_, _, err := b.repo.SetStock(ctx, "HOT-1", "Hot item", 10)
+	_, _, err := b.store.SetStock(ctx, "HOT-1", "Hot item", 10)
 	require.NoError(t, err)
 	h := warehouseamqp.NewHandler(b.top.Exchange, testLogger(t))
 
@@ -62,7 +62,7 @@ func TestConsumer(t *testing.T) {
 	t.Run("50 concurrent orders for 10 in stock: 10 reserved, 40 rejected, stock 0", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		_, _, err := b.repo.SetStock(context.Background(), "HOT-1", "Hot item", 10)
+		_, _, err := b.store.SetStock(context.Background(), "HOT-1", "Hot item", 10)
 		require.NoError(t, err)
 		b.startConsumer(t, 16)
 		for range 50 {

@@ -13,6 +13,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxshop/outboxshop/internal/service"
 	"github.com/outboxshop/outboxshop/internal/testinfra"
 	"github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
 	"github.com/outboxshop/outboxshop/services/warehouse"
@@ -24,7 +25,7 @@ import (
 // confirming channel to publish on, and counters fed by the consumer's hooks.
 type bundle struct {
 	pool                                *pgxpool.Pool
-	repo                                *postgres.Repo
+	store                               *postgres.Store
 	amqpURL                             string
 	top                                 warehouseamqp.Topology
 	ch                                  *amqp091.Channel
@@ -38,7 +39,7 @@ func setup(t *testing.T) *bundle {
 	require.NoError(t, postgres.Migrate(ctx, pool))
 	b := &bundle{
 		pool:    pool,
-		repo:    postgres.NewRepo(pool),
+		store:   postgres.NewStore(pool),
 		amqpURL: testinfra.AMQPURL(t),
 		top: warehouseamqp.Topology{
 			Exchange:           testinfra.UniqueName(t, "ex"),
@@ -79,12 +80,11 @@ func deleteTopology(t *testing.T, amqpURL string, top warehouseamqp.Topology) {
 func (b *bundle) startConsumer(t *testing.T, concurrency int) {
 	t.Helper()
 	c, err := warehouseamqp.NewConsumer(b.pool, warehouseamqp.ConsumerConfig{
-		URL:             b.amqpURL,
-		Topology:        b.top,
-		Prefetch:        max(concurrency, 16),
-		Concurrency:     concurrency,
-		MaxDeliveries:   3,
-		RetryDelay:      50 * time.Millisecond,
+		URL:      b.amqpURL,
+		Topology: b.top,
+		ConsumerSettings: service.ConsumerSettings{
+			Prefetch: max(concurrency, 16), Concurrency: concurrency, MaxDeliveries: 3, RetryDelay: 50 * time.Millisecond,
+		},
 		ShutdownTimeout: 5 * time.Second,
 		Logger:          testLogger(t),
 		Hooks: rabbitmq.Hooks{
@@ -184,7 +184,7 @@ func (b *bundle) countReservations(t *testing.T, status warehouse.Status) int {
 // reservation returns the order's reservation, or nil when there is none yet.
 func (b *bundle) reservation(t *testing.T, id uuid.UUID) *warehouse.Reservation {
 	t.Helper()
-	r, err := b.repo.GetReservation(context.Background(), id)
+	r, err := b.store.GetReservation(context.Background(), id)
 	if warehouse.ErrorCode(err) == warehouse.CodeNotFound {
 		return nil
 	}
@@ -204,7 +204,7 @@ func (b *bundle) waitStatus(t *testing.T, id uuid.UUID, status warehouse.Status)
 
 func (b *bundle) available(t *testing.T, sku string) int64 {
 	t.Helper()
-	item, err := b.repo.GetStock(context.Background(), sku)
+	item, err := b.store.GetStock(context.Background(), sku)
 	require.NoError(t, err)
 	return item.Available
 }

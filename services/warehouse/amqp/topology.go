@@ -1,6 +1,7 @@
 // Package amqp is the warehouse's RabbitMQ adapter: the topology it declares at start-up
-// ([Topology]), the handler of the orders service's events ([Handler]), and constructors for
-// the inbox consumer and the outbox publisher that use them.
+// ([Topology]), the handler of the orders service's events ([Handler]), and the constructor
+// of the inbox consumer that uses them. The outbox relay and its publisher are wired by
+// internal/service (AddRelay), the same in both services.
 //
 // Messages come in through pkg/inbox/rabbitmq: each is applied in one transaction together
 // with its inbox row, and its answer (StockReserved, StockRejected, StockReleased) is

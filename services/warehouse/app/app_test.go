@@ -59,7 +59,7 @@ func (w tWriter) Write(p []byte) (int, error) {
 // start starts the app and stops it when the test ends, checking that it stopped cleanly.
 func start(t *testing.T, cfg app.Config, mode app.Mode) *app.App {
 	t.Helper()
-	a, err := app.Start(context.Background(), cfg, mode, testLogger(t))
+	a, err := startApp(context.Background(), cfg, mode, testLogger(t))
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, a.Stop()) })
 	return a
@@ -286,10 +286,10 @@ func TestModes(t *testing.T) {
 	t.Run("refuses an unknown mode and a bad configuration", func(t *testing.T) {
 		t.Parallel()
 		cfg := testConfig(t)
-		_, err := app.Start(context.Background(), cfg, "dance", nil)
+		_, err := startApp(context.Background(), cfg, "dance", nil)
 		require.ErrorContains(t, err, `unknown mode "dance"`)
 		cfg.ConsumerConcurrency = 0
-		_, err = app.Start(context.Background(), cfg, app.ModeAPI, nil)
+		_, err = startApp(context.Background(), cfg, app.ModeAPI, nil)
 		require.ErrorContains(t, err, "WAREHOUSE_CONSUMER_CONCURRENCY")
 	})
 
@@ -298,7 +298,7 @@ func TestModes(t *testing.T) {
 		cfg := testConfig(t)
 		a := start(t, cfg, app.ModeAPI)
 		cfg.HTTPAddr = a.HTTPAddr()
-		_, err := app.Start(context.Background(), cfg, app.ModeAPI, nil)
+		_, err := startApp(context.Background(), cfg, app.ModeAPI, nil)
 		require.ErrorContains(t, err, "listen on")
 	})
 }
@@ -350,4 +350,25 @@ func TestConfig(t *testing.T) {
 		_, err = app.LoadConfigFrom(map[string]string{"WAREHOUSE_QUEUE": ""})
 		require.NoError(t, err, "an empty variable is unset")
 	})
+}
+
+// startApp makes an App and starts it: app.New, then App.Start.
+func startApp(ctx context.Context, cfg app.Config, mode app.Mode, log *slog.Logger) (*app.App, error) {
+	a, err := app.New(cfg, mode, app.Options{Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	if err := a.Start(ctx); err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+// runApp makes an App and runs it until ctx ends: app.New, then App.Run.
+func runApp(ctx context.Context, cfg app.Config, mode app.Mode, log *slog.Logger) error {
+	a, err := app.New(cfg, mode, app.Options{Logger: log})
+	if err != nil {
+		return err
+	}
+	return a.Run(ctx)
 }

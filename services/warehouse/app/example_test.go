@@ -18,7 +18,7 @@ import (
 // Start runs the whole warehouse in the calling process, here on a free port and a database
 // and broker names of its own: it creates and migrates the database, which then holds the
 // catalogue.
-func ExampleStart() {
+func ExampleApp_Start() {
 	ctx := context.Background()
 	suffix := randomSuffix()
 	cfg := app.DefaultConfig()
@@ -31,8 +31,11 @@ func ExampleStart() {
 	cfg.DeadLetterQueue = "example.warehouse.orders.dead." + suffix
 	defer cleanUp(cfg, "warehouse_example_"+suffix)
 
-	a, err := app.Start(ctx, cfg, app.ModeAll, nil)
+	a, err := app.New(cfg, app.ModeAll, app.Options{})
 	if err != nil {
+		panic(err)
+	}
+	if err := a.Start(ctx); err != nil {
 		panic(err)
 	}
 	res, err := http.Get("http://" + a.HTTPAddr() + "/stock/BOOK-1")

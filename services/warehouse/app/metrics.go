@@ -7,7 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	inboxmetrics "github.com/outboxshop/outboxshop/pkg/inbox/metrics"
+	"github.com/outboxshop/outboxshop/internal/service"
 	"github.com/outboxshop/outboxshop/services/warehouse"
 )
 
@@ -15,18 +15,11 @@ import (
 // the libraries' (docs/metrics.md); the Go and process collectors go without it.
 const ServiceName = "warehouse"
 
-func constLabels() prometheus.Labels { return prometheus.Labels{"service": ServiceName} }
+func constLabels() prometheus.Labels { return service.ConstLabels(ServiceName) }
 
 // StockMetricsInterval is how often the API process reads the stock for
 // warehouse_stock_available.
 const StockMetricsInterval = 5 * time.Second
-
-// The relay's backoff between the attempts of a failed row: pkg/outbox's defaults, set
-// explicitly so that the redelivery window below is computed from what the relay runs with.
-const (
-	relayRetryBaseDelay = time.Second
-	relayRetryMaxDelay  = 5 * time.Minute
-)
 
 // consumedTypes are the message types the consumer knows: the type label of the inbox
 // metrics; any other type is counted as "other".
@@ -61,10 +54,8 @@ func newServiceMetrics(reg prometheus.Registerer) (*serviceMetrics, error) {
 			ConstLabels: constLabels(),
 		}, []string{"sku"}),
 	}
-	for _, c := range []prometheus.Collector{m.reservations, m.releases, m.stock} {
-		if err := reg.Register(c); err != nil {
-			return nil, err
-		}
+	if err := service.Register(reg, m.reservations, m.releases, m.stock); err != nil {
+		return nil, err
 	}
 	m.reservations.WithLabelValues(resultReserved) // both series from the start, so rate() sees the first
 	m.reservations.WithLabelValues(resultRejected)
@@ -85,28 +76,26 @@ func (m *serviceMetrics) committed(d warehouse.Decision) {
 	}
 }
 
-// stockReader reads the available stock of SKUs. *postgres.Repo implements it.
+// stockReader reads the available stock of SKUs. *postgres.Store implements it.
 type stockReader interface {
 	Available(ctx context.Context, skus []string) (map[string]int64, error)
 }
 
-// runStockGauge sets warehouse_stock_available from the stock table at once and then every
-// interval, until ctx ends. Only the SKUs of the catalogue are exported: PUT /stock/{sku} can
-// create any SKU, and a label value per SKU a client invents would be unbounded. A failed read
-// is logged once per failure streak and leaves the last values.
-func (m *serviceMetrics) runStockGauge(ctx context.Context, db stockReader, interval time.Duration, log *slog.Logger) error {
+// stockGauge returns the job that sets warehouse_stock_available from the stock table, run
+// every StockMetricsInterval (service.Every). Only the SKUs of the catalogue are exported: PUT
+// /stock/{sku} can create any SKU, and a label value per SKU a client invents would be
+// unbounded. A failed read is logged once per failure streak and leaves the last values.
+func (m *serviceMetrics) stockGauge(db stockReader, log *slog.Logger) func(ctx context.Context) {
 	skus := make([]string, len(warehouse.Catalogue))
 	for i, c := range warehouse.Catalogue {
 		skus[i] = c.SKU
 	}
-	t := time.NewTicker(interval)
-	defer t.Stop()
 	failing := false
-	for {
+	return func(ctx context.Context) {
 		levels, err := db.Available(ctx, skus)
 		switch {
 		case ctx.Err() != nil:
-			return nil
+			return
 		case err != nil && !failing:
 			log.WarnContext(ctx, "stock metrics unavailable", slog.Any("error", err))
 		case err == nil && failing:
@@ -122,32 +111,5 @@ func (m *serviceMetrics) runStockGauge(ctx context.Context, db stockReader, inte
 				}
 			}
 		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
 	}
-}
-
-// redeliveryWindow is the longest time in which a duplicate of an order event can still reach
-// the consumer, exported as inbox_redelivery_window_seconds beside the inbox retention (an
-// alert fires when the retention is not longer):
-//
-//	window = RetryWindow(WAREHOUSE_CONSUMER_MAX_DELIVERIES, WAREHOUSE_CONSUMER_RETRY_DELAY, consumer max retry delay)
-//	       + RetryWindow(WAREHOUSE_RELAY_MAX_ATTEMPTS, 1s, 5m)
-//
-// The first term is the consumer's own retries: MaxDeliveries attempts, backing off
-// exponentially from RetryDelay up to the consumer's max retry delay (default 30s, or
-// RetryDelay when larger). The second is the producing relay's: a row whose publish failed is
-// tried again up to MaxAttempts times, backing off from RetryBaseDelay 1s to RetryMaxDelay 5m,
-// and a failed attempt may have reached the broker, so each retry may deliver a duplicate.
-// The producer of the order events is the orders service's relay, whose settings this process
-// does not know: the warehouse relay's own (same defaults: 10 attempts, 1s to 5m) stand for
-// them. RetryWindow sums the waits without their jitter, which only shortens them.
-func redeliveryWindow(cfg Config) time.Duration {
-	consumer := inboxmetrics.RetryWindow(cfg.ConsumerMaxDeliveries, cfg.ConsumerRetryDelay,
-		max(cfg.ConsumerMaxRetryDelay, cfg.ConsumerRetryDelay))
-	producer := inboxmetrics.RetryWindow(cfg.RelayMaxAttempts, relayRetryBaseDelay, relayRetryMaxDelay)
-	return consumer + producer
 }

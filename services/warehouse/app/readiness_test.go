@@ -167,7 +167,7 @@ func TestStartWaitsForTheDatabase(t *testing.T) {
 		}
 		started := make(chan result, 1)
 		go func() {
-			a, err := app.Start(context.Background(), cfg, app.ModeAll, slog.New(slog.NewTextHandler(logs, nil)))
+			a, err := startApp(context.Background(), cfg, app.ModeAll, slog.New(slog.NewTextHandler(logs, nil)))
 			started <- result{a, err}
 		}()
 		testinfra.Eventually(t, 20*time.Second, func() bool { return logs.count("database not available; retrying") >= 3 },
@@ -199,7 +199,7 @@ func TestStartWaitsForTheDatabase(t *testing.T) {
 		logs := &logBuffer{}
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
-		go func() { done <- app.Run(ctx, cfg, app.ModeAPI, slog.New(slog.NewTextHandler(logs, nil))) }()
+		go func() { done <- runApp(ctx, cfg, app.ModeAPI, slog.New(slog.NewTextHandler(logs, nil))) }()
 		testinfra.Eventually(t, 20*time.Second, func() bool { return logs.count("database not available; retrying") >= 1 },
 			"waiting for the database")
 		cancel()

@@ -67,10 +67,6 @@ func (s *server) dbContext(r *http.Request) (context.Context, context.CancelFunc
 	return context.WithTimeout(r.Context(), s.cfg.DBTimeout)
 }
 
-func (s *server) healthz(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
-}
-
 // listStock answers a page of SKUs. The cursor is opaque to the client: the last SKU of the
 // previous page, base64url-encoded; pages follow the primary key, so a SKU created or changed
 // meanwhile never makes another one appear twice or not at all.

@@ -41,17 +41,12 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
-	"io"
 	"log/slog"
 	"net/http"
-	"strconv"
 	"time"
 
-	"github.com/go-chi/chi/v5"
-	"github.com/go-chi/chi/v5/middleware"
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/outboxshop/outboxshop/internal/httpapi"
 	"github.com/outboxshop/outboxshop/internal/problem"
@@ -111,8 +106,9 @@ type Config struct {
 }
 
 type server struct {
-	cfg Config
-	log *slog.Logger
+	cfg  Config
+	log  *slog.Logger
+	edge httpapi.Edge
 }
 
 // NewRouter returns the API's handler.
@@ -122,28 +118,18 @@ func NewRouter(cfg Config) http.Handler {
 	if cfg.Pinger == nil && cfg.Store != nil {
 		cfg.Pinger = cfg.Store
 	}
-	if cfg.Gatherer == nil {
-		cfg.Gatherer = prometheus.NewRegistry()
+	s := &server{cfg: cfg, log: cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))}
+	s.edge = httpapi.Edge{
+		Problems: problems, Logger: s.log, Params: map[string]string{"order_id": "order_id", "sku": "sku"},
+		RetryAfter: RetryAfterSeconds * time.Second, Metrics: cfg.Metrics.Middleware,
 	}
-	s := &server{cfg: cfg, log: cmp.Or(cfg.Logger, slog.New(slog.NewTextHandler(io.Discard, nil)))}
-
-	r := chi.NewRouter()
-	r.Use(httpapi.WithRequestID, s.accessLog, cfg.Metrics.Middleware, s.recoverer, middleware.GetHead)
-	r.NotFound(s.notFound)
-	r.MethodNotAllowed(s.methodNotAllowed)
+	r := s.edge.NewRouter()
 
 	var checks []readiness.Check
 	if cfg.Pinger != nil {
 		checks = append(checks, readiness.Check{Name: "database", Check: readiness.Ping(cfg.Pinger.Ping)})
 	}
-	r.Get("/healthz", s.healthz)
-	r.Method(http.MethodGet, "/readyz", readiness.Handler(readiness.Config{
-		Checks: append(checks, cfg.Checks...), Timeout: min(cfg.DBTimeout, readiness.DefaultTimeout),
-		RetryAfter: RetryAfterSeconds * time.Second, Logger: s.log,
-	}))
-	r.Method(http.MethodGet, "/metrics", promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{
-		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelError),
-	}))
+	s.edge.MountOps(r, cfg.Gatherer, append(checks, cfg.Checks...), min(cfg.DBTimeout, readiness.DefaultTimeout))
 	if cfg.Store != nil {
 		r.Get("/stock", s.listStock)
 		r.Get("/stock/{sku}", s.getStock)
@@ -153,71 +139,20 @@ func NewRouter(cfg Config) http.Handler {
 	return r
 }
 
-// problemKind is how one error code is answered.
-type problemKind struct {
-	status int
-	typ    string
-	title  string
-}
-
 // problems maps each error code to its HTTP status and problem type: the one place where that
-// mapping lives.
-var problems = map[warehouse.Code]problemKind{
-	warehouse.CodeInvalid:              {http.StatusBadRequest, problem.TypeMalformedBody, "The request body could not be read"},
-	warehouse.CodeValidation:           {http.StatusUnprocessableEntity, problem.TypeValidation, "The request has invalid fields"},
-	warehouse.CodeNotFound:             {http.StatusNotFound, problem.TypeNotFound, "Not found"},
-	warehouse.CodeConflict:             {http.StatusConflict, problem.TypeConflict, "Conflict with the current state"},
-	warehouse.CodeTooLarge:             {http.StatusRequestEntityTooLarge, problem.TypeBodyTooLarge, "The request body is too large"},
-	warehouse.CodeUnsupportedMediaType: {http.StatusUnsupportedMediaType, problem.TypeUnsupportedMediaType, "The request body must be application/json in UTF-8"},
-	warehouse.CodeBadHeader:            {http.StatusBadRequest, problem.TypeInvalidHeader, "A request header is invalid"},
-	warehouse.CodeBadQuery:             {http.StatusBadRequest, problem.TypeInvalidQuery, "A query parameter is invalid"},
-	warehouse.CodePreconditionFailed:   {http.StatusPreconditionFailed, problem.TypePreconditionFailed, "The SKU changed since it was read"},
-	warehouse.CodePreconditionRequired: {http.StatusPreconditionRequired, problem.TypePreconditionRequired, "If-Match is required"},
-	warehouse.CodeUnavailable:          {http.StatusServiceUnavailable, problem.TypeUnavailable, "Service unavailable"},
-	warehouse.CodeInternal:             {http.StatusInternalServerError, problem.TypeInternal, "Internal server error"},
-}
+// mapping lives (the shared codes' rows are internal/problem's).
+var problems = problem.Shared().With(problem.Table{
+	warehouse.CodeBadQuery:             {Status: http.StatusBadRequest, Type: problem.TypeInvalidQuery, Title: "A query parameter is invalid"},
+	warehouse.CodePreconditionFailed:   {Status: http.StatusPreconditionFailed, Type: problem.TypePreconditionFailed, Title: "The SKU changed since it was read"},
+	warehouse.CodePreconditionRequired: {Status: http.StatusPreconditionRequired, Type: problem.TypePreconditionRequired, Title: "If-Match is required"},
+})
 
-// statusOf maps a domain error code to its HTTP status (500 for an unknown code).
-func statusOf(code warehouse.Code) int {
-	if p, ok := problems[code]; ok {
-		return p.status
-	}
-	return http.StatusInternalServerError
-}
+// StatusCode returns the HTTP status of an error code (500 for an unknown code).
+func StatusCode(code warehouse.Code) int { return problems.Status(code) }
 
-// fail answers err as a problem document; 5xx causes are logged, 503s carry Retry-After.
-// Refusals of bad input (4xx) are logged at debug level only: a client's mistake pages no one.
-func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
-	kind, ok := problems[warehouse.ErrorCode(err)]
-	if !ok {
-		kind = problems[warehouse.CodeInternal]
-	}
-	switch {
-	case kind.status == http.StatusServiceUnavailable:
-		w.Header().Set("Retry-After", strconv.Itoa(RetryAfterSeconds))
-		s.log.WarnContext(r.Context(), "request failed: database unavailable", requestAttr(r), slog.Any("error", err))
-	case kind.status >= 500:
-		s.log.ErrorContext(r.Context(), "request failed", requestAttr(r), slog.Any("error", err))
-	default:
-		s.log.DebugContext(r.Context(), "request refused", requestAttr(r), slog.Int("status", kind.status), slog.Any("error", err))
-	}
-	d := problem.Details{Type: kind.typ, Title: kind.title, Status: kind.status, Detail: warehouse.ErrorMessage(err)}
-	for _, f := range warehouse.ErrorFields(err) {
-		d.Errors = append(d.Errors, problem.FieldError{Field: f.Field, Message: f.Message})
-	}
-	problem.Write(w, r, d)
-}
-
-func (s *server) notFound(w http.ResponseWriter, r *http.Request) {
-	s.fail(w, r, warehouse.Errorf(warehouse.CodeNotFound, "No route for %s %s.", r.Method, r.URL.Path))
-}
-
-// methodNotAllowed answers 405 with the Allow header (internal/httpapi).
-func (s *server) methodNotAllowed(w http.ResponseWriter, r *http.Request) {
-	httpapi.SetAllow(w, r)
-	problem.Write(w, r, problem.Details{Type: problem.TypeMethodNotAllowed, Title: "Method not allowed",
-		Status: http.StatusMethodNotAllowed, Detail: "Method " + r.Method + " is not allowed on " + r.URL.Path + "."})
-}
+// fail answers err as a problem document (internal/httpapi Edge.Error): 5xx causes are
+// logged, 503s carry Retry-After, refusals of bad input are logged at debug level only.
+func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) { s.edge.Error(w, r, err) }
 
 // writeJSON answers v as JSON with status.
 func writeJSON(w http.ResponseWriter, status int, v any) {

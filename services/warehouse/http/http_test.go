@@ -33,7 +33,7 @@ import (
 // bundle is an API on a migrated database of the test's own.
 type bundle struct {
 	pool    *pgxpool.Pool
-	repo    *postgres.Repo
+	repo    *postgres.Store
 	handler http.Handler
 	logs    *logBuffer
 }
@@ -73,7 +73,7 @@ func setup(t *testing.T) *bundle {
 func setupOn(t *testing.T, pool *pgxpool.Pool, cfg warehousehttp.Config) *bundle {
 	t.Helper()
 	require.NoError(t, postgres.Migrate(context.Background(), pool))
-	repo := postgres.NewRepo(pool)
+	repo := postgres.NewStore(pool)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector())
 	if cfg.Store == nil {
@@ -403,7 +403,7 @@ func TestGetRoutes(t *testing.T) {
 }
 
 // panicStore is the real repository, except that listing panics: a stand-in for a bug.
-type panicStore struct{ *postgres.Repo }
+type panicStore struct{ *postgres.Store }
 
 func (panicStore) ListStock(context.Context, string, int) ([]warehouse.StockItem, error) {
 	panic("boom")
@@ -412,7 +412,7 @@ func (panicStore) ListStock(context.Context, string, int) ([]warehouse.StockItem
 func TestPanicIsA500Problem(t *testing.T) {
 	t.Parallel()
 	pool := testinfra.NewPool(t)
-	b := setupOn(t, pool, warehousehttp.Config{Store: panicStore{postgres.NewRepo(pool)}})
+	b := setupOn(t, pool, warehousehttp.Config{Store: panicStore{postgres.NewStore(pool)}})
 	p := requireProblem(t, b.do(t, request{method: http.MethodGet, path: "/stock"}), http.StatusInternalServerError)
 	require.NotContains(t, p.Detail, "boom")
 }

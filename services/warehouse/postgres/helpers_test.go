@@ -17,29 +17,29 @@ import (
 
 // bundle is a migrated database of a test's own and helpers on it.
 type bundle struct {
-	pool *pgxpool.Pool
-	repo *postgres.Repo
+	pool  *pgxpool.Pool
+	store *postgres.Store
 }
 
 func setup(t *testing.T) *bundle {
 	t.Helper()
 	pool := testinfra.NewPool(t)
 	require.NoError(t, postgres.Migrate(context.Background(), pool))
-	return &bundle{pool: pool, repo: postgres.NewRepo(pool)}
+	return &bundle{pool: pool, store: postgres.NewStore(pool)}
 }
 
 // setStock sets the stock of skus (creating them).
 func (b *bundle) setStock(t *testing.T, levels map[string]int64) {
 	t.Helper()
 	for sku, n := range levels {
-		_, _, err := b.repo.SetStock(context.Background(), sku, "", n)
+		_, _, err := b.store.SetStock(context.Background(), sku, "", n)
 		require.NoError(t, err)
 	}
 }
 
 func (b *bundle) available(t *testing.T, sku string) int64 {
 	t.Helper()
-	item, err := b.repo.GetStock(context.Background(), sku)
+	item, err := b.store.GetStock(context.Background(), sku)
 	require.NoError(t, err)
 	return item.Available
 }
@@ -75,7 +75,7 @@ func (b *bundle) release(t *testing.T, orderID uuid.UUID, msgID string) (warehou
 
 func (b *bundle) reservation(t *testing.T, orderID uuid.UUID) warehouse.Reservation {
 	t.Helper()
-	r, err := b.repo.GetReservation(context.Background(), orderID)
+	r, err := b.store.GetReservation(context.Background(), orderID)
 	require.NoError(t, err)
 	return r
 }

@@ -31,7 +31,7 @@ func TestReserve(t *testing.T) {
 		require.Equal(t, warehouse.StatusReserved, r.Status)
 		require.Equal(t, []warehouse.Line{{SKU: "A", Quantity: 5}, {SKU: "B", Quantity: 3}}, r.Lines)
 		require.Equal(t, map[string]int{"reserve": 2}, b.movements(t, id))
-		item, err := b.repo.GetStock(context.Background(), "A")
+		item, err := b.store.GetStock(context.Background(), "A")
 		require.NoError(t, err)
 		require.Equal(t, int64(5), item.Reserved)
 		b.requireConsistent(t)

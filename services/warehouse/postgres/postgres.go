@@ -1,5 +1,5 @@
 // Package postgres is the warehouse's PostgreSQL adapter: the schema (embedded, numbered
-// migrations), the repository behind the HTTP API ([Repo]), and the reservation rules applied
+// migrations), the store behind the HTTP API ([Store]), and the reservation rules applied
 // inside a consumer's transaction ([Reserve], [Release]). Connecting (and creating the
 // database on first start) is internal/pgdb's, shared with the orders service.
 //
@@ -16,13 +16,10 @@ package postgres
 import (
 	"context"
 	"embed"
-	"fmt"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxshop/outboxshop/internal/pgmigrate"
-	"github.com/outboxshop/outboxshop/pkg/inbox"
-	"github.com/outboxshop/outboxshop/pkg/outbox"
 )
 
 //go:embed migrations/*.sql
@@ -32,21 +29,11 @@ var migrations embed.FS
 // the warehouse schema ("whouse" in ASCII).
 const migrationLock int64 = 0x77686f757365
 
-// Migrate brings the database up to date: the outbox and inbox tables (pkg/outbox and
-// pkg/inbox), then the warehouse's own migrations/*.sql that have not been applied yet, in
-// name order, inside one transaction under an advisory lock, so that processes starting at
-// the same time apply each migration once. Applied migrations are recorded in
-// warehouse_schema_migrations.
+// Migrate brings the database up to date: the warehouse's own migrations/*.sql that have not
+// been applied yet, in name order, inside one transaction under an advisory lock, so that
+// processes starting at the same time apply each migration once (recorded in
+// warehouse_schema_migrations); then the outbox and inbox tables (pkg/outbox and pkg/inbox),
+// with internal/pgmigrate Service.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
-	if err := outbox.Migrate(ctx, pool); err != nil {
-		return fmt.Errorf("migrate outbox: %w", err)
-	}
-	if err := inbox.Migrate(ctx, pool); err != nil {
-		return fmt.Errorf("migrate inbox: %w", err)
-	}
-	err := pgmigrate.Apply(ctx, pool, migrations, "migrations", "warehouse_schema_migrations", migrationLock)
-	if err != nil {
-		return fmt.Errorf("migrate warehouse: %w", err)
-	}
-	return nil
+	return pgmigrate.Service(ctx, pool, "warehouse", migrations, migrationLock)
 }

@@ -19,7 +19,7 @@ func TestMigrate(t *testing.T) {
 	t.Run("seeds the catalogue with a ledger row per SKU", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		items, err := b.repo.ListStock(context.Background(), "", 100)
+		items, err := b.store.ListStock(context.Background(), "", 100)
 		require.NoError(t, err)
 		var got []warehouse.CatalogueItem
 		for _, i := range items {
@@ -36,7 +36,7 @@ func TestMigrate(t *testing.T) {
 	t.Run("is idempotent, also run concurrently, and does not seed twice", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		_, _, err := b.repo.SetStock(context.Background(), "BOOK-1", "", 7)
+		_, _, err := b.store.SetStock(context.Background(), "BOOK-1", "", 7)
 		require.NoError(t, err)
 		var wg sync.WaitGroup
 		errs := make(chan error, 4)

@@ -43,6 +43,11 @@ type Config struct {
 	// VersionTable is the table versions are recorded in, quoted and schema-qualified as SQL
 	// spells it; VersionTableText is the same name as text, for to_regclass.
 	VersionTable, VersionTableText string
+	// Table, as text for to_regclass, is a table every version has (the library's messages
+	// table). A version table that records versions while Table is missing is refused: it
+	// belongs to other tables too (their default names meet), or Table was dropped behind
+	// its back, and its versions are not Table's.
+	Table string
 	// LegacyTable, as text for to_regclass, is a table made by version 1 before versions were
 	// recorded: when it exists and VersionTable does not, the schema is at version 1. Empty:
 	// no such table.
@@ -80,7 +85,7 @@ const (
 	// tableExists and currentVersion take no lock on the migrated tables, so the common case
 	// — nothing to do — never waits for their users.
 	tableExists     = `SELECT to_regclass($1) IS NOT NULL`
-	currentVersion  = `SELECT coalesce(max(version), 0) FROM `
+	currentVersion  = `SELECT coalesce(max(version), 0), to_regclass($1) IS NOT NULL FROM `
 	schemaExists    = `SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1)`
 	setLockTimeout  = `SELECT set_config('lock_timeout', $1, true)`
 	takeLock        = `SELECT pg_advisory_xact_lock($1)`
@@ -107,6 +112,9 @@ CREATE TABLE IF NOT EXISTS %s (
 func Apply(ctx context.Context, db TxBeginner, c Config) error {
 	if len(c.Migrations) == 0 {
 		return fmt.Errorf("migrate %s: no migrations", c.Library)
+	}
+	if c.Table == "" {
+		return fmt.Errorf("migrate %s: no table to check the version table against", c.Library)
 	}
 	for i, m := range c.Migrations {
 		if m.Version != i+1 {
@@ -231,9 +239,17 @@ func readVersion(ctx context.Context, tx pgx.Tx, c Config) (int, error) {
 	if !exists {
 		return 0, nil
 	}
-	var v int
-	if err := tx.QueryRow(ctx, currentVersion+c.VersionTable).Scan(&v); err != nil {
+	var (
+		v     int
+		table bool
+	)
+	if err := tx.QueryRow(ctx, currentVersion+c.VersionTable, c.Table).Scan(&v, &table); err != nil {
 		return 0, fmt.Errorf("migrate %s: read version: %w", c.Library, err)
+	}
+	if v > 0 && !table {
+		return 0, fmt.Errorf("migrate %s: %s records version %d, but %s does not exist: the version table "+
+			"belongs to other tables too, or the table was dropped; give these tables a version table of "+
+			"their own (Tables.Migrations), or empty it", c.Library, c.VersionTableText, v, c.Table)
 	}
 	return v, nil
 }

@@ -9,3 +9,13 @@ CREATE INDEX IF NOT EXISTS "outbox_messages_pending"
 DROP INDEX IF EXISTS "outbox_messages_claimable";
 ALTER TABLE "outbox_messages" ALTER COLUMN payload TYPE jsonb USING payload::jsonb;
 ALTER TABLE "outbox_messages" DROP COLUMN IF EXISTS waiting;
+
+-- Migrate's record of version 2 goes too, if Migrate ever ran here: Migrate, run afterwards,
+-- applies version 2 again instead of taking its old record for it.
+DO $$
+BEGIN
+    IF to_regclass('"outbox_migrations"') IS NOT NULL THEN
+        DELETE FROM "outbox_migrations" WHERE version >= 2;
+    END IF;
+END;
+$$;

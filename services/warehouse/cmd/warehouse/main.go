@@ -17,12 +17,14 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
 
 	"github.com/caarlos0/env/v11"
 
+	"github.com/outboxshop/outboxshop/internal/failpoint"
 	"github.com/outboxshop/outboxshop/internal/logging"
 	"github.com/outboxshop/outboxshop/services/warehouse"
 	"github.com/outboxshop/outboxshop/services/warehouse/app"
@@ -72,15 +74,13 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 
 	switch cmd {
 	case "api", "serve":
-		err = app.Run(ctx, cfg, app.ModeAPI, log)
+		err = serve(ctx, cfg, app.ModeAPI, log)
 	case "relay":
-		err = app.Run(ctx, cfg, app.ModeRelay, log)
+		err = serve(ctx, cfg, app.ModeRelay, log)
 	case "all":
-		err = app.Run(ctx, cfg, app.ModeAll, log)
+		err = serve(ctx, cfg, app.ModeAll, log)
 	case "migrate":
-		if err = app.Migrate(ctx, cfg, log); err == nil {
-			log.InfoContext(ctx, "database migrated")
-		}
+		err = app.Migrate(ctx, cfg, log)
 	case "seed":
 		fs := flag.NewFlagSet("seed", flag.ContinueOnError)
 		fs.SetOutput(stderr)
@@ -109,4 +109,17 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 		return 1
 	}
 	return 0
+}
+
+// serve runs the app in mode until ctx is cancelled or a component fails.
+func serve(ctx context.Context, cfg app.Config, mode app.Mode, log *slog.Logger) error {
+	fp, err := failpoint.Parse(cfg.Failpoints)
+	if err != nil {
+		return fmt.Errorf("%s: %w", failpoint.EnvVar, err)
+	}
+	a, err := app.New(cfg, mode, app.Options{Logger: log, Failpoints: fp})
+	if err != nil {
+		return err
+	}
+	return a.Run(ctx)
 }

@@ -13,27 +13,27 @@ import (
 	"github.com/outboxshop/outboxshop/services/warehouse"
 )
 
-// Repo is the warehouse's repository for the HTTP API and the seed command. Every method
+// Store is the warehouse's PostgreSQL store for the HTTP API and the seed command. Every method
 // returns a *warehouse.Error with CodeUnavailable when the database cannot be reached.
-type Repo struct {
+type Store struct {
 	pool *pgxpool.Pool
 	now  func() time.Time
 }
 
-// NewRepo returns a repository on pool.
-func NewRepo(pool *pgxpool.Pool) *Repo {
-	return &Repo{pool: pool, now: func() time.Time { return time.Now().UTC() }}
+// NewStore returns the store on pool.
+func NewStore(pool *pgxpool.Pool) *Store {
+	return &Store{pool: pool, now: func() time.Time { return time.Now().UTC() }}
 }
 
 // Ping checks that the database answers.
-func (r *Repo) Ping(ctx context.Context) error {
-	return dbError("ping", r.pool.Ping(ctx))
+func (s *Store) Ping(ctx context.Context) error {
+	return dbError("ping", s.pool.Ping(ctx))
 }
 
 // ListStock returns up to limit SKUs that sort after the SKU after ("" for the first page),
 // in SKU order, with what is reserved of each.
-func (r *Repo) ListStock(ctx context.Context, after string, limit int) ([]warehouse.StockItem, error) {
-	rows, err := r.pool.Query(ctx, selectStockPageSQL, after, limit)
+func (s *Store) ListStock(ctx context.Context, after string, limit int) ([]warehouse.StockItem, error) {
+	rows, err := s.pool.Query(ctx, selectStockPageSQL, after, limit)
 	if err != nil {
 		return nil, dbError("list stock", err)
 	}
@@ -46,8 +46,8 @@ func (r *Repo) ListStock(ctx context.Context, after string, limit int) ([]wareho
 
 // Available returns the available stock of those of skus that exist, by SKU: one cheap
 // query, without locks, for the stock gauge.
-func (r *Repo) Available(ctx context.Context, skus []string) (map[string]int64, error) {
-	rows, err := r.pool.Query(ctx, selectAvailableSQL, skus)
+func (s *Store) Available(ctx context.Context, skus []string) (map[string]int64, error) {
+	rows, err := s.pool.Query(ctx, selectAvailableSQL, skus)
 	if err != nil {
 		return nil, dbError("read available stock", err)
 	}
@@ -66,8 +66,8 @@ func (r *Repo) Available(ctx context.Context, skus []string) (map[string]int64, 
 }
 
 // GetStock returns one SKU, or an error with CodeNotFound.
-func (r *Repo) GetStock(ctx context.Context, sku string) (warehouse.StockItem, error) {
-	return getStock(ctx, r.pool, sku)
+func (s *Store) GetStock(ctx context.Context, sku string) (warehouse.StockItem, error) {
+	return getStock(ctx, s.pool, sku)
 }
 
 func getStock(ctx context.Context, db DBTX, sku string) (warehouse.StockItem, error) {
@@ -87,8 +87,8 @@ func getStock(ctx context.Context, db DBTX, sku string) (warehouse.StockItem, er
 
 // SetStock sets the available stock of a SKU unconditionally: SetStockIf without a
 // precondition.
-func (r *Repo) SetStock(ctx context.Context, sku, name string, available int64) (warehouse.StockItem, bool, error) {
-	return r.SetStockIf(ctx, sku, name, available, warehouse.Precondition{})
+func (s *Store) SetStock(ctx context.Context, sku, name string, available int64) (warehouse.StockItem, bool, error) {
+	return s.SetStockIf(ctx, sku, name, available, warehouse.Precondition{})
 }
 
 // SetStockIf sets the available stock of a SKU when the SKU as it is satisfies pre (an
@@ -97,9 +97,9 @@ func (r *Repo) SetStock(ctx context.Context, sku, name string, available int64) 
 // checked, so a reservation cannot slip in between. name, when not empty, renames the SKU; a
 // new SKU without a name is named after itself. It reports whether the SKU was created. The
 // caller has validated sku, name and available.
-func (r *Repo) SetStockIf(ctx context.Context, sku, name string, available int64, pre warehouse.Precondition) (item warehouse.StockItem, created bool, err error) {
-	now := r.now()
-	err = pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+func (s *Store) SetStockIf(ctx context.Context, sku, name string, available int64, pre warehouse.Precondition) (item warehouse.StockItem, created bool, err error) {
+	now := s.now()
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		for {
 			var (
 				oldName      string
@@ -144,14 +144,14 @@ func (r *Repo) SetStockIf(ctx context.Context, sku, name string, available int64
 	if err != nil {
 		return warehouse.StockItem{}, false, dbError("set stock", err)
 	}
-	item, err = r.GetStock(ctx, sku)
+	item, err = s.GetStock(ctx, sku)
 	return item, created, err
 }
 
 // GetReservation returns the reservation of an order with its lines, or an error with
 // CodeNotFound.
-func (r *Repo) GetReservation(ctx context.Context, orderID uuid.UUID) (warehouse.Reservation, error) {
-	return GetReservation(ctx, r.pool, orderID)
+func (s *Store) GetReservation(ctx context.Context, orderID uuid.UUID) (warehouse.Reservation, error) {
+	return GetReservation(ctx, s.pool, orderID)
 }
 
 // SeedChange is one SKU the seed changed.
@@ -164,8 +164,8 @@ type SeedChange struct {
 // ones, restoring names) and writes a 'restock' ledger row for each level it changes. Other
 // SKUs are left alone. When reservations hold stock it refuses with CodeConflict, unless
 // force is set: the held stock then comes on top of the catalogue levels when released.
-func (r *Repo) Seed(ctx context.Context, force bool) ([]SeedChange, error) {
-	now := r.now()
+func (s *Store) Seed(ctx context.Context, force bool) ([]SeedChange, error) {
+	now := s.now()
 	skus := make([]string, len(warehouse.Catalogue))
 	names := make([]string, len(warehouse.Catalogue))
 	levels := make([]int64, len(warehouse.Catalogue))
@@ -175,7 +175,7 @@ func (r *Repo) Seed(ctx context.Context, force bool) ([]SeedChange, error) {
 		target[c.SKU] = c.Available
 	}
 	var changes []SeedChange
-	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		changes = nil
 		if _, err := tx.Exec(ctx, insertMissingStockSQL, skus, names, now); err != nil {
 			return dbError("create catalogue SKUs", err)

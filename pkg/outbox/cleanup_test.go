@@ -11,59 +11,6 @@ import (
 	"github.com/outboxshop/outboxshop/pkg/outbox/internal/testinfra"
 )
 
-func TestStats(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	b := setup(t)
-
-	s, err := outbox.ReadStats(ctx, b.pool)
-	require.NoError(t, err)
-	require.Equal(t, outbox.Stats{}, s, "empty outbox")
-
-	msgs := b.write(t, b.msg("a", 1), b.msg("b", 1), b.msg("c", 1))
-	_, err = b.pool.Exec(ctx, "UPDATE outbox_messages SET published_at = now() WHERE id = $1", msgs[0].ID)
-	require.NoError(t, err)
-	_, err = b.pool.Exec(ctx, "UPDATE outbox_messages SET dead_at = now() WHERE id = $1", msgs[1].ID)
-	require.NoError(t, err)
-	s, err = outbox.ReadStats(ctx, b.pool)
-	require.NoError(t, err)
-	require.EqualValues(t, 1, s.Pending)
-	require.EqualValues(t, 1, s.Dead)
-	require.WithinDuration(t, time.Now(), s.OldestPending, time.Minute)
-}
-
-func TestDeadRows(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	b := setup(t)
-	got := consume(t, b.amqpURL, b.top.Queue)
-
-	msgs := b.write(t, b.msg("a", 1), b.msg("b", 1))
-	_, err := b.pool.Exec(ctx, "UPDATE outbox_messages SET dead_at = now(), attempts = 10, last_error = 'nacked' WHERE id = $1", msgs[0].ID)
-	require.NoError(t, err)
-
-	dead, err := outbox.ListDead(ctx, b.pool, 10)
-	require.NoError(t, err)
-	require.Len(t, dead, 1)
-	require.Equal(t, msgs[0].ID, dead[0].ID)
-	require.Equal(t, "nacked", dead[0].LastError)
-	require.Equal(t, 10, dead[0].Attempts)
-	require.JSONEq(t, string(msgs[0].Payload), string(dead[0].Payload))
-
-	_, err = outbox.ListDead(ctx, b.pool, 0)
-	require.Error(t, err)
-
-	b.startRelay(t, b.pool, b.pub, fastConfig(t))
-	testinfra.Eventually(t, waitFor, func() bool { return got.len() == 1 }, "live row published")
-
-	n, err := outbox.Requeue(ctx, b.pool, msgs[0].ID, msgs[1].ID) // msgs[1] is not dead: ignored
-	require.NoError(t, err)
-	require.EqualValues(t, 1, n)
-	testinfra.Eventually(t, waitFor, func() bool { return len(got.ids()) == 2 }, "requeued row published")
-	require.Equal(t, 1, got.ids()[msgs[0].ID.String()])
-	require.Zero(t, b.count(t, "dead_at IS NOT NULL"))
-}
-
 func TestCleanup(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -94,8 +41,31 @@ func TestCleanup(t *testing.T) {
 	require.Equal(t, 1, b.count(t, "dead_at IS NOT NULL"), "dead row kept for the operator")
 	require.Equal(t, 1, b.count(t, "id = '"+pending[0].ID.String()+"'"))
 
-	_, err = outbox.Cleanup(ctx, b.pool, outbox.CleanupConfig{Retention: -time.Hour})
-	require.Error(t, err)
+	for name, cfg := range map[string]outbox.CleanupConfig{
+		"NegativeRetention": {Retention: -time.Hour},
+		"NegativeBatchSize": {BatchSize: -1},
+		"NegativeInterval":  {Interval: -1},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := outbox.Cleanup(ctx, b.pool, cfg)
+			require.Error(t, err)
+			require.Error(t, outbox.RunCleanup(ctx, b.pool, cfg))
+			require.Equal(t, 5, b.count(t, "true"), "an invalid config deleted rows")
+		})
+	}
+
+	t.Run("ZeroMeansTheDefaults", func(t *testing.T) {
+		_, err := b.pool.Exec(ctx, "UPDATE outbox_messages SET published_at = now() - $1::interval WHERE id = $2",
+			outbox.DefaultCleanupRetention+time.Hour, recent[0].ID)
+		require.NoError(t, err)
+		_, err = b.pool.Exec(ctx, "UPDATE outbox_messages SET published_at = now() - $1::interval WHERE id = $2",
+			outbox.DefaultCleanupRetention-time.Hour, recent[1].ID)
+		require.NoError(t, err)
+		n, err := outbox.Cleanup(ctx, b.pool, outbox.CleanupConfig{})
+		require.NoError(t, err)
+		require.EqualValues(t, 1, n, "only the row published more than DefaultCleanupRetention ago")
+		require.Equal(t, 4, b.count(t, "true"))
+	})
 
 	t.Run("RunCleanupStopsOnCancel", func(t *testing.T) {
 		runCtx, cancel := context.WithCancel(ctx)

@@ -12,14 +12,14 @@ import (
 	"github.com/outboxshop/outboxshop/services/warehouse/postgres"
 )
 
-func TestRepo(t *testing.T) {
+func TestStore(t *testing.T) {
 	t.Parallel()
 
 	t.Run("Available reads the stock of the SKUs asked for that exist", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		b.setStock(t, map[string]int64{"NEW-1": 7})
-		got, err := b.repo.Available(context.Background(), []string{"BOOK-1", "BAG-1", "NOPE-1"})
+		got, err := b.store.Available(context.Background(), []string{"BOOK-1", "BAG-1", "NOPE-1"})
 		require.NoError(t, err)
 		require.Equal(t, map[string]int64{"BOOK-1": 100, "BAG-1": 10}, got)
 	})
@@ -28,19 +28,19 @@ func TestRepo(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		ctx := context.Background()
-		item, created, err := b.repo.SetStock(ctx, "NEW-1", "", 12)
+		item, created, err := b.store.SetStock(ctx, "NEW-1", "", 12)
 		require.NoError(t, err)
 		require.True(t, created)
 		require.Equal(t, "NEW-1", item.Name)
 		require.Equal(t, int64(12), item.Available)
 
-		item, created, err = b.repo.SetStock(ctx, "NEW-1", "New thing", 4)
+		item, created, err = b.store.SetStock(ctx, "NEW-1", "New thing", 4)
 		require.NoError(t, err)
 		require.False(t, created)
 		require.Equal(t, "New thing", item.Name)
 		require.Equal(t, int64(4), item.Available)
 
-		item, _, err = b.repo.SetStock(ctx, "NEW-1", "", 4)
+		item, _, err = b.store.SetStock(ctx, "NEW-1", "", 4)
 		require.NoError(t, err)
 		require.Equal(t, "New thing", item.Name, "no name keeps the name")
 
@@ -63,7 +63,7 @@ func TestRepo(t *testing.T) {
 		done := make(chan bool, 8)
 		for i := range 8 {
 			go func() {
-				_, created, err := b.repo.SetStock(context.Background(), "RACE-1", "", int64(i))
+				_, created, err := b.store.SetStock(context.Background(), "RACE-1", "", int64(i))
 				assert.NoError(t, err)
 				done <- created
 			}()
@@ -81,9 +81,9 @@ func TestRepo(t *testing.T) {
 	t.Run("unknown SKU and reservation are not found", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		_, err := b.repo.GetStock(context.Background(), "NOPE")
+		_, err := b.store.GetStock(context.Background(), "NOPE")
 		require.Equal(t, warehouse.CodeNotFound, warehouse.ErrorCode(err))
-		_, err = b.repo.GetReservation(context.Background(), newOrderID())
+		_, err = b.store.GetReservation(context.Background(), newOrderID())
 		require.Equal(t, warehouse.CodeNotFound, warehouse.ErrorCode(err))
 	})
 
@@ -114,14 +114,14 @@ func TestSeed(t *testing.T) {
 		b.setStock(t, map[string]int64{"BOOK-1": 3, "OTHER-1": 9})
 		_, err := b.pool.Exec(ctx, `DELETE FROM stock_movements WHERE sku = 'BAG-1'; DELETE FROM stock WHERE sku = 'BAG-1'`)
 		require.NoError(t, err)
-		_, _, err = b.repo.SetStock(ctx, "MUG-1", "Renamed", 50)
+		_, _, err = b.store.SetStock(ctx, "MUG-1", "Renamed", 50)
 		require.NoError(t, err)
 
-		changes, err := b.repo.Seed(ctx, false)
+		changes, err := b.store.Seed(ctx, false)
 		require.NoError(t, err)
 		require.ElementsMatch(t, []postgres.SeedChange{{SKU: "BAG-1", From: 0, To: 10}, {SKU: "BOOK-1", From: 3, To: 100}}, changes)
 		for _, c := range warehouse.Catalogue {
-			item, err := b.repo.GetStock(ctx, c.SKU)
+			item, err := b.store.GetStock(ctx, c.SKU)
 			require.NoError(t, err)
 			require.Equal(t, c.Available, item.Available)
 			require.Equal(t, c.Name, item.Name)
@@ -136,11 +136,11 @@ func TestSeed(t *testing.T) {
 		ctx := context.Background()
 		id := newOrderID()
 		b.reserve(t, id, []warehouse.Line{{SKU: "TEE-1", Quantity: 10}})
-		_, err := b.repo.Seed(ctx, false)
+		_, err := b.store.Seed(ctx, false)
 		require.Equal(t, warehouse.CodeConflict, warehouse.ErrorCode(err))
 		require.Equal(t, int64(20), b.available(t, "TEE-1"))
 
-		changes, err := b.repo.Seed(ctx, true)
+		changes, err := b.store.Seed(ctx, true)
 		require.NoError(t, err)
 		require.Equal(t, []postgres.SeedChange{{SKU: "TEE-1", From: 20, To: 30}}, changes)
 		require.Equal(t, int64(30), b.available(t, "TEE-1"))
@@ -154,7 +154,7 @@ func TestListStock(t *testing.T) {
 	ctx := context.Background()
 	var all []string
 	for after := ""; ; {
-		page, err := b.repo.ListStock(ctx, after, 2)
+		page, err := b.store.ListStock(ctx, after, 2)
 		require.NoError(t, err)
 		require.LessOrEqual(t, len(page), 2)
 		if len(page) == 0 {
@@ -182,17 +182,17 @@ func TestSetStockIf(t *testing.T) {
 	t.Run("If-Match: a version read before a reservation no longer matches", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		read, err := b.repo.GetStock(ctx, "BOOK-1")
+		read, err := b.store.GetStock(ctx, "BOOK-1")
 		require.NoError(t, err)
 		b.reserve(t, uuid.Must(uuid.NewV7()), []warehouse.Line{{SKU: "BOOK-1", Quantity: 2}})
-		_, _, err = b.repo.SetStockIf(ctx, "BOOK-1", "", 500, warehouse.Precondition{Versions: []int64{read.Version}})
+		_, _, err = b.store.SetStockIf(ctx, "BOOK-1", "", 500, warehouse.Precondition{Versions: []int64{read.Version}})
 		failed(t, err)
 		require.Equal(t, int64(98), b.available(t, "BOOK-1"), "the reservation stands")
 
-		now, err := b.repo.GetStock(ctx, "BOOK-1")
+		now, err := b.store.GetStock(ctx, "BOOK-1")
 		require.NoError(t, err)
 		require.Greater(t, now.Version, read.Version)
-		item, created, err := b.repo.SetStockIf(ctx, "BOOK-1", "", 500, warehouse.Precondition{Versions: []int64{1, now.Version}})
+		item, created, err := b.store.SetStockIf(ctx, "BOOK-1", "", 500, warehouse.Precondition{Versions: []int64{1, now.Version}})
 		require.NoError(t, err)
 		require.False(t, created)
 		require.Equal(t, int64(500), item.Available)
@@ -203,23 +203,23 @@ func TestSetStockIf(t *testing.T) {
 	t.Run("If-Match: * needs the SKU to exist", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		_, _, err := b.repo.SetStockIf(ctx, "NEW-1", "", 5, warehouse.Precondition{Exists: true})
+		_, _, err := b.store.SetStockIf(ctx, "NEW-1", "", 5, warehouse.Precondition{Exists: true})
 		failed(t, err)
-		_, _, err = b.repo.SetStockIf(ctx, "NEW-1", "", 5, warehouse.Precondition{Versions: []int64{1}})
+		_, _, err = b.store.SetStockIf(ctx, "NEW-1", "", 5, warehouse.Precondition{Versions: []int64{1}})
 		failed(t, err)
-		_, err = b.repo.GetStock(ctx, "NEW-1")
+		_, err = b.store.GetStock(ctx, "NEW-1")
 		require.Equal(t, warehouse.CodeNotFound, warehouse.ErrorCode(err), "nothing created")
-		_, _, err = b.repo.SetStockIf(ctx, "BOOK-1", "", 5, warehouse.Precondition{Exists: true})
+		_, _, err = b.store.SetStockIf(ctx, "BOOK-1", "", 5, warehouse.Precondition{Exists: true})
 		require.NoError(t, err)
 	})
 
 	t.Run("If-None-Match: * creates, and only creates", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		_, created, err := b.repo.SetStockIf(ctx, "NEW-1", "New", 5, warehouse.Precondition{Absent: true})
+		_, created, err := b.store.SetStockIf(ctx, "NEW-1", "New", 5, warehouse.Precondition{Absent: true})
 		require.NoError(t, err)
 		require.True(t, created)
-		_, _, err = b.repo.SetStockIf(ctx, "NEW-1", "New", 9, warehouse.Precondition{Absent: true})
+		_, _, err = b.store.SetStockIf(ctx, "NEW-1", "New", 9, warehouse.Precondition{Absent: true})
 		failed(t, err)
 		require.Equal(t, int64(5), b.available(t, "NEW-1"))
 		b.requireConsistent(t)

@@ -1,0 +1,129 @@
+// Package envconfig is the configuration style both services share: a flat struct whose
+// fields carry their variable and its default in tags,
+//
+//	HTTPAddr string `env:"ORDERS_HTTP_ADDR" envDefault:":8080"`
+//
+// read once at start-up by [Load] (caarlos0/env), with the defaults alone from [Defaults] for
+// tests and embedding, and checked by a Validate method written with [Checks], which reports
+// every bad setting at once, by its variable's name.
+//
+// Tags with envDefault were chosen over a DefaultConfig function that lists the values: the
+// default stands next to its variable, where the README's table and a reviewer look for it,
+// and the struct is the one place that names a setting.
+package envconfig
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"reflect"
+	"strings"
+
+	"github.com/caarlos0/env/v11"
+)
+
+// Load returns a T with every field read from environ by its env tag, or set to its
+// envDefault when the variable is unset or empty. A nil environ reads the process
+// environment. A value that does not parse is an error naming the variable
+// ("ORDERS_RELAY_POLL_INTERVAL: unable to parse duration: …").
+func Load[T any](environ map[string]string) (T, error) {
+	if environ == nil {
+		environ = env.ToMap(os.Environ())
+	}
+	var cfg T
+	if err := env.ParseWithOptions(&cfg, env.Options{Environment: environ}); err != nil {
+		var zero T
+		return zero, fmt.Errorf("read configuration from the environment: %w", nameVariables[T](err))
+	}
+	return cfg, nil
+}
+
+// LoadValid is [Load], then T's Validate: a configuration ready to run, or every problem
+// with it.
+func LoadValid[T interface{ Validate() error }](environ map[string]string) (T, error) {
+	cfg, err := Load[T](environ)
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	return cfg, cfg.Validate()
+}
+
+// Defaults returns a T with every envDefault and nothing from the environment. It panics
+// when a default does not parse: they are constants, so that is a bug a test catches.
+func Defaults[T any]() T {
+	cfg, err := Load[T](map[string]string{})
+	if err != nil {
+		panic(fmt.Sprintf("envconfig: defaults of %T: %v", cfg, err))
+	}
+	return cfg
+}
+
+// nameVariables rewrites env's parse errors, which name the Go field, to name the
+// environment variable instead.
+func nameVariables[T any](err error) error {
+	agg, ok := errors.AsType[env.AggregateError](err)
+	if !ok {
+		return err
+	}
+	typ := reflect.TypeFor[T]()
+	out := make([]error, 0, len(agg.Errors))
+	for _, e := range agg.Errors {
+		if pe, ok := errors.AsType[env.ParseError](e); ok {
+			if f, ok := typ.FieldByName(pe.Name); ok {
+				name, _, _ := strings.Cut(f.Tag.Get("env"), ",")
+				e = fmt.Errorf("%s: %w", name, pe.Err)
+			}
+		}
+		out = append(out, e)
+	}
+	return errors.Join(out...)
+}
+
+// Checks collects the broken rules of a configuration, so that Validate reports all of them
+// at once. The zero value is ready to use.
+type Checks struct{ errs []error }
+
+// Check records the message when ok is false. The message names the variable:
+// "ORDERS_RELAY_BATCH_SIZE must be positive, is 0".
+func (c *Checks) Check(ok bool, format string, args ...any) {
+	if !ok {
+		c.errs = append(c.errs, fmt.Errorf(format, args...))
+	}
+}
+
+// Add records err when it is not nil (the validation of a part, such as a topology).
+func (c *Checks) Add(err error) {
+	if err != nil {
+		c.errs = append(c.errs, err)
+	}
+}
+
+// Err joins the recorded messages, prefixed "invalid configuration", or returns nil.
+func (c *Checks) Err() error {
+	if err := errors.Join(c.errs...); err != nil {
+		return fmt.Errorf("invalid configuration: %w", err)
+	}
+	return nil
+}
+
+// Section returns the settings of one part of a flat configuration as a T: each field F of
+// T is the field prefix+F of cfg (a struct or a pointer to one), of the same type. It lets a
+// service keep its flat, prefixed variables (ORDERS_RELAY_BATCH_SIZE in
+// Config.RelayBatchSize) and hand a shared component its settings (a service.RelaySettings)
+// without a mapping function in every service. A missing field or a type mismatch is a bug,
+// and panics.
+func Section[T any](cfg any, prefix string) T {
+	src := reflect.Indirect(reflect.ValueOf(cfg))
+	var out T
+	dst := reflect.ValueOf(&out).Elem()
+	for i := range dst.NumField() {
+		name := prefix + dst.Type().Field(i).Name
+		f := src.FieldByName(name)
+		if !f.IsValid() || f.Type() != dst.Field(i).Type() {
+			panic(fmt.Sprintf("envconfig: %s has no field %s of type %s", src.Type(), name, dst.Field(i).Type()))
+		}
+		dst.Field(i).Set(f)
+	}
+	return out
+}

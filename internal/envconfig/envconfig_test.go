@@ -1,0 +1,99 @@
+package envconfig_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxshop/outboxshop/internal/envconfig"
+)
+
+type config struct {
+	Addr     string        `env:"TEST_ADDR" envDefault:":8080"`
+	Interval time.Duration `env:"TEST_INTERVAL" envDefault:"1s"`
+	Batch    int           `env:"TEST_BATCH" envDefault:"100"`
+}
+
+func (c config) Validate() error {
+	var v envconfig.Checks
+	v.Check(c.Batch > 0, "TEST_BATCH must be positive, is %d", c.Batch)
+	v.Check(c.Interval > 0, "TEST_INTERVAL must be positive, is %s", c.Interval)
+	return v.Err()
+}
+
+func TestLoad(t *testing.T) {
+	t.Parallel()
+
+	t.Run("Defaults", func(t *testing.T) {
+		t.Parallel()
+		require.Equal(t, config{Addr: ":8080", Interval: time.Second, Batch: 100}, envconfig.Defaults[config]())
+	})
+
+	t.Run("SetVariablesOverride", func(t *testing.T) {
+		t.Parallel()
+		cfg, err := envconfig.Load[config](map[string]string{"TEST_ADDR": ":1234", "TEST_INTERVAL": "250ms", "ADDR": ":9"})
+		require.NoError(t, err)
+		require.Equal(t, config{Addr: ":1234", Interval: 250 * time.Millisecond, Batch: 100}, cfg)
+	})
+
+	t.Run("AnEmptyVariableIsUnset", func(t *testing.T) {
+		t.Parallel()
+		cfg, err := envconfig.Load[config](map[string]string{"TEST_ADDR": ""})
+		require.NoError(t, err)
+		require.Equal(t, ":8080", cfg.Addr)
+	})
+
+	t.Run("ParseErrorsNameTheVariable", func(t *testing.T) {
+		t.Parallel()
+		_, err := envconfig.Load[config](map[string]string{"TEST_INTERVAL": "soon", "TEST_BATCH": "many"})
+		require.ErrorContains(t, err, "TEST_INTERVAL: ")
+		require.ErrorContains(t, err, `invalid duration "soon"`)
+		require.ErrorContains(t, err, "TEST_BATCH: ")
+		require.NotContains(t, err.Error(), "Interval")
+	})
+}
+
+func TestLoadProcessEnvironment(t *testing.T) { // not parallel: it sets a variable
+	t.Setenv("TEST_BATCH", "7")
+	cfg, err := envconfig.Load[config](nil)
+	require.NoError(t, err)
+	require.Equal(t, 7, cfg.Batch)
+}
+
+func TestLoadValid(t *testing.T) {
+	t.Parallel()
+	cfg, err := envconfig.LoadValid[config](map[string]string{"TEST_BATCH": "3"})
+	require.NoError(t, err)
+	require.Equal(t, 3, cfg.Batch)
+	_, err = envconfig.LoadValid[config](map[string]string{"TEST_BATCH": "0"})
+	require.ErrorContains(t, err, "TEST_BATCH must be positive, is 0")
+	_, err = envconfig.LoadValid[config](map[string]string{"TEST_BATCH": "x"})
+	require.ErrorContains(t, err, "TEST_BATCH: ")
+}
+
+func TestChecks(t *testing.T) {
+	t.Parallel()
+	require.NoError(t, envconfig.Defaults[config]().Validate())
+	err := config{Batch: 0, Interval: -time.Second}.Validate()
+	require.ErrorContains(t, err, "invalid configuration")
+	require.ErrorContains(t, err, "TEST_BATCH must be positive, is 0")
+	require.ErrorContains(t, err, "TEST_INTERVAL must be positive, is -1s")
+}
+
+func TestSection(t *testing.T) {
+	t.Parallel()
+	type part struct {
+		Size     int
+		Interval time.Duration
+	}
+	flat := struct {
+		PartSize     int
+		PartInterval time.Duration
+		Other        string
+	}{PartSize: 3, PartInterval: time.Second, Other: "x"}
+	require.Equal(t, part{Size: 3, Interval: time.Second}, envconfig.Section[part](flat, "Part"))
+	require.Equal(t, part{Size: 3, Interval: time.Second}, envconfig.Section[part](&flat, "Part"))
+	require.PanicsWithValue(t, "envconfig: struct { PartSize int; PartInterval time.Duration; Other string } has no field OtherSize of type int",
+		func() { envconfig.Section[part](flat, "Other") })
+}

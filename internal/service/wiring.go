@@ -1,0 +1,269 @@
+package service
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/outboxshop/outboxshop/internal/failpoint"
+	"github.com/outboxshop/outboxshop/internal/httpserver"
+	"github.com/outboxshop/outboxshop/internal/readiness"
+	"github.com/outboxshop/outboxshop/pkg/inbox"
+	inboxmetrics "github.com/outboxshop/outboxshop/pkg/inbox/metrics"
+	inboxrabbitmq "github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
+	inboxrabbitmqmetrics "github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq/rabbitmqmetrics"
+	"github.com/outboxshop/outboxshop/pkg/outbox"
+	outboxmetrics "github.com/outboxshop/outboxshop/pkg/outbox/metrics"
+	outboxrabbitmq "github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq"
+	outboxrabbitmqmetrics "github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq/rabbitmqmetrics"
+)
+
+// Addr is ln's address ("127.0.0.1:43127"), or "" for a nil ln (a listener the mode does
+// not open).
+func Addr(ln net.Listener) string {
+	if ln == nil {
+		return ""
+	}
+	return ln.Addr().String()
+}
+
+// NewRegistry returns a metrics registry with the Go and process collectors: what /metrics
+// of every process serves, besides the metrics of what it runs.
+func NewRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}
+
+// ConstLabels are the labels of every metric of a service's own and of the libraries'
+// (docs/metrics.md): service="orders", service="warehouse".
+func ConstLabels(service string) prometheus.Labels { return prometheus.Labels{"service": service} }
+
+// The relay's backoff between the attempts of a failed row: pkg/outbox's defaults, set
+// explicitly so that [RedeliveryWindow] is computed from what the relay runs with.
+const (
+	RelayRetryBaseDelay = time.Second
+	RelayRetryMaxDelay  = 5 * time.Minute
+)
+
+// RelaySettings are the outbox relay's settings, the same variables in both services
+// (<SERVICE>_RELAY_*, the Relay* fields of their Config, read with envconfig.Section).
+type RelaySettings struct {
+	// BatchSize bounds the rows one cycle claims; PollInterval is the wait between cycles
+	// when no notification comes; MaxAttempts is the publishes a row gets before it is dead.
+	BatchSize    int
+	PollInterval time.Duration
+	MaxAttempts  int
+	// PublishTimeout bounds every step of a batch's publish; ClaimTimeout is the longest a
+	// paused or hung relay holds its claimed rows before PostgreSQL ends its transaction
+	// (pkg/outbox Config.ClaimTimeout; must exceed the publish timeout).
+	PublishTimeout time.Duration
+	ClaimTimeout   time.Duration
+	// MaxMessageBytes is the largest payload the relay sends; a larger row is dead at once.
+	MaxMessageBytes int
+}
+
+// ConsumerSettings are the inbox consumer's settings, the same variables in both services
+// (<SERVICE>_CONSUMER_*, the Consumer* fields of their Config, read with envconfig.Section).
+// Zero values take pkg/inbox/rabbitmq's defaults.
+type ConsumerSettings struct {
+	// Prefetch and Concurrency bound the messages in hand and in work.
+	Prefetch    int
+	Concurrency int
+	// MaxDeliveries is the attempts a message gets before it is dead-lettered; RetryDelay
+	// the first wait between them, doubling per attempt.
+	MaxDeliveries int
+	RetryDelay    time.Duration
+	// MaxRetryDelay caps the retry backoff, also between the in-place retries of a message
+	// held through a database outage; MaxHold is how long such a message is held before it
+	// is handed back to the queue (without counting a delivery).
+	MaxRetryDelay time.Duration
+	MaxHold       time.Duration
+}
+
+// Apply returns c with the settings of s.
+func (s ConsumerSettings) Apply(c inboxrabbitmq.Config) inboxrabbitmq.Config {
+	c.Prefetch, c.Concurrency, c.MaxDeliveries = s.Prefetch, s.Concurrency, s.MaxDeliveries
+	c.RetryDelay, c.MaxRetryDelay, c.MaxHold = s.RetryDelay, s.MaxRetryDelay, s.MaxHold
+	return c
+}
+
+// RedeliveryWindow is the longest time in which a duplicate of an event can still reach a
+// consumer, exported as inbox_redelivery_window_seconds beside the inbox retention (an alert
+// fires when the retention is not longer):
+//
+//	window = RetryWindow(<SERVICE>_CONSUMER_MAX_DELIVERIES, <SERVICE>_CONSUMER_RETRY_DELAY, consumer max retry delay)
+//	       + RetryWindow(<SERVICE>_RELAY_MAX_ATTEMPTS, 1s, 5m)
+//
+// The first term is the consumer's own retries: MaxDeliveries attempts, backing off
+// exponentially from RetryDelay up to MaxRetryDelay (or RetryDelay when larger). The second
+// is the producing relay's: a row whose publish failed is tried again up to relayMaxAttempts
+// times, backing off from [RelayRetryBaseDelay] to [RelayRetryMaxDelay], and a failed attempt
+// may have reached the broker, so each retry may deliver a duplicate. The producer is the
+// other service's relay, whose settings this process does not know: its own relay's (same
+// defaults) stand for them. RetryWindow sums the waits without their jitter, which only
+// shortens them.
+func RedeliveryWindow(c ConsumerSettings, relayMaxAttempts int) time.Duration {
+	consumer := inboxmetrics.RetryWindow(c.MaxDeliveries, c.RetryDelay, max(c.MaxRetryDelay, c.RetryDelay))
+	producer := inboxmetrics.RetryWindow(relayMaxAttempts, RelayRetryBaseDelay, RelayRetryMaxDelay)
+	return consumer + producer
+}
+
+// ConsumerMetrics are the metrics of an inbox consumer (pkg/inbox/rabbitmq/rabbitmqmetrics),
+// its redelivery window beside the inbox retention (pkg/inbox/metrics), and the hooks that
+// feed them, p's crash points and a readiness link.
+type ConsumerMetrics struct {
+	name    string
+	metrics *inboxrabbitmqmetrics.Consumer
+	hooks   inboxrabbitmq.Hooks
+}
+
+// NewConsumerMetrics registers the metrics of the consumer name on p's registry, with the
+// known message types, the inbox retention and the redelivery window; link follows the
+// consumer's broker connection for /readyz.
+func NewConsumerMetrics(p *Process, name string, types []string, retention, window time.Duration, link *readiness.Link) (*ConsumerMetrics, error) {
+	m, err := inboxrabbitmqmetrics.NewConsumer(p.Registry, inboxrabbitmqmetrics.Config{KnownTypes: types, ConstLabels: p.ConstLabels()})
+	if err != nil {
+		return nil, fmt.Errorf("register consumer metrics: %w", err)
+	}
+	m.Init(name)
+	w, err := inboxmetrics.NewWindow(p.Registry, p.ConstLabels())
+	if err != nil {
+		return nil, fmt.Errorf("register inbox window metrics: %w", err)
+	}
+	w.Set(name, retention, window)
+	return &ConsumerMetrics{name: name, metrics: m, hooks: m.Hooks(inboxrabbitmq.Hooks{
+		Failpoint: failpoint.Hook(p.Failpoints, func(h inboxrabbitmq.FailpointHit) string { return h.Name }),
+		Connected: readiness.ConsumerConnected(link),
+	})}, nil
+}
+
+// Hooks are the consumer's hooks (inboxrabbitmq.Config.Hooks).
+func (m *ConsumerMetrics) Hooks() inboxrabbitmq.Hooks { return m.hooks }
+
+// Built records the pool sizing of the consumer built with Hooks
+// (inbox_pool_shortfall_connections).
+func (m *ConsumerMetrics) Built(c *inboxrabbitmq.Consumer) {
+	m.metrics.SetPoolSize(m.name, c.PoolSize())
+}
+
+// RelayConfig configures [AddRelay].
+type RelayConfig struct {
+	// Publisher configures the broker connection; AddRelay sets its Logger and Hooks.
+	Publisher outboxrabbitmq.Config
+	// Settings tune the relay.
+	Settings RelaySettings
+	// Retention and CleanupInterval configure the cleanup of published rows
+	// (outbox.RunCleanup; 0 takes its defaults).
+	Retention, CleanupInterval time.Duration
+	// BrokerDownGrace is how long the relay may be cut off from the broker (or the database)
+	// before its readiness check fails.
+	BrokerDownGrace time.Duration
+}
+
+// AddRelay adds the outbox relay ("outbox relay") on p's pool and the cleanup of published
+// rows ("outbox cleanup") to p's group, with the relay's metrics and p's crash points, and
+// returns the relay's readiness check for /readyz. An idle relay does not try the broker, so
+// its check notices an outage with the next message it has to publish.
+func AddRelay(p *Process, cfg RelayConfig) (readiness.Check, error) {
+	metrics, err := outboxmetrics.NewRelay(p.Registry, p.ConstLabels())
+	if err != nil {
+		return readiness.Check{}, fmt.Errorf("register relay metrics: %w", err)
+	}
+	publisherMetrics, err := outboxrabbitmqmetrics.NewPublisher(p.Registry, p.ConstLabels())
+	if err != nil {
+		return readiness.Check{}, fmt.Errorf("register publisher metrics: %w", err)
+	}
+	pcfg := cfg.Publisher
+	pcfg.Logger, pcfg.Hooks = p.Log, publisherMetrics.Hooks(outboxrabbitmq.Hooks{})
+	pub, err := outboxrabbitmq.New(pcfg)
+	if err != nil {
+		return readiness.Check{}, fmt.Errorf("outbox publisher: %w", err)
+	}
+	link := readiness.NewLink("starting")
+	s := cfg.Settings
+	relay, err := outbox.NewRelay(p.Pool(), pub, outbox.Config{
+		BatchSize:       s.BatchSize,
+		PollInterval:    s.PollInterval,
+		MaxAttempts:     s.MaxAttempts,
+		PublishTimeout:  s.PublishTimeout,
+		ClaimTimeout:    s.ClaimTimeout,
+		MaxMessageBytes: s.MaxMessageBytes,
+		RetryBaseDelay:  RelayRetryBaseDelay,
+		RetryMaxDelay:   RelayRetryMaxDelay,
+		Logger:          p.Log,
+		Hooks: metrics.Hooks(outbox.Hooks{
+			Failpoint:    failpoint.Hook(p.Failpoints, func(h outbox.FailpointHit) string { return h.Name }),
+			StateChanged: readiness.RelayState(link),
+		}),
+	})
+	if err != nil {
+		_ = pub.Close()
+		return readiness.Check{}, fmt.Errorf("outbox relay: %w", err)
+	}
+	metrics.SetPoolSize(relay.PoolSize())
+	p.Group.OnStop(func() { _ = pub.Close() }) // the relay is done with it
+	p.Group.Add("outbox relay", relay.Run)
+	p.Group.Add("outbox cleanup", func(ctx context.Context) error {
+		return outbox.RunCleanup(ctx, p.Pool(), outbox.CleanupConfig{
+			Retention: cfg.Retention, Interval: cfg.CleanupInterval, Logger: p.Log,
+		})
+	})
+	return readiness.Check{Name: "relay", Check: readiness.Connection(link, cfg.BrokerDownGrace)}, nil
+}
+
+// AddInboxCleanup adds the cleanup of p's processed inbox rows ("inbox cleanup") to its group
+// (inbox.RunCleanup; an interval of 0 takes its default).
+func AddInboxCleanup(p *Process, retention, interval time.Duration) {
+	p.Group.Add("inbox cleanup", func(ctx context.Context) error {
+		return inbox.RunCleanup(ctx, p.Pool(), inbox.CleanupConfig{Retention: retention, Interval: interval, Logger: p.Log})
+	})
+}
+
+// AddOutboxStats adds the outbox backlog metrics of p's database ("outbox stats") to its
+// group. The API process reads them, not the relay, so that the backlog stays visible while
+// the relay is down.
+func AddOutboxStats(p *Process) error {
+	stats, err := outboxmetrics.NewStats(p.Registry, p.Pool(), outboxmetrics.StatsConfig{ConstLabels: p.ConstLabels(), Logger: p.Log})
+	if err != nil {
+		return fmt.Errorf("register outbox stats metrics: %w", err)
+	}
+	p.Group.Add("outbox stats", stats.Run)
+	return nil
+}
+
+// Listen binds addr ("127.0.0.1:0" in tests) and registers its closing with p's group, for
+// a start-up that fails before the server runs.
+func Listen(ctx context.Context, p *Process, addr string) (net.Listener, error) {
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", addr, err)
+	}
+	p.Group.OnStop(func() { _ = ln.Close() }) // already closed by the server when it ran
+	return ln, nil
+}
+
+// AddServer adds an HTTP server of h on ln (internal/httpserver: timeouts, graceful shutdown
+// within shutdownTimeout) to p's group under name.
+func AddServer(p *Process, name string, ln net.Listener, h http.Handler, shutdownTimeout time.Duration) {
+	p.Group.Add(name, func(ctx context.Context) error {
+		return httpserver.Serve(ctx, ln, h, httpserver.Config{ShutdownTimeout: shutdownTimeout}, p.Log)
+	})
+}
+
+// Register registers every collector on reg, stopping at the first error: a service's own
+// metrics.
+func Register(reg prometheus.Registerer, cs ...prometheus.Collector) error {
+	for _, c := range cs {
+		if err := reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}

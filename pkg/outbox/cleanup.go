@@ -1,0 +1,148 @@
+package outbox
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// Defaults for [CleanupConfig]. The inbox package has the same three, named alike.
+const (
+	// DefaultCleanupRetention keeps published rows a week: long enough to look up what was
+	// sent when a consumer reports a problem, short enough to keep the table small. The relay
+	// needs no published row (it claims through the pending rows' index), so a shorter
+	// retention only loses history.
+	DefaultCleanupRetention = 7 * 24 * time.Hour
+	DefaultCleanupBatchSize = 1000
+	DefaultCleanupInterval  = time.Minute
+)
+
+// CleanupConfig configures [Cleanup] and [RunCleanup]. The zero value of every field means
+// its default.
+type CleanupConfig struct {
+	// Retention is how long published rows are kept. Default [DefaultCleanupRetention], 7
+	// days. Pending and dead rows are never deleted.
+	Retention time.Duration
+	// BatchSize is the most rows one DELETE statement removes, so that no statement holds
+	// locks for long. Default [DefaultCleanupBatchSize], 1000.
+	BatchSize int
+	// Interval is the time between two runs of RunCleanup. Default [DefaultCleanupInterval],
+	// 1 minute.
+	Interval time.Duration
+	// Logger receives a line per run that deleted rows and per failed run (RunCleanup), and
+	// a debug line per batch. Nil discards.
+	Logger *slog.Logger
+}
+
+// withDefaults checks c and fills in its defaults.
+func (c CleanupConfig) withDefaults() (CleanupConfig, error) {
+	switch {
+	case c.Retention < 0:
+		return c, fmt.Errorf("outbox: cleanup retention must be >= 0 (0 means %s), got %s", DefaultCleanupRetention, c.Retention)
+	case c.BatchSize < 0:
+		return c, fmt.Errorf("outbox: cleanup batch size must be >= 0 (0 means %d), got %d", DefaultCleanupBatchSize, c.BatchSize)
+	case c.Interval < 0:
+		return c, fmt.Errorf("outbox: cleanup interval must be >= 0 (0 means %s), got %s", DefaultCleanupInterval, c.Interval)
+	}
+	c.Retention = cmp.Or(c.Retention, DefaultCleanupRetention)
+	c.BatchSize = cmp.Or(c.BatchSize, DefaultCleanupBatchSize)
+	c.Interval = cmp.Or(c.Interval, DefaultCleanupInterval)
+	c.Logger = cmp.Or(c.Logger, slog.New(slog.DiscardHandler))
+	return c, nil
+}
+
+// cleanupCutoff computes the cutoff once per run, on the database clock, so that the clocks
+// of the application hosts do not matter and a run does not chase rows published while it
+// deletes. $1 retention in seconds.
+const cleanupCutoff = `SELECT now() - make_interval(secs => $1)`
+
+// deletePublished removes at most $2 rows published before $1. The subquery walks the
+// published_at index; SKIP LOCKED lets several cleaners run side by side without waiting for
+// each other. Pending and dead rows are never touched.
+const deletePublished = `
+DELETE FROM {{.Messages}}
+WHERE id IN (
+  SELECT id FROM {{.Messages}}
+  WHERE published_at IS NOT NULL AND published_at < $1
+  ORDER BY published_at
+  LIMIT $2
+  FOR UPDATE SKIP LOCKED)`
+
+// Cleanup deletes the rows published more than cfg.Retention ago and returns how many it
+// deleted. It deletes in batches of at most cfg.BatchSize rows, one short DELETE statement
+// each, until a batch comes back short, so it never holds many locks for long and can run
+// while relays are busy. Pending and dead rows stay.
+//
+// An invalid cfg (a negative field) returns an error without deleting anything. When ctx
+// ends between batches, Cleanup returns the rows deleted so far and ctx's error.
+//
+// Cleanup deletes from the table of the default [Tables]; [Store.Cleanup] from another.
+func Cleanup(ctx context.Context, db DBTX, cfg CleanupConfig) (deleted int64, err error) {
+	return defaultStore.Cleanup(ctx, db, cfg)
+}
+
+// Cleanup is [Cleanup] for the store's table.
+func (s *Store) Cleanup(ctx context.Context, db DBTX, cfg CleanupConfig) (deleted int64, err error) {
+	cfg, err = cfg.withDefaults()
+	if err != nil {
+		return 0, err
+	}
+	var cutoff time.Time
+	if err := db.QueryRow(ctx, s.sql.cleanupCutoff, cfg.Retention.Seconds()).Scan(&cutoff); err != nil {
+		return 0, fmt.Errorf("outbox: cleanup: compute cutoff: %w", err)
+	}
+	for {
+		tag, err := db.Exec(ctx, s.sql.deletePublished, cutoff, cfg.BatchSize)
+		if err != nil {
+			return deleted, fmt.Errorf("outbox: cleanup: delete batch: %w", err)
+		}
+		n := tag.RowsAffected()
+		deleted += n
+		cfg.Logger.DebugContext(ctx, "outbox cleanup batch", slog.Int64("deleted", n), slog.Time("cutoff", cutoff))
+		if n < int64(cfg.BatchSize) {
+			return deleted, nil
+		}
+		if err := ctx.Err(); err != nil {
+			return deleted, fmt.Errorf("outbox: cleanup: %w", err)
+		}
+	}
+}
+
+// RunCleanup calls [Cleanup] at once and then every cfg.Interval until ctx is done, and then
+// returns nil. A failed run is logged and retried at the next interval. An invalid cfg
+// returns an error at once.
+//
+// Run it in one or more processes per database; concurrent cleaners skip each other's rows.
+// It cleans the table of the default [Tables]; [Store.RunCleanup] another.
+func RunCleanup(ctx context.Context, db DBTX, cfg CleanupConfig) error {
+	return defaultStore.RunCleanup(ctx, db, cfg)
+}
+
+// RunCleanup is [RunCleanup] for the store's table.
+func (s *Store) RunCleanup(ctx context.Context, db DBTX, cfg CleanupConfig) error {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return err
+	}
+	ticker := time.NewTicker(cfg.Interval)
+	defer ticker.Stop()
+	for {
+		start := time.Now()
+		deleted, err := s.Cleanup(ctx, db, cfg)
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case err != nil:
+			cfg.Logger.WarnContext(ctx, "outbox cleanup failed", slog.Int64("deleted", deleted), slog.Any("error", err))
+		case deleted > 0:
+			cfg.Logger.InfoContext(ctx, "outbox cleanup", slog.Int64("deleted", deleted), slog.Duration("took", time.Since(start)))
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-ticker.C:
+		}
+	}
+}

@@ -1,0 +1,130 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"text/template"
+
+	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/propagation"
+)
+
+// Store is the outbox of one set of [Tables]: [Migrate], [Add], [ReadStats], [ListDead],
+// [Requeue], [Cleanup] and [RunCleanup] for tables of your own naming (another table, another
+// schema). The package-level functions are the methods of the store of the default Tables.
+//
+// A Store holds no connection and no state but its statements: make one per set of tables,
+// at start-up, and share it. Its methods are safe for concurrent use.
+type Store struct {
+	tables  Tables
+	channel string
+	sql     statements
+	// propagator records the trace context in Add; nil: the global one.
+	propagator propagation.TextMapPropagator
+}
+
+// WithPropagator returns a copy of s whose [Store.Add] records the trace context of its ctx
+// through p instead of the global propagator, otel.GetTextMapPropagator(). Give the relay
+// the same one ([Config].Propagator). nil means the global propagator again.
+func (s *Store) WithPropagator(p propagation.TextMapPropagator) *Store {
+	c := *s
+	c.propagator = p
+	return &c
+}
+
+// statements are the SQL of a Store, rendered once for its tables from the templates named
+// in [newStatements]. Table names are quoted in them; values are always parameters.
+type statements struct {
+	insertMessage, insertMessages         string
+	stats                                 string
+	listDead, requeueDead                 string
+	cleanupCutoff, deletePublished        string
+	claimBatch, markPublished, markFailed string
+	markDeferred, releaseNext             string
+	markWaiting, repairWaiting            string
+	// listen is LISTEN on the table's notify channel.
+	listen string
+}
+
+// NewStore returns the store of t's tables. It checks t ([Tables.Validate]: the error wraps
+// [ErrInvalidTables]) and prepares every statement once. It does not touch the database:
+// create the tables with [Store.Migrate].
+func NewStore(t Tables) (*Store, error) {
+	if err := t.Validate(); err != nil {
+		return nil, err
+	}
+	t = t.WithDefaults()
+	sql, err := newStatements(t.sqlNames())
+	if err != nil {
+		return nil, err
+	}
+	channel := t.NotifyChannel()
+	sql.listen = "LISTEN " + pgx.Identifier{channel}.Sanitize()
+	return &Store{tables: t, channel: channel, sql: sql}, nil
+}
+
+// Tables returns the store's tables, with their defaults filled in.
+func (s *Store) Tables() Tables { return s.tables }
+
+// Migrate is [Migrate] for the store's tables: it brings them to the version this package
+// needs, with their own version table and advisory lock, and creates their Schema first when
+// it is set and missing.
+func (s *Store) Migrate(ctx context.Context, db TxBeginner) error {
+	return migrate(ctx, db, s.tables)
+}
+
+// defaultStore is the store of the default tables, behind the package-level functions.
+var defaultStore = func() *Store {
+	s, err := NewStore(Tables{})
+	if err != nil {
+		panic(err) // the templates are constants of this package: covered by every test
+	}
+	return s
+}()
+
+// newStatements renders every statement template for n.
+func newStatements(n sqlNames) (statements, error) {
+	var s statements
+	for _, st := range []struct {
+		name string
+		dst  *string
+		tmpl string
+	}{
+		{"insertMessage", &s.insertMessage, insertMessage},
+		{"insertMessages", &s.insertMessages, insertMessages},
+		{"statsQuery", &s.stats, statsQuery},
+		{"listDead", &s.listDead, listDead},
+		{"requeueDead", &s.requeueDead, requeueDead},
+		{"cleanupCutoff", &s.cleanupCutoff, cleanupCutoff},
+		{"deletePublished", &s.deletePublished, deletePublished},
+		{"claimBatch", &s.claimBatch, claimBatch},
+		{"markPublished", &s.markPublished, markPublished},
+		{"markFailed", &s.markFailed, markFailed},
+		{"markDeferred", &s.markDeferred, markDeferred},
+		{"releaseNext", &s.releaseNext, releaseNext},
+		{"markWaiting", &s.markWaiting, markWaiting},
+		{"repairWaiting", &s.repairWaiting, repairWaiting},
+	} {
+		sql, err := renderStatement(st.name, st.tmpl, n)
+		if err != nil {
+			return statements{}, err
+		}
+		*st.dst = sql
+	}
+	return s, nil
+}
+
+// renderStatement executes the statement template text with n: {{.Messages}} is the quoted,
+// schema-qualified outbox table.
+func renderStatement(name, text string, n sqlNames) (string, error) {
+	tmpl, err := template.New(name).Option("missingkey=error").Parse(text)
+	if err != nil {
+		return "", fmt.Errorf("outbox: parse statement %s: %w", name, err)
+	}
+	var b strings.Builder
+	if err := tmpl.Execute(&b, n); err != nil {
+		return "", fmt.Errorf("outbox: render statement %s: %w", name, err)
+	}
+	return b.String(), nil
+}
