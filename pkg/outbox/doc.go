@@ -132,8 +132,9 @@
 //
 // The outbox speaks OpenTelemetry through its API only; it never imports the SDK. [Add]
 // records the trace context of its ctx in each row's headers (W3C traceparent and tracestate,
-// and baggage, through the global propagator), when the message is written rather than when
-// it is relayed, unless the message sets those headers itself. The relay makes one publish
+// and baggage, through the global propagator, or a [Store]'s: [Store.WithPropagator]), when
+// the message is written rather than when it is relayed, unless the message sets those
+// headers itself. The relay makes one publish
 // span per message with [Config].TracerProvider: kind producer, a child of the context
 // recorded at Add (a row without one starts a trace), carrying the messaging semantic
 // conventions' attributes, the row's wait ([AttrCreatedAt], [AttrWaitMS]), the events
