@@ -133,16 +133,16 @@
 // The outbox speaks OpenTelemetry through its API only; it never imports the SDK. [Add]
 // records the trace context of its ctx in each row's headers (W3C traceparent and tracestate,
 // and baggage, through the global propagator, or a [Store]'s: [Store.WithPropagator]), when
-// the message is written rather than when it is relayed, unless the message sets those
-// headers itself. The relay makes one publish
-// span per message with [Config].TracerProvider: kind producer, a child of the context
-// recorded at Add (a row without one starts a trace), carrying the messaging semantic
-// conventions' attributes, the row's wait ([AttrCreatedAt], [AttrWaitMS]), the events
-// [EventSent] and [EventConfirmed], and on failure the error's class; the message is
-// published with the span's own context, so that a consumer's span nests under it. A relay
-// that crashes and a relay that publishes the row again leave both copies in the caller's
-// trace. With the global provider and no SDK installed, no span is recorded and the cost is
-// a few allocations per batch. docs/tracing.md in the repository lists every attribute.
+// the message is written rather than when it is relayed, unless the message sets those headers
+// itself. The relay makes one publish span per message with [Config].TracerProvider: kind
+// producer, a child of the context recorded at Add (a row without one starts a trace),
+// carrying the messaging semantic conventions' attributes, the row's wait ([AttrCreatedAt],
+// [AttrWaitMS]), the events [EventSent] and [EventConfirmed], and on failure the error's
+// class; the message is published with the span's own context, so that a consumer's span nests
+// under it. A relay that crashes and a relay that publishes the row again leave both copies in
+// the caller's trace. With the global provider and no SDK installed, no span is recorded and
+// the cost is a few allocations per batch. docs/tracing.md in the repository lists every
+// attribute.
 //
 // # Operating
 //
