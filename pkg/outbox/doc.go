@@ -183,4 +183,25 @@
 // A Store renders its statements once, when it is made: make one per set of tables at
 // start-up and share it. The package-level functions are the methods of the default Tables'
 // store, and cost what they cost before.
+//
+// # Sizing the pool
+//
+// A running relay holds up to two connections of the pool given to [NewRelay] (a [RelayDB],
+// which a *pgxpool.Pool satisfies): one for its cycles, one now and then for maintenance. Its
+// LISTEN connection is hijacked out of the pool, so it takes no slot of the pool's MaxConns
+// but counts against PostgreSQL's max_connections. [Relay.PoolSize] reports what the relay
+// needs beside what the pool has; NewRelay logs a warning when the pool is smaller. Size the
+// pool for everything that shares it: the relay's two plus the service's own transactions.
+//
+// # Testing your code
+//
+// The outboxtest subpackage asserts on what a transaction added (RequireAdded,
+// RequireAddedMany, RequireNotAdded, with Options.Tables for a [Store]'s tables) and has a
+// recording [Publisher] to run a relay without a broker.
+//
+// # Metrics
+//
+// The metrics subpackage turns the relay's [Hooks] and [ReadStats] into Prometheus metrics and
+// imports no broker; the RabbitMQ publisher's connection metrics are in
+// rabbitmq/rabbitmqmetrics. A relay process registers both.
 package outbox

@@ -11,17 +11,18 @@
 // count an attempt). [RequireProcessedOnce] delivers a message twice and asserts that the
 // first delivery was processed and the second was a duplicate that did not call the handler.
 //
+// # Your own table
+//
+// [Options].Tables names the inbox to record messages in, as the consumer's [inbox.Store] does:
+// a table of your own naming, in a schema of your own. The zero value is the default
+// inbox_messages.
+//
 // # The RabbitMQ consumer
 //
-// [DeliverRabbitMQ] does the same for a [rabbitmq.Handler], given the [rabbitmq.Config] the
-// service builds its consumer from, and reports the [Outcome] the consumer would reach:
-// acknowledged, acknowledged as a duplicate, held and retried in place (a transient error),
-// retried as a counted attempt, or dead-lettered with its reason (a permanent error, the last
-// of [rabbitmq.Config].MaxDeliveries attempts, a message id or type the inbox cannot store, or
-// what the consumer refuses before any handler runs). A handler that panics is treated as the
-// consumer treats it: as a failed attempt. The consumer's checks of the delivery (body size,
-// content type, type, and JSON syntax, which a body without a content type must pass) run
-// first, through [rabbitmq.Config.Refusal], as the consumer runs them.
+// The package is broker-neutral: it imports neither the RabbitMQ adapter nor its client. To
+// run a rabbitmq.Handler and see the outcome the RabbitMQ consumer would reach (acknowledged,
+// held, retried, dead-lettered and why), use the rabbitmqtest package beside the adapter
+// (pkg/inbox/rabbitmq/rabbitmqtest), which builds on this one.
 //
 // # Looking into the transaction
 //
@@ -30,5 +31,5 @@
 // outboxtest.RequireAdded, say, for the events it added).
 //
 // The assertions take a [TB], the part of testing.TB they use. The package imports only the
-// inbox packages, pgx and the standard library, so it can be copied with the inbox folder.
+// inbox package, pgx and the standard library, so it can be copied with the inbox folder.
 package inboxtest

@@ -2,7 +2,6 @@ package inboxtest_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log"
 	"net/url"
@@ -14,7 +13,6 @@ import (
 
 	"github.com/outboxshop/outboxshop/pkg/inbox"
 	"github.com/outboxshop/outboxshop/pkg/inbox/inboxtest"
-	"github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
 )
 
 // reserveStock is the handler under test: it reserves one unit of the SKU in the message's
@@ -70,46 +68,6 @@ func ExampleDeliver() {
 	// Output:
 	// class: permanent
 	// error: inbox: handle message "order-43": unknown SKU "sku-404"
-}
-
-// DeliverRabbitMQ runs a rabbitmq.Handler as the RabbitMQ consumer built from the same
-// Config would, and reports what the consumer does next: acknowledge, hold and retry in
-// place, retry as a counted attempt, or dead-letter.
-func ExampleDeliverRabbitMQ() {
-	ctx := context.Background()
-	pool, cleanup := exampleDB()
-	defer cleanup()
-	t := printingT{}
-
-	cfg := rabbitmq.Config{
-		Name:          "stock",
-		MaxDeliveries: 3,
-		Handler: func(ctx context.Context, tx pgx.Tx, d rabbitmq.Delivery) error {
-			if d.Type == "pricing.needed" {
-				return errors.New("price not known yet") // neither permanent nor transient: counts
-			}
-			return reserveStock(ctx, tx, string(d.Body))
-		},
-	}
-	d := rabbitmq.Delivery{ID: "order-44", Type: "order.placed", ContentType: "text/plain", Body: []byte("sku-1")}
-	inboxtest.RequireHandledOnce(ctx, t, pool, cfg, d, nil)
-
-	for _, d := range []rabbitmq.Delivery{
-		{ID: "order-45", Type: "order.placed", ContentType: "text/plain", Body: []byte("sku-404")},
-		{ID: "order-46", Type: "pricing.needed", ContentType: "text/plain", DeliveryCount: 1},
-		{ID: "order-47", Type: "pricing.needed", ContentType: "text/plain", DeliveryCount: 3},
-	} {
-		h := inboxtest.DeliverRabbitMQ(ctx, pool, cfg, d, nil)
-		if h.Reason != "" {
-			fmt.Printf("%s: %s (%s)\n", d.ID, h.Outcome, h.Reason)
-		} else {
-			fmt.Printf("%s: %s\n", d.ID, h.Outcome)
-		}
-	}
-	// Output:
-	// order-45: dead-lettered (permanent-error)
-	// order-46: retried
-	// order-47: dead-lettered (max-deliveries)
 }
 
 // Options.BeforeCommit looks into the handler's transaction before it commits.

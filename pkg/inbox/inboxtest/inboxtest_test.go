@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os/exec"
 	"runtime"
 	"strings"
 	"sync"
@@ -17,7 +18,6 @@ import (
 	"github.com/outboxshop/outboxshop/pkg/inbox"
 	"github.com/outboxshop/outboxshop/pkg/inbox/inboxtest"
 	"github.com/outboxshop/outboxshop/pkg/inbox/internal/testinfra"
-	"github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
 )
 
 // recordingTB is an inboxtest.TB that records failures; FailNow ends the goroutine of the
@@ -178,152 +178,55 @@ func TestDeliver(t *testing.T) {
 	})
 }
 
-func TestDeliverRabbitMQ(t *testing.T) {
+// TestDeliverTables: Options.Tables records the message in the inbox of the adopter's own
+// naming, in a schema of its own, and only there.
+func TestDeliverTables(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := setup(t)
+	tables := inbox.Tables{Schema: "billing", Messages: "payments_inbox"}
+	store, err := inbox.NewStore(tables)
+	require.NoError(t, err)
+	require.NoError(t, store.Migrate(ctx, pool))
+	opts := &inboxtest.Options{Tables: tables}
 
-	var calls sync.Map // message id → number of calls
-	cfg := rabbitmq.Config{Name: "stock", MaxDeliveries: 3, Handler: func(ctx context.Context, tx pgx.Tx, d rabbitmq.Delivery) error {
-		n, _ := calls.LoadOrStore(d.ID, new(int))
-		*n.(*int)++
-		switch string(d.Body) {
-		case "permanent":
-			return inbox.Permanent(errors.New("unknown product"))
-		case "transient":
-			return inbox.Transient(errors.New("pricing service down"))
-		case "fail":
-			return errors.New("not yet")
-		case "panic":
-			panic("nil map")
-		}
-		return nil
-	}}
-	delivery := func(id, body string, count int) rabbitmq.Delivery {
-		return rabbitmq.Delivery{ID: id, Type: "order.placed", ContentType: "text/plain", Body: []byte(body), DeliveryCount: count}
+	msg := inbox.Message{ID: "m-1", Type: "payment.captured"}
+	inboxtest.RequireProcessedOnce(ctx, t, pool, "ledger", msg, reserve, opts)
+	require.Equal(t, 1, reserved(t, pool))
+
+	count := func(table string) int {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+table+` WHERE message_id = 'm-1'`).Scan(&n))
+		return n
 	}
+	require.Equal(t, 1, count(`billing.payments_inbox`))
+	require.Zero(t, count(`inbox_messages`), "the default inbox is untouched")
 
-	t.Run("Once", func(t *testing.T) {
+	// The default inbox has not seen the message: delivered there, it is processed again.
+	inboxtest.Deliver(ctx, pool, "ledger", msg, nil, nil).RequireProcessed(t)
+
+	t.Run("Invalid", func(t *testing.T) {
 		t.Parallel()
-		first := inboxtest.RequireHandledOnce(ctx, t, pool, cfg, delivery("once", "ok", 0), nil)
-		require.True(t, first.Called)
-		n, _ := calls.Load("once")
-		require.Equal(t, 1, *n.(*int))
-	})
-
-	for _, c := range []struct {
-		name    string
-		d       rabbitmq.Delivery
-		outcome inboxtest.Outcome
-		reason  string
-		class   inbox.Class
-	}{
-		{"Permanent", delivery("p", "permanent", 1), inboxtest.DeadLettered, rabbitmq.ReasonPermanent, inbox.ClassPermanent},
-		{"Transient", delivery("t", "transient", 3), inboxtest.Held, "", inbox.ClassTransient},
-		{"FirstFailure", delivery("f1", "fail", 0), inboxtest.Retried, "", inbox.ClassFailed},
-		{"LastFailure", delivery("f3", "fail", 3), inboxtest.DeadLettered, rabbitmq.ReasonMaxDeliveries, inbox.ClassFailed},
-		{"Panic", delivery("panic", "panic", 1), inboxtest.Retried, "", inbox.ClassFailed},
-		{"MissingID", delivery("", "ok", 1), inboxtest.DeadLettered, rabbitmq.ReasonMissingMessageID, inbox.ClassPermanent},
-		{"InvalidID", delivery("bad\x00id", "ok", 1), inboxtest.DeadLettered, rabbitmq.ReasonInvalidMessageID, inbox.ClassPermanent},
-		{"InvalidType", rabbitmq.Delivery{ID: "it", Type: strings.Repeat("t", 256)}, inboxtest.DeadLettered, rabbitmq.ReasonInvalidMessageType, inbox.ClassPermanent},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			t.Parallel()
-			h := inboxtest.DeliverRabbitMQ(ctx, pool, cfg, c.d, nil)
-			h.RequireOutcome(t, c.outcome, c.reason)
-			require.Equal(t, c.class, h.Class)
-			require.Error(t, h.Err)
-		})
-	}
-
-	t.Run("PanicIsAnError", func(t *testing.T) {
-		t.Parallel()
-		h := inboxtest.DeliverRabbitMQ(ctx, pool, cfg, delivery("panic-2", "panic", 1), nil)
-		require.ErrorContains(t, h.Err, "handler panicked: nil map")
-	})
-
-	t.Run("DefaultMaxDeliveries", func(t *testing.T) {
-		t.Parallel()
-		noMax := cfg
-		noMax.MaxDeliveries = 0
-		inboxtest.DeliverRabbitMQ(ctx, pool, noMax, delivery("d4", "fail", rabbitmq.DefaultMaxDeliveries-1), nil).
-			RequireOutcome(t, inboxtest.Retried, "")
-		inboxtest.DeliverRabbitMQ(ctx, pool, noMax, delivery("d5", "fail", rabbitmq.DefaultMaxDeliveries), nil).
-			RequireOutcome(t, inboxtest.DeadLettered, rabbitmq.ReasonMaxDeliveries)
-	})
-
-	t.Run("RequireOutcomeFailsReadably", func(t *testing.T) {
-		t.Parallel()
-		h := inboxtest.DeliverRabbitMQ(ctx, pool, cfg, delivery("r", "permanent", 1), nil)
-		failed, msg := check(func(tb inboxtest.TB) { h.RequireOutcome(tb, inboxtest.Acked, "") })
-		require.True(t, failed)
-		require.Contains(t, msg, "want the delivery acked, got dead-lettered (permanent-error) after a permanent error: inbox: handle message \"r\": unknown product")
-		failed, msg = check(func(tb inboxtest.TB) { h.RequireOutcome(tb, inboxtest.DeadLettered, rabbitmq.ReasonMaxDeliveries) })
-		require.True(t, failed)
-		require.Contains(t, msg, "want the delivery dead-lettered (max-deliveries), got dead-lettered (permanent-error)")
-	})
-}
-
-func TestDeliverRabbitMQInvalidName(t *testing.T) {
-	t.Parallel()
-	pool := setup(t)
-	h := inboxtest.DeliverRabbitMQ(context.Background(), pool, rabbitmq.Config{Handler: func(context.Context, pgx.Tx, rabbitmq.Delivery) error {
-		t.Error("the handler must not run")
-		return nil
-	}}, rabbitmq.Delivery{ID: "m-1"}, nil)
-	require.ErrorIs(t, h.Err, inbox.ErrNoConsumer)
-	require.Empty(t, h.Outcome)
-	failed, msg := check(func(tb inboxtest.TB) { h.RequireOutcome(tb, inboxtest.Acked, "") })
-	require.True(t, failed)
-	require.Contains(t, msg, "want the delivery acked, got no outcome after a failed error: inboxtest: rabbitmq.Config.Name: inbox: consumer name is empty")
-}
-
-// TestDeliverRabbitMQRefuses: what the consumer dead-letters before it opens a transaction
-// (rabbitmq.Reasons; internal_test.go and consumer_test.go there show the consumer doing it),
-// DeliverRabbitMQ dead-letters too, without calling the handler.
-func TestDeliverRabbitMQRefuses(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	pool := setup(t)
-	cfg := rabbitmq.Config{
-		Name: "stock", Types: []string{"order.placed"}, ContentTypes: []string{"application/json", "text/plain"},
-		MaxBodyBytes: 16,
-		Handler: func(context.Context, pgx.Tx, rabbitmq.Delivery) error {
+		res := inboxtest.Deliver(ctx, pool, "ledger", inbox.Message{ID: "m-2"}, func(context.Context, pgx.Tx) error {
 			t.Error("the handler must not run")
 			return nil
-		},
-	}
-	json := func(id string) rabbitmq.Delivery {
-		return rabbitmq.Delivery{ID: id, Type: "order.placed", ContentType: "application/json", Body: []byte(`{}`)}
-	}
-	for _, c := range []struct {
-		name   string
-		cfg    rabbitmq.Config
-		d      rabbitmq.Delivery
-		reason string
-	}{
-		{"UnknownType", cfg, rabbitmq.Delivery{ID: "u", Type: "order.exploded", ContentType: "application/json", Body: []byte(`{}`)}, rabbitmq.ReasonUnknownType},
-		{"BodyTooLarge", cfg, rabbitmq.Delivery{ID: "b", Type: "order.placed", ContentType: "text/plain", Body: []byte(strings.Repeat("x", 17))}, rabbitmq.ReasonBodyTooLarge},
-		{"OtherContentType", cfg, rabbitmq.Delivery{ID: "c", Type: "order.placed", ContentType: "application/xml", Body: []byte(`<a/>`)}, rabbitmq.ReasonUnsupportedContentType},
-		{"MalformedJSON", cfg, rabbitmq.Delivery{ID: "j", Type: "order.placed", ContentType: "application/json", Body: []byte(`{`)}, rabbitmq.ReasonMalformedJSON},
-		// An empty content type is taken for JSON, with the defaults of every limit.
-		{"NoContentTypeNotJSON", rabbitmq.Config{Name: "stock", Handler: cfg.Handler}, rabbitmq.Delivery{ID: "n", Type: "t", Body: []byte("sku-1")}, rabbitmq.ReasonMalformedJSON},
-		{"DefaultMaxBodyBytes", rabbitmq.Config{Name: "stock", Handler: cfg.Handler}, rabbitmq.Delivery{ID: "d", Type: "t", ContentType: "text/plain",
-			Body: make([]byte, rabbitmq.DefaultMaxBodyBytes+1)}, rabbitmq.ReasonBodyTooLarge},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			t.Parallel()
-			h := inboxtest.DeliverRabbitMQ(ctx, pool, c.cfg, c.d, nil)
-			h.RequireOutcome(t, inboxtest.DeadLettered, c.reason)
-			require.False(t, h.Called)
-			require.Equal(t, inbox.ClassPermanent, h.Class)
-			require.ErrorContains(t, h.Err, c.reason)
-		})
-	}
-	t.Run("Accepted", func(t *testing.T) {
-		t.Parallel()
-		accept := cfg
-		accept.Handler = func(context.Context, pgx.Tx, rabbitmq.Delivery) error { return nil }
-		inboxtest.DeliverRabbitMQ(ctx, pool, accept, json("ok"), nil).RequireOutcome(t, inboxtest.Acked, "")
+		}, &inboxtest.Options{Tables: inbox.Tables{Messages: "bad\x00name"}})
+		require.ErrorIs(t, res.Err, inbox.ErrInvalidTables)
+		require.False(t, res.Called)
 	})
+}
+
+// TestImportsNoBroker proves that the broker-neutral inboxtest imports neither the RabbitMQ
+// adapter nor its client library: rabbitmqtest, beside the adapter, drives the consumer.
+func TestImportsNoBroker(t *testing.T) {
+	t.Parallel()
+	out, err := exec.Command("go", "list", "-deps", "-f", "{{.ImportPath}}", ".").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	deps := strings.Fields(string(out))
+	require.Contains(t, deps, "github.com/jackc/pgx/v5", "go list -deps lists the dependencies")
+	for _, dep := range deps {
+		require.NotContains(t, dep, "amqp091-go", "pkg/inbox/inboxtest depends on the RabbitMQ client")
+		require.False(t, strings.HasSuffix(dep, "/rabbitmq") || strings.Contains(dep, "/rabbitmq/"),
+			"pkg/inbox/inboxtest depends on the RabbitMQ adapter %s", dep)
+	}
 }

@@ -171,4 +171,10 @@
 // never dead-lettered: watch the held and handed-back metrics. While a message waits for a
 // retry backoff or is held, it occupies one of the Concurrency workers and one prefetch
 // slot.
+//
+// # Testing a handler
+//
+// The rabbitmqtest subpackage runs a [Handler] on a [Delivery] as the consumer built from the
+// same [Config] would, in a real transaction and without a broker, and reports the outcome
+// (acknowledged, duplicate, held, retried, dead-lettered and why).
 package rabbitmq

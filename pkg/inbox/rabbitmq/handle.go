@@ -158,7 +158,7 @@ func (c *Consumer) check(s *session, m *message) step {
 // Refusal returns why the consumer built from c dead-letters d before its handler runs (one
 // of the Reason* constants, with details), or "" when it would run the handler on d. It
 // applies the same defaults as [NewConsumer] (MaxBodyBytes) and needs nothing else of c:
-// inboxtest uses it to reach the consumer's outcome without a broker.
+// rabbitmqtest uses it to reach the consumer's outcome without a broker.
 func (c Config) Refusal(d Delivery) (reason, detail string) {
 	if c.MaxBodyBytes <= 0 {
 		c.MaxBodyBytes = DefaultMaxBodyBytes

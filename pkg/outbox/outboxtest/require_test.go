@@ -333,3 +333,35 @@ func TestAdded(t *testing.T) {
 		}
 	})
 }
+
+// TestTables: with Options.Tables the assertions look in the outbox of the adopter's own
+// naming, in schema billing, and only there.
+func TestTables(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	tables := outbox.Tables{Schema: "billing", Messages: "payments_outbox"}
+	store, err := outbox.NewStore(tables)
+	require.NoError(t, err)
+	require.NoError(t, store.Migrate(ctx, b.pool))
+	opts := &outboxtest.Options{Tables: tables}
+
+	tx := b.begin(t)
+	require.NoError(t, store.Add(ctx, tx, created("o-1")))
+	require.NoError(t, outbox.Add(ctx, tx, cancelled("o-2")))
+
+	got := outboxtest.RequireAdded(ctx, t, tx, outboxtest.Expect{Type: "OrderCreated", AggregateID: "o-1"}, opts)
+	require.Equal(t, map[string]string{outbox.HeaderCorrelationID: "req-o-1"}, got.Headers)
+	outboxtest.RequireNotAdded(ctx, t, tx, outboxtest.Expect{Type: "OrderCancelled"}, opts)
+	outboxtest.RequireAddedMany(ctx, t, tx, []outboxtest.Expect{{AggregateID: "o-1"}}, opts)
+
+	// The default outbox holds only what was added to it.
+	outboxtest.RequireAdded(ctx, t, tx, outboxtest.Expect{Type: "OrderCancelled", AggregateID: "o-2"}, nil)
+	outboxtest.RequireNotAdded(ctx, t, tx, outboxtest.Expect{Type: "OrderCreated"}, nil)
+
+	failed, msg := check(func(tb outboxtest.TB) {
+		outboxtest.RequireNotAdded(ctx, tb, tx, outboxtest.Expect{AggregateID: "o-1"}, opts)
+	})
+	require.True(t, failed)
+	require.Contains(t, msg, `not want: aggregate_id="o-1"`)
+}

@@ -13,6 +13,7 @@ import (
 	"github.com/outboxshop/outboxshop/internal/testinfra"
 	"github.com/outboxshop/outboxshop/pkg/inbox/inboxtest"
 	"github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
+	"github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq/rabbitmqtest"
 	"github.com/outboxshop/outboxshop/pkg/outbox"
 	"github.com/outboxshop/outboxshop/pkg/outbox/outboxtest"
 	"github.com/outboxshop/outboxshop/services/warehouse"
@@ -57,7 +58,7 @@ func TestHandlerWithoutBroker(t *testing.T) {
 		id := uuid.Must(uuid.NewV7())
 		d := delivery(orderCreated(t, id, warehouse.Line{SKU: "BOOK-1", Quantity: 2}))
 		var ev warehouse.StockReserved
-		first := inboxtest.RequireHandledOnce(ctx, t, pool, cfg, d,
+		first := rabbitmqtest.RequireHandledOnce(ctx, t, pool, cfg, d,
 			addedOne(t, d, id, warehouse.TypeStockReserved, warehouse.RoutingKeyStockReserved, &ev))
 		require.True(t, first.Called)
 		require.Equal(t, id, ev.OrderID)
@@ -74,8 +75,8 @@ func TestHandlerWithoutBroker(t *testing.T) {
 		id := uuid.Must(uuid.NewV7())
 		d := delivery(orderCreated(t, id, warehouse.Line{SKU: "BOOK-1", Quantity: 1000}))
 		var ev warehouse.StockRejected
-		inboxtest.DeliverRabbitMQ(ctx, pool, cfg, d, addedOne(t, d, id, warehouse.TypeStockRejected, warehouse.RoutingKeyStockRejected, &ev)).
-			RequireOutcome(t, inboxtest.Acked, "")
+		rabbitmqtest.Deliver(ctx, pool, cfg, d, addedOne(t, d, id, warehouse.TypeStockRejected, warehouse.RoutingKeyStockRejected, &ev)).
+			RequireOutcome(t, rabbitmqtest.Acked, "")
 		require.Equal(t, warehouse.ReasonInsufficientStock, ev.Reason)
 		require.Equal(t, []warehouse.Shortage{{SKU: "BOOK-1", Requested: 1000, Available: 100}}, ev.Shortages)
 	})
@@ -84,11 +85,11 @@ func TestHandlerWithoutBroker(t *testing.T) {
 		t.Parallel()
 		pool, cfg := setupDB(t)
 		id := uuid.Must(uuid.NewV7())
-		inboxtest.DeliverRabbitMQ(ctx, pool, cfg, delivery(orderCreated(t, id, warehouse.Line{SKU: "TEE-1", Quantity: 3})), nil).
-			RequireOutcome(t, inboxtest.Acked, "")
+		rabbitmqtest.Deliver(ctx, pool, cfg, delivery(orderCreated(t, id, warehouse.Line{SKU: "TEE-1", Quantity: 3})), nil).
+			RequireOutcome(t, rabbitmqtest.Acked, "")
 		d := delivery(orderCancelled(t, id))
 		var ev warehouse.StockReleased
-		inboxtest.RequireHandledOnce(ctx, t, pool, cfg, d,
+		rabbitmqtest.RequireHandledOnce(ctx, t, pool, cfg, d,
 			addedOne(t, d, id, warehouse.TypeStockReleased, warehouse.RoutingKeyStockReleased, &ev))
 		require.Equal(t, []warehouse.Line{{SKU: "TEE-1", Quantity: 3}}, ev.Items)
 	})
@@ -97,14 +98,14 @@ func TestHandlerWithoutBroker(t *testing.T) {
 		t.Parallel()
 		pool, cfg := setupDB(t)
 		id := uuid.Must(uuid.NewV7())
-		inboxtest.DeliverRabbitMQ(ctx, pool, cfg, delivery(orderCreated(t, id, warehouse.Line{SKU: "MUG-1", Quantity: 1})), nil).
-			RequireOutcome(t, inboxtest.Acked, "")
+		rabbitmqtest.Deliver(ctx, pool, cfg, delivery(orderCreated(t, id, warehouse.Line{SKU: "MUG-1", Quantity: 1})), nil).
+			RequireOutcome(t, rabbitmqtest.Acked, "")
 		// Another message for the same order: new to the inbox, but it changes nothing.
 		again := delivery(orderCreated(t, id, warehouse.Line{SKU: "MUG-1", Quantity: 5}))
-		h := inboxtest.DeliverRabbitMQ(ctx, pool, cfg, again, &inboxtest.Options{BeforeCommit: func(ctx context.Context, tx pgx.Tx) {
+		h := rabbitmqtest.Deliver(ctx, pool, cfg, again, &inboxtest.Options{BeforeCommit: func(ctx context.Context, tx pgx.Tx) {
 			outboxtest.RequireNotAdded(ctx, t, tx, outboxtest.Expect{}, nil)
 		}})
-		h.RequireOutcome(t, inboxtest.Acked, "")
+		h.RequireOutcome(t, rabbitmqtest.Acked, "")
 		require.True(t, h.Called)
 	})
 
@@ -116,8 +117,8 @@ func TestHandlerWithoutBroker(t *testing.T) {
 			"broken contract": {ID: uuid.NewString(), Type: warehouse.TypeOrderCreated, Body: []byte(`{"version":1,"order_id":"nope"}`)},
 			"future version":  {ID: uuid.NewString(), Type: warehouse.TypeOrderCancelled, Body: []byte(`{"version":99,"order_id":"` + uuid.NewString() + `"}`)},
 		} {
-			h := inboxtest.DeliverRabbitMQ(ctx, pool, cfg, d, nil)
-			h.RequireOutcome(t, inboxtest.DeadLettered, rabbitmq.ReasonPermanent)
+			h := rabbitmqtest.Deliver(ctx, pool, cfg, d, nil)
+			h.RequireOutcome(t, rabbitmqtest.DeadLettered, rabbitmq.ReasonPermanent)
 			require.True(t, h.Called, name)
 			// Rolled back, inbox row included: the dead letter can be replayed once fixed.
 			var n int

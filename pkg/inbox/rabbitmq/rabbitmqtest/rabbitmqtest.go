@@ -1,0 +1,171 @@
+package rabbitmqtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxshop/outboxshop/pkg/inbox"
+	"github.com/outboxshop/outboxshop/pkg/inbox/inboxtest"
+	"github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
+)
+
+// Outcome is what the RabbitMQ consumer does with a delivery after its handler ran.
+type Outcome string
+
+// The outcomes of [Deliver].
+const (
+	// Acked: the transaction committed and the delivery is acknowledged.
+	Acked Outcome = "acked"
+	// AckedDuplicate: the inbox had the message; acknowledged without calling the handler.
+	AckedDuplicate Outcome = "acked-duplicate"
+	// Held: a transient failure. The consumer keeps the delivery and calls the handler again
+	// in place, after a backoff, without counting an attempt.
+	Held Outcome = "held"
+	// Retried: a failed attempt that counts. A copy with DeliveryCount+1 goes back to the
+	// queue after a backoff.
+	Retried Outcome = "retried"
+	// DeadLettered: the message goes to the dead-letter destination with [Handled].Reason.
+	DeadLettered Outcome = "dead-lettered"
+)
+
+// Handled is what became of one delivery through the RabbitMQ consumer's handling.
+type Handled struct {
+	inboxtest.Result
+	// Outcome is what the consumer does next; empty when cfg.Name or cfg.Tables is invalid.
+	Outcome Outcome
+	// Reason is the dead-letter reason (one of the rabbitmq.Reason constants) when Outcome
+	// is DeadLettered.
+	Reason string
+}
+
+// Deliver runs cfg.Handler on d through the inbox of cfg.Tables as consumer cfg.Name, as the
+// RabbitMQ consumer built from cfg does, and reports the outcome the consumer would reach.
+// What the consumer dead-letters before its transaction ([rabbitmq.Config.Refusal]: cfg.Types,
+// cfg.ContentTypes, cfg.MaxBodyBytes, a body that is not JSON while the content type says it
+// is, or is empty) is DeadLettered without calling the handler, with a permanent Err naming
+// the reason. cfg.MaxDeliveries (default rabbitmq.DefaultMaxDeliveries) and d.DeliveryCount
+// (0 counts as the first attempt) decide between Retried and DeadLettered for a counted
+// failure. The other fields of cfg, the broker's among them, are not used. An invalid
+// cfg.Name or cfg.Tables, with which the consumer would not start, gives no Outcome and an
+// Err saying so.
+//
+// opts is passed on to [inboxtest.Deliver]; its Tables must be left zero or equal cfg.Tables,
+// since the consumer records messages in cfg.Tables.
+func Deliver(ctx context.Context, db inbox.TxBeginner, cfg rabbitmq.Config, d rabbitmq.Delivery, opts *inboxtest.Options) Handled {
+	if err := inbox.ValidateConsumer(cfg.Name); err != nil {
+		// The consumer would not start; there is no outcome.
+		return Handled{Result: inboxtest.Result{Err: fmt.Errorf("rabbitmqtest: rabbitmq.Config.Name: %w", err)}}
+	}
+	if err := cfg.Tables.Validate(); err != nil {
+		return Handled{Result: inboxtest.Result{Err: fmt.Errorf("rabbitmqtest: rabbitmq.Config.Tables: %w", err)}}
+	}
+	o := inboxtest.Options{Tables: cfg.Tables}
+	if opts != nil {
+		if opts.Tables != (inbox.Tables{}) && opts.Tables.WithDefaults() != cfg.Tables.WithDefaults() {
+			return Handled{Result: inboxtest.Result{Err: fmt.Errorf(
+				"rabbitmqtest: Options.Tables %s is not rabbitmq.Config.Tables %s: the consumer records messages in the latter",
+				opts.Tables, cfg.Tables)}}
+		}
+		o.BeforeCommit = opts.BeforeCommit
+	}
+	d.DeliveryCount = max(d.DeliveryCount, 1)
+	maxDeliveries := cfg.MaxDeliveries
+	if maxDeliveries <= 0 {
+		maxDeliveries = rabbitmq.DefaultMaxDeliveries
+	}
+	msg := inbox.Message{ID: d.ID, Type: d.Type}
+	if err := msg.Validate(); err != nil {
+		reason := rabbitmq.ReasonInvalidMessageID
+		switch {
+		case errors.Is(err, inbox.ErrNoMessageID):
+			reason = rabbitmq.ReasonMissingMessageID
+		case errors.Is(err, inbox.ErrInvalidMessageType):
+			reason = rabbitmq.ReasonInvalidMessageType
+		}
+		return Handled{Result: inboxtest.Result{Err: err, Class: inbox.Classify(err)}, Outcome: DeadLettered, Reason: reason}
+	}
+	if reason, detail := cfg.Refusal(d); reason != "" {
+		// Dead-lettered before a transaction, as the consumer does: the handler does not run.
+		err := inbox.Permanent(fmt.Errorf("%s: %s", reason, detail))
+		return Handled{Result: inboxtest.Result{Err: err, Class: inbox.Classify(err)}, Outcome: DeadLettered, Reason: reason}
+	}
+	var handler func(ctx context.Context, tx pgx.Tx) error
+	if cfg.Handler != nil {
+		handler = func(ctx context.Context, tx pgx.Tx) error { return callHandler(ctx, tx, cfg.Handler, d) }
+	}
+	h := Handled{Result: inboxtest.Deliver(ctx, db, cfg.Name, msg, handler, &o)}
+	switch {
+	case h.Err == nil && h.Duplicate:
+		h.Outcome = AckedDuplicate
+	case h.Err == nil:
+		h.Outcome = Acked
+	case h.Class == inbox.ClassTransient:
+		h.Outcome = Held
+	case h.Class == inbox.ClassPermanent:
+		h.Outcome, h.Reason = DeadLettered, rabbitmq.ReasonPermanent
+	case d.DeliveryCount >= maxDeliveries:
+		h.Outcome, h.Reason = DeadLettered, rabbitmq.ReasonMaxDeliveries
+	default:
+		h.Outcome = Retried
+	}
+	return h
+}
+
+// callHandler runs h and turns a panic into an error, as the consumer does.
+func callHandler(ctx context.Context, tx pgx.Tx, h rabbitmq.Handler, d rabbitmq.Delivery) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			if e, ok := r.(error); ok {
+				err = fmt.Errorf("handler panicked: %w", e)
+			} else {
+				err = fmt.Errorf("handler panicked: %v", r)
+			}
+		}
+	}()
+	return h(ctx, tx, d)
+}
+
+// RequireOutcome asserts that the consumer reaches want with h, and, for DeadLettered, the
+// dead-letter reason, when reason is not empty.
+func (h Handled) RequireOutcome(t inboxtest.TB, want Outcome, reason string) {
+	t.Helper()
+	if h.Outcome == want && (reason == "" || h.Reason == reason) {
+		return
+	}
+	got := string(h.Outcome)
+	if got == "" {
+		got = "no outcome"
+	}
+	if h.Reason != "" {
+		got += " (" + h.Reason + ")"
+	}
+	if want == DeadLettered && reason != "" {
+		want += Outcome(" (" + reason + ")")
+	}
+	if h.Err != nil {
+		t.Errorf("rabbitmqtest: want the delivery %s, got %s after a %s error: %v", want, got, h.Class, h.Err)
+	} else {
+		t.Errorf("rabbitmqtest: want the delivery %s, got %s", want, got)
+	}
+	t.FailNow()
+}
+
+// RequireHandledOnce delivers d twice to the handler of cfg: it asserts that the first
+// delivery was acknowledged after the handler committed, and that the second was
+// acknowledged as a duplicate without calling the handler. It returns the first delivery's
+// result.
+func RequireHandledOnce(ctx context.Context, t inboxtest.TB, db inbox.TxBeginner, cfg rabbitmq.Config, d rabbitmq.Delivery, opts *inboxtest.Options) Handled {
+	t.Helper()
+	first := Deliver(ctx, db, cfg, d, opts)
+	first.RequireOutcome(t, Acked, "")
+	second := Deliver(ctx, db, cfg, d, opts)
+	second.RequireOutcome(t, AckedDuplicate, "")
+	if second.Called {
+		t.Errorf("rabbitmqtest: the duplicate delivery called the handler")
+		t.FailNow()
+	}
+	return first
+}
