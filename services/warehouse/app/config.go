@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/outboxshop/outboxshop/internal/envconfig"
+	"github.com/outboxshop/outboxshop/internal/service"
 
 	warehouseamqp "github.com/outboxshop/outboxshop/services/warehouse/amqp"
 )
@@ -42,25 +43,18 @@ type Config struct {
 	// (docs/events.md).
 	QueueDeliveryLimit int `env:"WAREHOUSE_QUEUE_DELIVERY_LIMIT" envDefault:"20"`
 
-	// Consumer tuning; the retry settings are documented on internal/service ConsumerRetries,
-	// ConsumerMaxHold beside them.
-	ConsumerPrefetch      int           `env:"WAREHOUSE_CONSUMER_PREFETCH" envDefault:"32"`
-	ConsumerConcurrency   int           `env:"WAREHOUSE_CONSUMER_CONCURRENCY" envDefault:"8"`
-	ConsumerMaxDeliveries int           `env:"WAREHOUSE_CONSUMER_MAX_DELIVERIES" envDefault:"5"`
-	ConsumerRetryDelay    time.Duration `env:"WAREHOUSE_CONSUMER_RETRY_DELAY" envDefault:"1s"`
-	ConsumerMaxRetryDelay time.Duration `env:"WAREHOUSE_CONSUMER_MAX_RETRY_DELAY" envDefault:"30s"`
-	ConsumerMaxHold       time.Duration `env:"WAREHOUSE_CONSUMER_MAX_HOLD" envDefault:"15m"`
+	// Consumer tuning: the settings both services share (internal/service ConsumerEnv,
+	// WAREHOUSE_CONSUMER_PREFETCH, …), and the concurrency; documented on internal/service
+	// ConsumerSettings.
+	service.ConsumerEnv `env:"WAREHOUSE_"`
+	ConsumerConcurrency int `env:"WAREHOUSE_CONSUMER_CONCURRENCY" envDefault:"8"`
 	// InboxRetention is how long processed message ids are remembered. It must exceed the
 	// longest time in which a duplicate can still arrive.
 	InboxRetention time.Duration `env:"WAREHOUSE_INBOX_RETENTION" envDefault:"168h"`
 
-	// Relay tuning, documented on internal/service RelaySettings.
-	RelayPollInterval    time.Duration `env:"WAREHOUSE_RELAY_POLL_INTERVAL" envDefault:"1s"`
-	RelayBatchSize       int           `env:"WAREHOUSE_RELAY_BATCH_SIZE" envDefault:"100"`
-	RelayMaxAttempts     int           `env:"WAREHOUSE_RELAY_MAX_ATTEMPTS" envDefault:"10"`
-	RelayPublishTimeout  time.Duration `env:"WAREHOUSE_RELAY_PUBLISH_TIMEOUT" envDefault:"30s"`
-	RelayClaimTimeout    time.Duration `env:"WAREHOUSE_RELAY_CLAIM_TIMEOUT" envDefault:"35s"`
-	RelayMaxMessageBytes int           `env:"WAREHOUSE_RELAY_MAX_MESSAGE_BYTES" envDefault:"16777216"`
+	// Relay tuning: internal/service RelayEnv (WAREHOUSE_RELAY_BATCH_SIZE, …), documented on
+	// internal/service RelaySettings.
+	service.RelayEnv `env:"WAREHOUSE_"`
 	// OutboxRetention is how long published outbox rows are kept.
 	OutboxRetention time.Duration `env:"WAREHOUSE_OUTBOX_RETENTION" envDefault:"168h"`
 
@@ -103,8 +97,8 @@ func (c Config) Validate() error {
 	v.Check(c.AMQPURL != "", "WAREHOUSE_AMQP_URL is required")
 	v.Add(c.Topology().Validate())
 	v.Check(c.DatabaseMaxConns >= 4, "WAREHOUSE_DATABASE_MAX_CONNS must be at least 4, is %d", c.DatabaseMaxConns)
-	v.Check(c.ConsumerConcurrency >= 1 && c.ConsumerPrefetch >= c.ConsumerConcurrency,
-		"WAREHOUSE_CONSUMER_CONCURRENCY (%d) must be from 1 to WAREHOUSE_CONSUMER_PREFETCH (%d)", c.ConsumerConcurrency, c.ConsumerPrefetch)
+	c.ConsumerEnv.Check(&v, "WAREHOUSE_", c.ConsumerConcurrency)
+	c.RelayEnv.Check(&v, "WAREHOUSE_")
 	v.Check(int(c.DatabaseMaxConns) >= c.ConsumerConcurrency+3,
 		"WAREHOUSE_DATABASE_MAX_CONNS (%d) must exceed WAREHOUSE_CONSUMER_CONCURRENCY (%d) by at least 3 (relay and API)",
 		c.DatabaseMaxConns, c.ConsumerConcurrency)
@@ -115,30 +109,10 @@ func (c Config) Validate() error {
 		{"WAREHOUSE_HTTP_DB_TIMEOUT", c.DBTimeout},
 		{"WAREHOUSE_SHUTDOWN_TIMEOUT", c.ShutdownTimeout},
 		{"WAREHOUSE_BROKER_DOWN_GRACE", c.BrokerDownGrace},
-		{"WAREHOUSE_CONSUMER_RETRY_DELAY", c.ConsumerRetryDelay},
-		{"WAREHOUSE_CONSUMER_MAX_RETRY_DELAY", c.ConsumerMaxRetryDelay},
-		{"WAREHOUSE_CONSUMER_MAX_HOLD", c.ConsumerMaxHold},
-		{"WAREHOUSE_RELAY_PUBLISH_TIMEOUT", c.RelayPublishTimeout},
 		{"WAREHOUSE_INBOX_RETENTION", c.InboxRetention},
-		{"WAREHOUSE_RELAY_POLL_INTERVAL", c.RelayPollInterval},
 		{"WAREHOUSE_OUTBOX_RETENTION", c.OutboxRetention},
 	} {
 		v.Check(d.value > 0, "%s must be positive, is %s", d.name, d.value)
 	}
-	for _, n := range []struct {
-		name  string
-		value int
-	}{
-		{"WAREHOUSE_CONSUMER_MAX_DELIVERIES", c.ConsumerMaxDeliveries},
-		{"WAREHOUSE_RELAY_BATCH_SIZE", c.RelayBatchSize},
-		{"WAREHOUSE_RELAY_MAX_ATTEMPTS", c.RelayMaxAttempts},
-		{"WAREHOUSE_RELAY_MAX_MESSAGE_BYTES", c.RelayMaxMessageBytes},
-	} {
-		v.Check(n.value >= 1, "%s must be positive, is %d", n.name, n.value)
-	}
-	v.Check(c.RelayClaimTimeout > c.RelayPublishTimeout, "WAREHOUSE_RELAY_CLAIM_TIMEOUT (%s) must exceed WAREHOUSE_RELAY_PUBLISH_TIMEOUT (%s)",
-		c.RelayClaimTimeout, c.RelayPublishTimeout)
-	v.Check(c.ConsumerMaxRetryDelay >= c.ConsumerRetryDelay, "WAREHOUSE_CONSUMER_MAX_RETRY_DELAY (%s) must be at least WAREHOUSE_CONSUMER_RETRY_DELAY (%s)",
-		c.ConsumerMaxRetryDelay, c.ConsumerRetryDelay)
 	return v.Err()
 }
