@@ -85,7 +85,7 @@ func New(cfg Config, mode Mode, opts Options) (*App, error) {
 		cfg:     cfg, mode: mode,
 		topology: ordersamqp.Topology{
 			Exchange: cfg.EventsExchange, DeadLetterExchange: cfg.DeadLetterExchange,
-			Queue: cfg.Queue, DeadQueue: cfg.DeadLetterQueue, DeliveryLimit: cfg.QueueDeliveryLimit,
+			Queue: cfg.Queue, DeadLetterQueue: cfg.DeadLetterQueue, DeliveryLimit: cfg.QueueDeliveryLimit,
 		}.WithDefaults(),
 	}, nil
 }
