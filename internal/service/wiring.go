@@ -308,14 +308,3 @@ func AddServer(p *Process, name string, ln net.Listener, h http.Handler, shutdow
 		return httpserver.Serve(ctx, ln, h, httpserver.Config{ShutdownTimeout: shutdownTimeout}, p.Log)
 	})
 }
-
-// Register registers every collector on reg, stopping at the first error: a service's own
-// metrics.
-func Register(reg prometheus.Registerer, cs ...prometheus.Collector) error {
-	for _, c := range cs {
-		if err := reg.Register(c); err != nil {
-			return err
-		}
-	}
-	return nil
-}

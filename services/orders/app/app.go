@@ -155,7 +155,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 }
 
 func (a *App) addAPI() error {
-	svc, err := newServiceMetrics(a.Registry)
+	svc, err := newServiceMetrics(a.Process)
 	if err != nil {
 		return fmt.Errorf("register service metrics: %w", err)
 	}
