@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/outboxshop/outboxshop/internal/amqptopo"
 	"github.com/outboxshop/outboxshop/internal/envconfig"
 	"github.com/outboxshop/outboxshop/internal/failpoint"
 	"github.com/outboxshop/outboxshop/internal/httpserver"
@@ -51,6 +52,42 @@ const (
 	RelayRetryBaseDelay = time.Second
 	RelayRetryMaxDelay  = 5 * time.Minute
 )
+
+// BrokerEnv are the broker variables whose defaults both services share, embedded in each
+// service's Config under its prefix as [RelayEnv] is: the broker, the shop's exchanges
+// (docs/events.md), the queue's delivery limit, and the grace of a lost broker connection.
+// The queue names, which differ, are each Config's own Queue and DeadLetterQueue fields;
+// [BrokerEnv.Names] puts them together.
+type BrokerEnv struct {
+	// AMQPURL is the RabbitMQ broker.
+	AMQPURL string `env:"AMQP_URL" envDefault:"amqp://guest:guest@127.0.0.1:5672/"`
+	// EventsExchange and DeadLetterExchange are the shop's exchanges (docs/events.md).
+	EventsExchange     string `env:"EVENTS_EXCHANGE" envDefault:"shop.events"`
+	DeadLetterExchange string `env:"DEAD_LETTER_EXCHANGE" envDefault:"shop.dlx"`
+	// QueueDeliveryLimit is the quorum queue's x-delivery-limit, set when the queue is
+	// declared. A queue that exists with another one keeps it, with a warning in the log
+	// (docs/events.md).
+	QueueDeliveryLimit int `env:"QUEUE_DELIVERY_LIMIT" envDefault:"20"`
+	// BrokerDownGrace is how long the consumer, or the relay, may be cut off from the broker
+	// before /readyz answers 503.
+	BrokerDownGrace time.Duration `env:"BROKER_DOWN_GRACE" envDefault:"30s"`
+}
+
+// Names returns the topology of e with the service's queue and dead-letter queue.
+func (e BrokerEnv) Names(queue, deadLetterQueue string) amqptopo.Names {
+	return amqptopo.Names{
+		Exchange: e.EventsExchange, DeadLetterExchange: e.DeadLetterExchange,
+		Queue: queue, DeadLetterQueue: deadLetterQueue, DeliveryLimit: e.QueueDeliveryLimit,
+	}
+}
+
+// Check records in v every broker setting that cannot work, by its variable's name.
+func (e BrokerEnv) Check(v *envconfig.Checks, prefix string) {
+	v.Check(e.AMQPURL != "", "%sAMQP_URL is required", prefix)
+	v.Check(e.EventsExchange != "" && e.DeadLetterExchange != "", "%[1]sEVENTS_EXCHANGE and %[1]sDEAD_LETTER_EXCHANGE are required", prefix)
+	v.Check(e.QueueDeliveryLimit > 0, "%sQUEUE_DELIVERY_LIMIT must be positive, is %d", prefix, e.QueueDeliveryLimit)
+	v.Check(e.BrokerDownGrace > 0, "%sBROKER_DOWN_GRACE must be positive, is %s", prefix, e.BrokerDownGrace)
+}
 
 // RelayEnv are the relay's variables, the same in both services: each service's Config
 // embeds it under its prefix (service.RelayEnv `env:"ORDERS_"` reads ORDERS_RELAY_BATCH_SIZE),

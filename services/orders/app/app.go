@@ -83,10 +83,7 @@ func New(cfg Config, mode Mode, opts Options) (*App, error) {
 	return &App{
 		Process: service.NewProcess(ServiceName, string(mode), opts),
 		cfg:     cfg, mode: mode,
-		topology: ordersamqp.Topology{
-			Exchange: cfg.EventsExchange, DeadLetterExchange: cfg.DeadLetterExchange,
-			Queue: cfg.Queue, DeadLetterQueue: cfg.DeadLetterQueue, DeliveryLimit: cfg.QueueDeliveryLimit,
-		}.WithDefaults(),
+		topology: ordersamqp.Topology(cfg.Names(cfg.Queue, cfg.DeadLetterQueue)).WithDefaults(),
 	}, nil
 }
 

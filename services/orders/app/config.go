@@ -21,20 +21,12 @@ type Config struct {
 	// for, with a log line per attempt, until the process is stopped.
 	DatabaseTimeout time.Duration `env:"ORDERS_DATABASE_TIMEOUT" envDefault:"5s"`
 
-	// AMQPURL is the RabbitMQ broker.
-	AMQPURL string `env:"ORDERS_AMQP_URL" envDefault:"amqp://guest:guest@127.0.0.1:5672/"`
-	// Topology names (docs/events.md).
-	EventsExchange     string `env:"ORDERS_EVENTS_EXCHANGE" envDefault:"shop.events"`
-	DeadLetterExchange string `env:"ORDERS_DEAD_LETTER_EXCHANGE" envDefault:"shop.dlx"`
-	Queue              string `env:"ORDERS_QUEUE" envDefault:"orders.stock"`
-	DeadLetterQueue    string `env:"ORDERS_DEAD_LETTER_QUEUE" envDefault:"orders.stock.dead"`
-	// QueueDeliveryLimit is the quorum queue's x-delivery-limit, set when the queue is
-	// declared. A queue that exists with another one keeps it, with a warning in the log
-	// (docs/events.md).
-	QueueDeliveryLimit int `env:"ORDERS_QUEUE_DELIVERY_LIMIT" envDefault:"20"`
-	// BrokerDownGrace is how long the consumer, or the relay, may be cut off from the broker
-	// before /readyz answers 503.
-	BrokerDownGrace time.Duration `env:"ORDERS_BROKER_DOWN_GRACE" envDefault:"30s"`
+	// The broker, the shop's exchanges, the queue's delivery limit and the grace of a lost
+	// broker connection: internal/service BrokerEnv (ORDERS_AMQP_URL, …).
+	service.BrokerEnv `env:"ORDERS_"`
+	// The queue of stock events and its dead letters (docs/events.md).
+	Queue           string `env:"ORDERS_QUEUE" envDefault:"orders.stock"`
+	DeadLetterQueue string `env:"ORDERS_DEAD_LETTER_QUEUE" envDefault:"orders.stock.dead"`
 
 	// HTTPAddr is where the API listens (api and all).
 	HTTPAddr string `env:"ORDERS_HTTP_ADDR" envDefault:":8080"`
@@ -83,13 +75,10 @@ func (c Config) Validate() error {
 	var v envconfig.Checks
 	check := v.Check
 	check(c.DatabaseURL != "", "ORDERS_DATABASE_URL is empty")
-	check(c.AMQPURL != "", "ORDERS_AMQP_URL is empty")
+	c.BrokerEnv.Check(&v, "ORDERS_")
 	check(c.DatabaseMaxConns >= 2, "ORDERS_DATABASE_MAX_CONNS must be at least 2, got %d", c.DatabaseMaxConns)
 	check(c.DatabaseTimeout > 0, "ORDERS_DATABASE_TIMEOUT must be positive")
-	check(c.BrokerDownGrace > 0, "ORDERS_BROKER_DOWN_GRACE must be positive")
-	check(c.EventsExchange != "" && c.DeadLetterExchange != "" && c.Queue != "" && c.DeadLetterQueue != "",
-		"ORDERS_EVENTS_EXCHANGE, ORDERS_DEAD_LETTER_EXCHANGE, ORDERS_QUEUE and ORDERS_DEAD_LETTER_QUEUE must be set")
-	check(c.QueueDeliveryLimit > 0, "ORDERS_QUEUE_DELIVERY_LIMIT must be positive")
+	check(c.Queue != "" && c.DeadLetterQueue != "", "ORDERS_QUEUE and ORDERS_DEAD_LETTER_QUEUE are required")
 	c.ConsumerEnv.Check(&v, "ORDERS_", c.ConsumerConcurrency)
 	check(c.ConsumerShutdownTimeout > 0, "ORDERS_CONSUMER_SHUTDOWN_TIMEOUT must be positive")
 	c.RelayEnv.Check(&v, "ORDERS_")

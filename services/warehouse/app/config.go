@@ -18,8 +18,6 @@ type Config struct {
 	// DatabaseMaxConns bounds the pool: the consumer uses up to ConsumerConcurrency
 	// connections, the relay two, the API the rest.
 	DatabaseMaxConns int32 `env:"WAREHOUSE_DATABASE_MAX_CONNS" envDefault:"24"`
-	// AMQPURL is the broker.
-	AMQPURL string `env:"WAREHOUSE_AMQP_URL" envDefault:"amqp://guest:guest@127.0.0.1:5672/"`
 
 	// HTTPAddr is where `api` and `all` serve the API, /healthz, /readyz and /metrics.
 	HTTPAddr string `env:"WAREHOUSE_HTTP_ADDR" envDefault:":8090"`
@@ -29,19 +27,13 @@ type Config struct {
 	DBTimeout time.Duration `env:"WAREHOUSE_HTTP_DB_TIMEOUT" envDefault:"5s"`
 	// ShutdownTimeout bounds a graceful stop: in-flight requests and messages get this long.
 	ShutdownTimeout time.Duration `env:"WAREHOUSE_SHUTDOWN_TIMEOUT" envDefault:"20s"`
-	// BrokerDownGrace is how long the consumer, or the relay, may be cut off from the broker
-	// before /readyz answers 503.
-	BrokerDownGrace time.Duration `env:"WAREHOUSE_BROKER_DOWN_GRACE" envDefault:"30s"`
 
-	// Topology names (docs/events.md).
-	EventsExchange     string `env:"WAREHOUSE_EVENTS_EXCHANGE" envDefault:"shop.events"`
-	DeadLetterExchange string `env:"WAREHOUSE_DEAD_LETTER_EXCHANGE" envDefault:"shop.dlx"`
-	Queue              string `env:"WAREHOUSE_QUEUE" envDefault:"warehouse.orders"`
-	DeadLetterQueue    string `env:"WAREHOUSE_DEAD_LETTER_QUEUE" envDefault:"warehouse.orders.dead"`
-	// QueueDeliveryLimit is the queue's x-delivery-limit, set when the queue is declared. A
-	// queue that exists with another one keeps it, with a warning in the log
-	// (docs/events.md).
-	QueueDeliveryLimit int `env:"WAREHOUSE_QUEUE_DELIVERY_LIMIT" envDefault:"20"`
+	// The broker, the shop's exchanges, the queue's delivery limit and the grace of a lost
+	// broker connection: internal/service BrokerEnv (WAREHOUSE_AMQP_URL, …).
+	service.BrokerEnv `env:"WAREHOUSE_"`
+	// The queue of order events and its dead letters (docs/events.md).
+	Queue           string `env:"WAREHOUSE_QUEUE" envDefault:"warehouse.orders"`
+	DeadLetterQueue string `env:"WAREHOUSE_DEAD_LETTER_QUEUE" envDefault:"warehouse.orders.dead"`
 
 	// Consumer tuning: the settings both services share (internal/service ConsumerEnv,
 	// WAREHOUSE_CONSUMER_PREFETCH, …), and the concurrency; documented on internal/service
@@ -81,21 +73,15 @@ func LoadConfigFrom(environ map[string]string) (Config, error) {
 
 // Topology returns the broker names of cfg.
 func (c Config) Topology() warehouseamqp.Topology {
-	return warehouseamqp.Topology{
-		Exchange:           c.EventsExchange,
-		DeadLetterExchange: c.DeadLetterExchange,
-		Queue:              c.Queue,
-		DeadLetterQueue:    c.DeadLetterQueue,
-		DeliveryLimit:      c.QueueDeliveryLimit,
-	}
+	return warehouseamqp.Topology(c.Names(c.Queue, c.DeadLetterQueue))
 }
 
 // Validate reports every setting that cannot work.
 func (c Config) Validate() error {
 	var v envconfig.Checks
 	v.Check(c.DatabaseURL != "", "WAREHOUSE_DATABASE_URL is required")
-	v.Check(c.AMQPURL != "", "WAREHOUSE_AMQP_URL is required")
-	v.Add(c.Topology().Validate())
+	c.BrokerEnv.Check(&v, "WAREHOUSE_")
+	v.Check(c.Queue != "" && c.DeadLetterQueue != "", "WAREHOUSE_QUEUE and WAREHOUSE_DEAD_LETTER_QUEUE are required")
 	v.Check(c.DatabaseMaxConns >= 4, "WAREHOUSE_DATABASE_MAX_CONNS must be at least 4, is %d", c.DatabaseMaxConns)
 	c.ConsumerEnv.Check(&v, "WAREHOUSE_", c.ConsumerConcurrency)
 	c.RelayEnv.Check(&v, "WAREHOUSE_")
@@ -108,7 +94,6 @@ func (c Config) Validate() error {
 	}{
 		{"WAREHOUSE_HTTP_DB_TIMEOUT", c.DBTimeout},
 		{"WAREHOUSE_SHUTDOWN_TIMEOUT", c.ShutdownTimeout},
-		{"WAREHOUSE_BROKER_DOWN_GRACE", c.BrokerDownGrace},
 		{"WAREHOUSE_INBOX_RETENTION", c.InboxRetention},
 		{"WAREHOUSE_OUTBOX_RETENTION", c.OutboxRetention},
 	} {
