@@ -116,8 +116,9 @@ func (e RelayEnv) Check(v *envconfig.Checks, prefix string) {
 
 // ConsumerEnv are the consumer's variables with the same defaults in both services, embedded
 // in each service's Config under its prefix as [RelayEnv] is. The concurrency, whose default
-// differs between the services (4 and 8), is each Config's own ConsumerConcurrency field; envconfig.Section(cfg, "Consumer") reads all of them into
-// [ConsumerSettings], where the fields are documented.
+// differs between the services (4 and 8), is each Config's own ConsumerConcurrency field;
+// envconfig.Section(cfg, "Consumer") reads all of them into [ConsumerSettings], where the
+// fields are documented.
 type ConsumerEnv struct {
 	ConsumerPrefetch      int           `env:"CONSUMER_PREFETCH" envDefault:"32"`
 	ConsumerMaxDeliveries int           `env:"CONSUMER_MAX_DELIVERIES" envDefault:"5"`
