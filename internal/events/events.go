@@ -11,7 +11,7 @@ const Version = 1
 // is about. An event struct embeds it, so that its fields stand at the top level of the JSON
 // object ({"version": 1, "order_id": "…", …}).
 type Header struct {
-	Version int       `json:"version"`
+	Version int64     `json:"version"`
 	OrderID uuid.UUID `json:"order_id"`
 }
 
