@@ -5,18 +5,18 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/outboxshop/outboxshop/internal/envconfig"
+
 	ordersapp "github.com/outboxshop/outboxshop/services/orders/app"
 	warehouseapp "github.com/outboxshop/outboxshop/services/warehouse/app"
 )
 
-// envNames lists the environment variables a configuration struct reads (its env tags).
+// envNames lists the environment variables a configuration struct reads (its env tags,
+// those of embedded settings under their prefix: envconfig.VariablesOf).
 func envNames(t reflect.Type) map[string]bool {
 	names := map[string]bool{}
-	for f := range t.Fields() {
-		if tag := f.Tag.Get("env"); tag != "" {
-			name, _, _ := strings.Cut(tag, ",")
-			names[name] = true
-		}
+	for _, name := range envconfig.VariablesOf(t) {
+		names[name] = true
 	}
 	return names
 }

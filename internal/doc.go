@@ -8,8 +8,12 @@
 //     service.Every; the wiring both services repeat (the relay and its cleanup, the inbox
 //     cleanup, the outbox stats, consumer hooks and settings, HTTP servers and listeners) is
 //     service's too;
-//   - configuration: a flat Config with the variable and its default in each field's tags,
-//     read and checked with envconfig (Load, Defaults, Checks, Section);
+//   - configuration: a Config with the variable and its default in each field's tags, read
+//     and checked with envconfig (Load, Defaults, Checks, Section, Variables); the settings
+//     both services have (service.RelayEnv, ConsumerEnv, BrokerEnv) declared once, with
+//     their checks, and embedded under the service's prefix;
+//   - a service's own metrics declared with service.Metrics; the events' schema version
+//     and header (events);
 //   - errors: one error type with typed codes (apperr), mapped to HTTP statuses in one
 //     problem.Table per service, answered as RFC 9457 problem documents (problem);
 //   - the HTTP edge: httpapi.Edge (request id, access log, metrics, recoverer, 404/405,
@@ -17,11 +21,11 @@
 //     ReadJSON, DecodeJSON, Token), readiness checks (readiness), HTTP metrics by route
 //     pattern (httpmetrics), a server with timeouts and graceful shutdown (httpserver);
 //   - PostgreSQL: pgdb (open, create and migrate with start-up retries; Transient; Wrap, the
-//     adapters' error wrapping), pgmigrate (numbered SQL files applied once, then the
+//     adapters' error wrapping; DBTX, their query interface), pgmigrate (numbered SQL files applied once, then the
 //     libraries' schemas), pgxpool statistics as metrics (pgxpoolmetrics), callbacks after a
 //     commit (aftercommit);
-//   - RabbitMQ: a service's topology, declared so that a changed setting never stops it
-//     (amqptopo);
+//   - RabbitMQ: a service's topology, one shape of names for both (amqptopo.Names),
+//     declared so that a changed setting never stops it (amqptopo);
 //   - slog set-up (logging), crash points for chaos tests (failpoint), and for tests: the
 //     test servers (testinfra) and the metric contract check (metricstest).
 //

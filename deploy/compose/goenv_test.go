@@ -62,7 +62,11 @@ func readProgramEnv(pkg string) (map[string]envVar, error) {
 	if err != nil {
 		return nil, fmt.Errorf("go list -deps %s: %w: %s", pkg, err, stderr.String())
 	}
-	vars := map[string]envVar{}
+	type pkgFiles struct {
+		importPath string
+		files      map[string][]byte
+	}
+	var pkgs []pkgFiles
 	dec := json.NewDecoder(bytes.NewReader(out))
 	for dec.More() {
 		var p struct {
@@ -85,9 +89,22 @@ func readProgramEnv(pkg string) (map[string]envVar, error) {
 			rel, _ := filepath.Rel(repoRoot, filepath.Join(p.Dir, f))
 			files[rel] = b
 		}
-		pv, err := packageEnv(files)
+		pkgs = append(pkgs, pkgFiles{p.ImportPath, files})
+	}
+	// Settings structs one package declares and another embeds under a prefix
+	// (service.RelayEnv `env:"ORDERS_"`): the first pass finds them, the second reads their
+	// variables under the prefix of the field that embeds them, not on their own.
+	prog := program{structs: map[string]*ast.StructType{}, embedded: map[string]bool{}}
+	for _, p := range pkgs {
+		if err := prog.add(p.importPath, p.files); err != nil {
+			return nil, fmt.Errorf("%s: %w", p.importPath, err)
+		}
+	}
+	vars := map[string]envVar{}
+	for _, p := range pkgs {
+		pv, err := prog.packageEnv(p.importPath, p.files)
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", p.ImportPath, err)
+			return nil, fmt.Errorf("%s: %w", p.importPath, err)
 		}
 		for name, v := range pv {
 			if old, ok := vars[name]; ok && old.HasDefault && !v.HasDefault {
@@ -97,6 +114,56 @@ func readProgramEnv(pkg string) (map[string]envVar, error) {
 		}
 	}
 	return vars, nil
+}
+
+// program holds the struct types of every package of a program, by "package.Type", and
+// those a field of another package embeds under a prefix.
+type program struct {
+	structs  map[string]*ast.StructType
+	embedded map[string]bool
+}
+
+// add records the struct types of the package importPath, and the types of other packages
+// its struct fields embed under a prefix (an envPrefix tag, or an env tag on a field of a
+// qualified type).
+func (p *program) add(importPath string, files map[string][]byte) error {
+	pkg := importPath[strings.LastIndex(importPath, "/")+1:]
+	for name, src := range files {
+		f, err := parser.ParseFile(token.NewFileSet(), name, src, parser.SkipObjectResolution)
+		if err != nil {
+			return err
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			ts, ok := n.(*ast.TypeSpec)
+			if !ok {
+				return true
+			}
+			st, ok := ts.Type.(*ast.StructType)
+			if !ok {
+				return true
+			}
+			p.structs[pkg+"."+ts.Name.Name] = st
+			for _, field := range st.Fields.List {
+				sel, ok := field.Type.(*ast.SelectorExpr)
+				if !ok {
+					continue
+				}
+				tag := fieldTag(field)
+				_, hasPrefix := tag.Lookup("envPrefix")
+				_, hasEnv := tag.Lookup("env")
+				if x, ok := sel.X.(*ast.Ident); ok && (hasPrefix || hasEnv) {
+					p.embedded[x.Name+"."+sel.Sel.Name] = true
+				}
+			}
+			return true
+		})
+	}
+	return nil
+}
+
+// packageEnv is packageEnv of the package importPath of the program.
+func (p *program) packageEnv(importPath string, files map[string][]byte) (map[string]envVar, error) {
+	return packageEnvOf(files, importPath[strings.LastIndex(importPath, "/")+1:], p)
 }
 
 // flagFuncs are the flag package's definitions: name → whether the first argument is the
@@ -112,7 +179,8 @@ var flagFuncs = map[string]bool{
 // variables it reads:
 //
 //   - caarlos0/env struct tags: `env:"NAME,required"`, `envDefault:"…"`, nested structs'
-//     `envPrefix:"…"`, and the Prefix of an env.Options literal in the package, which applies
+//     `envPrefix:"…"` (or their `env:"…"`, which internal/envconfig takes as the prefix of a
+//     struct field), and the Prefix of an env.Options literal in the package, which applies
 //     to every struct of it. A string in a composite literal of such a struct (a DefaultConfig
 //     function) is the field's default too;
 //   - os.Getenv and os.LookupEnv of a string constant;
@@ -123,6 +191,13 @@ var flagFuncs = map[string]bool{
 //     for the name of every flag that the package defines; the flag's default is the
 //     variable's.
 func packageEnv(files map[string][]byte) (map[string]envVar, error) {
+	return packageEnvOf(files, "", &program{})
+}
+
+// packageEnvOf is [packageEnv] of the package pkg of prog: a field of a struct type of
+// another package of prog (service.RelayEnv) reads that struct's variables under its prefix,
+// and a struct type of pkg that another package embeds so is not read on its own.
+func packageEnvOf(files map[string][]byte, pkg string, prog *program) (map[string]envVar, error) {
 	fset := token.NewFileSet()
 	var parsed []*ast.File
 	for name, src := range files {
@@ -223,22 +298,40 @@ func packageEnv(files map[string][]byte) (map[string]envVar, error) {
 	vars := map[string]envVar{}
 	fieldVars := map[string]map[string]string{} // struct → field → variable
 	nested := map[string]bool{}
+	// prefixOf is the prefix a field gives the variables of its struct: its envPrefix tag, or
+	// the env tag of a field whose type is a struct (internal/envconfig reads it so).
+	structOf := func(name string) *ast.StructType {
+		if st := structs[name]; st != nil {
+			return st
+		}
+		return prog.structs[name] // package.Type
+	}
+	prefixOf := func(field *ast.Field) (string, bool) {
+		tag := fieldTag(field)
+		if p, ok := tag.Lookup("envPrefix"); ok {
+			return p, true
+		}
+		if p, ok := tag.Lookup("env"); ok && structOf(typeName(field.Type)) != nil {
+			return p, true
+		}
+		return "", false
+	}
 	for _, st := range structs {
 		for _, field := range st.Fields.List {
-			if _, ok := fieldTag(field).Lookup("envPrefix"); ok {
+			if _, ok := prefixOf(field); ok {
 				nested[typeName(field.Type)] = true
 			}
 		}
 	}
 	var walk func(structName, prefix string, depth int)
 	walk = func(structName, prefix string, depth int) {
-		st := structs[structName]
+		st := structOf(structName)
 		if st == nil || depth > 10 {
 			return
 		}
 		for _, field := range st.Fields.List {
 			tag := fieldTag(field)
-			if p, ok := tag.Lookup("envPrefix"); ok {
+			if p, ok := prefixOf(field); ok {
 				walk(typeName(field.Type), prefix+p, depth+1)
 				continue
 			}
@@ -267,7 +360,7 @@ func packageEnv(files map[string][]byte) (map[string]envVar, error) {
 		}
 	}
 	for name := range structs {
-		if !nested[name] {
+		if !nested[name] && !prog.embedded[pkg+"."+name] {
 			walk(name, prefix, 0)
 		}
 	}
@@ -384,6 +477,10 @@ func typeName(e ast.Expr) string {
 		return t.Name
 	case *ast.StarExpr:
 		return typeName(t.X)
+	case *ast.SelectorExpr: // a struct of another package of the program: "service.RelayEnv"
+		if x, ok := t.X.(*ast.Ident); ok {
+			return x.Name + "." + t.Sel.Name
+		}
 	}
 	return ""
 }

@@ -66,6 +66,55 @@ type Topology struct {
 	DeliveryLimit int
 }
 
+// Names are the settings of a service's topology, the one shape both services give it
+// (each declares its own Topology as a type of these, with its defaults and routing keys):
+// the names of the events exchange, the dead-letter exchange, the service's queue and its
+// dead-letter queue, and the queue's delivery limit; the fields are documented on
+// [Topology].
+type Names struct {
+	Exchange           string
+	DeadLetterExchange string
+	Queue              string
+	DeadLetterQueue    string
+	DeliveryLimit      int
+}
+
+// The names both services default to (docs/events.md): one events exchange and one
+// dead-letter exchange for the whole shop, and the broker's delivery limit.
+const (
+	DefaultExchange           = "shop.events"
+	DefaultDeadLetterExchange = "shop.dlx"
+	DefaultDeliveryLimit      = 20
+)
+
+// DefaultNames returns the default names of a service whose queue is queue: the shop's
+// exchanges, queue+".dead" as its dead-letter queue, and [DefaultDeliveryLimit].
+func DefaultNames(queue string) Names {
+	return Names{
+		Exchange: DefaultExchange, DeadLetterExchange: DefaultDeadLetterExchange,
+		Queue: queue, DeadLetterQueue: queue + ".dead", DeliveryLimit: DefaultDeliveryLimit,
+	}
+}
+
+// WithDefaults returns n with each zero field set to the one of defaults.
+func (n Names) WithDefaults(defaults Names) Names {
+	n.Exchange = cmp.Or(n.Exchange, defaults.Exchange)
+	n.DeadLetterExchange = cmp.Or(n.DeadLetterExchange, defaults.DeadLetterExchange)
+	n.Queue = cmp.Or(n.Queue, defaults.Queue)
+	n.DeadLetterQueue = cmp.Or(n.DeadLetterQueue, defaults.DeadLetterQueue)
+	n.DeliveryLimit = cmp.Or(n.DeliveryLimit, defaults.DeliveryLimit)
+	return n
+}
+
+// Topology returns the topology of n with the service's queue bound to routingKeys.
+func (n Names) Topology(routingKeys ...string) Topology {
+	return Topology{
+		Exchange: n.Exchange, DeadLetterExchange: n.DeadLetterExchange,
+		Queue: n.Queue, RoutingKeys: routingKeys,
+		DeadLetterQueue: n.DeadLetterQueue, DeliveryLimit: n.DeliveryLimit,
+	}
+}
+
 // Validate reports a missing name or a delivery limit below 1.
 func (t Topology) Validate() error {
 	var errs []error

@@ -202,3 +202,33 @@ func TestDeadLetterQueueArgs(t *testing.T) {
 	require.Equal(t, amqp.Table{amqp.QueueTypeArg: amqp.QueueTypeQuorum}, amqptopo.DeadLetterQueueArgs(3))
 	require.Equal(t, amqp.Table{amqp.QueueTypeArg: amqp.QueueTypeQuorum, amqptopo.ArgDeliveryLimit: int64(-1)}, amqptopo.DeadLetterQueueArgs(4))
 }
+
+func TestNames(t *testing.T) {
+	t.Parallel()
+
+	t.Run("DefaultNames", func(t *testing.T) {
+		t.Parallel()
+		require.Equal(t, amqptopo.Names{
+			Exchange: "shop.events", DeadLetterExchange: "shop.dlx",
+			Queue: "svc.q", DeadLetterQueue: "svc.q.dead", DeliveryLimit: 20,
+		}, amqptopo.DefaultNames("svc.q"))
+	})
+
+	t.Run("WithDefaultsFillsOnlyZeroFields", func(t *testing.T) {
+		t.Parallel()
+		n := amqptopo.Names{Queue: "mine", DeliveryLimit: 3}.WithDefaults(amqptopo.DefaultNames("svc.q"))
+		require.Equal(t, amqptopo.Names{
+			Exchange: "shop.events", DeadLetterExchange: "shop.dlx",
+			Queue: "mine", DeadLetterQueue: "svc.q.dead", DeliveryLimit: 3,
+		}, n)
+	})
+
+	t.Run("Topology", func(t *testing.T) {
+		t.Parallel()
+		top := amqptopo.DefaultNames("svc.q").Topology("a.b", "c.d")
+		require.Equal(t, []string{"a.b", "c.d"}, top.RoutingKeys)
+		require.Equal(t, "svc.q.dead", top.DeadLetterQueue)
+		require.NoError(t, top.Validate())
+		require.Error(t, amqptopo.Names{}.Topology().Validate())
+	})
+}

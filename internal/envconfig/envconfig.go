@@ -7,6 +7,15 @@
 // tests and embedding, and checked by a Validate method written with [Checks], which reports
 // every bad setting at once, by its variable's name.
 //
+// Settings both services have (the relay's, the consumer's) are declared once, in a struct
+// whose fields carry the variable without the service's prefix, and embedded in each
+// service's Config with the prefix as its env tag:
+//
+//	service.RelayEnv `env:"ORDERS_"` // ORDERS_RELAY_BATCH_SIZE, …
+//
+// The embedded fields are promoted, so cfg.RelayBatchSize reads as before; every variable a
+// Config reads still starts with its service's prefix, and [Variables] lists them all.
+//
 // Tags with envDefault were chosen over a DefaultConfig function that lists the values: the
 // default stands next to its variable, where the README's table and a reviewer look for it,
 // and the struct is the one place that names a setting.
@@ -31,7 +40,8 @@ func Load[T any](environ map[string]string) (T, error) {
 		environ = env.ToMap(os.Environ())
 	}
 	var cfg T
-	if err := env.ParseWithOptions(&cfg, env.Options{Environment: environ}); err != nil {
+	// A struct field's env tag is the prefix of its fields' variables (see the package doc).
+	if err := env.ParseWithOptions(&cfg, env.Options{Environment: environ, PrefixTagName: "env"}); err != nil {
 		var zero T
 		return zero, fmt.Errorf("read configuration from the environment: %w", nameVariables[T](err))
 	}
@@ -66,18 +76,50 @@ func nameVariables[T any](err error) error {
 	if !ok {
 		return err
 	}
-	typ := reflect.TypeFor[T]()
+	names := variables(reflect.TypeFor[T](), "", map[string]string{})
 	out := make([]error, 0, len(agg.Errors))
 	for _, e := range agg.Errors {
 		if pe, ok := errors.AsType[env.ParseError](e); ok {
-			if f, ok := typ.FieldByName(pe.Name); ok {
-				name, _, _ := strings.Cut(f.Tag.Get("env"), ",")
+			if name, ok := names[pe.Name]; ok {
 				e = fmt.Errorf("%s: %w", name, pe.Err)
 			}
 		}
 		out = append(out, e)
 	}
 	return errors.Join(out...)
+}
+
+// Variables returns the names of the environment variables T reads, in field order, those of
+// an embedded or nested settings struct under its prefix ([Load]).
+func Variables[T any]() []string { return VariablesOf(reflect.TypeFor[T]()) }
+
+// VariablesOf is [Variables] of the struct type typ.
+func VariablesOf(typ reflect.Type) []string {
+	var out []string
+	walk(typ, "", func(_ reflect.StructField, name string) { out = append(out, name) })
+	return out
+}
+
+// variables maps the name of every field of typ that reads a variable to the variable's
+// full name.
+func variables(typ reflect.Type, prefix string, into map[string]string) map[string]string {
+	walk(typ, prefix, func(f reflect.StructField, name string) { into[f.Name] = name })
+	return into
+}
+
+// walk calls f with every field of typ that reads a variable, and the variable's name: a
+// struct field's env tag prefixes the variables of its own fields.
+func walk(typ reflect.Type, prefix string, f func(reflect.StructField, string)) {
+	for field := range typ.Fields() {
+		name, _, _ := strings.Cut(field.Tag.Get("env"), ",")
+		switch {
+		case name == "" || name == "-" || !field.IsExported():
+		case field.Type.Kind() == reflect.Struct:
+			walk(field.Type, prefix+name, f)
+		default:
+			f(field, prefix+name)
+		}
+	}
 }
 
 // Checks collects the broken rules of a configuration, so that Validate reports all of them

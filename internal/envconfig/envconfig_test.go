@@ -97,3 +97,46 @@ func TestSection(t *testing.T) {
 	require.PanicsWithValue(t, "envconfig: struct { PartSize int; PartInterval time.Duration; Other string } has no field OtherSize of type int",
 		func() { envconfig.Section[part](flat, "Other") })
 }
+
+// Shared are settings two configurations have, without their prefix.
+type Shared struct {
+	SharedBatch   int           `env:"SHARED_BATCH" envDefault:"10"`
+	SharedTimeout time.Duration `env:"SHARED_TIMEOUT" envDefault:"2s"`
+}
+
+type prefixed struct {
+	Addr   string `env:"ONE_ADDR" envDefault:":1"`
+	Shared `env:"ONE_"`
+}
+
+func TestEmbeddedSettings(t *testing.T) {
+	t.Parallel()
+
+	t.Run("DefaultsAndPromotedFields", func(t *testing.T) {
+		t.Parallel()
+		cfg := envconfig.Defaults[prefixed]()
+		require.Equal(t, 10, cfg.SharedBatch)
+		require.Equal(t, 2*time.Second, cfg.SharedTimeout)
+	})
+
+	t.Run("ReadUnderThePrefix", func(t *testing.T) {
+		t.Parallel()
+		cfg, err := envconfig.Load[prefixed](map[string]string{"ONE_SHARED_BATCH": "7", "SHARED_TIMEOUT": "9s"})
+		require.NoError(t, err)
+		require.Equal(t, 7, cfg.SharedBatch)
+		require.Equal(t, 2*time.Second, cfg.SharedTimeout, "the unprefixed variable is not this configuration's")
+	})
+
+	t.Run("ParseErrorsNameThePrefixedVariable", func(t *testing.T) {
+		t.Parallel()
+		_, err := envconfig.Load[prefixed](map[string]string{"ONE_SHARED_TIMEOUT": "soon"})
+		require.ErrorContains(t, err, "ONE_SHARED_TIMEOUT: ")
+		require.NotContains(t, err.Error(), "SharedTimeout")
+	})
+
+	t.Run("Variables", func(t *testing.T) {
+		t.Parallel()
+		require.Equal(t, []string{"ONE_ADDR", "ONE_SHARED_BATCH", "ONE_SHARED_TIMEOUT"}, envconfig.Variables[prefixed]())
+		require.Equal(t, []string{"TEST_ADDR", "TEST_INTERVAL", "TEST_BATCH"}, envconfig.Variables[config]())
+	})
+}

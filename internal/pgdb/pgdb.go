@@ -246,3 +246,17 @@ func Wrap(op string, err error) error {
 	}
 	return wrapped
 }
+
+// DBTX is what a service adapter's queries need, the same in both services: pgx.Tx,
+// *pgx.Conn and *pgxpool.Pool satisfy it.
+type DBTX interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+var (
+	_ DBTX = pgx.Tx(nil)
+	_ DBTX = (*pgx.Conn)(nil)
+	_ DBTX = (*pgxpool.Pool)(nil)
+)

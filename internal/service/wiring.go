@@ -10,6 +10,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/outboxshop/outboxshop/internal/amqptopo"
+	"github.com/outboxshop/outboxshop/internal/envconfig"
 	"github.com/outboxshop/outboxshop/internal/failpoint"
 	"github.com/outboxshop/outboxshop/internal/httpserver"
 	"github.com/outboxshop/outboxshop/internal/readiness"
@@ -51,8 +53,95 @@ const (
 	RelayRetryMaxDelay  = 5 * time.Minute
 )
 
+// BrokerEnv are the broker variables whose defaults both services share, embedded in each
+// service's Config under its prefix as [RelayEnv] is: the broker, the shop's exchanges
+// (docs/events.md), the queue's delivery limit, and the grace of a lost broker connection.
+// The queue names, which differ, are each Config's own Queue and DeadLetterQueue fields;
+// [BrokerEnv.Names] puts them together.
+type BrokerEnv struct {
+	// AMQPURL is the RabbitMQ broker.
+	AMQPURL string `env:"AMQP_URL" envDefault:"amqp://guest:guest@127.0.0.1:5672/"`
+	// EventsExchange and DeadLetterExchange are the shop's exchanges (docs/events.md).
+	EventsExchange     string `env:"EVENTS_EXCHANGE" envDefault:"shop.events"`
+	DeadLetterExchange string `env:"DEAD_LETTER_EXCHANGE" envDefault:"shop.dlx"`
+	// QueueDeliveryLimit is the quorum queue's x-delivery-limit, set when the queue is
+	// declared. A queue that exists with another one keeps it, with a warning in the log
+	// (docs/events.md).
+	QueueDeliveryLimit int `env:"QUEUE_DELIVERY_LIMIT" envDefault:"20"`
+	// BrokerDownGrace is how long the consumer, or the relay, may be cut off from the broker
+	// before /readyz answers 503.
+	BrokerDownGrace time.Duration `env:"BROKER_DOWN_GRACE" envDefault:"30s"`
+}
+
+// Names returns the topology of e with the service's queue and dead-letter queue.
+func (e BrokerEnv) Names(queue, deadLetterQueue string) amqptopo.Names {
+	return amqptopo.Names{
+		Exchange: e.EventsExchange, DeadLetterExchange: e.DeadLetterExchange,
+		Queue: queue, DeadLetterQueue: deadLetterQueue, DeliveryLimit: e.QueueDeliveryLimit,
+	}
+}
+
+// Check records in v every broker setting that cannot work, by its variable's name.
+func (e BrokerEnv) Check(v *envconfig.Checks, prefix string) {
+	v.Check(e.AMQPURL != "", "%sAMQP_URL is required", prefix)
+	v.Check(e.EventsExchange != "" && e.DeadLetterExchange != "", "%[1]sEVENTS_EXCHANGE and %[1]sDEAD_LETTER_EXCHANGE are required", prefix)
+	v.Check(e.QueueDeliveryLimit > 0, "%sQUEUE_DELIVERY_LIMIT must be positive, is %d", prefix, e.QueueDeliveryLimit)
+	v.Check(e.BrokerDownGrace > 0, "%sBROKER_DOWN_GRACE must be positive, is %s", prefix, e.BrokerDownGrace)
+}
+
+// RelayEnv are the relay's variables, the same in both services: each service's Config
+// embeds it under its prefix (service.RelayEnv `env:"ORDERS_"` reads ORDERS_RELAY_BATCH_SIZE),
+// and hands the relay its [RelaySettings] with envconfig.Section(cfg, "Relay"). The fields
+// are documented on RelaySettings.
+type RelayEnv struct {
+	RelayBatchSize       int           `env:"RELAY_BATCH_SIZE" envDefault:"100"`
+	RelayPollInterval    time.Duration `env:"RELAY_POLL_INTERVAL" envDefault:"1s"`
+	RelayMaxAttempts     int           `env:"RELAY_MAX_ATTEMPTS" envDefault:"10"`
+	RelayPublishTimeout  time.Duration `env:"RELAY_PUBLISH_TIMEOUT" envDefault:"30s"`
+	RelayClaimTimeout    time.Duration `env:"RELAY_CLAIM_TIMEOUT" envDefault:"35s"`
+	RelayMaxMessageBytes int           `env:"RELAY_MAX_MESSAGE_BYTES" envDefault:"16777216"`
+}
+
+// Check records in v every relay setting that cannot work, by its variable's name
+// (prefix, such as "ORDERS_", then RELAY_…).
+func (e RelayEnv) Check(v *envconfig.Checks, prefix string) {
+	v.Check(e.RelayBatchSize > 0, "%sRELAY_BATCH_SIZE must be positive, is %d", prefix, e.RelayBatchSize)
+	v.Check(e.RelayPollInterval > 0, "%sRELAY_POLL_INTERVAL must be positive, is %s", prefix, e.RelayPollInterval)
+	v.Check(e.RelayMaxAttempts > 0, "%sRELAY_MAX_ATTEMPTS must be positive, is %d", prefix, e.RelayMaxAttempts)
+	v.Check(e.RelayPublishTimeout > 0, "%sRELAY_PUBLISH_TIMEOUT must be positive, is %s", prefix, e.RelayPublishTimeout)
+	v.Check(e.RelayClaimTimeout > e.RelayPublishTimeout, "%[1]sRELAY_CLAIM_TIMEOUT (%[2]s) must exceed %[1]sRELAY_PUBLISH_TIMEOUT (%[3]s)",
+		prefix, e.RelayClaimTimeout, e.RelayPublishTimeout)
+	v.Check(e.RelayMaxMessageBytes > 0, "%sRELAY_MAX_MESSAGE_BYTES must be positive, is %d", prefix, e.RelayMaxMessageBytes)
+}
+
+// ConsumerEnv are the consumer's variables with the same defaults in both services, embedded
+// in each service's Config under its prefix as [RelayEnv] is. The concurrency, whose default
+// differs between the services (4 and 8), is each Config's own ConsumerConcurrency field;
+// envconfig.Section(cfg, "Consumer") reads all of them into [ConsumerSettings], where the
+// fields are documented.
+type ConsumerEnv struct {
+	ConsumerPrefetch      int           `env:"CONSUMER_PREFETCH" envDefault:"32"`
+	ConsumerMaxDeliveries int           `env:"CONSUMER_MAX_DELIVERIES" envDefault:"5"`
+	ConsumerRetryDelay    time.Duration `env:"CONSUMER_RETRY_DELAY" envDefault:"1s"`
+	ConsumerMaxRetryDelay time.Duration `env:"CONSUMER_MAX_RETRY_DELAY" envDefault:"30s"`
+	ConsumerMaxHold       time.Duration `env:"CONSUMER_MAX_HOLD" envDefault:"15m"`
+}
+
+// Check records in v every consumer setting that cannot work, by its variable's name;
+// concurrency is the service's <prefix>CONSUMER_CONCURRENCY.
+func (e ConsumerEnv) Check(v *envconfig.Checks, prefix string, concurrency int) {
+	v.Check(e.ConsumerPrefetch > 0 && e.ConsumerPrefetch <= 65535, "%sCONSUMER_PREFETCH must be 1..65535, is %d", prefix, e.ConsumerPrefetch)
+	v.Check(concurrency > 0 && concurrency <= e.ConsumerPrefetch, "%[1]sCONSUMER_CONCURRENCY (%[2]d) must be from 1 to %[1]sCONSUMER_PREFETCH (%[3]d)",
+		prefix, concurrency, e.ConsumerPrefetch)
+	v.Check(e.ConsumerMaxDeliveries > 0, "%sCONSUMER_MAX_DELIVERIES must be positive, is %d", prefix, e.ConsumerMaxDeliveries)
+	v.Check(e.ConsumerRetryDelay > 0, "%sCONSUMER_RETRY_DELAY must be positive, is %s", prefix, e.ConsumerRetryDelay)
+	v.Check(e.ConsumerMaxRetryDelay >= e.ConsumerRetryDelay, "%[1]sCONSUMER_MAX_RETRY_DELAY (%[2]s) must be at least %[1]sCONSUMER_RETRY_DELAY (%[3]s)",
+		prefix, e.ConsumerMaxRetryDelay, e.ConsumerRetryDelay)
+	v.Check(e.ConsumerMaxHold > 0, "%sCONSUMER_MAX_HOLD must be positive, is %s", prefix, e.ConsumerMaxHold)
+}
+
 // RelaySettings are the outbox relay's settings, the same variables in both services
-// (<SERVICE>_RELAY_*, the Relay* fields of their Config, read with envconfig.Section).
+// (<SERVICE>_RELAY_*, [RelayEnv] in their Config, read with envconfig.Section).
 type RelaySettings struct {
 	// BatchSize bounds the rows one cycle claims; PollInterval is the wait between cycles
 	// when no notification comes; MaxAttempts is the publishes a row gets before it is dead.
@@ -69,7 +158,8 @@ type RelaySettings struct {
 }
 
 // ConsumerSettings are the inbox consumer's settings, the same variables in both services
-// (<SERVICE>_CONSUMER_*, the Consumer* fields of their Config, read with envconfig.Section).
+// (<SERVICE>_CONSUMER_*, [ConsumerEnv] and ConsumerConcurrency in their Config, read with
+// envconfig.Section).
 // Zero values take pkg/inbox/rabbitmq's defaults.
 type ConsumerSettings struct {
 	// Prefetch and Concurrency bound the messages in hand and in work.
@@ -255,15 +345,4 @@ func AddServer(p *Process, name string, ln net.Listener, h http.Handler, shutdow
 	p.Group.Add(name, func(ctx context.Context) error {
 		return httpserver.Serve(ctx, ln, h, httpserver.Config{ShutdownTimeout: shutdownTimeout}, p.Log)
 	})
-}
-
-// Register registers every collector on reg, stopping at the first error: a service's own
-// metrics.
-func Register(reg prometheus.Registerer, cs ...prometheus.Collector) error {
-	for _, c := range cs {
-		if err := reg.Register(c); err != nil {
-			return err
-		}
-	}
-	return nil
 }

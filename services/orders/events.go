@@ -4,6 +4,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/outboxshop/outboxshop/internal/events"
 )
 
 // Event types (the AMQP type property) and their routing keys, as in docs/events.md.
@@ -21,8 +23,9 @@ const (
 	RoutingKeyStockReleased  = "stock.released"
 )
 
-// EventVersion is the schema version of every event this service publishes and understands.
-const EventVersion = 1
+// EventVersion is the schema version of every event this service publishes and understands
+// (internal/events, the same in both services).
+const EventVersion = events.Version
 
 // AggregateType is the outbox aggregate type of the order events: the relay publishes the
 // events of one order in the order they were written.

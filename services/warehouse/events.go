@@ -9,11 +9,13 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/outboxshop/outboxshop/internal/events"
 	"github.com/outboxshop/outboxshop/internal/input"
 )
 
-// EventVersion is the schema version of every event the warehouse reads and writes.
-const EventVersion = 1
+// EventVersion is the schema version of every event the warehouse reads and writes
+// (internal/events, the same in both services).
+const EventVersion = events.Version
 
 // Event types (the AMQP type property) and their routing keys, after docs/events.md.
 const (
@@ -44,31 +46,25 @@ const (
 // OrderCreated is the part of the orders service's OrderCreated event that the warehouse
 // uses. Other fields (customer_id, created_at, …) are ignored.
 type OrderCreated struct {
-	Version int64     `json:"version"`
-	OrderID uuid.UUID `json:"order_id"`
+	events.Header
 	// Items as sent; DecodeOrderCreated merges them per SKU and sorts them.
 	Items []Line `json:"items"`
 }
 
 // OrderCancelled is the part of the orders service's OrderCancelled event that the warehouse
 // uses.
-type OrderCancelled struct {
-	Version int64     `json:"version"`
-	OrderID uuid.UUID `json:"order_id"`
-}
+type OrderCancelled struct{ events.Header }
 
 // StockReserved answers an OrderCreated whose every line is now held.
 type StockReserved struct {
-	Version    int64     `json:"version"`
-	OrderID    uuid.UUID `json:"order_id"`
+	events.Header
 	Items      []Line    `json:"items"`
 	ReservedAt time.Time `json:"reserved_at"`
 }
 
 // StockRejected answers an OrderCreated for which nothing is held.
 type StockRejected struct {
-	Version int64     `json:"version"`
-	OrderID uuid.UUID `json:"order_id"`
+	events.Header
 	// Reason is ReasonInsufficientStock, ReasonUnknownSKU or ReasonOrderCancelled.
 	Reason string `json:"reason"`
 	// Shortages lists the lines that could not be reserved (unknown SKUs with available 0);
@@ -79,8 +75,7 @@ type StockRejected struct {
 
 // StockReleased answers an OrderCancelled: nothing is held for the order any more.
 type StockReleased struct {
-	Version int64     `json:"version"`
-	OrderID uuid.UUID `json:"order_id"`
+	events.Header
 	// Items is what was given back; empty when nothing was held.
 	Items      []Line    `json:"items"`
 	ReleasedAt time.Time `json:"released_at"`
@@ -155,7 +150,7 @@ func DecodeOrderCreated(body []byte) (OrderCreated, error) {
 	if err != nil {
 		return OrderCreated{}, err
 	}
-	ev := OrderCreated{Version: EventVersion, OrderID: id, Items: raw.Items}
+	ev := OrderCreated{Header: events.NewHeader(id), Items: raw.Items}
 	if len(ev.Items) == 0 || len(ev.Items) > MaxOrderLines {
 		return OrderCreated{}, Errorf(CodeInvalid, "OrderCreated must have 1 to %d items, has %d", MaxOrderLines, len(ev.Items))
 	}
@@ -187,7 +182,7 @@ func DecodeOrderCancelled(body []byte) (OrderCancelled, error) {
 	if err != nil {
 		return OrderCancelled{}, err
 	}
-	return OrderCancelled{Version: EventVersion, OrderID: id}, nil
+	return OrderCancelled{events.NewHeader(id)}, nil
 }
 
 // nonNil returns s, or an empty slice for nil, so that JSON shows [] rather than null.
@@ -200,16 +195,16 @@ func nonNil[T any](s []T) []T {
 
 // NewStockReserved returns the StockReserved event for an order whose lines are now held.
 func NewStockReserved(orderID uuid.UUID, lines []Line, at time.Time) StockReserved {
-	return StockReserved{Version: EventVersion, OrderID: orderID, Items: nonNil(lines), ReservedAt: at.UTC()}
+	return StockReserved{Header: events.NewHeader(orderID), Items: nonNil(lines), ReservedAt: at.UTC()}
 }
 
 // NewStockRejected returns the StockRejected event for an order for which nothing is held.
 func NewStockRejected(orderID uuid.UUID, reason string, shortages []Shortage, at time.Time) StockRejected {
-	return StockRejected{Version: EventVersion, OrderID: orderID, Reason: reason, Shortages: nonNil(shortages), RejectedAt: at.UTC()}
+	return StockRejected{Header: events.NewHeader(orderID), Reason: reason, Shortages: nonNil(shortages), RejectedAt: at.UTC()}
 }
 
 // NewStockReleased returns the StockReleased event for a cancelled order; lines is what was
 // given back (none when nothing was held).
 func NewStockReleased(orderID uuid.UUID, lines []Line, at time.Time) StockReleased {
-	return StockReleased{Version: EventVersion, OrderID: orderID, Items: nonNil(lines), ReleasedAt: at.UTC()}
+	return StockReleased{Header: events.NewHeader(orderID), Items: nonNil(lines), ReleasedAt: at.UTC()}
 }

@@ -4,7 +4,6 @@
 package amqp
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -24,58 +23,38 @@ import (
 // inbox deduplicates per name.
 const ConsumerName = "orders"
 
-// Default topology names, from docs/events.md.
-const (
-	DefaultExchange           = "shop.events"
-	DefaultDeadLetterExchange = "shop.dlx"
-	DefaultQueue              = "orders.stock"
-	DefaultDeadQueue          = "orders.stock.dead"
-	DefaultDeliveryLimit      = 20
-)
+// Topology is what the orders service declares on the broker, after docs/events.md:
+// amqptopo.Names, the shape both services give their topology. The queue of stock events
+// (quorum) is bound to [StockRoutingKeys] and dead-letters to DeadLetterExchange with its own
+// name; the dead-letter queue (quorum, without a delivery limit) is bound there with Queue as
+// routing key; DeliveryLimit, the queue's x-delivery-limit, is the broker's own bound on
+// redeliveries of a message that kills its consumer (the consumer counts its retries itself).
+type Topology amqptopo.Names
 
-// Topology is what the orders service declares on the broker: the events exchange (topic), the
-// dead-letter exchange (direct), its queue of stock events bound to stock.reserved,
-// stock.rejected and stock.released, and the queue of its dead letters, bound to the
-// dead-letter exchange with the queue's name (docs/events.md). Zero fields take the defaults
-// above.
-type Topology struct {
-	Exchange           string
-	DeadLetterExchange string
-	Queue              string
-	DeadQueue          string
-	// DeliveryLimit is the quorum queues' x-delivery-limit: the broker's own bound on
-	// redeliveries of a message that kills its consumer (the consumer counts its retries
-	// itself).
-	DeliveryLimit int
-}
+// DefaultTopology returns the names of docs/events.md: the shop's exchanges, the queue
+// orders.stock and its dead letters in orders.stock.dead (amqptopo.DefaultNames).
+func DefaultTopology() Topology { return Topology(amqptopo.DefaultNames("orders.stock")) }
 
-// WithDefaults returns t with its zero fields set to the defaults.
+// WithDefaults returns t with its zero fields set to those of [DefaultTopology].
 func (t Topology) WithDefaults() Topology {
-	t.Exchange = cmp.Or(t.Exchange, DefaultExchange)
-	t.DeadLetterExchange = cmp.Or(t.DeadLetterExchange, DefaultDeadLetterExchange)
-	t.Queue = cmp.Or(t.Queue, DefaultQueue)
-	t.DeadQueue = cmp.Or(t.DeadQueue, DefaultDeadQueue)
-	t.DeliveryLimit = cmp.Or(t.DeliveryLimit, DefaultDeliveryLimit)
-	return t
+	return Topology(amqptopo.Names(t).WithDefaults(amqptopo.Names(DefaultTopology())))
 }
 
 // StockRoutingKeys are the routing keys the orders queue is bound to.
 var StockRoutingKeys = []string{orders.RoutingKeyStockReserved, orders.RoutingKeyStockRejected, orders.RoutingKeyStockReleased}
 
-// Shared returns t, with its defaults, as internal/amqptopo declares it: the queue bound to
-// StockRoutingKeys, dead-lettering to the dead-letter exchange, and a dead-letter queue
-// without a delivery limit. The service declares it with an amqptopo.Declarer, which keeps a
-// queue that exists with other arguments instead of failing.
+// Validate reports a missing name or a bad delivery limit of t as it is, without defaults.
+func (t Topology) Validate() error { return amqptopo.Names(t).Topology().Validate() }
+
+// Shared returns t, its zero fields defaulted, as internal/amqptopo declares it: the queue
+// bound to StockRoutingKeys. The service declares it with an amqptopo.Declarer, which keeps
+// a queue that exists with other arguments (a changed delivery limit) instead of failing.
 func (t Topology) Shared() amqptopo.Topology {
-	t = t.WithDefaults()
-	return amqptopo.Topology{
-		Exchange: t.Exchange, DeadLetterExchange: t.DeadLetterExchange,
-		Queue: t.Queue, RoutingKeys: StockRoutingKeys, DeadLetterQueue: t.DeadQueue, DeliveryLimit: t.DeliveryLimit,
-	}
+	return amqptopo.Names(t.WithDefaults()).Topology(StockRoutingKeys...)
 }
 
 // Declare declares the topology on ch and fails on the first refusal (amqptopo.Topology's
-// Declare): for tests that own the broker.
+// Declare): for tests and tools that own the broker.
 func (t Topology) Declare(ch *amqp.Channel) error { return t.Shared().Declare(ch) }
 
 // StockApplier applies a stock event to its order inside the inbox transaction.

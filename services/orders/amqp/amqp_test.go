@@ -43,7 +43,7 @@ func uniqueTopology(t *testing.T) ordersamqp.Topology {
 		Exchange:           testinfra.UniqueName(t, "ex"),
 		DeadLetterExchange: testinfra.UniqueName(t, "dlx"),
 		Queue:              testinfra.UniqueName(t, "q"),
-		DeadQueue:          testinfra.UniqueName(t, "dq"),
+		DeadLetterQueue:    testinfra.UniqueName(t, "dq"),
 	}
 }
 
@@ -56,7 +56,7 @@ func deleteTopology(t *testing.T, amqpURL string, top ordersamqp.Topology) {
 		defer conn.Close()
 		ch, err := conn.Channel()
 		require.NoError(t, err)
-		for _, q := range []string{top.Queue, top.DeadQueue} {
+		for _, q := range []string{top.Queue, top.DeadLetterQueue} {
 			_, err := ch.QueueDelete(q, false, false, false)
 			require.NoError(t, err)
 		}
@@ -342,13 +342,13 @@ func TestConsumer(t *testing.T) {
 
 		reasons := map[string]string{}
 		testinfra.Eventually(t, 10*time.Second, func() bool {
-			d, ok, err := b.ch.Get(b.top.DeadQueue, true)
+			d, ok, err := b.ch.Get(b.top.DeadLetterQueue, true)
 			require.NoError(t, err)
 			if ok {
 				reasons[d.MessageId], _ = d.Headers[rabbitmq.HeaderDeadReason].(string)
 			}
 			return len(reasons) == len(bad)
-		}, "dead letters in %s", b.top.DeadQueue)
+		}, "dead letters in %s", b.top.DeadLetterQueue)
 		for _, m := range bad {
 			require.Contains(t, reasons[m.id], m.reason, m.id)
 		}
@@ -394,12 +394,12 @@ func TestTopologyDeclare(t *testing.T) {
 	q, err := ch.QueueDeclarePassive(top.Queue, true, false, false, false, nil)
 	require.NoError(t, err)
 	require.Equal(t, len(ordersamqp.StockRoutingKeys), q.Messages)
-	dq, err := ch.QueueDeclarePassive(top.DeadQueue, true, false, false, false, nil)
+	dq, err := ch.QueueDeclarePassive(top.DeadLetterQueue, true, false, false, false, nil)
 	require.NoError(t, err)
 	require.Equal(t, 1, dq.Messages)
 	// The dead-letter queue has no delivery limit (docs/events.md): the broker accepts a
 	// declaration of it as a quorum queue without one, which it would refuse otherwise.
-	_, err = ch.QueueDeclare(top.DeadQueue, true, false, false, false, amqp.Table{amqp.QueueTypeArg: amqp.QueueTypeQuorum})
+	_, err = ch.QueueDeclare(top.DeadLetterQueue, true, false, false, false, amqp.Table{amqp.QueueTypeArg: amqp.QueueTypeQuorum})
 	require.NoError(t, err)
 }
 

@@ -83,10 +83,7 @@ func New(cfg Config, mode Mode, opts Options) (*App, error) {
 	return &App{
 		Process: service.NewProcess(ServiceName, string(mode), opts),
 		cfg:     cfg, mode: mode,
-		topology: ordersamqp.Topology{
-			Exchange: cfg.EventsExchange, DeadLetterExchange: cfg.DeadLetterExchange,
-			Queue: cfg.Queue, DeadQueue: cfg.DeadLetterQueue, DeliveryLimit: cfg.QueueDeliveryLimit,
-		}.WithDefaults(),
+		topology: ordersamqp.Topology(cfg.Names(cfg.Queue, cfg.DeadLetterQueue)).WithDefaults(),
 	}, nil
 }
 
@@ -155,7 +152,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 }
 
 func (a *App) addAPI() error {
-	svc, err := newServiceMetrics(a.Registry)
+	svc, err := newServiceMetrics(a.Process)
 	if err != nil {
 		return fmt.Errorf("register service metrics: %w", err)
 	}

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/outboxshop/outboxshop/internal/envconfig"
+	"github.com/outboxshop/outboxshop/internal/service"
 )
 
 // Config is the whole configuration of the orders service, read once from the environment by
@@ -20,20 +21,12 @@ type Config struct {
 	// for, with a log line per attempt, until the process is stopped.
 	DatabaseTimeout time.Duration `env:"ORDERS_DATABASE_TIMEOUT" envDefault:"5s"`
 
-	// AMQPURL is the RabbitMQ broker.
-	AMQPURL string `env:"ORDERS_AMQP_URL" envDefault:"amqp://guest:guest@127.0.0.1:5672/"`
-	// Topology names (docs/events.md).
-	EventsExchange     string `env:"ORDERS_EVENTS_EXCHANGE" envDefault:"shop.events"`
-	DeadLetterExchange string `env:"ORDERS_DEAD_LETTER_EXCHANGE" envDefault:"shop.dlx"`
-	Queue              string `env:"ORDERS_QUEUE" envDefault:"orders.stock"`
-	DeadLetterQueue    string `env:"ORDERS_DEAD_LETTER_QUEUE" envDefault:"orders.stock.dead"`
-	// QueueDeliveryLimit is the quorum queue's x-delivery-limit, set when the queue is
-	// declared. A queue that exists with another one keeps it, with a warning in the log
-	// (docs/events.md).
-	QueueDeliveryLimit int `env:"ORDERS_QUEUE_DELIVERY_LIMIT" envDefault:"20"`
-	// BrokerDownGrace is how long the consumer, or the relay, may be cut off from the broker
-	// before /readyz answers 503.
-	BrokerDownGrace time.Duration `env:"ORDERS_BROKER_DOWN_GRACE" envDefault:"30s"`
+	// The broker, the shop's exchanges, the queue's delivery limit and the grace of a lost
+	// broker connection: internal/service BrokerEnv (ORDERS_AMQP_URL, …).
+	service.BrokerEnv `env:"ORDERS_"`
+	// The queue of stock events and its dead letters (docs/events.md).
+	Queue           string `env:"ORDERS_QUEUE" envDefault:"orders.stock"`
+	DeadLetterQueue string `env:"ORDERS_DEAD_LETTER_QUEUE" envDefault:"orders.stock.dead"`
 
 	// HTTPAddr is where the API listens (api and all).
 	HTTPAddr string `env:"ORDERS_HTTP_ADDR" envDefault:":8080"`
@@ -42,23 +35,16 @@ type Config struct {
 	// HTTPShutdownTimeout is how long in-flight requests get to finish on shutdown.
 	HTTPShutdownTimeout time.Duration `env:"ORDERS_HTTP_SHUTDOWN_TIMEOUT" envDefault:"10s"`
 
-	// Consumer of the stock events (api and all); the retry settings are documented on
-	// internal/service ConsumerRetries, ConsumerMaxHold beside them.
-	ConsumerPrefetch        int           `env:"ORDERS_CONSUMER_PREFETCH" envDefault:"32"`
+	// Consumer of the stock events (api and all): the settings both services share
+	// (internal/service ConsumerEnv, ORDERS_CONSUMER_PREFETCH, …), and the concurrency;
+	// documented on internal/service ConsumerSettings.
+	service.ConsumerEnv     `env:"ORDERS_"`
 	ConsumerConcurrency     int           `env:"ORDERS_CONSUMER_CONCURRENCY" envDefault:"4"`
-	ConsumerMaxDeliveries   int           `env:"ORDERS_CONSUMER_MAX_DELIVERIES" envDefault:"5"`
-	ConsumerRetryDelay      time.Duration `env:"ORDERS_CONSUMER_RETRY_DELAY" envDefault:"1s"`
 	ConsumerShutdownTimeout time.Duration `env:"ORDERS_CONSUMER_SHUTDOWN_TIMEOUT" envDefault:"10s"`
-	ConsumerMaxRetryDelay   time.Duration `env:"ORDERS_CONSUMER_MAX_RETRY_DELAY" envDefault:"30s"`
-	ConsumerMaxHold         time.Duration `env:"ORDERS_CONSUMER_MAX_HOLD" envDefault:"15m"`
 
-	// Outbox relay (relay and all), documented on internal/service RelaySettings.
-	RelayBatchSize       int           `env:"ORDERS_RELAY_BATCH_SIZE" envDefault:"100"`
-	RelayPollInterval    time.Duration `env:"ORDERS_RELAY_POLL_INTERVAL" envDefault:"1s"`
-	RelayMaxAttempts     int           `env:"ORDERS_RELAY_MAX_ATTEMPTS" envDefault:"10"`
-	RelayPublishTimeout  time.Duration `env:"ORDERS_RELAY_PUBLISH_TIMEOUT" envDefault:"30s"`
-	RelayClaimTimeout    time.Duration `env:"ORDERS_RELAY_CLAIM_TIMEOUT" envDefault:"35s"`
-	RelayMaxMessageBytes int           `env:"ORDERS_RELAY_MAX_MESSAGE_BYTES" envDefault:"16777216"`
+	// Outbox relay (relay and all): internal/service RelayEnv (ORDERS_RELAY_BATCH_SIZE, …),
+	// documented on internal/service RelaySettings.
+	service.RelayEnv `env:"ORDERS_"`
 
 	// Retention of published outbox rows, cleaned by the relay process.
 	OutboxRetention       time.Duration `env:"ORDERS_OUTBOX_RETENTION" envDefault:"168h"`
@@ -89,27 +75,13 @@ func (c Config) Validate() error {
 	var v envconfig.Checks
 	check := v.Check
 	check(c.DatabaseURL != "", "ORDERS_DATABASE_URL is empty")
-	check(c.AMQPURL != "", "ORDERS_AMQP_URL is empty")
+	c.BrokerEnv.Check(&v, "ORDERS_")
 	check(c.DatabaseMaxConns >= 2, "ORDERS_DATABASE_MAX_CONNS must be at least 2, got %d", c.DatabaseMaxConns)
 	check(c.DatabaseTimeout > 0, "ORDERS_DATABASE_TIMEOUT must be positive")
-	check(c.BrokerDownGrace > 0, "ORDERS_BROKER_DOWN_GRACE must be positive")
-	check(c.EventsExchange != "" && c.DeadLetterExchange != "" && c.Queue != "" && c.DeadLetterQueue != "",
-		"ORDERS_EVENTS_EXCHANGE, ORDERS_DEAD_LETTER_EXCHANGE, ORDERS_QUEUE and ORDERS_DEAD_LETTER_QUEUE must be set")
-	check(c.QueueDeliveryLimit > 0, "ORDERS_QUEUE_DELIVERY_LIMIT must be positive")
-	check(c.ConsumerPrefetch > 0 && c.ConsumerPrefetch <= 65535, "ORDERS_CONSUMER_PREFETCH must be 1..65535")
-	check(c.ConsumerConcurrency > 0 && c.ConsumerConcurrency <= c.ConsumerPrefetch,
-		"ORDERS_CONSUMER_CONCURRENCY must be 1..ORDERS_CONSUMER_PREFETCH")
-	check(c.ConsumerMaxDeliveries > 0, "ORDERS_CONSUMER_MAX_DELIVERIES must be positive")
-	check(c.ConsumerRetryDelay > 0, "ORDERS_CONSUMER_RETRY_DELAY must be positive")
+	check(c.Queue != "" && c.DeadLetterQueue != "", "ORDERS_QUEUE and ORDERS_DEAD_LETTER_QUEUE are required")
+	c.ConsumerEnv.Check(&v, "ORDERS_", c.ConsumerConcurrency)
 	check(c.ConsumerShutdownTimeout > 0, "ORDERS_CONSUMER_SHUTDOWN_TIMEOUT must be positive")
-	check(c.RelayBatchSize > 0, "ORDERS_RELAY_BATCH_SIZE must be positive")
-	check(c.RelayPollInterval > 0, "ORDERS_RELAY_POLL_INTERVAL must be positive")
-	check(c.RelayMaxAttempts > 0, "ORDERS_RELAY_MAX_ATTEMPTS must be positive")
-	check(c.RelayPublishTimeout > 0, "ORDERS_RELAY_PUBLISH_TIMEOUT must be positive")
-	check(c.RelayClaimTimeout > c.RelayPublishTimeout, "ORDERS_RELAY_CLAIM_TIMEOUT must exceed ORDERS_RELAY_PUBLISH_TIMEOUT")
-	check(c.RelayMaxMessageBytes > 0, "ORDERS_RELAY_MAX_MESSAGE_BYTES must be positive")
-	check(c.ConsumerMaxRetryDelay >= c.ConsumerRetryDelay, "ORDERS_CONSUMER_MAX_RETRY_DELAY must be at least ORDERS_CONSUMER_RETRY_DELAY")
-	check(c.ConsumerMaxHold > 0, "ORDERS_CONSUMER_MAX_HOLD must be positive")
+	c.RelayEnv.Check(&v, "ORDERS_")
 	check(c.OutboxRetention > 0 && c.OutboxCleanupInterval > 0, "ORDERS_OUTBOX_RETENTION and ORDERS_OUTBOX_CLEANUP_INTERVAL must be positive")
 	check(c.InboxRetention > 0 && c.InboxCleanupInterval > 0, "ORDERS_INBOX_RETENTION and ORDERS_INBOX_CLEANUP_INTERVAL must be positive")
 	check(c.IdempotencyKeyRetention > 0 && c.IdempotencyKeyCleanupInterval > 0,

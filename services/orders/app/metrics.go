@@ -17,8 +17,6 @@ import (
 // the libraries' (docs/metrics.md); the Go and process collectors go without it.
 const ServiceName = "orders"
 
-func constLabels() prometheus.Labels { return service.ConstLabels(ServiceName) }
-
 // consumedTypes are the message types the stock consumer knows: the type label of the inbox
 // metrics; any other type is counted as "other".
 var consumedTypes = []string{orders.EventStockReserved, orders.EventStockRejected, orders.EventStockReleased}
@@ -36,24 +34,18 @@ type serviceMetrics struct {
 	outcomes *prometheus.CounterVec
 }
 
-func newServiceMetrics(reg prometheus.Registerer) (*serviceMetrics, error) {
+func newServiceMetrics(p *service.Process) (*serviceMetrics, error) {
+	d := service.NewMetrics(p)
+	statuses := make([]string, len(finalStatuses))
+	for i, s := range finalStatuses {
+		statuses[i] = string(s)
+	}
 	m := &serviceMetrics{
-		created: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "orders_created_total", Help: "Orders accepted (201 answers that created an order, not idempotent replays).",
-			ConstLabels: constLabels(),
-		}),
-		outcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "orders_outcomes_total", Help: "Orders reaching a final status (RESERVED, REJECTED, CANCELLED).",
-			ConstLabels: constLabels(),
-		}, []string{"status"}),
+		created: d.Counter("orders_created_total", "Orders accepted (201 answers that created an order, not idempotent replays)."),
+		outcomes: d.CounterVec("orders_outcomes_total", "Orders reaching a final status (RESERVED, REJECTED, CANCELLED).",
+			"status", statuses...),
 	}
-	if err := service.Register(reg, m.created, m.outcomes); err != nil {
-		return nil, err
-	}
-	for _, s := range finalStatuses {
-		m.outcomes.WithLabelValues(string(s)) // every series from the start, so rate() sees the first
-	}
-	return m, nil
+	return m, d.Err()
 }
 
 // countingApplier is the store as the stock consumer's handler sees it: every transition to a

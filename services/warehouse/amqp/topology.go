@@ -16,49 +16,32 @@ import (
 	"github.com/outboxshop/outboxshop/services/warehouse"
 )
 
-// Topology names what the warehouse declares, after docs/events.md.
-type Topology struct {
-	// Exchange is the events exchange (topic, durable). Default "shop.events".
-	Exchange string
-	// DeadLetterExchange is the dead-letter exchange (direct, durable). Default "shop.dlx".
-	DeadLetterExchange string
-	// Queue is the warehouse's queue (quorum), bound to order.created and order.cancelled.
-	// Default "warehouse.orders".
-	Queue string
-	// DeadLetterQueue (quorum, without a delivery limit) is bound to DeadLetterExchange with
-	// Queue as routing key. Default "warehouse.orders.dead".
-	DeadLetterQueue string
-	// DeliveryLimit is the quorum queues' x-delivery-limit: a safety net for a consumer that
-	// crashes in a loop on one message. The broker then dead-letters the message to
-	// DeadLetterExchange with Queue as routing key. Default 20.
-	DeliveryLimit int
+// Topology names what the warehouse declares, after docs/events.md: amqptopo.Names, the
+// shape both services give their topology. The queue (quorum) is bound to order.created and
+// order.cancelled and dead-letters to DeadLetterExchange with its own name; the dead-letter
+// queue (quorum, without a delivery limit) is bound there with Queue as routing key;
+// DeliveryLimit, the queue's x-delivery-limit, is the broker's own bound on redeliveries of
+// a message that kills its consumer.
+type Topology amqptopo.Names
+
+// DefaultTopology returns the names of docs/events.md: the shop's exchanges, the queue
+// warehouse.orders and its dead letters in warehouse.orders.dead (amqptopo.DefaultNames).
+func DefaultTopology() Topology { return Topology(amqptopo.DefaultNames("warehouse.orders")) }
+
+// WithDefaults returns t with its zero fields set to those of [DefaultTopology].
+func (t Topology) WithDefaults() Topology {
+	return Topology(amqptopo.Names(t).WithDefaults(amqptopo.Names(DefaultTopology())))
 }
 
-// DefaultTopology returns the names of docs/events.md.
-func DefaultTopology() Topology {
-	return Topology{
-		Exchange:           "shop.events",
-		DeadLetterExchange: "shop.dlx",
-		Queue:              "warehouse.orders",
-		DeadLetterQueue:    "warehouse.orders.dead",
-		DeliveryLimit:      20,
-	}
-}
+// Validate reports a missing name or a bad delivery limit of t as it is, without defaults.
+func (t Topology) Validate() error { return amqptopo.Names(t).Topology().Validate() }
 
-// Validate reports a missing name or a bad delivery limit.
-func (t Topology) Validate() error { return t.Shared().Validate() }
-
-// Shared returns t as internal/amqptopo declares it: the queue bound to order.created and
-// order.cancelled, dead-lettering to the dead-letter exchange with its own name, and a
-// dead-letter queue without a delivery limit, which keeps what it holds however often it is
-// peeked. The service declares it with an amqptopo.Declarer, which keeps a queue that
-// exists with other arguments (a changed delivery limit) instead of failing.
+// Shared returns t, its zero fields defaulted, as internal/amqptopo declares it: the queue
+// bound to order.created and order.cancelled. The service declares it with an
+// amqptopo.Declarer, which keeps a queue that exists with other arguments (a changed
+// delivery limit) instead of failing.
 func (t Topology) Shared() amqptopo.Topology {
-	return amqptopo.Topology{
-		Exchange: t.Exchange, DeadLetterExchange: t.DeadLetterExchange,
-		Queue: t.Queue, RoutingKeys: []string{warehouse.RoutingKeyOrderCreated, warehouse.RoutingKeyOrderCancelled},
-		DeadLetterQueue: t.DeadLetterQueue, DeliveryLimit: t.DeliveryLimit,
-	}
+	return amqptopo.Names(t.WithDefaults()).Topology(warehouse.RoutingKeyOrderCreated, warehouse.RoutingKeyOrderCancelled)
 }
 
 // Declare declares the exchanges, the queues and their bindings on ch, and fails on the

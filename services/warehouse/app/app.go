@@ -102,7 +102,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 	}
 	var svc *serviceMetrics
 	if api || consumer {
-		if svc, err = newServiceMetrics(a.Registry); err != nil {
+		if svc, err = newServiceMetrics(a.Process); err != nil {
 			return fmt.Errorf("register service metrics: %w", err)
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/outboxshop/outboxshop/internal/envconfig"
+	"github.com/outboxshop/outboxshop/internal/service"
 
 	warehouseamqp "github.com/outboxshop/outboxshop/services/warehouse/amqp"
 )
@@ -17,8 +18,6 @@ type Config struct {
 	// DatabaseMaxConns bounds the pool: the consumer uses up to ConsumerConcurrency
 	// connections, the relay two, the API the rest.
 	DatabaseMaxConns int32 `env:"WAREHOUSE_DATABASE_MAX_CONNS" envDefault:"24"`
-	// AMQPURL is the broker.
-	AMQPURL string `env:"WAREHOUSE_AMQP_URL" envDefault:"amqp://guest:guest@127.0.0.1:5672/"`
 
 	// HTTPAddr is where `api` and `all` serve the API, /healthz, /readyz and /metrics.
 	HTTPAddr string `env:"WAREHOUSE_HTTP_ADDR" envDefault:":8090"`
@@ -28,39 +27,26 @@ type Config struct {
 	DBTimeout time.Duration `env:"WAREHOUSE_HTTP_DB_TIMEOUT" envDefault:"5s"`
 	// ShutdownTimeout bounds a graceful stop: in-flight requests and messages get this long.
 	ShutdownTimeout time.Duration `env:"WAREHOUSE_SHUTDOWN_TIMEOUT" envDefault:"20s"`
-	// BrokerDownGrace is how long the consumer, or the relay, may be cut off from the broker
-	// before /readyz answers 503.
-	BrokerDownGrace time.Duration `env:"WAREHOUSE_BROKER_DOWN_GRACE" envDefault:"30s"`
 
-	// Topology names (docs/events.md).
-	EventsExchange     string `env:"WAREHOUSE_EVENTS_EXCHANGE" envDefault:"shop.events"`
-	DeadLetterExchange string `env:"WAREHOUSE_DEAD_LETTER_EXCHANGE" envDefault:"shop.dlx"`
-	Queue              string `env:"WAREHOUSE_QUEUE" envDefault:"warehouse.orders"`
-	DeadLetterQueue    string `env:"WAREHOUSE_DEAD_LETTER_QUEUE" envDefault:"warehouse.orders.dead"`
-	// QueueDeliveryLimit is the queue's x-delivery-limit, set when the queue is declared. A
-	// queue that exists with another one keeps it, with a warning in the log
-	// (docs/events.md).
-	QueueDeliveryLimit int `env:"WAREHOUSE_QUEUE_DELIVERY_LIMIT" envDefault:"20"`
+	// The broker, the shop's exchanges, the queue's delivery limit and the grace of a lost
+	// broker connection: internal/service BrokerEnv (WAREHOUSE_AMQP_URL, …).
+	service.BrokerEnv `env:"WAREHOUSE_"`
+	// The queue of order events and its dead letters (docs/events.md).
+	Queue           string `env:"WAREHOUSE_QUEUE" envDefault:"warehouse.orders"`
+	DeadLetterQueue string `env:"WAREHOUSE_DEAD_LETTER_QUEUE" envDefault:"warehouse.orders.dead"`
 
-	// Consumer tuning; the retry settings are documented on internal/service ConsumerRetries,
-	// ConsumerMaxHold beside them.
-	ConsumerPrefetch      int           `env:"WAREHOUSE_CONSUMER_PREFETCH" envDefault:"32"`
-	ConsumerConcurrency   int           `env:"WAREHOUSE_CONSUMER_CONCURRENCY" envDefault:"8"`
-	ConsumerMaxDeliveries int           `env:"WAREHOUSE_CONSUMER_MAX_DELIVERIES" envDefault:"5"`
-	ConsumerRetryDelay    time.Duration `env:"WAREHOUSE_CONSUMER_RETRY_DELAY" envDefault:"1s"`
-	ConsumerMaxRetryDelay time.Duration `env:"WAREHOUSE_CONSUMER_MAX_RETRY_DELAY" envDefault:"30s"`
-	ConsumerMaxHold       time.Duration `env:"WAREHOUSE_CONSUMER_MAX_HOLD" envDefault:"15m"`
+	// Consumer tuning: the settings both services share (internal/service ConsumerEnv,
+	// WAREHOUSE_CONSUMER_PREFETCH, …), and the concurrency; documented on internal/service
+	// ConsumerSettings.
+	service.ConsumerEnv `env:"WAREHOUSE_"`
+	ConsumerConcurrency int `env:"WAREHOUSE_CONSUMER_CONCURRENCY" envDefault:"8"`
 	// InboxRetention is how long processed message ids are remembered. It must exceed the
 	// longest time in which a duplicate can still arrive.
 	InboxRetention time.Duration `env:"WAREHOUSE_INBOX_RETENTION" envDefault:"168h"`
 
-	// Relay tuning, documented on internal/service RelaySettings.
-	RelayPollInterval    time.Duration `env:"WAREHOUSE_RELAY_POLL_INTERVAL" envDefault:"1s"`
-	RelayBatchSize       int           `env:"WAREHOUSE_RELAY_BATCH_SIZE" envDefault:"100"`
-	RelayMaxAttempts     int           `env:"WAREHOUSE_RELAY_MAX_ATTEMPTS" envDefault:"10"`
-	RelayPublishTimeout  time.Duration `env:"WAREHOUSE_RELAY_PUBLISH_TIMEOUT" envDefault:"30s"`
-	RelayClaimTimeout    time.Duration `env:"WAREHOUSE_RELAY_CLAIM_TIMEOUT" envDefault:"35s"`
-	RelayMaxMessageBytes int           `env:"WAREHOUSE_RELAY_MAX_MESSAGE_BYTES" envDefault:"16777216"`
+	// Relay tuning: internal/service RelayEnv (WAREHOUSE_RELAY_BATCH_SIZE, …), documented on
+	// internal/service RelaySettings.
+	service.RelayEnv `env:"WAREHOUSE_"`
 	// OutboxRetention is how long published outbox rows are kept.
 	OutboxRetention time.Duration `env:"WAREHOUSE_OUTBOX_RETENTION" envDefault:"168h"`
 
@@ -87,24 +73,18 @@ func LoadConfigFrom(environ map[string]string) (Config, error) {
 
 // Topology returns the broker names of cfg.
 func (c Config) Topology() warehouseamqp.Topology {
-	return warehouseamqp.Topology{
-		Exchange:           c.EventsExchange,
-		DeadLetterExchange: c.DeadLetterExchange,
-		Queue:              c.Queue,
-		DeadLetterQueue:    c.DeadLetterQueue,
-		DeliveryLimit:      c.QueueDeliveryLimit,
-	}
+	return warehouseamqp.Topology(c.Names(c.Queue, c.DeadLetterQueue))
 }
 
 // Validate reports every setting that cannot work.
 func (c Config) Validate() error {
 	var v envconfig.Checks
 	v.Check(c.DatabaseURL != "", "WAREHOUSE_DATABASE_URL is required")
-	v.Check(c.AMQPURL != "", "WAREHOUSE_AMQP_URL is required")
-	v.Add(c.Topology().Validate())
+	c.BrokerEnv.Check(&v, "WAREHOUSE_")
+	v.Check(c.Queue != "" && c.DeadLetterQueue != "", "WAREHOUSE_QUEUE and WAREHOUSE_DEAD_LETTER_QUEUE are required")
 	v.Check(c.DatabaseMaxConns >= 4, "WAREHOUSE_DATABASE_MAX_CONNS must be at least 4, is %d", c.DatabaseMaxConns)
-	v.Check(c.ConsumerConcurrency >= 1 && c.ConsumerPrefetch >= c.ConsumerConcurrency,
-		"WAREHOUSE_CONSUMER_CONCURRENCY (%d) must be from 1 to WAREHOUSE_CONSUMER_PREFETCH (%d)", c.ConsumerConcurrency, c.ConsumerPrefetch)
+	c.ConsumerEnv.Check(&v, "WAREHOUSE_", c.ConsumerConcurrency)
+	c.RelayEnv.Check(&v, "WAREHOUSE_")
 	v.Check(int(c.DatabaseMaxConns) >= c.ConsumerConcurrency+3,
 		"WAREHOUSE_DATABASE_MAX_CONNS (%d) must exceed WAREHOUSE_CONSUMER_CONCURRENCY (%d) by at least 3 (relay and API)",
 		c.DatabaseMaxConns, c.ConsumerConcurrency)
@@ -114,31 +94,10 @@ func (c Config) Validate() error {
 	}{
 		{"WAREHOUSE_HTTP_DB_TIMEOUT", c.DBTimeout},
 		{"WAREHOUSE_SHUTDOWN_TIMEOUT", c.ShutdownTimeout},
-		{"WAREHOUSE_BROKER_DOWN_GRACE", c.BrokerDownGrace},
-		{"WAREHOUSE_CONSUMER_RETRY_DELAY", c.ConsumerRetryDelay},
-		{"WAREHOUSE_CONSUMER_MAX_RETRY_DELAY", c.ConsumerMaxRetryDelay},
-		{"WAREHOUSE_CONSUMER_MAX_HOLD", c.ConsumerMaxHold},
-		{"WAREHOUSE_RELAY_PUBLISH_TIMEOUT", c.RelayPublishTimeout},
 		{"WAREHOUSE_INBOX_RETENTION", c.InboxRetention},
-		{"WAREHOUSE_RELAY_POLL_INTERVAL", c.RelayPollInterval},
 		{"WAREHOUSE_OUTBOX_RETENTION", c.OutboxRetention},
 	} {
 		v.Check(d.value > 0, "%s must be positive, is %s", d.name, d.value)
 	}
-	for _, n := range []struct {
-		name  string
-		value int
-	}{
-		{"WAREHOUSE_CONSUMER_MAX_DELIVERIES", c.ConsumerMaxDeliveries},
-		{"WAREHOUSE_RELAY_BATCH_SIZE", c.RelayBatchSize},
-		{"WAREHOUSE_RELAY_MAX_ATTEMPTS", c.RelayMaxAttempts},
-		{"WAREHOUSE_RELAY_MAX_MESSAGE_BYTES", c.RelayMaxMessageBytes},
-	} {
-		v.Check(n.value >= 1, "%s must be positive, is %d", n.name, n.value)
-	}
-	v.Check(c.RelayClaimTimeout > c.RelayPublishTimeout, "WAREHOUSE_RELAY_CLAIM_TIMEOUT (%s) must exceed WAREHOUSE_RELAY_PUBLISH_TIMEOUT (%s)",
-		c.RelayClaimTimeout, c.RelayPublishTimeout)
-	v.Check(c.ConsumerMaxRetryDelay >= c.ConsumerRetryDelay, "WAREHOUSE_CONSUMER_MAX_RETRY_DELAY (%s) must be at least WAREHOUSE_CONSUMER_RETRY_DELAY (%s)",
-		c.ConsumerMaxRetryDelay, c.ConsumerRetryDelay)
 	return v.Err()
 }

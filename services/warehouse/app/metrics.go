@@ -15,8 +15,6 @@ import (
 // the libraries' (docs/metrics.md); the Go and process collectors go without it.
 const ServiceName = "warehouse"
 
-func constLabels() prometheus.Labels { return service.ConstLabels(ServiceName) }
-
 // StockMetricsInterval is how often the API process reads the stock for
 // warehouse_stock_available.
 const StockMetricsInterval = 5 * time.Second
@@ -39,27 +37,15 @@ type serviceMetrics struct {
 	stock        *prometheus.GaugeVec
 }
 
-func newServiceMetrics(reg prometheus.Registerer) (*serviceMetrics, error) {
+func newServiceMetrics(p *service.Process) (*serviceMetrics, error) {
+	d := service.NewMetrics(p)
 	m := &serviceMetrics{
-		reservations: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "warehouse_reservations_total", Help: "Reservation decisions for OrderCreated messages: reserved or rejected.",
-			ConstLabels: constLabels(),
-		}, []string{"result"}),
-		releases: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "warehouse_releases_total", Help: "Reservations released (stock given back) by an OrderCancelled.",
-			ConstLabels: constLabels(),
-		}),
-		stock: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "warehouse_stock_available", Help: "Units on hand of each SKU of the catalogue, read every 5s.",
-			ConstLabels: constLabels(),
-		}, []string{"sku"}),
+		reservations: d.CounterVec("warehouse_reservations_total", "Reservation decisions for OrderCreated messages: reserved or rejected.",
+			"result", resultReserved, resultRejected),
+		releases: d.Counter("warehouse_releases_total", "Reservations released (stock given back) by an OrderCancelled."),
+		stock:    d.GaugeVec("warehouse_stock_available", "Units on hand of each SKU of the catalogue, read every 5s.", "sku"),
 	}
-	if err := service.Register(reg, m.reservations, m.releases, m.stock); err != nil {
-		return nil, err
-	}
-	m.reservations.WithLabelValues(resultReserved) // both series from the start, so rate() sees the first
-	m.reservations.WithLabelValues(resultRejected)
-	return m, nil
+	return m, d.Err()
 }
 
 // committed counts a decision of the consumer once the transaction that applied it

@@ -8,18 +8,14 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/outboxshop/outboxshop/internal/pgdb"
 	"github.com/outboxshop/outboxshop/services/warehouse"
 )
 
-// DBTX is what the queries of this package need: pgx.Tx, *pgx.Conn and *pgxpool.Pool
-// satisfy it.
-type DBTX interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
+// DBTX is what the queries of this package need (internal/pgdb DBTX): pgx.Tx, *pgx.Conn
+// and *pgxpool.Pool satisfy it.
+type DBTX = pgdb.DBTX
 
 // Reserve applies an OrderCreated inside tx, the consumer's inbox transaction: it locks the
 // order, decides with [warehouse.DecideCreated] and [warehouse.CheckStock], and records the
