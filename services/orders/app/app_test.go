@@ -162,13 +162,25 @@ func publishStock(t *testing.T, cfg app.Config, msgID, typ, key, orderID, correl
 	t.Helper()
 	withChannel(t, cfg.AMQPURL, func(ch *amqp.Channel) {
 		require.NoError(t, ch.Confirm(false))
-		c, err := ch.PublishWithDeferredConfirm(cfg.EventsExchange, key, true, false, amqp.Publishing{
-			MessageId: msgID, Type: typ, ContentType: "application/json", DeliveryMode: amqp.Persistent,
-			CorrelationId: correlationID,
-			Body:          fmt.Appendf(nil, `{"version":1,"order_id":%q,"items":[]}`, orderID),
-		})
-		require.NoError(t, err)
-		require.True(t, c.Wait())
+		returned := ch.NotifyReturn(make(chan amqp.Return, 1))
+		// The service's consumer binds its queue after Start returned; until it has, the
+		// broker returns the message (mandatory, NO_ROUTE) before confirming it: publish
+		// again until it is routed.
+		testinfra.Eventually(t, 20*time.Second, func() bool {
+			c, err := ch.PublishWithDeferredConfirm(cfg.EventsExchange, key, true, false, amqp.Publishing{
+				MessageId: msgID, Type: typ, ContentType: "application/json", DeliveryMode: amqp.Persistent,
+				CorrelationId: correlationID,
+				Body:          fmt.Appendf(nil, `{"version":1,"order_id":%q,"items":[]}`, orderID),
+			})
+			require.NoError(t, err)
+			require.True(t, c.Wait())
+			select {
+			case <-returned:
+				return false
+			default:
+				return true
+			}
+		}, "%s routed to a queue", typ)
 	})
 }
 

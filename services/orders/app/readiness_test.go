@@ -245,8 +245,12 @@ func TestAppQueueDeclaredWithOtherArguments(t *testing.T) {
 	require.Equal(t, http.StatusCreated, created.status)
 	order := decodeOrder(t, created)
 	// Start returns before the consumer has declared its bindings; a stock event published
-	// before that would be unroutable. Ready means consuming.
+	// before that would be unroutable. /readyz cannot tell: within BrokerDownGrace a consumer
+	// not connected yet counts as up. The consumer logs "consuming" once Setup (the bindings)
+	// is done and it consumes.
 	waitReady(t, a.URL(), http.StatusOK, map[string]string{"database": "up", "consumer": "up", "relay": "up"})
+	testinfra.Eventually(t, 30*time.Second, func() bool { return logs.count("msg=consuming") >= 1 },
+		"the consumer consumes, its bindings declared")
 	publishStock(t, cfg, "wh-args-1", "StockReserved", "stock.reserved", order.ID, "req-args")
 	waitStatus(t, a, order.ID, "RESERVED")
 	require.Equal(t, 1, logs.count("queue exists with other arguments than configured"),
