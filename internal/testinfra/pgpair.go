@@ -1,0 +1,336 @@
+package testinfra
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// postgresBinDirs are where Debian and the PostgreSQL images keep the server binaries.
+var postgresBinDirs = []string{"/usr/lib/postgresql/15/bin", "/usr/lib/postgresql/16/bin", "/usr/lib/postgresql/17/bin", "/usr/local/pgsql/bin"}
+
+// standbyName is the standby's application_name, which the primary's
+// synchronous_standby_names waits for.
+const standbyName = "standby"
+
+// PostgresPair is a private PostgreSQL primary with a synchronous streaming standby, for
+// tests of a failover: each server has its own data directory, port and socket directory,
+// and both are removed when the test ends. A commit on the primary returns once the standby
+// has it (synchronous_commit=on, synchronous_standby_names naming the standby), so what a
+// client saw committed survives the primary's loss.
+//
+// The usual failover is [PostgresPair.KillPrimary] then [PostgresPair.Promote]; clients given
+// [PostgresPair.URL], which lists both servers with target_session_attrs=read-write, follow
+// it. It needs the PostgreSQL server binaries (initdb, postgres, pg_basebackup, pg_ctl) of a
+// local installation; as root, the servers run as the postgres user. A pair takes a few
+// seconds to start: share one between the subtests that need it.
+type PostgresPair struct {
+	// Primary is the server that takes writes at the start; Standby streams from it.
+	Primary, Standby *PostgresServer
+
+	binDir string
+	dir    string
+	cred   *syscall.Credential
+}
+
+// PostgresServer is one server of a [PostgresPair].
+type PostgresServer struct {
+	// Port is the server's port on 127.0.0.1.
+	Port int
+
+	name    string
+	data    string
+	pair    *PostgresPair
+	pgid    int
+	exited  chan struct{}
+	logPath string
+}
+
+// StartPostgresPair initialises a primary, starts it, clones the standby from it with
+// pg_basebackup -R, starts the standby and waits until the primary reports it as its
+// synchronous standby. Without the server binaries the test is skipped, or fails under
+// CI=true.
+func StartPostgresPair(t testing.TB) *PostgresPair {
+	t.Helper()
+	p, err := startPostgresPair()
+	if p != nil {
+		t.Cleanup(p.stop)
+	}
+	if err != nil {
+		var missing *missingError
+		if errors.As(err, &missing) {
+			unavailable(t, "a private PostgreSQL pair", err)
+		}
+		t.Fatalf("private PostgreSQL pair: %v", err)
+	}
+	return p
+}
+
+func startPostgresPair() (*PostgresPair, error) {
+	binDir := ""
+	for _, d := range postgresBinDirs {
+		if st, err := os.Stat(filepath.Join(d, "pg_basebackup")); err == nil && !st.IsDir() {
+			binDir = d
+			break
+		}
+	}
+	if binDir == "" {
+		return nil, &missingError{fmt.Errorf("pg_basebackup not found in %v", postgresBinDirs)}
+	}
+	var cred *syscall.Credential
+	if os.Geteuid() == 0 { // initdb and postgres refuse to run as root
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			return nil, &missingError{fmt.Errorf("running as root, the postgres user is needed: %w", err)}
+		}
+		uid, err1 := strconv.Atoi(u.Uid)
+		gid, err2 := strconv.Atoi(u.Gid)
+		if err := errors.Join(err1, err2); err != nil {
+			return nil, err
+		}
+		cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+	}
+	dir, err := os.MkdirTemp("", "outbox-pgpair-")
+	if err != nil {
+		return nil, err
+	}
+	p := &PostgresPair{binDir: binDir, dir: dir, cred: cred}
+	// The servers run as the postgres user and must reach their directories.
+	if err := os.Chmod(dir, 0o755); err != nil {
+		return p, err
+	}
+	for _, name := range []string{"primary", standbyName} {
+		port, err := freePort()
+		if err != nil {
+			return p, err
+		}
+		s := &PostgresServer{
+			Port: port, name: name, data: filepath.Join(dir, name), pair: p,
+			logPath: filepath.Join(dir, name+".log"),
+		}
+		if err := p.mkdir(s.data, 0o700); err != nil {
+			return p, err
+		}
+		if name == "primary" {
+			p.Primary = s
+		} else {
+			p.Standby = s
+		}
+	}
+	sockets := filepath.Join(dir, "sockets")
+	if err := p.mkdir(sockets, 0o755); err != nil {
+		return p, err
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if out, err := p.run(ctx, "initdb", "-D", p.Primary.data, "-U", "postgres", "--auth=trust",
+		"-E", "UTF8", "--no-locale", "--no-sync"); err != nil {
+		return p, fmt.Errorf("initdb: %w\n%s", err, out)
+	}
+	// Only the primary's command line names the synchronous standby: once promoted, the
+	// standby has none to wait for, and its commits return at once.
+	if err := p.Primary.start(ctx, "-c", "synchronous_standby_names=FIRST 1 ("+standbyName+")"); err != nil {
+		return p, err
+	}
+	if out, err := p.run(ctx, "pg_basebackup", "-h", "127.0.0.1", "-p", strconv.Itoa(p.Primary.Port),
+		"-U", "postgres", "-D", p.Standby.data, "-R", "-X", "stream", "--no-sync"); err != nil {
+		return p, fmt.Errorf("pg_basebackup: %w\n%s", err, out)
+	}
+	if err := p.Standby.start(ctx); err != nil {
+		return p, err
+	}
+	// Wait until the primary streams to the standby synchronously: before that, commits
+	// would wait for it anyway, but a test must not start with a standby still catching up.
+	conn, err := pgx.Connect(ctx, p.Primary.URL("postgres"))
+	if err != nil {
+		return p, fmt.Errorf("connect to the primary: %w", err)
+	}
+	defer conn.Close(ctx)
+	for {
+		var state string
+		err := conn.QueryRow(ctx, `SELECT sync_state FROM pg_stat_replication WHERE application_name = $1`, standbyName).Scan(&state)
+		if err == nil && state == "sync" {
+			return p, nil
+		}
+		if ctx.Err() != nil {
+			return p, fmt.Errorf("the standby never became synchronous (%v): %s", err, p.Standby.logTail())
+		}
+		time.Sleep(50 * time.Millisecond) // polling a server that is starting to stream
+	}
+}
+
+// mkdir creates a directory the servers' user owns.
+func (p *PostgresPair) mkdir(path string, mode os.FileMode) error {
+	if err := os.MkdirAll(path, mode); err != nil {
+		return err
+	}
+	if err := os.Chmod(path, mode); err != nil {
+		return err
+	}
+	if p.cred != nil {
+		return os.Chown(path, int(p.cred.Uid), int(p.cred.Gid))
+	}
+	return nil
+}
+
+// run runs one of the PostgreSQL programs as the servers' user.
+func (p *PostgresPair) run(ctx context.Context, program string, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, filepath.Join(p.binDir, program), args...)
+	cmd.Dir = p.dir
+	cmd.Env = []string{"PATH=/usr/bin:/bin", "LANG=C", "PGSSLMODE=disable"}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: p.cred}
+	return cmd.CombinedOutput()
+}
+
+// URL is the multi-host URL of database db: both servers, with
+// target_session_attrs=read-write, so that a connection always lands on the server that
+// takes writes, whichever that is now.
+func (p *PostgresPair) URL(db string) string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/%s?sslmode=disable&target_session_attrs=read-write",
+		p.Primary.Port, p.Standby.Port, url.PathEscape(db))
+}
+
+// CreateDatabase creates database db on the primary (the standby gets it through
+// replication) and returns its multi-host URL.
+func (p *PostgresPair) CreateDatabase(t testing.TB, db string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, p.Primary.URL("postgres"))
+	if err != nil {
+		t.Fatalf("connect to the primary: %v", err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{db}.Sanitize()); err != nil {
+		t.Fatalf("create database %s: %v", db, err)
+	}
+	return p.URL(db)
+}
+
+// KillPrimary SIGKILLs the primary, postmaster and backends at once, as a crash would, and
+// returns once they are gone. The standby stays a standby until [PostgresPair.Promote]:
+// meanwhile nothing accepts writes.
+func (p *PostgresPair) KillPrimary(t testing.TB) {
+	t.Helper()
+	if err := p.Primary.kill(); err != nil {
+		t.Fatalf("kill the primary: %v", err)
+	}
+}
+
+// Promote makes the standby a primary (pg_ctl promote, waiting until it accepts writes).
+func (p *PostgresPair) Promote(t testing.TB) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if out, err := p.run(ctx, "pg_ctl", "promote", "-w", "-t", "60", "-D", p.Standby.data); err != nil {
+		t.Fatalf("pg_ctl promote: %v\n%s", err, out)
+	}
+}
+
+// URL is the URL of database db on this server alone.
+func (s *PostgresServer) URL(db string) string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", s.Port, url.PathEscape(db))
+}
+
+// start starts the server and returns once it accepts connections. fsync is off: the tests
+// kill processes, never the machine, and what a killed server wrote is in the page cache.
+func (s *PostgresServer) start(ctx context.Context, extra ...string) error {
+	p := s.pair
+	logf, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	args := append([]string{"-D", s.data, "-p", strconv.Itoa(s.Port), "-k", filepath.Join(p.dir, "sockets"),
+		"-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "max_connections=100",
+		"-c", "shared_buffers=16MB", "-c", "cluster_name=" + s.name, "-c", "log_min_messages=warning"}, extra...)
+	cmd := exec.Command(filepath.Join(p.binDir, "postgres"), args...)
+	cmd.Dir = p.dir
+	cmd.Env = []string{"PATH=/usr/bin:/bin", "LANG=C"}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	// A process group of its own, so that the postmaster and its backends die together;
+	// killed with the test binary if that dies first.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL, Credential: p.cred}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start %s: %w", s.name, err)
+	}
+	s.pgid = cmd.Process.Pid
+	s.exited = make(chan struct{})
+	exited := s.exited
+	go func() {
+		_ = cmd.Wait()
+		close(exited)
+	}()
+	for {
+		select {
+		case <-exited:
+			return fmt.Errorf("%s exited at start-up: %s", s.name, s.logTail())
+		default:
+		}
+		conn, err := pgx.Connect(ctx, s.URL("postgres"))
+		if err == nil {
+			_ = conn.Close(ctx)
+			return nil
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("%s did not accept connections: %v\n%s", s.name, err, s.logTail())
+		}
+		time.Sleep(50 * time.Millisecond) // polling a server that is starting up
+	}
+}
+
+// kill SIGKILLs the server's process group and waits until none of it is left: a backend
+// that outlived its postmaster would hold the shared memory.
+func (s *PostgresServer) kill() error {
+	if s.pgid == 0 {
+		return nil
+	}
+	_ = syscall.Kill(-s.pgid, syscall.SIGKILL)
+	select {
+	case <-s.exited:
+	case <-time.After(30 * time.Second):
+		return fmt.Errorf("%s: postmaster still running 30s after SIGKILL", s.name)
+	}
+	for deadline := time.Now().Add(30 * time.Second); syscall.Kill(-s.pgid, 0) == nil; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s: backends still running 30s after SIGKILL", s.name)
+		}
+	}
+	s.pgid = 0
+	return nil
+}
+
+// stop kills both servers and removes their directories.
+func (p *PostgresPair) stop() {
+	for _, s := range []*PostgresServer{p.Primary, p.Standby} {
+		if s != nil {
+			_ = s.kill()
+		}
+	}
+	_ = os.RemoveAll(p.dir)
+}
+
+func (s *PostgresServer) logTail() string {
+	b, err := os.ReadFile(s.logPath)
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > 20 {
+		lines = lines[len(lines)-20:]
+	}
+	return strings.Join(lines, "\n")
+}
