@@ -1,0 +1,162 @@
+package outbox_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxshop/outboxshop/pkg/outbox"
+	"github.com/outboxshop/outboxshop/pkg/outbox/internal/testinfra"
+)
+
+// heldPublisher holds the first batch it is given until release is closed: the relay's claim
+// transaction stays open meanwhile.
+type heldPublisher struct {
+	outbox.Publisher
+	once    sync.Once
+	held    chan []uuid.UUID
+	release chan struct{}
+}
+
+func (p *heldPublisher) Publish(ctx context.Context, msgs []outbox.Message) []error {
+	first := false
+	p.once.Do(func() { first = true })
+	if first {
+		p.held <- ids(msgs)
+		<-p.release
+	}
+	return p.Publisher.Publish(ctx, msgs)
+}
+
+// TestFailover runs a relay on a multi-host URL (primary and synchronous standby,
+// target_session_attrs=read-write) and fails the primary over while the relay holds a claim:
+// the claim dies with the primary, so the claimed rows, and those committed meanwhile, are
+// pending on the standby; while only the standby is up the relay reports the database
+// unavailable and nothing writes; once the standby is promoted the relay publishes every
+// row from it, listens on it again, and the pool keeps no connection to the dead server.
+func TestFailover(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pair := testinfra.StartPostgresPair(t)
+	dbURL := pair.CreateDatabase(t, "outbox_failover")
+	pool, err := pgxpool.New(ctx, dbURL)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	require.NoError(t, outbox.Migrate(ctx, pool))
+	amqpURL := testinfra.AMQPURL(t)
+	b := &bundle{pool: pool, amqpURL: amqpURL, top: testinfra.DeclareTopology(t, amqpURL), pub: newPublisher(t, amqpURL)}
+	got := consume(t, amqpURL, b.top.Queue)
+
+	pub := &heldPublisher{Publisher: b.pub, held: make(chan []uuid.UUID, 1), release: make(chan struct{})}
+	var (
+		mu      sync.Mutex
+		outages []error
+	)
+	cfg := fastConfig(t)
+	cfg.PublishTimeout = 30 * time.Second
+	// Only notifications and the relay's own re-checks wake it: a poll would hide a LISTEN
+	// that never came back.
+	cfg.PollInterval = time.Hour
+	cfg.Hooks.StateChanged = func(c outbox.StateChange) {
+		if c.To == outbox.StateDatabaseUnavailable {
+			mu.Lock()
+			outages = append(outages, c.Err)
+			mu.Unlock()
+		}
+	}
+	relay := b.startRelay(t, pool, pub, cfg)
+
+	var want []uuid.UUID
+	for i := range 5 {
+		want = append(want, ids(b.write(t, b.msg(fmt.Sprintf("claimed-%d", i), i)))...)
+	}
+	var claimed []uuid.UUID
+	select {
+	case claimed = <-pub.held:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the relay claimed nothing")
+	}
+	// Committed on the primary while the claim is open: the synchronous standby has them.
+	for i := range 5 {
+		want = append(want, ids(b.write(t, b.msg(fmt.Sprintf("meanwhile-%d", i), i)))...)
+	}
+
+	pair.KillPrimary(t)
+	close(pub.release) // the batch reaches the broker; its marks cannot commit
+
+	t.Run("OnlyTheStandby", func(t *testing.T) {
+		testinfra.Eventually(t, 30*time.Second, func() bool {
+			return relay.State() == outbox.StateDatabaseUnavailable
+		}, "the relay reports the database unavailable")
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return outbox.Add(ctx, tx, b.msg("refused", 0)) })
+		require.Error(t, err, "no server takes writes")
+		t.Logf("a write while only the standby is up: %v", err)
+		mu.Lock()
+		t.Logf("the relay's outage: %v", outages)
+		mu.Unlock()
+
+		standby, err := pgx.Connect(ctx, pair.Standby.URL("outbox_failover"))
+		require.NoError(t, err)
+		defer standby.Close(ctx)
+		var pending []uuid.UUID
+		rows, err := standby.Query(ctx, "SELECT id FROM outbox_messages WHERE published_at IS NULL ORDER BY seq")
+		require.NoError(t, err)
+		pending, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+		require.NoError(t, err)
+		require.Equal(t, want, pending, "every committed row is on the standby, pending: the claim and its marks died with the primary")
+		require.Subset(t, pending, claimed)
+	})
+
+	pair.Promote(t)
+
+	t.Run("PublishedFromTheNewPrimary", func(t *testing.T) {
+		testinfra.Eventually(t, 60*time.Second, func() bool {
+			return b.count(t, "published_at IS NULL") == 0
+		}, "every row published from the promoted standby")
+		testinfra.Eventually(t, 30*time.Second, func() bool {
+			seen := got.ids()
+			return !slices.ContainsFunc(want, func(id uuid.UUID) bool { return seen[id.String()] == 0 })
+		}, "every row reached the queue")
+		for id, n := range got.ids() {
+			if n > 1 {
+				require.Contains(t, claimed, uuid.MustParse(id), "only the batch cut by the failover may be published twice")
+			}
+		}
+		require.Equal(t, 0, b.count(t, "dead_at IS NOT NULL"))
+	})
+
+	t.Run("ListensOnTheNewPrimary", func(t *testing.T) {
+		testinfra.Eventually(t, 30*time.Second, func() bool {
+			var n int
+			err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+				WHERE datname = current_database() AND query LIKE 'LISTEN %'`).Scan(&n)
+			return err == nil && n == 1
+		}, "the relay listens on the promoted standby")
+		m := b.write(t, b.msg("after", 0))[0]
+		testinfra.Eventually(t, 30*time.Second, func() bool { return got.ids()[m.ID.String()] == 1 },
+			"a row written after the failover is published at its notification")
+	})
+
+	t.Run("NoConnectionToTheDeadServer", func(t *testing.T) {
+		conns := pool.AcquireAllIdle(ctx)
+		defer func() {
+			for _, c := range conns {
+				c.Release()
+			}
+		}()
+		require.NotEmpty(t, conns)
+		for _, c := range conns {
+			var port int
+			require.NoError(t, c.QueryRow(ctx, "SELECT inet_server_port()").Scan(&port))
+			require.Equal(t, pair.Standby.Port, port)
+		}
+	})
+}
