@@ -39,8 +39,14 @@ type bundle struct {
 
 func setup(t *testing.T) *bundle {
 	t.Helper()
+	return setupOn(t, testinfra.DatabaseURL(t))
+}
+
+// setupOn is setup on the empty database of dbURL.
+func setupOn(t *testing.T, dbURL string) *bundle {
+	t.Helper()
 	ctx := context.Background()
-	b := &bundle{dbURL: testinfra.DatabaseURL(t), amqpURL: testinfra.AMQPURL(t), logs: &logStore{}, events: newEvents()}
+	b := &bundle{dbURL: dbURL, amqpURL: testinfra.AMQPURL(t), logs: &logStore{}, events: newEvents()}
 	pool, err := pgxpool.New(ctx, b.dbURL)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
