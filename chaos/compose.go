@@ -227,6 +227,9 @@ func (c *Compose) StartShop(ctx context.Context, spec ShopSpec) (Endpoints, erro
 			return Endpoints{}, fmt.Errorf("%d processes of %s: %w (run the scenario with -target local)", n, svc, ErrUnsupported)
 		}
 	}
+	if spec.OrdersStandby {
+		return Endpoints{}, fmt.Errorf("a standby of the orders database: %w (run the scenario with -target local)", ErrUnsupported)
+	}
 	if err := c.writeOverride(spec.Failpoints, spec.Settings); err != nil {
 		return Endpoints{}, err
 	}
@@ -395,6 +398,11 @@ func (c *Compose) Restart(ctx context.Context, comp Component) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	return poll(ctx, 250*time.Millisecond, func() (bool, error) { return tcpAnswers(addr), nil })
+}
+
+// Promote implements Target: the compose stack has no standby.
+func (c *Compose) Promote(_ context.Context, comp Component) error {
+	return fmt.Errorf("promote a standby of %s: %w: the compose stack runs one PostgreSQL (run the scenario with -target local)", comp, ErrUnsupported)
 }
 
 // Pause implements Target: `docker compose pause` freezes the service's container.

@@ -68,6 +68,9 @@ type localShop struct {
 	procs       map[Service]*process
 	order       []Service           // the processes in start order
 	logStart    map[Component]int64 // size of each server's log when the shop started
+	// ordersPair is the orders database's primary and standby when the shop asked for a
+	// standby (ShopSpec.OrdersStandby); nil otherwise.
+	ordersPair *pgPair
 }
 
 // baseService is the service a process is a replica of ("orders-relay-2" → orders-relay).
@@ -299,6 +302,20 @@ func (l *Local) StartShop(ctx context.Context, spec ShopSpec) (Endpoints, error)
 	if err := os.MkdirAll(shop.dir, 0o755); err != nil {
 		return Endpoints{}, err
 	}
+	ordersURL := l.ordersPG.URL(shop.ordersDB)
+	var ordersServers []string
+	if spec.OrdersStandby {
+		l.mu.Lock()
+		l.shop = shop // so that StopShop removes the pair, also when starting it fails
+		l.mu.Unlock()
+		pair, err := startPGPair(ctx, filepath.Join(shop.dir, "pg-orders"))
+		shop.ordersPair = pair
+		if err != nil {
+			return Endpoints{}, err
+		}
+		ordersURL = pair.URL(shop.ordersDB)
+		ordersServers = []string{pair.primary.URL(shop.ordersDB), pair.standby.URL(shop.ordersDB)}
+	}
 	procs := spec.Processes()
 	ports := map[Service]int{}
 	for _, s := range procs {
@@ -317,7 +334,7 @@ func (l *Local) StartShop(ctx context.Context, spec ShopSpec) (Endpoints, error)
 		env := []string{"PATH=" + os.Getenv("PATH"), "HOME=" + shop.dir, "TZ=UTC"}
 		switch base := baseService(s); base {
 		case OrdersAPI, OrdersRelay:
-			env = append(env, ordersSettings(dbURL(l.ordersPG.URL(shop.ordersDB), s), brokerURL, addr(OrdersAPI), addr(relayOf(s, OrdersRelay)))...)
+			env = append(env, ordersSettings(dbURL(ordersURL, s), brokerURL, addr(OrdersAPI), addr(relayOf(s, OrdersRelay)))...)
 		default:
 			env = append(env, warehouseSettings(dbURL(l.warehouse.URL(shop.warehouseDB), s), brokerURL, addr(Warehouse), addr(relayOf(s, WarehouseRelay)))...)
 		}
@@ -365,8 +382,8 @@ func (l *Local) StartShop(ctx context.Context, spec ShopSpec) (Endpoints, error)
 	}
 	return Endpoints{
 		OrdersURL: "http://" + addr(OrdersAPI), StockURL: "http://" + addr(Warehouse),
-		OrdersDB: l.ordersPG.URL(shop.ordersDB), WarehouseDB: l.warehouse.URL(shop.warehouseDB),
-		AMQPURL: l.rabbit.URL(), Metrics: metrics,
+		OrdersDB: ordersURL, WarehouseDB: l.warehouse.URL(shop.warehouseDB),
+		AMQPURL: l.rabbit.URL(), Metrics: metrics, OrdersDBServers: ordersServers,
 	}, nil
 }
 
@@ -453,6 +470,9 @@ func (l *Local) Kill(ctx context.Context, c Component) error {
 	case Broker:
 		return l.rabbit.kill(ctx)
 	case OrdersDB:
+		if pair := l.ordersPair(); pair != nil {
+			return pair.primary.kill(ctx)
+		}
 		return l.ordersPG.kill(ctx)
 	case WarehouseDB:
 		return l.warehouse.kill(ctx)
@@ -466,6 +486,10 @@ func (l *Local) Restart(ctx context.Context, c Component) error {
 	case Broker:
 		return l.rabbit.start(ctx)
 	case OrdersDB:
+		if l.ordersPair() != nil {
+			// The old primary would come back as a second primary: a split brain.
+			return fmt.Errorf("restart %s: %w: it has a standby; promote it instead", c, ErrUnsupported)
+		}
 		return l.ordersPG.start(ctx)
 	case WarehouseDB:
 		return l.warehouse.start(ctx)
@@ -630,7 +654,9 @@ func (l *Local) StopShop(ctx context.Context) error {
 	wg.Wait()
 	l.brokerProxy.Heal()
 	var errs []error
-	if l.ordersPG.running() {
+	if shop.ordersPair != nil {
+		errs = append(errs, shop.ordersPair.remove(ctx))
+	} else if l.ordersPG.running() {
 		errs = append(errs, l.ordersPG.dropDatabase(ctx, shop.ordersDB))
 	}
 	if l.warehouse.running() {

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -26,6 +27,8 @@ type pgServer struct {
 	initdb  string
 	binary  string
 	logPath string
+	// args are extra command-line settings of the server ("-c", "name=value").
+	args []string
 
 	proc *groupProcess // nil when not started or stopped
 }
@@ -87,9 +90,10 @@ func (s *pgServer) start(ctx context.Context) error {
 		return err
 	}
 	defer logf.Close()
-	cmd := exec.Command(s.binary, "-D", filepath.Join(s.dir, "data"), "-p", strconv.Itoa(s.port), "-k", s.dir,
+	args := append([]string{"-D", filepath.Join(s.dir, "data"), "-p", strconv.Itoa(s.port), "-k", s.dir,
 		"-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "max_connections=200",
-		"-c", "shared_buffers=32MB", "-c", "log_min_messages=warning")
+		"-c", "shared_buffers=32MB", "-c", "log_min_messages=warning"}, s.args...)
+	cmd := exec.Command(s.binary, args...)
 	cmd.Dir = s.dir
 	cmd.SysProcAttr = groupAttr(s.acct)
 	cmd.Env = []string{"PATH=/usr/bin:/bin", "LANG=C"}
@@ -105,7 +109,7 @@ func (s *pgServer) start(ctx context.Context) error {
 	err = poll(ctx, 100*time.Millisecond, func() (bool, error) {
 		select {
 		case <-proc.exited:
-			return false, fmt.Errorf("%s: postgres exited at start-up; see %s", s.name, s.logPath)
+			return false, fmt.Errorf("%s: postgres exited at start-up; see %s:\n%s", s.name, s.logPath, s.logTail())
 		default:
 		}
 		conn, err := pgx.Connect(ctx, s.URL("postgres"))
@@ -171,4 +175,14 @@ func (s *pgServer) dropDatabase(ctx context.Context, db string) error {
 		return fmt.Errorf("%s: drop database %s: %w", s.name, db, err)
 	}
 	return nil
+}
+
+// logTail is the end of the server's log, for an error.
+func (s *pgServer) logTail() string {
+	b, err := os.ReadFile(s.logPath)
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-10):], "\n")
 }

@@ -120,7 +120,7 @@ func runScenario(ctx context.Context, sc Scenario, opts Options, say func(phase,
 	t := opts.Target
 
 	say("starting", sc.Summary)
-	spec := ShopSpec{Name: sc.Name, Settings: sc.Settings, Replicas: sc.Replicas}
+	spec := ShopSpec{Name: sc.Name, Settings: sc.Settings, Replicas: sc.Replicas, OrdersStandby: sc.OrdersStandby}
 	if len(sc.Settings) > 0 {
 		say("starting", "settings "+strings.Join(sc.Settings, " "))
 	}

@@ -32,6 +32,9 @@ type Scenario struct {
 	// (see [ShopSpec].Settings); Replicas asks for extra processes of a service.
 	Settings []string
 	Replicas map[Service]int
+	// OrdersStandby gives the orders database a synchronous standby (see
+	// [ShopSpec].OrdersStandby).
+	OrdersStandby bool
 }
 
 // Env is what a scenario's Inject and Check work with.

@@ -67,6 +67,11 @@ type ShopSpec struct {
 	// Replicas asks for more than one process of a service (2 runs svc and
 	// Replica(svc, 2)). Only the local target supports it.
 	Replicas map[Service]int
+	// OrdersStandby puts the orders database on a primary with a synchronous streaming
+	// standby, and gives the orders processes both addresses (a multi-host URL with
+	// target_session_attrs=read-write): Kill(OrdersDB) then kills the primary, and
+	// Promote(OrdersDB) promotes the standby. Only the local target supports it.
+	OrdersStandby bool
 }
 
 // Processes lists the shop's processes in start order: the four services, then the extra
@@ -106,6 +111,9 @@ type Endpoints struct {
 	AMQPURL string
 	// Metrics is where each service serves /metrics.
 	Metrics map[Service]string
+	// OrdersDBServers are the URLs of the orders database on each server alone, the primary
+	// first, when it has a standby (ShopSpec.OrdersStandby); empty otherwise.
+	OrdersDBServers []string
 }
 
 // Death is a service process that ended without the runner asking.
@@ -155,6 +163,9 @@ type Target interface {
 	Kill(ctx context.Context, c Component) error
 	// Restart starts a killed component again and returns once it answers.
 	Restart(ctx context.Context, c Component) error
+	// Promote makes the standby of a database component its primary (pg_ctl promote) and
+	// returns once it takes writes.
+	Promote(ctx context.Context, c Component) error
 	// CutNetwork drops the services' broker connections and refuses new ones until
 	// HealNetwork; DelayNetwork holds every chunk between them and the broker for d.
 	CutNetwork(ctx context.Context) error
