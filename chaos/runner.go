@@ -244,6 +244,13 @@ func runScenario(ctx context.Context, sc Scenario, opts Options, say func(phase,
 	if fa := e.FaultAt(); !fa.IsZero() && !drainedAt.IsZero() {
 		o.Recovery = drainedAt.Sub(fa)
 	}
+	// The longest stall of completions, over the load: from its start (the first orders take
+	// a moment too) to its end (the fault's effect after the load shows in the recovery).
+	if times, err := completionTimes(ctx, ordersDB); err != nil {
+		fail("read the completions: %v", err)
+	} else {
+		o.Stall, _ = longestStall(times, e.LoadStart, e.LoadStart.Add(load))
+	}
 
 	say("verifying", "observer, metrics, logs and both databases")
 	if err := obs.drain(ctx); err != nil {

@@ -19,6 +19,7 @@ func TestRegistry(t *testing.T) {
 			"consumer-before-commit", "consumer-after-commit",
 			"broker-kill", "network", "orders-db-kill", "poison", "api-after-commit",
 			"outbox-poison", "migrate-under-load", "broker-alarm", "relay-paused", "db-outage-long",
+			"pg-failover",
 		}, Names())
 	})
 

@@ -738,12 +738,17 @@ func pauseHoldingRows(ctx context.Context, e *Env, conn *pgx.Conn) (time.Time, [
 const completions = `
 SELECT min(at) FROM order_status_history WHERE message_id IS NOT NULL GROUP BY order_id`
 
-func completionTimes(ctx context.Context, conn *pgx.Conn) ([]time.Time, error) {
+func completionTimes(ctx context.Context, conn querier) ([]time.Time, error) {
 	rows, err := conn.Query(ctx, completions)
 	if err != nil {
 		return nil, err
 	}
 	return pgx.CollectRows(rows, pgx.RowTo[time.Time])
+}
+
+// querier is a connection or a pool.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
 // longestStall is the longest interval within [from, to] without any of times, and where

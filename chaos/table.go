@@ -24,6 +24,9 @@ type Outcome struct {
 	Lost int
 	// DoubleApplied counts effects applied more than once.
 	DoubleApplied int
+	// Stall is the longest time during the load in which no order completed (got the
+	// warehouse's first answer): how long the fault stopped the shop, as its users saw it.
+	Stall time.Duration
 	// Recovery is the time from the fault to the moment every invariant held again (0 when
 	// there was no fault or the shop never drained).
 	Recovery time.Duration
@@ -51,7 +54,7 @@ func (o Outcome) Result() string {
 // tableHeader is the header of the summary table.
 var tableHeader = []string{
 	"scenario", "orders placed / acked", "RESERVED / REJECTED / CANCELLED",
-	"duplicates published / absorbed", "lost", "double-applied", "time to recover", "result",
+	"duplicates published / absorbed", "lost", "double-applied", "longest stall", "time to recover", "result",
 }
 
 // Table renders outcomes as a Markdown table, one row per scenario.
@@ -65,6 +68,7 @@ func Table(outcomes []Outcome) string {
 			fmt.Sprintf("%d / %d", o.DuplicatesPublished, o.DuplicatesAbsorbed),
 			fmt.Sprint(o.Lost),
 			fmt.Sprint(o.DoubleApplied),
+			formatDuration(o.Stall),
 			formatDuration(o.Recovery),
 			"**" + o.Result() + "**",
 		})
