@@ -308,7 +308,7 @@ func (l *Local) StartShop(ctx context.Context, spec ShopSpec) (Endpoints, error)
 		l.mu.Lock()
 		l.shop = shop // so that StopShop removes the pair, also when starting it fails
 		l.mu.Unlock()
-		pair, err := startPGPair(ctx, filepath.Join(shop.dir, "pg-orders"))
+		pair, err := startPGPair(ctx, filepath.Join(shop.dir, "pg-orders"), l.ordersPG)
 		shop.ordersPair = pair
 		if err != nil {
 			return Endpoints{}, err

@@ -29,10 +29,11 @@ type pgPair struct {
 	primary, standby *pgServer
 }
 
-// startPGPair initialises and starts the primary, clones and starts the standby, and
-// returns once the primary streams to it synchronously. The pair is returned also on error,
-// for remove.
-func startPGPair(ctx context.Context, dir string) (*pgPair, error) {
+// startPGPair makes the primary a copy of template (pg_basebackup, without -R: a server of
+// its own; an initdb takes several times as long on a loaded machine), starts it, clones the
+// standby from it with pg_basebackup -R, starts that, and returns once the primary streams to
+// it synchronously. The pair is returned also on error, for remove.
+func startPGPair(ctx context.Context, dir string, template *pgServer) (*pgPair, error) {
 	p := &pgPair{dir: dir}
 	var err error
 	if p.primary, err = newPGServer("orders-db-primary", filepath.Join(dir, "primary")); err != nil {
@@ -45,17 +46,13 @@ func startPGPair(ctx context.Context, dir string) (*pgPair, error) {
 	// standby has none to wait for, and its commits return at once.
 	p.primary.args = []string{"-c", "cluster_name=orders-primary", "-c", "synchronous_standby_names=FIRST 1 (\"" + standbyName + "\")"}
 	p.standby.args = []string{"-c", "cluster_name=" + standbyName}
-	if err := p.primary.init(ctx); err != nil {
+	if err := p.primary.clone(ctx, template, false); err != nil {
 		return p, err
 	}
 	if err := p.primary.start(ctx); err != nil {
 		return p, err
 	}
-	if err := p.standby.acct.mkdirOwned(p.standby.dir); err != nil {
-		return p, fmt.Errorf("%s: %w", p.standby.name, err)
-	}
-	if err := p.standby.run(ctx, "pg_basebackup", "-h", "127.0.0.1", "-p", strconv.Itoa(p.primary.port), "-U", "postgres",
-		"-D", filepath.Join(p.standby.dir, "data"), "-R", "-X", "stream", "--no-sync"); err != nil {
+	if err := p.standby.clone(ctx, p.primary, true); err != nil {
 		return p, err
 	}
 	if err := p.standby.start(ctx); err != nil {
@@ -77,6 +74,20 @@ func startPGPair(ctx context.Context, dir string) (*pgPair, error) {
 		return p, fmt.Errorf("the standby never became synchronous (see %s): %w", p.standby.logPath, err)
 	}
 	return p, nil
+}
+
+// clone makes the server's data directory a copy of from's with pg_basebackup; standby
+// makes it a standby streaming from from (-R: standby.signal and primary_conninfo).
+func (s *pgServer) clone(ctx context.Context, from *pgServer, standby bool) error {
+	if err := s.acct.mkdirOwned(s.dir); err != nil {
+		return fmt.Errorf("%s: %w", s.name, err)
+	}
+	args := []string{"-h", "127.0.0.1", "-p", strconv.Itoa(from.port), "-U", "postgres",
+		"-D", filepath.Join(s.dir, "data"), "-X", "stream", "--no-sync", "--checkpoint=fast"}
+	if standby {
+		args = append(args, "-R")
+	}
+	return s.run(ctx, "pg_basebackup", args...)
 }
 
 // URL is the multi-host URL of database db: both servers, target_session_attrs=read-write.
