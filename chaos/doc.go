@@ -5,7 +5,8 @@
 // (internal/failpoint), the broker or the orders database killed, the network to the broker
 // cut or slowed, poison messages published; or an operation's fault: bad rows written into an
 // outbox by hand, every process deployed again, the broker's memory alarm, a relay frozen
-// with SIGSTOP, a database away for longer than the queues' delivery limit — while the load
+// with SIGSTOP, a database away for longer than the queues' delivery limit; or the orders
+// database's primary killed and its synchronous standby promoted — while the load
 // generator (loadgen) places orders at a steady rate with Idempotency-Keys, retrying through
 // outages. Then the fault is healed, the shop drains, and e2e/verify checks every invariant
 // from both databases. A
@@ -17,7 +18,9 @@
 //
 // [Run] runs scenarios against a [Target]. [Local] (what CI runs) builds the service
 // binaries, starts private PostgreSQL servers and a private RabbitMQ node on spare ports, and
-// supervises the service processes (four, or more when a scenario asks for [Replica]s);
+// supervises the service processes (four, or more when a scenario asks for [Replica]s), and
+// gives the orders database a synchronous standby when a scenario asks for one
+// ([ShopSpec].OrdersStandby);
 // [Compose] drives the docker compose stack.
 //
 // # Running

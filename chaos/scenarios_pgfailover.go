@@ -23,7 +23,7 @@ import (
 const standbyName = "orders-standby"
 
 // pgPair is a PostgreSQL primary with a synchronous streaming standby, made for one shop:
-// the primary from initdb, the standby from pg_basebackup -R of it.
+// the primary a copy of another server, the standby from pg_basebackup -R of it.
 type pgPair struct {
 	dir              string
 	primary, standby *pgServer
