@@ -43,8 +43,8 @@ tidy: ## go mod tidy in every module.
 	@set -e; for dir in $(MODULES); do (cd $$dir && go mod tidy); done
 
 .PHONY: bench-micro
-bench-micro: ## Go micro-benchmarks of pkg/outbox and pkg/inbox (BENCHTIME=1s by default).
-	@set -e; for dir in $(CURDIR)/pkg/outbox $(CURDIR)/pkg/inbox; do \
+bench-micro: ## Go micro-benchmarks of pkg/outbox, pkg/inbox and the warehouse's reservation (BENCHTIME=1s by default).
+	@set -e; for dir in $(CURDIR)/pkg/outbox $(CURDIR)/pkg/inbox $(CURDIR)/services/warehouse; do \
 		(cd $$dir && go test -run '^$$' -bench . -benchtime $${BENCHTIME:-1s} ./...); \
 	done
 

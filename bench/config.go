@@ -23,6 +23,10 @@ const (
 	PhaseMemory  = "memory"  // 8: peak RSS of a relay process while draining
 )
 
+// DefaultInFlight is the batches in flight of the pipelined relay's drains: pkg/outbox's
+// default.
+const DefaultInFlight = 2
+
 // AllPhases lists every phase in run order.
 var AllPhases = []string{PhaseLimits, PhaseDrain, PhasePeer, PhaseLatency, PhaseScale, PhaseAPI, PhaseMemory}
 
@@ -40,11 +44,13 @@ type Sizes struct {
 	Concurrency []int
 	// Backlog is the number of rows the relays drain (item 3).
 	Backlog int
-	// Relays are the relay counts of the drain.
-	Relays []int
+	// Relays are the relay counts of the pipelined relay's drains; SerialRelays those of the
+	// serial relay (one batch in flight), measured first, for the ratio.
+	Relays, SerialRelays []int
 	// PeerRows is the number of rows Watermill's forwarder drains (item 4).
 	PeerRows int
-	// Rates are the fixed order rates of the latency runs (orders/s).
+	// Rates are the fixed order rates of the latency runs (orders/s); [CeilingRate] is the
+	// writers' own ceiling, limit B with as many writers, measured in the same run.
 	Rates []int
 	// Warmup runs at the rate before the measured RateDuration.
 	Warmup, RateDuration time.Duration
@@ -70,9 +76,10 @@ func FullSizes() Sizes {
 		Channels:       []int{1, 2, 4},
 		Concurrency:    []int{1, 8, 16, 32},
 		Backlog:        200_000,
-		Relays:         []int{1, 2, 4},
+		Relays:         []int{1, 2},
+		SerialRelays:   []int{1},
 		PeerRows:       20_000,
-		Rates:          []int{100, 300, 1000}, // the floor, the knee on 2 cores, the target
+		Rates:          []int{100, 300, CeilingRate}, // the floor, the target (the knee on 2 cores), the writers' ceiling
 		Warmup:         2 * time.Second,
 		RateDuration:   20 * time.Second,
 		ScaleRows:      []int{10_000, 100_000, 1_000_000},
@@ -92,9 +99,10 @@ func QuickSizes() Sizes {
 		Channels:       []int{1, 2, 4},
 		Concurrency:    []int{1, 8, 16, 32},
 		Backlog:        10_000,
-		Relays:         []int{1, 2, 4},
+		Relays:         []int{1, 2},
+		SerialRelays:   []int{1},
 		PeerRows:       5_000,
-		Rates:          []int{200},
+		Rates:          []int{300},
 		Warmup:         time.Second,
 		RateDuration:   3 * time.Second,
 		ScaleRows:      []int{10_000, 100_000},
@@ -123,6 +131,9 @@ type Config struct {
 	Phases []string
 	// BatchSize of the relays (drain, latency, memory). 0 is pkg/outbox's default.
 	BatchSize int
+	// InFlight is the batches in flight of the pipelined relay's drains; 0 is
+	// [DefaultInFlight].
+	InFlight int
 	// CPUProfile, when set, is the file the CPU profile of the relay drain phase goes to.
 	CPUProfile string
 	// RelayBinary is the relay program of the memory phase. Empty builds
@@ -154,6 +165,9 @@ func (c Config) validate() error {
 		s.APIConcurrency < 1 || len(s.Channels) == 0 || len(s.Concurrency) == 0 || len(s.Relays) == 0 ||
 		len(s.Rates) == 0 || len(s.ScaleRows) == 0 {
 		errs = append(errs, errors.New("every size must be positive and every list non-empty"))
+	}
+	if c.InFlight < 0 || c.InFlight > 64 {
+		errs = append(errs, fmt.Errorf("batches in flight %d out of range 0..64", c.InFlight))
 	}
 	if c.BatchSize < 0 || c.BatchSize > 10_000 {
 		errs = append(errs, fmt.Errorf("batch size %d out of range 0..10000", c.BatchSize))

@@ -78,16 +78,19 @@ func (e *env) copyBacklog(ctx context.Context, suffix string, rows int) (string,
 	return e.dbName(suffix), dbURL, top, nil
 }
 
-// drain is item 3: relays relay instances, each with its own pool and RabbitMQ publisher,
-// drain a copy of the backlog. The clock runs from their start until the BatchDone hooks
-// counted every row published; the queue is purged as it fills, and must have received
-// every row.
-func (e *env) drain(ctx context.Context, relays, rows int) (DrainResult, error) {
-	name, dbURL, top, err := e.copyBacklog(ctx, fmt.Sprintf("drain%d", relays), rows)
+// drain is item 3: relays relay instances, each with its own pool and RabbitMQ publisher
+// and inFlight batches in flight at once (1: the serial relay), drain a copy of the
+// backlog. The clock runs from their start until the BatchDone hooks counted every row
+// published; the queue is purged as it fills, and must have received every row. The CPU
+// of the bench's process, of the relays' PostgreSQL backends and of the broker is sampled
+// around the same span.
+func (e *env) drain(ctx context.Context, relays, inFlight, rows int) (DrainResult, error) {
+	name, dbURL, top, err := e.copyBacklog(ctx, fmt.Sprintf("drain%d_%d", relays, inFlight), rows)
 	if err != nil {
 		return DrainResult{}, err
 	}
 	defer func() { _ = e.dropDatabase(context.WithoutCancel(ctx), name) }() // free the disk now
+	appName := fmt.Sprintf("bench-%s-relay-%d-%d-", e.id, relays, inFlight)
 	snk, err := e.startSink(top.Queue, 200*time.Millisecond)
 	if err != nil {
 		return DrainResult{}, err
@@ -107,14 +110,18 @@ func (e *env) drain(ctx context.Context, relays, rows int) (DrainResult, error) 
 	// hooks counts the rows published and times the three steps of each cycle of one relay:
 	// the claim (from the end of its previous cycle to the Polled hook), the publish until
 	// the last confirm (BatchResult.ConfirmedAt), and the mark and commit (until BatchDone).
+	// The split means what it says only for the serial relay: with batches in flight the
+	// steps of one batch overlap those of the next.
 	hooks := func() outbox.Hooks {
-		var cycleStart, claimedAt time.Time
+		var cycleStart, claimedAt time.Time // under mu: a pipelined relay calls from several goroutines
 		return outbox.Hooks{
 			Polled: func(outbox.Poll) {
+				mu.Lock()
 				claimedAt = time.Now()
 				if cycleStart.IsZero() {
 					cycleStart = start
 				}
+				mu.Unlock()
 			},
 			BatchDone: func(b outbox.BatchResult) {
 				now := time.Now()
@@ -122,8 +129,8 @@ func (e *env) drain(ctx context.Context, relays, rows int) (DrainResult, error) 
 				claims = append(claims, claimedAt.Sub(cycleStart))
 				publishes = append(publishes, b.ConfirmedAt.Sub(claimedAt))
 				finishes = append(finishes, now.Sub(b.ConfirmedAt))
-				mu.Unlock()
 				cycleStart = now
+				mu.Unlock()
 				if published.Add(int64(len(b.Published))) >= int64(rows) {
 					doneOnce.Do(func() { close(done) })
 				}
@@ -147,7 +154,11 @@ func (e *env) drain(ctx context.Context, relays, rows int) (DrainResult, error) 
 		}
 	}()
 	for i := range instances {
-		pool, err := openPool(ctx, dbURL, 2)
+		url, err := withAppName(dbURL, fmt.Sprintf("%s%d", appName, i))
+		if err != nil {
+			return DrainResult{}, err
+		}
+		pool, err := openPool(ctx, url, int32(1+inFlight))
 		if err != nil {
 			return DrainResult{}, err
 		}
@@ -157,7 +168,11 @@ func (e *env) drain(ctx context.Context, relays, rows int) (DrainResult, error) 
 			return DrainResult{}, err
 		}
 		instances[i].pub = pub
-		r, err := outbox.NewRelay(pool, pub, outbox.Config{BatchSize: e.cfg.BatchSize, DisableNotify: true, Logger: e.log, Hooks: hooks()})
+		cfg := outbox.Config{BatchSize: e.cfg.BatchSize, DisableNotify: true, Logger: e.log, Hooks: hooks()}
+		if err := setInFlight(&cfg, inFlight); err != nil {
+			return DrainResult{}, err
+		}
+		r, err := outbox.NewRelay(pool, pub, cfg)
 		if err != nil {
 			return DrainResult{}, err
 		}
@@ -166,7 +181,10 @@ func (e *env) drain(ctx context.Context, relays, rows int) (DrainResult, error) 
 
 	runCtx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
+	meter := e.startCPU(ctx, appName)
+	mu.Lock()
 	start = time.Now()
+	mu.Unlock()
 	for _, in := range instances {
 		wg.Go(func() { _ = in.relay.Run(runCtx) })
 	}
@@ -177,6 +195,7 @@ func (e *env) drain(ctx context.Context, relays, rows int) (DrainResult, error) 
 	case <-ctx.Done():
 	case <-time.After(drainTimeout(rows)):
 	}
+	cpu := meter.stop(ctx, rows)
 	stop()
 	wg.Wait()
 	if elapsed == 0 {
@@ -192,6 +211,7 @@ func (e *env) drain(ctx context.Context, relays, rows int) (DrainResult, error) 
 		Rate: float64(rows) / elapsed.Seconds(), Cycles: len(claims),
 		Claim: Median(claims), Publish: Median(publishes), Finish: Median(finishes),
 		FirstClaims: Median(claims[:tenth]), LastClaims: Median(claims[len(claims)-tenth:]),
+		CPU: cpu,
 	}, nil
 }
 
@@ -205,6 +225,8 @@ type DrainResult struct {
 	// FirstClaims and LastClaims are the median claims of the first and the last tenth of
 	// the cycles: a claim that slows down as the backlog drains shows here.
 	FirstClaims, LastClaims time.Duration
+	// CPU is what the relays, their PostgreSQL backends and the broker spent on the drain.
+	CPU *CPUUsage
 }
 
 // drainTimeout bounds a drain: 200 rows/s at the least, plus a minute.

@@ -33,6 +33,9 @@ type env struct {
 	backlogDB   string
 	backlogRows int
 	drainTop    *topology
+	// The broker's pid on this machine, found once (see brokerPID); 0 when not found.
+	brokerOnce sync.Once
+	brokerPid  int
 }
 
 func newEnv(cfg Config) *env {

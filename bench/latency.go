@@ -22,9 +22,11 @@ import (
 
 // LatencyResult is one fixed-rate run of item 5.
 type LatencyResult struct {
-	// Rate is the rate asked for; Achieved the rate of the measured commits.
+	// Rate is the rate asked for; Achieved the rate of the measured commits. Ceiling is
+	// true when Rate is the writers' own ceiling (limit B, measured in the same run).
 	Rate     int
 	Achieved float64
+	Ceiling  bool
 	// Notify is true with LISTEN/NOTIFY wake-ups, false when polling every 100 ms only.
 	Notify bool
 	// Confirm is commit → broker confirm; Reserved is commit → the warehouse's inbox commit;
@@ -246,7 +248,7 @@ func (rig *latencyRig) run(ctx context.Context, rate int, notify bool, warmup, d
 	rig.sw.Store(sw)
 	defer rig.sw.Store(nil)
 
-	const writers = 16
+	const writers = latencyWriters
 	pool, err := openPool(ctx, rig.ordersURL, writers+3)
 	if err != nil {
 		res.Err = err
@@ -358,6 +360,9 @@ func (rig *latencyRig) run(ctx context.Context, rate int, notify bool, warmup, d
 	}
 	return res
 }
+
+// latencyWriters is how many writers a latency run has.
+const latencyWriters = 16
 
 // catchUp is how long a latency run waits, after the last order, for the confirms and
 // reservations of the measured orders.

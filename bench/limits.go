@@ -14,8 +14,9 @@ import (
 // publishLimit is limit A: how many persistent ~1 KiB messages per second RabbitMQ confirms
 // into a durable queue, with window publishes unconfirmed at once on each of channels
 // channels, each on a connection of its own (as each relay has its own). The messages carry
-// the properties the outbox publisher sets.
-func (e *env) publishLimit(ctx context.Context, top topology, channels, window int, d time.Duration) (float64, error) {
+// the properties the outbox publisher sets. The CPU of the bench's process and of the broker
+// is sampled around the publishing.
+func (e *env) publishLimit(ctx context.Context, top topology, channels, window int, d time.Duration) (float64, *CPUUsage, error) {
 	type worker struct {
 		conn *amqp.Connection
 		ch   *amqp.Channel
@@ -31,15 +32,15 @@ func (e *env) publishLimit(ctx context.Context, top topology, channels, window i
 	for i := range workers {
 		conn, err := e.dial(fmt.Sprintf("limit-a-%d", i))
 		if err != nil {
-			return 0, err
+			return 0, nil, err
 		}
 		workers[i].conn = conn
 		ch, err := conn.Channel()
 		if err != nil {
-			return 0, fmt.Errorf("open channel: %w", err)
+			return 0, nil, fmt.Errorf("open channel: %w", err)
 		}
 		if err := ch.Confirm(false); err != nil {
-			return 0, fmt.Errorf("confirm mode: %w", err)
+			return 0, nil, fmt.Errorf("confirm mode: %w", err)
 		}
 		workers[i].ch = ch
 	}
@@ -55,6 +56,7 @@ func (e *env) publishLimit(ctx context.Context, top topology, channels, window i
 		Body:          msg.Payload,
 	}
 
+	meter := e.startCPU(ctx, "")
 	var (
 		confirmed atomic.Int64
 		wg        sync.WaitGroup
@@ -102,10 +104,11 @@ func (e *env) publishLimit(ctx context.Context, top topology, channels, window i
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
+	cpu := meter.stop(ctx, int(confirmed.Load()))
 	if err := errors.Join(errs...); err != nil {
-		return 0, err
+		return 0, nil, err
 	}
-	return float64(confirmed.Load()) / elapsed.Seconds(), nil
+	return float64(confirmed.Load()) / elapsed.Seconds(), cpu, nil
 }
 
 // txLimit is limit B: how many order + outbox transactions per second PostgreSQL commits

@@ -16,12 +16,15 @@ import (
 type Measured struct {
 	N    int
 	Rate float64
-	Err  error
+	// CPU is what the processes taking part spent, when it was measured.
+	CPU *CPUUsage
+	Err error
 }
 
-// DrainMeasured is a drain by N relays.
+// DrainMeasured is a drain by N relays with InFlight batches in flight each (1: the serial
+// relay).
 type DrainMeasured struct {
-	N int
+	N, InFlight int
 	DrainResult
 	Err error
 }
@@ -34,6 +37,8 @@ type Results struct {
 	Command string
 	// BatchSize is the relays' batch size (pkg/outbox's default when not set).
 	BatchSize int
+	// InFlight is the batches in flight of the pipelined relays' drain rows.
+	InFlight int
 	// Started is when the run began; Took how long it ran.
 	Started time.Time
 	Took    time.Duration
@@ -65,7 +70,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (err error) {
 	}()
 	res := Results{
 		Sizes: cfg.Sizes, Quick: cfg.Quick, Command: cfg.Command,
-		BatchSize: cmp.Or(cfg.BatchSize, 100), Started: time.Now(),
+		BatchSize: cmp.Or(cfg.BatchSize, 100), InFlight: cmp.Or(cfg.InFlight, DefaultInFlight), Started: time.Now(),
 	}
 	res.Machine = e.readMachine(ctx)
 	e.progress("run %s on %s", e.id, res.Machine)
@@ -81,16 +86,20 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (err error) {
 		if perr != nil {
 			return perr
 		}
-		for _, n := range s.Relays {
-			e.progress("item 3: %d relay(s) drain %s rows", n, FormatCount(s.Backlog))
+		for _, v := range drainVariants(s, res.InFlight) {
+			if ctx.Err() != nil {
+				break
+			}
+			e.progress("item 3: %d relay(s), %d batch(es) in flight, drain %s rows", v.N, v.InFlight, FormatCount(s.Backlog))
 			d, err := DrainResult{}, ferr
 			if err == nil {
-				d, err = e.drain(ctx, n, s.Backlog)
+				d, err = e.drain(ctx, v.N, v.InFlight, s.Backlog)
 			}
-			res.Drain = append(res.Drain, DrainMeasured{N: n, DrainResult: d, Err: err})
-			e.progress("  %s", resultOrError(fmt.Sprintf("%s; per cycle: claim %s (first tenth %s, last tenth %s), publish %s, mark+commit %s",
+			v.DrainResult, v.Err = d, err
+			res.Drain = append(res.Drain, v)
+			e.progress("  %s", resultOrError(fmt.Sprintf("%s; per cycle: claim %s (first tenth %s, last tenth %s), publish %s, mark+commit %s; CPU per 1,000: %s",
 				FormatRate(d.Rate, "rows/s"), FormatLatency(d.Claim), FormatLatency(d.FirstClaims), FormatLatency(d.LastClaims),
-				FormatLatency(d.Publish), FormatLatency(d.Finish)), err))
+				FormatLatency(d.Publish), FormatLatency(d.Finish), FormatCPU(d.CPU, "relay")), err))
 		}
 		if err := stopProfile(); err != nil {
 			return err
@@ -98,12 +107,12 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (err error) {
 	}
 	if cfg.runs(PhasePeer) && ctx.Err() == nil {
 		e.progress("item 4: Watermill's forwarder drains %s rows", FormatCount(s.PeerRows))
-		rate, err := e.peer(ctx, s.PeerRows)
-		res.Peer = &Measured{N: s.PeerRows, Rate: rate, Err: err}
-		e.progress("  %s", resultOrError(FormatRate(rate, "rows/s"), err))
+		rate, cpu, err := e.peer(ctx, s.PeerRows)
+		res.Peer = &Measured{N: s.PeerRows, Rate: rate, CPU: cpu, Err: err}
+		e.progress("  %s", resultOrError(FormatRate(rate, "rows/s")+"; CPU per 1,000: "+FormatCPU(cpu, "forwarder"), err))
 	}
 	if cfg.runs(PhaseLatency) && ctx.Err() == nil {
-		res.Latency = e.latencies(ctx, s)
+		res.Latency = e.latencies(ctx, s, res.LimitB)
 	}
 	if cfg.runs(PhaseScale) && ctx.Err() == nil {
 		e.progress("item 6: claim and mark cost with %v published rows", s.ScaleRows)
@@ -143,12 +152,12 @@ func (e *env) limits(ctx context.Context, s Sizes) (a, b []Measured) {
 	}
 	for _, n := range s.Channels {
 		e.progress("limit A: %d channel(s), window %d, for %s", n, s.ConfirmWindow, s.LimitDuration)
-		rate := 0.0
+		rate, cpu := 0.0, (*CPUUsage)(nil)
 		if err == nil {
-			rate, err = e.publishLimit(ctx, top, n, s.ConfirmWindow, s.LimitDuration)
+			rate, cpu, err = e.publishLimit(ctx, top, n, s.ConfirmWindow, s.LimitDuration)
 		}
-		a = append(a, Measured{N: n, Rate: rate, Err: err})
-		e.progress("  %s", resultOrError(FormatRate(rate, "msg/s"), err))
+		a = append(a, Measured{N: n, Rate: rate, CPU: cpu, Err: err})
+		e.progress("  %s", resultOrError(FormatRate(rate, "msg/s")+"; CPU per 1,000: "+FormatCPU(cpu, "publisher"), err))
 	}
 	if snk != nil {
 		snk.Close()
@@ -181,25 +190,59 @@ func (e *env) limits(ctx context.Context, s Sizes) (a, b []Measured) {
 	return a, b
 }
 
-func (e *env) latencies(ctx context.Context, s Sizes) []LatencyResult {
+// drainVariants returns the drains of item 3 in run order: the serial relay (one batch in
+// flight) with SerialRelays relays, then the pipelined relay (inFlight batches) with Relays.
+func drainVariants(s Sizes, inFlight int) []DrainMeasured {
+	var out []DrainMeasured
+	for _, n := range s.SerialRelays {
+		out = append(out, DrainMeasured{N: n, InFlight: 1})
+	}
+	for _, n := range s.Relays {
+		out = append(out, DrainMeasured{N: n, InFlight: inFlight})
+	}
+	return out
+}
+
+// CeilingRate in [Sizes].Rates stands for the writers' own ceiling: limit B with as many
+// writers as the latency runs have, measured in the same run.
+const CeilingRate = 0
+
+// latencies is item 5, at each of s.Rates; [CeilingRate] is taken from limitB.
+func (e *env) latencies(ctx context.Context, s Sizes, limitB []Measured) []LatencyResult {
 	var out []LatencyResult
 	rig, err := e.newLatencyRig(ctx)
 	for _, notify := range []bool{true, false} {
-		for _, rate := range s.Rates {
+		for _, asked := range s.Rates {
 			if ctx.Err() != nil {
 				return out
 			}
+			rate, rerr := asked, err
+			if asked == CeilingRate {
+				rate, rerr = ceilingRate(limitB)
+				rerr = errors.Join(err, rerr)
+			}
 			e.progress("item 5: %d orders/s, %s, %s after %s warm-up", rate, wakeUp(notify), s.RateDuration, s.Warmup)
-			if err != nil {
-				out = append(out, LatencyResult{Rate: rate, Notify: notify, Err: err})
+			if rerr != nil {
+				out = append(out, LatencyResult{Rate: rate, Ceiling: asked == CeilingRate, Notify: notify, Err: rerr})
 				continue
 			}
 			r := rig.run(ctx, rate, notify, s.Warmup, s.RateDuration)
+			r.Ceiling = asked == CeilingRate
 			out = append(out, r)
 			e.progress("  confirm %s; reserved %s", resultOrError(FormatLatencies(r.Confirm), r.Err), FormatLatencies(r.Reserved))
 		}
 	}
 	return out
+}
+
+// ceilingRate returns limit B with latencyWriters writers, rounded down to 10 orders/s.
+func ceilingRate(limitB []Measured) (int, error) {
+	for _, m := range limitB {
+		if m.N == latencyWriters && m.Err == nil && m.Rate >= 10 {
+			return int(m.Rate) / 10 * 10, nil
+		}
+	}
+	return 0, fmt.Errorf("the writers' ceiling is limit B with %d writers, which this run did not measure (phase %s)", latencyWriters, PhaseLimits)
 }
 
 func wakeUp(notify bool) string {

@@ -21,6 +21,9 @@ type Row struct {
 	Ratio string
 	// Target is a [Check] rendered with its mark, or empty.
 	Target string
+	// CPU is the CPU time per 1,000 messages of the processes taking part ([FormatCPU]),
+	// or empty.
+	CPU string
 }
 
 // Table is the result of a run: one Markdown table.
@@ -31,16 +34,16 @@ type Table struct {
 // Add appends a row.
 func (t *Table) Add(r Row) { t.Rows = append(t.Rows, r) }
 
-var tableHeader = Row{Item: "#", What: "measurement", Result: "result", Ratio: "ratio (same run)", Target: "target"}
+var tableHeader = Row{Item: "#", What: "measurement", Result: "result", Ratio: "ratio (same run)", Target: "target", CPU: "CPU per 1,000 msgs"}
 
 // Markdown renders the table with its columns padded, so that it reads in a terminal as well
 // as rendered. A "|" inside a cell is escaped.
 func (t Table) Markdown() string {
 	rows := append([]Row{tableHeader}, t.Rows...)
-	cells := make([][5]string, len(rows))
-	var width [5]int
+	cells := make([][6]string, len(rows))
+	var width [6]int
 	for i, r := range rows {
-		cells[i] = [5]string{r.Item, r.What, r.Result, r.Ratio, r.Target}
+		cells[i] = [6]string{r.Item, r.What, r.Result, r.Ratio, r.Target, r.CPU}
 		for j, c := range cells[i] {
 			c = strings.ReplaceAll(c, "|", `\|`)
 			cells[i][j] = c
@@ -48,7 +51,7 @@ func (t Table) Markdown() string {
 		}
 	}
 	var b strings.Builder
-	line := func(cols [5]string) {
+	line := func(cols [6]string) {
 		b.WriteString("|")
 		for j, c := range cols {
 			b.WriteString(" ")
@@ -59,7 +62,7 @@ func (t Table) Markdown() string {
 		b.WriteString("\n")
 	}
 	line(cells[0])
-	var sep [5]string
+	var sep [6]string
 	for j := range sep {
 		sep[j] = strings.Repeat("-", width[j])
 	}

@@ -18,12 +18,12 @@ func TestMarkdown(t *testing.T) {
 		t.Parallel()
 		var tab bench.Table
 		tab.Add(bench.Row{Item: "A", What: "RabbitMQ", Result: "12,345 msg/s"})
-		tab.Add(bench.Row{Item: "3", What: "relay drain", Result: "8,000 rows/s", Ratio: "65% of A (1 ch)", Target: "✓ ≥ 60% of A"})
+		tab.Add(bench.Row{Item: "3", What: "relay drain", Result: "8,000 rows/s", Ratio: "65% of A (1 ch)", Target: "✓ ≥ 60% of A", CPU: "relay 50.0 ms"})
 		want := "" +
-			"| # | measurement | result       | ratio (same run) | target       |\n" +
-			"| - | ----------- | ------------ | ---------------- | ------------ |\n" +
-			"| A | RabbitMQ    | 12,345 msg/s |                  |              |\n" +
-			"| 3 | relay drain | 8,000 rows/s | 65% of A (1 ch)  | ✓ ≥ 60% of A |\n"
+			"| # | measurement | result       | ratio (same run) | target       | CPU per 1,000 msgs |\n" +
+			"| - | ----------- | ------------ | ---------------- | ------------ | ------------------ |\n" +
+			"| A | RabbitMQ    | 12,345 msg/s |                  |              |                    |\n" +
+			"| 3 | relay drain | 8,000 rows/s | 65% of A (1 ch)  | ✓ ≥ 60% of A | relay 50.0 ms      |\n"
 		require.Equal(t, want, tab.Markdown())
 	})
 
@@ -33,7 +33,7 @@ func TestMarkdown(t *testing.T) {
 		out := tab.Markdown()
 		require.Contains(t, out, `a\|b`)
 		for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
-			require.Equal(t, 6, strings.Count(line, "|")-strings.Count(line, `\|`), "five columns in %q", line)
+			require.Equal(t, 7, strings.Count(line, "|")-strings.Count(line, `\|`), "six columns in %q", line)
 		}
 	})
 

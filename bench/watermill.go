@@ -23,24 +23,29 @@ const peerTopic = "outbox"
 // subscriber on pgx, watermill-amqp's publisher with publisher confirms) drains rows
 // OrderCreated events that the application wrote through the forwarder's publisher in
 // transactions of 1,000. The clock runs from the forwarder's start until the queue received
-// every message.
+// every message; the CPU of the bench's process (the forwarder), of its PostgreSQL backends
+// and of the broker is sampled around the same span.
 //
 // The forwarder is configured as its documentation suggests for an outbox, plus what makes
 // it fast: watermill-sql's default PostgreSQL schema and offsets adapter (batches of 100),
 // and a pooled AMQP channel (without ChannelPoolSize it opens a channel per message).
-func (e *env) peer(ctx context.Context, rows int) (float64, error) {
+func (e *env) peer(ctx context.Context, rows int) (float64, *CPUUsage, error) {
 	top, err := e.declareTopology("peer")
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	dbURL, err := e.createDatabase(ctx, "peer", "")
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	defer func() { _ = e.dropDatabase(context.WithoutCancel(ctx), e.dbName("peer")) }()
+	appName := "bench-" + e.id + "-peer"
+	if dbURL, err = withAppName(dbURL, appName); err != nil {
+		return 0, nil, err
+	}
 	pool, err := openPool(ctx, dbURL, 4)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	defer pool.Close()
 	logger := watermill.NopLogger{}
@@ -53,19 +58,19 @@ func (e *env) peer(ctx context.Context, rows int) (float64, error) {
 		PollInterval:     100 * time.Millisecond,
 	}, logger)
 	if err != nil {
-		return 0, fmt.Errorf("watermill subscriber: %w", err)
+		return 0, nil, fmt.Errorf("watermill subscriber: %w", err)
 	}
 	defer sub.Close()
 	if err := sub.SubscribeInitialize(peerTopic); err != nil {
-		return 0, fmt.Errorf("watermill schema: %w", err)
+		return 0, nil, fmt.Errorf("watermill schema: %w", err)
 	}
 
 	start := time.Now()
 	if err := fillPeer(ctx, pool, schema, rows); err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	if _, err := pool.Exec(ctx, "VACUUM ANALYZE watermill_"+peerTopic); err != nil {
-		return 0, fmt.Errorf("vacuum analyze: %w", err)
+		return 0, nil, fmt.Errorf("vacuum analyze: %w", err)
 	}
 	e.progress("  filled Watermill's outbox with %s rows in %s", FormatCount(rows), time.Since(start).Round(time.Millisecond))
 
@@ -85,34 +90,36 @@ func (e *env) peer(ctx context.Context, rows int) (float64, error) {
 		TopologyBuilder: &wamqp.DefaultTopologyBuilder{},
 	}, logger)
 	if err != nil {
-		return 0, fmt.Errorf("watermill amqp publisher: %w", err)
+		return 0, nil, fmt.Errorf("watermill amqp publisher: %w", err)
 	}
 	defer pub.Close()
 	fwd, err := forwarder.NewForwarder(sub, pub, logger, forwarder.Config{ForwarderTopic: peerTopic, CloseTimeout: 10 * time.Second})
 	if err != nil {
-		return 0, fmt.Errorf("watermill forwarder: %w", err)
+		return 0, nil, fmt.Errorf("watermill forwarder: %w", err)
 	}
 
 	snk, err := e.startSink(top.Queue, 200*time.Millisecond)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	defer snk.Close()
 	runErr := make(chan error, 1)
+	meter := e.startCPU(ctx, appName)
 	start = time.Now()
 	go func() { runErr <- fwd.Run(ctx) }()
 	got, at, waitErr := snk.waitFor(ctx, int64(rows), drainTimeout(rows))
+	cpu := meter.stop(ctx, rows)
 	closeErr := fwd.Close()
 	if err := <-runErr; err != nil && !errors.Is(err, context.Canceled) {
 		closeErr = errors.Join(closeErr, err)
 	}
 	if waitErr != nil {
-		return 0, errors.Join(waitErr, closeErr)
+		return 0, nil, errors.Join(waitErr, closeErr)
 	}
 	if got > int64(rows) {
 		e.progress("  the forwarder published %d messages for %d rows", got, rows)
 	}
-	return float64(rows) / at.Sub(start).Seconds(), nil
+	return float64(rows) / at.Sub(start).Seconds(), cpu, nil
 }
 
 // fillPeer writes rows OrderCreated events through the forwarder's publisher on

@@ -43,8 +43,10 @@ func run(ctx context.Context, args []string) error {
 	batch := fs.Int("batch", 0, "relay batch size (default: pkg/outbox's, 100)")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the relay drain phase to this file")
 	relayBin := fs.String("relay-binary", "", "relay program of the memory phase (default: go build ./bench/cmd/relay)")
-	rates := fs.String("rates", "", "comma-separated orders/s of the latency phase (default: 100,300,1000; -quick: 200)")
-	relays := fs.String("relays", "", "comma-separated relay counts of the drain phase (default: 1,2,4)")
+	rates := fs.String("rates", "", "comma-separated orders/s of the latency phase; max is limit B with 16 writers, from the limits phase (default: 100,300,max; -quick: 200)")
+	relays := fs.String("relays", "", "comma-separated relay counts of the pipelined relay's drains (default: 1,2)")
+	serial := fs.String("serial-relays", "", "comma-separated relay counts of the serial relay's drains, one batch in flight (default: 1; none: 0)")
+	inflight := fs.Int("inflight", 0, "batches in flight of the pipelined relay's drains (default: 2)")
 	verbose := fs.Bool("v", false, "log the libraries' warnings and errors to stderr")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -55,7 +57,7 @@ func run(ctx context.Context, args []string) error {
 	}
 	var err error
 	if *rates != "" {
-		if sizes.Rates, err = positiveInts("-rates", *rates); err != nil {
+		if sizes.Rates, err = rateList(*rates); err != nil {
 			return err
 		}
 	}
@@ -64,9 +66,18 @@ func run(ctx context.Context, args []string) error {
 			return err
 		}
 	}
+	switch *serial {
+	case "":
+	case "0":
+		sizes.SerialRelays = nil
+	default:
+		if sizes.SerialRelays, err = positiveInts("-serial-relays", *serial); err != nil {
+			return err
+		}
+	}
 	cfg := bench.Config{
 		PostgresURL: *pg, AMQPURL: *amqpURL, Sizes: sizes, Quick: *quick,
-		BatchSize: *batch, CPUProfile: *cpuprofile, RelayBinary: *relayBin,
+		BatchSize: *batch, InFlight: *inflight, CPUProfile: *cpuprofile, RelayBinary: *relayBin,
 		Command:  strings.Join(append([]string{"go run ./bench/cmd/bench"}, args...), " "),
 		Progress: os.Stderr,
 	}
@@ -88,6 +99,23 @@ func positiveInts(flag, list string) ([]int, error) {
 			return nil, fmt.Errorf("%s: %q is not a positive number", flag, f)
 		}
 		out = append(out, n)
+	}
+	return out, nil
+}
+
+// rateList parses the -rates list: positive numbers, and max for [bench.CeilingRate].
+func rateList(list string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(list, ",") {
+		if strings.TrimSpace(f) == "max" {
+			out = append(out, bench.CeilingRate)
+			continue
+		}
+		n, err := positiveInts("-rates", f)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, n...)
 	}
 	return out, nil
 }

@@ -21,7 +21,7 @@ type bundle struct {
 	store *postgres.Store
 }
 
-func setup(t *testing.T) *bundle {
+func setup(t testing.TB) *bundle {
 	t.Helper()
 	pool := testinfra.NewPool(t)
 	require.NoError(t, postgres.Migrate(context.Background(), pool))
@@ -29,7 +29,7 @@ func setup(t *testing.T) *bundle {
 }
 
 // setStock sets the stock of skus (creating them).
-func (b *bundle) setStock(t *testing.T, levels map[string]int64) {
+func (b *bundle) setStock(t testing.TB, levels map[string]int64) {
 	t.Helper()
 	for sku, n := range levels {
 		_, _, err := b.store.SetStock(context.Background(), sku, "", n)

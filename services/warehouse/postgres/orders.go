@@ -50,27 +50,108 @@ func Reserve(ctx context.Context, tx pgx.Tx, orderID uuid.UUID, lines []warehous
 		return d, fmt.Errorf("reserve order %s: unexpected decision %s", orderID, d)
 	}
 
-	available, err := lockStock(ctx, tx, warehouse.SKUs(lines))
+	// The stock rows are locked as late as possible, since their locks are held until the
+	// commit: taking stock is the first thing, and what follows it is one round trip.
+	taken, err := takeStock(ctx, tx, lines, now)
 	if err != nil {
 		return d, err
 	}
-	d = warehouse.CheckStock(lines, available)
+	if !taken {
+		// A line is short or unknown: decide under the stock rows' locks, which also reads
+		// the levels the rejection reports; stock that came back in between is reserved.
+		available, err := lockStock(ctx, tx, warehouse.SKUs(lines))
+		if err != nil {
+			return d, err
+		}
+		d = warehouse.CheckStock(lines, available)
+		if d.Action == warehouse.ActionReserve {
+			if _, err := tx.Exec(ctx, addStockSQL, warehouse.SKUs(lines), negated(lines), now); err != nil {
+				return d, dbError("update stock", err)
+			}
+		}
+	}
+	return d, recordReservation(ctx, tx, orderID, lines, d, messageID, now)
+}
+
+// recordReservation writes the reservation of an OrderCreated, its lines and, when it is
+// reserved, the 'reserve' ledger rows: three statements in one round trip.
+func recordReservation(ctx context.Context, tx pgx.Tx, orderID uuid.UUID, lines []warehouse.Line, d warehouse.Decision, messageID string, now time.Time) error {
 	status := warehouse.StatusRejected
 	if d.Action == warehouse.ActionReserve {
 		status = warehouse.StatusReserved
 	}
-	if _, err := tx.Exec(ctx, insertReservationSQL, orderID, status, d.Reason, messageID, "", now); err != nil {
-		return d, dbError("insert reservation", err)
-	}
-	if err := insertLines(ctx, tx, orderID, lines); err != nil {
-		return d, err
-	}
+	skus := warehouse.SKUs(lines)
+	var b pgx.Batch
+	b.Queue(insertReservationSQL, orderID, status, d.Reason, messageID, "", now)
+	b.Queue(insertReservationLinesSQL, orderID, skus, warehouse.Quantities(lines))
 	if d.Action == warehouse.ActionReserve {
-		if err := move(ctx, tx, lines, -1, kindReserve, orderID, messageID, now); err != nil {
-			return d, err
+		b.Queue(insertMovementsSQL, skus, negated(lines), kindReserve, orderID, messageID, now)
+	}
+	res := tx.SendBatch(ctx, &b)
+	for _, what := range []string{"insert reservation", "insert reservation lines", "insert stock movements"}[:b.Len()] {
+		if _, err := res.Exec(); err != nil {
+			_ = res.Close()
+			return dbError(what, err)
 		}
 	}
-	return d, nil
+	return dbError("record reservation", res.Close())
+}
+
+// takeStock takes every line's quantity from stock, all or nothing, with one conditional
+// UPDATE per line (… WHERE available >= quantity), sent in one round trip in the lines'
+// order. lines are sorted by SKU, so every transaction locks the stock rows it shares with
+// another in the same order and two reservations never deadlock; each row is locked by the
+// UPDATE that changes it, with no SELECT … FOR UPDATE before it. When a line's SKU is
+// unknown or short it returns false, with nothing taken: an order of several lines takes
+// them under a savepoint and rolls back to it.
+func takeStock(ctx context.Context, tx pgx.Tx, lines []warehouse.Line, now time.Time) (bool, error) {
+	if len(lines) == 0 {
+		return true, nil
+	}
+	var b pgx.Batch
+	several := len(lines) > 1
+	if several {
+		b.Queue(takeStockSavepointSQL)
+	}
+	for _, l := range lines {
+		b.Queue(takeStockSQL, l.SKU, l.Quantity, now)
+	}
+	res := tx.SendBatch(ctx, &b)
+	if several {
+		if _, err := res.Exec(); err != nil {
+			_ = res.Close()
+			return false, dbError("take stock", err)
+		}
+	}
+	taken := true
+	for _, l := range lines {
+		tag, err := res.Exec()
+		if err != nil {
+			_ = res.Close()
+			return false, dbError("take stock of "+l.SKU, err)
+		}
+		if tag.RowsAffected() != 1 {
+			taken = false
+		}
+	}
+	if err := res.Close(); err != nil {
+		return false, dbError("take stock", err)
+	}
+	if !taken && several {
+		if _, err := tx.Exec(ctx, takeStockRollbackSQL); err != nil {
+			return false, dbError("give back stock", err)
+		}
+	}
+	return taken, nil
+}
+
+// negated returns the lines' quantities, negative: what a reservation takes from stock.
+func negated(lines []warehouse.Line) []int64 {
+	q := warehouse.Quantities(lines)
+	for i := range q {
+		q[i] = -q[i]
+	}
+	return q
 }
 
 // Release applies an OrderCancelled inside tx, the consumer's inbox transaction: it locks the

@@ -41,6 +41,8 @@ func TestReserve(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		b.setStock(t, map[string]int64{"A": 5, "B": 2})
+		before, err := b.store.GetStock(context.Background(), "A")
+		require.NoError(t, err)
 		id := newOrderID()
 		d := b.reserve(t, id, []warehouse.Line{{SKU: "A", Quantity: 5}, {SKU: "B", Quantity: 3}})
 		require.Equal(t, warehouse.ActionReject, d.Action)
@@ -48,6 +50,9 @@ func TestReserve(t *testing.T) {
 		require.Equal(t, []warehouse.Shortage{{SKU: "B", Requested: 3, Available: 2}}, d.Shortages)
 		require.Equal(t, int64(5), b.available(t, "A"))
 		require.Equal(t, int64(2), b.available(t, "B"))
+		after, err := b.store.GetStock(context.Background(), "A")
+		require.NoError(t, err)
+		require.Equal(t, before.Version, after.Version, "A, taken before B was found short, is rolled back, not given back: its version (ETag) is unchanged")
 		r := b.reservation(t, id)
 		require.Equal(t, warehouse.StatusRejected, r.Status)
 		require.Equal(t, warehouse.ReasonInsufficientStock, r.Reason)
@@ -122,6 +127,42 @@ func TestReserve(t *testing.T) {
 		require.GreaterOrEqual(t, reserved, 10)
 		b.requireConsistent(t)
 	})
+}
+
+func TestReserveHotSKU(t *testing.T) {
+	t.Parallel()
+	// Concurrent one-line orders of one SKU queue on its row lock inside the conditional
+	// UPDATE, which re-reads the level once the holder commits: exactly the stock is
+	// reserved, and every other order is rejected with the level it found.
+	b := setup(t)
+	b.setStock(t, map[string]int64{"HOT": 10})
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		decision = map[warehouse.Action]int{}
+	)
+	for i := range 25 {
+		wg.Go(func() {
+			err := pgx.BeginFunc(context.Background(), b.pool, func(tx pgx.Tx) error {
+				d, err := postgres.Reserve(context.Background(), tx, newOrderID(), []warehouse.Line{{SKU: "HOT", Quantity: 1}}, fmt.Sprint(i), time.Now())
+				if err != nil {
+					return err
+				}
+				if d.Action == warehouse.ActionReject && (d.Reason != warehouse.ReasonInsufficientStock || len(d.Shortages) != 1 || d.Shortages[0].Available != 0) {
+					return fmt.Errorf("rejected with %+v", d)
+				}
+				mu.Lock()
+				decision[d.Action]++
+				mu.Unlock()
+				return nil
+			})
+			assert.NoError(t, err) // not require: this is not the test's goroutine
+		})
+	}
+	wg.Wait()
+	require.Equal(t, map[warehouse.Action]int{warehouse.ActionReserve: 10, warehouse.ActionReject: 15}, decision)
+	require.Zero(t, b.available(t, "HOT"))
+	b.requireConsistent(t)
 }
 
 func TestRelease(t *testing.T) {

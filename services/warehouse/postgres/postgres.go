@@ -7,10 +7,16 @@
 //
 // Every transaction that changes an order's reservation first takes a transaction-scoped
 // advisory lock on the order id, so that an OrderCreated and an OrderCancelled of the same
-// order never interleave (and their outbox rows are written in commit order). Stock rows are
-// then locked with SELECT … ORDER BY sku FOR UPDATE: every transaction locks SKUs in the same
-// order, so two reservations never deadlock, and stock never goes negative (the CHECK
-// (available >= 0) constraint is the safety net).
+// order never interleave (and their outbox rows are written in commit order). A reservation
+// then takes each line's quantity with one conditional UPDATE (… WHERE available >=
+// quantity) per line, in SKU order, all in one round trip: the row lock a hot SKU's
+// transactions queue for is taken by the statement that changes the row, as late as
+// possible, and held through the commit as any row lock is. When a line is short, its
+// lines are rolled back to a savepoint and the decision is taken again under SELECT …
+// ORDER BY sku FOR UPDATE, which also reads the levels the rejection reports; a release
+// locks the same way. Every transaction locks SKUs in the same order, so two of them never
+// deadlock, and stock never goes negative (the CHECK (available >= 0) constraint is the
+// safety net).
 package postgres
 
 import (

@@ -35,6 +35,14 @@ const (
 	// that two transactions never wait for each other in a cycle.
 	lockStockSQL = `SELECT sku, available FROM stock WHERE sku = ANY($1::text[]) ORDER BY sku FOR UPDATE`
 
+	// takeStockSQL takes $2 of SKU $1 if there is that much: one row changed, else none
+	// (short or unknown). The reservation's lines run it in SKU order.
+	takeStockSQL = `UPDATE stock SET available = available - $2, updated_at = $3 WHERE sku = $1 AND available >= $2`
+	// takeStockSavepointSQL and takeStockRollbackSQL make an order's takeStockSQL all or
+	// nothing when one of its lines is short.
+	takeStockSavepointSQL = `SAVEPOINT take_stock`
+	takeStockRollbackSQL  = `ROLLBACK TO SAVEPOINT take_stock`
+
 	// addStockSQL adds deltas (negative to reserve) to the given SKUs.
 	addStockSQL = `UPDATE stock AS s SET available = s.available + v.delta, updated_at = $3
 FROM unnest($1::text[], $2::bigint[]) AS v (sku, delta)
