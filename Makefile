@@ -5,7 +5,7 @@
 
 SHELL := bash
 MODULES := $(shell go list -m -f '{{.Dir}}')
-GOTEST_FLAGS ?=
+GOTEST_FLAGS ?= -timeout 30m
 
 .DEFAULT_GOAL := help
 
@@ -14,7 +14,7 @@ help: ## Show this help.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: test
-test: ## go vet, then go test -race -count=1, in every module; then tools/adoptcheck.sh (the libraries as copies).
+test: ## go vet, then go test -race -count=1 -timeout 30m, in every module; then tools/adoptcheck.sh (the libraries as copies).
 	@set -e; for dir in $(MODULES); do \
 		echo "==> $${dir#$(CURDIR)/}"; \
 		(cd $$dir && go vet ./... && go test -race -count=1 $(GOTEST_FLAGS) ./...); \
