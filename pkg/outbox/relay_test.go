@@ -327,10 +327,12 @@ func TestRelay(t *testing.T) {
 		require.Error(t, err)
 		b := &fakePublisher{}
 		for name, cfg := range map[string]outbox.Config{
-			"BatchTooLarge":   {BatchSize: 1_000_000},
-			"NegativeBatch":   {BatchSize: -1},
-			"MaxBelowBase":    {RetryBaseDelay: time.Minute, RetryMaxDelay: time.Second},
-			"NegativeMaxSize": {MaxMessageBytes: -1},
+			"BatchTooLarge":    {BatchSize: 1_000_000},
+			"NegativeBatch":    {BatchSize: -1},
+			"MaxBelowBase":     {RetryBaseDelay: time.Minute, RetryMaxDelay: time.Second},
+			"NegativeMaxSize":  {MaxMessageBytes: -1},
+			"NegativeInFlight": {InFlightBatches: -1},
+			"TooManyInFlight":  {InFlightBatches: outbox.MaxInFlightBatches + 1},
 		} {
 			_, err := outbox.NewRelay(pool, b, cfg)
 			require.ErrorContains(t, err, "outbox: invalid relay config: ", name)
