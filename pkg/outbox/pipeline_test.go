@@ -14,6 +14,13 @@ import (
 	"github.com/outboxshop/outboxshop/pkg/outbox/internal/testinfra"
 )
 
+// inFlightCases are the relays that tests of the relay's guarantees run against: the
+// default, pipelined one, and the serial one.
+var inFlightCases = []struct {
+	name     string
+	inFlight int
+}{{"Pipelined", 0}, {"Serial", 1}}
+
 // TestPipeline holds the pipelined relay (several batches in flight) to the guarantees of
 // the serial one.
 func TestPipeline(t *testing.T) {
