@@ -147,7 +147,8 @@ func (e *env) drain(ctx context.Context, relays, rows int) (DrainResult, error) 
 		}
 	}()
 	for i := range instances {
-		pool, err := openPool(ctx, dbURL, 2)
+		// A connection per batch in flight and one for maintenance (outbox.Relay.PoolSize).
+		pool, err := openPool(ctx, dbURL, outbox.DefaultInFlightBatches+1)
 		if err != nil {
 			return DrainResult{}, err
 		}
