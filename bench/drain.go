@@ -158,6 +158,7 @@ func (e *env) drain(ctx context.Context, relays, inFlight, rows int) (DrainResul
 		if err != nil {
 			return DrainResult{}, err
 		}
+		// A connection per batch in flight and one for maintenance (outbox.Relay.PoolSize).
 		pool, err := openPool(ctx, url, int32(1+inFlight))
 		if err != nil {
 			return DrainResult{}, err
@@ -168,10 +169,7 @@ func (e *env) drain(ctx context.Context, relays, inFlight, rows int) (DrainResul
 			return DrainResult{}, err
 		}
 		instances[i].pub = pub
-		cfg := outbox.Config{BatchSize: e.cfg.BatchSize, DisableNotify: true, Logger: e.log, Hooks: hooks()}
-		if err := setInFlight(&cfg, inFlight); err != nil {
-			return DrainResult{}, err
-		}
+		cfg := outbox.Config{BatchSize: e.cfg.BatchSize, InFlightBatches: inFlight, DisableNotify: true, Logger: e.log, Hooks: hooks()}
 		r, err := outbox.NewRelay(pool, pub, cfg)
 		if err != nil {
 			return DrainResult{}, err

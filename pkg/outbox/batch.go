@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -174,14 +175,74 @@ func (r *Relay) PublishBatch(ctx context.Context) (int, error) {
 	return c.claimed, err
 }
 
-// cycleResult is what one cycle did, for Run's pacing.
+// cycleResult is what one cycle did, for Run's pacing. With several batches in flight it
+// sums the batches that ended during one step of the pipeline.
 type cycleResult struct {
+	// claimed counts the rows of the batches that ended.
 	claimed int
 	// settled counts rows whose fate was decided: published, or an attempt counted.
 	settled int
+	// last is how many rows the step's claim took.
+	last int
+	// more is set when the step's claim was full and its batch is still in flight: the
+	// relay claims again at once.
+	more bool
 }
 
-func (r *Relay) cycle(ctx context.Context) (res cycleResult, err error) {
+func (c *cycleResult) add(o cycleResult) {
+	c.claimed += o.claimed
+	c.settled += o.settled
+}
+
+// batch is one claimed batch on its way through the relay: claimed in a transaction of its
+// own, published, marked and committed in it.
+type batch struct {
+	tx         pgx.Tx
+	ctx        context.Context // bounded in time; not cancelled when Run's ctx is
+	cancel     context.CancelFunc
+	msgs       []Message
+	unreadable map[int]error
+	// publishBy is the publish's deadline: PublishTimeout after the claim.
+	publishBy time.Time
+
+	// sent is closed once the batch's publish returned, or was given up; brokerDown is set
+	// before, when the broker was found unavailable. The next batch of the pipeline waits
+	// for it, so that batches are sent in the order they were claimed, and none is sent
+	// to a broker that the batch before it found unavailable.
+	sent       chan struct{}
+	sentOnce   sync.Once
+	brokerDown error
+}
+
+// endSend records the outcome of the batch's publish for the batch after it.
+func (b *batch) endSend(brokerDown error) {
+	b.sentOnce.Do(func() {
+		b.brokerDown = brokerDown
+		close(b.sent)
+	})
+}
+
+// release rolls back the batch's transaction (a no-op after its commit) and frees its
+// context.
+func (b *batch) release() {
+	_ = b.tx.Rollback(context.WithoutCancel(b.ctx))
+	b.cancel()
+	b.endSend(nil)
+}
+
+func (r *Relay) cycle(ctx context.Context) (cycleResult, error) {
+	b, err := r.claimNext(ctx)
+	if err != nil || b == nil {
+		return cycleResult{}, err
+	}
+	res, err := r.finish(b, nil)
+	res.last = res.claimed
+	return res, err
+}
+
+// claimNext claims the next batch in a transaction of its own. It returns nil, and no
+// error, when no row is due.
+func (r *Relay) claimNext(ctx context.Context) (_ *batch, err error) {
 	if !r.maintaining.Load() { // Run maintains on a goroutine of its own
 		r.maybeMaintain(ctx)
 	}
@@ -189,35 +250,73 @@ func (r *Relay) cycle(ctx context.Context) (res cycleResult, err error) {
 	// Until rows are claimed, cancelling ctx may abort the cycle: nothing is held yet.
 	claimCtx, cancelClaim := context.WithTimeout(ctx, r.cfg.ClaimTimeout)
 	defer cancelClaim()
-	// After that, the cycle runs to its end on a context of its own, bounded in time: the
+	// After that, the batch runs to its end on a context of its own, bounded in time: the
 	// publish by PublishTimeout, each statement by ClaimTimeout.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.PublishTimeout+2*r.cfg.ClaimTimeout)
-	defer cancel()
+	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.PublishTimeout+2*r.cfg.ClaimTimeout)
 
 	tx, err := r.db.Begin(claimCtx)
 	if err != nil {
-		return res, databaseError{fmt.Errorf("claim outbox batch: begin: %w", err)}
+		cancel()
+		return nil, databaseError{fmt.Errorf("claim outbox batch: begin: %w", err)}
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+	b := &batch{tx: tx, ctx: bctx, cancel: cancel, sent: make(chan struct{})}
+	handedOver := false
+	defer func() {
+		if !handedOver { // nothing claimed, a failure, or a panicking hook
+			b.release()
+		}
+	}()
 
-	msgs, unreadable, err := r.claim(claimCtx, tx)
+	b.msgs, b.unreadable, err = r.claim(claimCtx, tx)
 	if err != nil {
-		return res, databaseError{fmt.Errorf("claim outbox batch: %w", err)}
+		return nil, databaseError{fmt.Errorf("claim outbox batch: %w", err)}
 	}
-	res.claimed = len(msgs)
 	if h := r.cfg.Hooks.Polled; h != nil {
-		h(Poll{Claimed: len(msgs)})
+		r.hook(func() { h(Poll{Claimed: len(b.msgs)}) })
 	}
-	if len(msgs) == 0 {
-		return res, nil
+	if len(b.msgs) == 0 {
+		return nil, nil
 	}
+	b.publishBy = time.Now().Add(r.cfg.PublishTimeout)
+	handedOver = true
+	return b, nil
+}
+
+// finish publishes a claimed batch, after prev (the batch claimed before it, still in
+// flight; nil if none) was sent, then marks the outcome and commits. It releases b whatever
+// happens.
+func (r *Relay) finish(b *batch, prev *batch) (res cycleResult, err error) {
+	defer b.release()
+	ctx, msgs := b.ctx, b.msgs
+	res.claimed = len(msgs)
+
 	spans := r.startSpans(ctx, msgs, time.Now())
 	var confirmedAt time.Time
 	defer func() { spans.end(confirmedAt, err) }()
 
-	outcomes := r.publish(ctx, msgs, unreadable, spans)
-	confirmedAt = time.Now()
-	r.failpoint(FailpointAfterPublish)
+	var outcomes []error
+	if skip := r.waitForPrevious(b, prev); skip != nil {
+		outcomes = make([]error, len(msgs))
+		for i := range outcomes {
+			outcomes[i] = skip
+		}
+		b.endSend(skip)
+	} else {
+		outcomes = r.publish(ctx, b.publishBy, msgs, b.unreadable, spans)
+		confirmedAt = time.Now()
+		var down error
+		for _, err := range outcomes {
+			if errors.Is(err, ErrUnavailable) {
+				down = err
+				break
+			}
+		}
+		b.endSend(down)
+		r.failpoint(FailpointAfterPublish)
+	}
+	if confirmedAt.IsZero() {
+		confirmedAt = time.Now()
+	}
 
 	var (
 		result    = BatchResult{ConfirmedAt: confirmedAt}
@@ -301,23 +400,23 @@ func (r *Relay) cycle(ctx context.Context) (res cycleResult, err error) {
 	res.settled = len(published) + len(failed.ids)
 
 	if len(published) > 0 {
-		if _, err := tx.Exec(ctx, r.sql.markPublished, published); err != nil {
+		if _, err := b.tx.Exec(ctx, r.sql.markPublished, published); err != nil {
 			return res, databaseError{fmt.Errorf("mark %d outbox rows published: %w", len(published), err)}
 		}
 	}
 	if len(failed.ids) > 0 {
-		if _, err := tx.Exec(ctx, r.sql.markFailed, failed.ids, failed.errs, failed.delays, failed.dead); err != nil {
+		if _, err := b.tx.Exec(ctx, r.sql.markFailed, failed.ids, failed.errs, failed.delays, failed.dead); err != nil {
 			return res, databaseError{fmt.Errorf("mark %d outbox rows failed: %w", len(failed.ids), err)}
 		}
 	}
 	if len(deferred.ids) > 0 {
-		if _, err := tx.Exec(ctx, r.sql.markDeferred, deferred.ids, deferred.errs, deferred.delays); err != nil {
+		if _, err := b.tx.Exec(ctx, r.sql.markDeferred, deferred.ids, deferred.errs, deferred.delays); err != nil {
 			return res, databaseError{fmt.Errorf("defer %d outbox rows: %w", len(deferred.ids), err)}
 		}
 	}
 	if len(doneAggTypes) > 0 {
 		var heads, released int
-		if err := tx.QueryRow(ctx, r.sql.releaseNext, doneAggTypes, doneAggIDs).Scan(&heads, &released); err != nil {
+		if err := b.tx.QueryRow(ctx, r.sql.releaseNext, doneAggTypes, doneAggIDs).Scan(&heads, &released); err != nil {
 			return res, databaseError{fmt.Errorf("release the next rows of %d aggregates: %w", len(doneAggTypes), err)}
 		}
 		if released < heads {
@@ -325,12 +424,12 @@ func (r *Relay) cycle(ctx context.Context) (res cycleResult, err error) {
 		}
 	}
 	r.failpoint(FailpointAfterMark)
-	if err := tx.Commit(ctx); err != nil {
+	if err := b.tx.Commit(ctx); err != nil {
 		// The broker has the confirmed messages; they will be published again.
 		return res, databaseError{fmt.Errorf("commit outbox batch: %w", err)}
 	}
 	if h := r.cfg.Hooks.BatchDone; h != nil {
-		h(result)
+		r.hook(func() { h(result) })
 	}
 	if unavailable != nil {
 		return res, brokerError{fmt.Errorf("publish outbox batch: %w", unavailable)}
@@ -435,9 +534,10 @@ const (
 	repairEvery = 60
 )
 
-// publish sends the messages that can be sent and returns one outcome per message.
+// publish sends the messages that can be sent, within deadline, and returns one outcome per
+// message.
 // spans gives the headers to send (the message's, with its publish span's trace context).
-func (r *Relay) publish(ctx context.Context, msgs []Message, unreadable map[int]error, spans *batchSpans) []error {
+func (r *Relay) publish(ctx context.Context, deadline time.Time, msgs []Message, unreadable map[int]error, spans *batchSpans) []error {
 	outcomes := make([]error, len(msgs))
 	send := make([]Message, 0, len(msgs))
 	index := make([]int, 0, len(msgs))
@@ -458,7 +558,7 @@ func (r *Relay) publish(ctx context.Context, msgs []Message, unreadable map[int]
 	if len(send) == 0 {
 		return outcomes
 	}
-	pctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
+	pctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	spans.sent(time.Now())
 	errs := r.pub.Publish(pctx, send)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"strconv"
 	"syscall"
 	"testing"
 
@@ -26,6 +27,7 @@ const (
 	childDBEnv     = "OUTBOXSHOP_TEST_CHILD_DB"
 	childAMQPEnv   = "OUTBOXSHOP_TEST_CHILD_AMQP"
 	childFailpoint = "OUTBOXSHOP_TEST_CHILD_FAILPOINT"
+	childBatchSize = "OUTBOXSHOP_TEST_CHILD_BATCH_SIZE"
 )
 
 // runChild is the child process: run a relay that dies the first time it reaches the crash
@@ -42,8 +44,12 @@ func runChild() {
 		fmt.Fprintln(os.Stderr, "child:", err)
 		os.Exit(3)
 	}
+	batchSize := 1000
+	if n, err := strconv.Atoi(os.Getenv(childBatchSize)); err == nil {
+		batchSize = n
+	}
 	r, err := outbox.NewRelay(pool, pub, outbox.Config{
-		BatchSize: 1000,
+		BatchSize: batchSize,
 		Hooks: outbox.Hooks{Failpoint: func(hit outbox.FailpointHit) {
 			if hit.Name == os.Getenv(childFailpoint) {
 				_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
@@ -62,8 +68,15 @@ func runChild() {
 // killedRelay runs a relay process until it kills itself at failpoint.
 func killedRelay(t *testing.T, dbURL, amqpURL, failpoint string) {
 	t.Helper()
+	killedRelayBatching(t, dbURL, amqpURL, failpoint, 1000)
+}
+
+// killedRelayBatching is killedRelay with a relay of batchSize rows per batch.
+func killedRelayBatching(t *testing.T, dbURL, amqpURL, failpoint string, batchSize int) {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"=1", childDBEnv+"="+dbURL, childAMQPEnv+"="+amqpURL, childFailpoint+"="+failpoint)
+	cmd.Env = append(os.Environ(), childEnv+"=1", childDBEnv+"="+dbURL, childAMQPEnv+"="+amqpURL, childFailpoint+"="+failpoint,
+		childBatchSize+"="+strconv.Itoa(batchSize))
 	out, err := cmd.CombinedOutput()
 	var exit *exec.ExitError
 	require.True(t, errors.As(err, &exit), "child relay: %v\n%s", err, out)
@@ -175,4 +188,30 @@ func consumeThroughInbox(t *testing.T, pool *pgxpool.Pool, url, queue string) in
 		<-done
 	})
 	return inboxEffects{pool: pool}
+}
+
+// TestRelayKilledWithTwoBatchesInFlight kills a relay that has two batches in flight when its
+// first batch is marked, before that batch commits: every row is pending again, and what the
+// restarted relay publishes a second time is bounded by the two batches in flight.
+func TestRelayKilledWithTwoBatchesInFlight(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	const n, batch = 60, 10
+	for i := range n {
+		b.write(t, b.msg(fmt.Sprintf("order-%d", i), i))
+	}
+	killedRelayBatching(t, b.pool.Config().ConnString(), b.amqpURL, outbox.FailpointAfterMark, batch)
+	require.Equal(t, n, b.count(t, "published_at IS NULL"), "no batch of the killed relay committed")
+
+	effects := consumeThroughInbox(t, b.pool, b.amqpURL, b.top.Queue)
+	b.startRelay(t, b.pool, b.pub, fastConfig(t))
+	testinfra.Eventually(t, waitFor, func() bool { return b.count(t, "published_at IS NOT NULL") == n }, "all rows published after restart")
+	testinfra.Eventually(t, waitFor, func() bool { return effects.applied() == n }, "every effect applied")
+	// The first batch was confirmed before the crash; the second may have been.
+	testinfra.Eventually(t, waitFor, func() bool { return effects.duplicates() >= batch }, "the confirmed batch arrived again")
+	require.LessOrEqual(t, effects.duplicates(), 2*batch, "duplicates are bounded by the batches in flight")
+	var maxApplied int
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT coalesce(max(applied), 0) FROM test_effects").Scan(&maxApplied))
+	require.Equal(t, 1, maxApplied)
 }

@@ -77,6 +77,41 @@
 // no row is published by two relays at once, and none waits for another relay's batch.
 // A relay that dies releases its rows with its transaction.
 //
+// # Pipelining
+//
+// A relay keeps up to [Config].InFlightBatches batches in flight (default 2), each claimed in
+// a transaction of its own. While batch N is published and waits for its confirms, batch N+1
+// is claimed; as soon as N's publish returned, N+1 is sent, and N is marked and committed
+// meanwhile, on its own transaction. So the broker is handed the next batch the moment it
+// confirmed the last one, instead of waiting for a claim and a commit in between.
+// InFlightBatches 1 is the serial relay: claim, publish, mark, commit, one batch after the
+// other.
+//
+//   - A relay sends its batches in the order it claimed them, one publish at a time, and
+//     claims them one at a time. It claims ahead only while its claims come back full; after
+//     a partial claim, it lets every batch in flight end before it waits for a notification
+//     or a poll, so a relay never sleeps holding a claim.
+//   - Order: a batch in flight holds the heads it claimed pending, locked and uncommitted.
+//     The claim of the next batch (of this relay or any other) reads them as pending in its
+//     snapshot, so the rows behind them are not heads and are not claimed; SKIP LOCKED skips
+//     the heads themselves. A batch therefore never holds two rows of one aggregate, and no
+//     two batches in flight hold rows of the same aggregate: batches may commit in any
+//     order without reordering an aggregate. If batch N fails and its rows are retried
+//     later, their successors are still not heads, whatever batch N+1 did.
+//   - Each batch's fate is decided alone, in its own transaction, with the rules of the
+//     serial relay (see Guarantees). A batch claimed while the one before it found the broker
+//     unavailable (an outage, a missed deadline, a blocked connection) is not sent: its rows
+//     stay as they were, with no attempt counted, and the relay pauses once every batch in
+//     flight ended. A database failure fails the batch whose statement failed; the relay
+//     pauses once the others ended.
+//   - [Config].PublishTimeout counts from a batch's claim: the wait for the batch before it
+//     is part of it, so a claim is never held longer than with the serial relay, and
+//     ClaimTimeout still bounds it in PostgreSQL.
+//   - Run's ctx ending stops the claims; every batch in flight is finished (each within its
+//     own bounds) before Run returns. A relay that dies loses at most InFlightBatches ×
+//     BatchSize claimed rows to a second publish: all of them are pending again, and those
+//     the broker had confirmed are published twice (at-least-once, as always).
+//
 // # Ordering
 //
 // Rows of one aggregate (AggregateType, AggregateID) are published in the order they were
@@ -96,7 +131,7 @@
 //     aggregate; the inbox drops it as a duplicate.
 //   - Rows of different aggregates have no order between them.
 //   - Throughput per aggregate is one row per relay cycle; throughput across aggregates is a
-//     whole batch per cycle. After a cycle that found rows the relay looks again at once
+//     whole batch per cycle, and up to InFlightBatches batches per relay at once. After a cycle that found rows the relay looks again at once
 //     (see Wake-ups), so an aggregate's backlog drains at one row per cycle, not per poll.
 //   - One aggregate's backlog does not slow the others: rows that wait behind an older row
 //     of their aggregate are taken out of the claim's index (the relay's maintenance marks
@@ -186,12 +221,14 @@
 //
 // # Sizing the pool
 //
-// A running relay holds up to two connections of the pool given to [NewRelay] (a [RelayDB],
-// which a *pgxpool.Pool satisfies): one for its cycles, one now and then for maintenance. Its
-// LISTEN connection is hijacked out of the pool, so it takes no slot of the pool's MaxConns
-// but counts against PostgreSQL's max_connections. [Relay.PoolSize] reports what the relay
-// needs beside what the pool has; NewRelay logs a warning when the pool is smaller. Size the
-// pool for everything that shares it: the relay's two plus the service's own transactions.
+// A running relay holds up to [Config].InFlightBatches + 1 connections of the pool given to
+// [NewRelay] (a [RelayDB], which a *pgxpool.Pool satisfies): one for each batch in flight (two
+// by default), one now and then for maintenance. Its LISTEN connection is hijacked out of the
+// pool, so it takes no slot of the pool's MaxConns but counts against PostgreSQL's
+// max_connections. [Relay.PoolSize] reports what the relay needs beside what the pool has;
+// NewRelay logs a warning when the pool is smaller (the batches then take turns at the
+// connections, which costs speed, not correctness). Size the pool for everything that shares
+// it: the relay's three plus the service's own transactions.
 //
 // # Testing your code
 //

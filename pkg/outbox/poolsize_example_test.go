@@ -11,9 +11,9 @@ import (
 	"github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq"
 )
 
-// A relay holds two connections of its pool at most: its cycles and its maintenance (the one
-// it keeps for LISTEN is taken out of the pool). A pool of one works, more slowly; NewRelay
-// logs a warning.
+// A relay holds three connections of its pool at most by default: one for each of its two
+// batches in flight and one for its maintenance (the one it keeps for LISTEN is taken out of
+// the pool). A pool of one works, more slowly; NewRelay logs a warning.
 func ExampleRelay_PoolSize() {
 	cfg, err := pgxpool.ParseConfig("postgres://localhost/shop?pool_max_conns=1")
 	if err != nil {
@@ -34,5 +34,5 @@ func ExampleRelay_PoolSize() {
 	}
 	size := relay.PoolSize()
 	fmt.Printf("needs %d connections, the pool has %d: short by %d\n", size.Needed, size.Max, size.Shortfall())
-	// Output: needs 2 connections, the pool has 1: short by 1
+	// Output: needs 3 connections, the pool has 1: short by 2
 }

@@ -46,15 +46,20 @@ func TestPoolSize(t *testing.T) {
 		for name, tc := range map[string]struct {
 			maxConns      int32
 			disableNotify bool
+			inFlight      int
 			want          outbox.PoolSize
 			warned        bool
 		}{
+			// A connection per batch in flight (2 by default) and one for maintenance.
 			// LISTEN's connection is hijacked from the pool: it does not count.
-			"ListeningWithTwo":     {2, false, outbox.PoolSize{Needed: 2, Max: 2}, false},
-			"ListeningWithOne":     {1, false, outbox.PoolSize{Needed: 2, Max: 1}, true},
-			"PollingWithTwo":       {2, true, outbox.PoolSize{Needed: 2, Max: 2}, false},
-			"PollingWithOne":       {1, true, outbox.PoolSize{Needed: 2, Max: 1}, true},
-			"PgxpoolDefaultOfFour": {0, false, outbox.PoolSize{Needed: 2, Max: 4}, false}, // pgxpool: max(4, CPUs)
+			"ListeningWithThree":   {3, false, 0, outbox.PoolSize{Needed: 3, Max: 3}, false},
+			"ListeningWithTwo":     {2, false, 0, outbox.PoolSize{Needed: 3, Max: 2}, true},
+			"PollingWithThree":     {3, true, 0, outbox.PoolSize{Needed: 3, Max: 3}, false},
+			"PollingWithOne":       {1, true, 0, outbox.PoolSize{Needed: 3, Max: 1}, true},
+			"SerialWithTwo":        {2, false, 1, outbox.PoolSize{Needed: 2, Max: 2}, false},
+			"SerialWithOne":        {1, false, 1, outbox.PoolSize{Needed: 2, Max: 1}, true},
+			"FourInFlightWithFour": {4, false, 4, outbox.PoolSize{Needed: 5, Max: 4}, true},
+			"PgxpoolDefaultOfFour": {0, false, 0, outbox.PoolSize{Needed: 3, Max: 4}, false}, // pgxpool: max(4, CPUs)
 		} {
 			t.Run(name, func(t *testing.T) {
 				t.Parallel()
@@ -68,7 +73,7 @@ func TestPoolSize(t *testing.T) {
 				}
 				var logs bytes.Buffer
 				r, err := outbox.NewRelay(pool, fakePublisher{}, outbox.Config{
-					DisableNotify: tc.disableNotify, Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+					DisableNotify: tc.disableNotify, InFlightBatches: tc.inFlight, Logger: slog.New(slog.NewTextHandler(&logs, nil)),
 				})
 				require.NoError(t, err)
 				require.Equal(t, tc.want, r.PoolSize())
@@ -110,12 +115,13 @@ func TestPoolSize(t *testing.T) {
 		t.Parallel()
 		r, err := outbox.NewRelay(unsizedDB{sizedPool(t, b, 1)}, fakePublisher{}, outbox.Config{})
 		require.NoError(t, err, "a pool that does not tell its size is not checked")
-		require.Equal(t, outbox.PoolSize{Needed: 2}, r.PoolSize())
+		require.Equal(t, outbox.PoolSize{Needed: 3}, r.PoolSize())
 		require.Zero(t, r.PoolSize().Shortfall())
 	})
 
 	t.Run("TooSmallOnlySlowsDown", func(t *testing.T) {
-		// One connection for a relay that wants two: it publishes all the same.
+		// One connection for a relay that wants three: it publishes all the same, its batches
+		// taking turns at the connection.
 		t.Parallel()
 		got := consume(t, b.amqpURL, b.top.Queue)
 		pool := sizedPool(t, b, 1)

@@ -86,6 +86,13 @@ const (
 	DefaultClaimTimeoutMargin = 5 * time.Second
 	// DefaultMaxMessageBytes is 16 MiB, RabbitMQ 4's max_message_size.
 	DefaultMaxMessageBytes = 16 << 20
+	// DefaultInFlightBatches is how many batches a relay keeps in flight at once: while one
+	// waits for its confirms, the next is claimed.
+	DefaultInFlightBatches = 2
+	// MaxInFlightBatches is the largest InFlightBatches a relay accepts. Each batch in
+	// flight holds a connection and a transaction; beyond a few, the broker or the
+	// database is the limit, not the overlap.
+	MaxInFlightBatches = 16
 )
 
 // Config tunes a [Relay]. The zero value of every field means its default.
@@ -125,8 +132,10 @@ type Config struct {
 	OutageMaxDelay  time.Duration
 	// PublishTimeout bounds the publish of one batch, every step of it (waiting for the
 	// publisher, connecting, writing to the socket, the broker's confirms); unconfirmed
-	// messages are then treated as an outage, never as published. Default 30s
-	// ([DefaultPublishTimeout]).
+	// messages are then treated as an outage, never as published. It runs from the moment
+	// the batch is claimed (and Polled returned): with several batches in flight, the wait
+	// for the batch before it to be sent counts against it, so that a claimed batch never
+	// waits longer than PublishTimeout in all. Default 30s ([DefaultPublishTimeout]).
 	PublishTimeout time.Duration
 	// ClaimTimeout bounds how long a claim transaction may sit idle, and each of its
 	// statements, in PostgreSQL itself (idle_in_transaction_session_timeout and
@@ -137,6 +146,14 @@ type Config struct {
 	// batch is published (and the hooks run). Default PublishTimeout + 5s
 	// ([DefaultClaimTimeoutMargin]).
 	ClaimTimeout time.Duration
+	// InFlightBatches is how many batches the relay keeps in flight at once, each claimed in
+	// a transaction of its own: while one batch is published and waits for its confirms,
+	// the next is claimed, and each batch is marked and committed as soon as its confirms
+	// are in (see the package documentation's Pipelining section). 1 is the serial relay:
+	// claim, publish, mark, commit, one batch after the other. Each batch in flight holds a
+	// connection of the pool ([Relay.PoolSize]). Default 2 ([DefaultInFlightBatches]), at
+	// most 16 ([MaxInFlightBatches]).
+	InFlightBatches int
 	// MaxMessageBytes is the largest payload the relay sends. A larger row is marked dead at
 	// once with the reason: the broker would close the channel, which would look like an
 	// outage and be retried for ever. Default 16 MiB ([DefaultMaxMessageBytes], RabbitMQ 4's
@@ -162,12 +179,16 @@ type Config struct {
 	MessagingSystem string
 }
 
-// Hooks are optional callbacks. They run on the goroutine that called [Relay.Run]: keep them
-// fast. While a hook runs the relay does nothing else, and Polled runs with the claim's
-// transaction open: a hook that blocks keeps the claimed rows locked (other relays skip
-// them) and holds back vacuum for as long. A hook that panics unwinds Run: the batch in hand
-// is rolled back, the relay's own goroutines stop, and the panic goes on in Run's caller
-// (nothing recovers it); Run may be called again. Each hook takes one event struct, so that
+// Hooks are optional callbacks: keep them fast. A relay calls its hooks one at a time, never
+// two at once. With [Config].InFlightBatches 1 they run on the goroutine that called
+// [Relay.Run], and while a hook runs the relay does nothing else; with more batches in
+// flight, Polled and StateChanged run on Run's goroutine and Failpoint and BatchDone on the
+// goroutine of their batch, and the other batches in flight go on until they need a hook
+// themselves. Polled runs with the claim's transaction open: a hook that blocks keeps the
+// claimed rows locked (other relays skip them) and holds back vacuum for as long. A hook
+// that panics unwinds Run: the batch in hand is rolled back, the other batches in flight
+// finish, the relay's own goroutines stop, and the panic goes on in Run's caller (nothing
+// recovers it); Run may be called again. Each hook takes one event struct, so that
 // an event can gain fields without breaking a hook (the inbox's RabbitMQ consumer hooks have
 // the same shape).
 type Hooks struct {
@@ -239,6 +260,7 @@ func (c Config) withDefaults() (Config, error) {
 	c.PublishTimeout = cmp.Or(c.PublishTimeout, DefaultPublishTimeout)
 	c.ClaimTimeout = cmp.Or(c.ClaimTimeout, c.PublishTimeout+DefaultClaimTimeoutMargin)
 	c.MaxMessageBytes = cmp.Or(c.MaxMessageBytes, DefaultMaxMessageBytes)
+	c.InFlightBatches = cmp.Or(c.InFlightBatches, DefaultInFlightBatches)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -251,6 +273,9 @@ func (c Config) withDefaults() (Config, error) {
 	var errs []error
 	if c.BatchSize < 0 || c.BatchSize > 10_000 {
 		errs = append(errs, fmt.Errorf("batch size must be between 0 (default %d) and 10000, got %d", DefaultBatchSize, c.BatchSize))
+	}
+	if c.InFlightBatches < 0 || c.InFlightBatches > MaxInFlightBatches {
+		errs = append(errs, fmt.Errorf("in-flight batches must be between 0 (default %d) and %d, got %d", DefaultInFlightBatches, MaxInFlightBatches, c.InFlightBatches))
 	}
 	if c.MaxAttempts < 0 {
 		errs = append(errs, fmt.Errorf("max attempts must be >= 0 (default %d), got %d", DefaultMaxAttempts, c.MaxAttempts))
@@ -302,6 +327,7 @@ type Relay struct {
 	running atomic.Bool
 	mu      sync.Mutex
 	state   State
+	hookMu  sync.Mutex // held while a hook runs: hooks run one at a time
 
 	streakMu sync.Mutex
 	streaks  map[uuid.UUID]int // consecutive cycles a row came back unsent or refused
@@ -329,9 +355,10 @@ type RelayDB interface {
 var _ RelayDB = (*pgxpool.Pool)(nil)
 
 // NewRelay returns a relay that publishes the rows of the outbox table in pool's database
-// through pub: the table of cfg.Tables, by default outbox_messages. While it runs, the relay uses up to two connections of the pool: one for its
-// cycles and one now and then for its maintenance (taking rows that wait behind their
-// aggregate's head out of the claim's way). Unless cfg.DisableNotify is set it also keeps
+// through pub: the table of cfg.Tables, by default outbox_messages. While it runs, the relay
+// uses up to cfg.InFlightBatches + 1 connections of the pool (3 by default): one for each
+// batch in flight and one now and then for its maintenance (taking rows that wait behind
+// their aggregate's head out of the claim's way). Unless cfg.DisableNotify is set it also keeps
 // one connection for LISTEN, which it takes out of the pool (pgxpool's Hijack): that one
 // does not count against the pool's MaxConns, so a pool of one connection still runs
 // cycles, but it does count against PostgreSQL's max_connections.
@@ -367,8 +394,8 @@ func NewRelay(pool RelayDB, pub Publisher, cfg Config) (*Relay, error) {
 // PoolSize compares the connections a relay may hold at once with the size of its pool.
 // The inbox's RabbitMQ consumer reports the same for its handlers.
 type PoolSize struct {
-	// Needed is how many connections of the pool the relay may hold at once: one for its
-	// cycles and one now and then for its maintenance. The connection it keeps for LISTEN
+	// Needed is how many connections of the pool the relay may hold at once: one for each
+	// batch in flight ([Config].InFlightBatches) and one now and then for its maintenance. The connection it keeps for LISTEN
 	// (unless DisableNotify is set) is taken out of the pool, so it is not counted here: the
 	// relay's share of max_connections is Needed plus that one.
 	Needed int
@@ -390,9 +417,9 @@ func (s PoolSize) Shortfall() int {
 // tells it. Whatever else shares the pool (an API, a consumer) needs its own connections on
 // top.
 func (r *Relay) PoolSize() PoolSize {
-	// Cycles and maintenance. The LISTEN connection is hijacked from the pool (see listenOnce):
-	// it frees its slot, and is not counted against MaxConns.
-	return PoolSize{Needed: 2, Max: poolMax(r.db)}
+	// A transaction per batch in flight, and maintenance. The LISTEN connection is hijacked
+	// from the pool (see listenOnce): it frees its slot, and is not counted against MaxConns.
+	return PoolSize{Needed: r.cfg.InFlightBatches + 1, Max: poolMax(r.db)}
 }
 
 // poolStater is implemented by a pool that tells its size, as *pgxpool.Pool does. A
@@ -420,8 +447,8 @@ func (r *Relay) State() State {
 	return r.state
 }
 
-// Run publishes rows until ctx is cancelled, then finishes the batch in hand and returns nil.
-// It survives the broker and the database going away: it waits with backoff, logs each
+// Run publishes rows until ctx is cancelled, then finishes every batch in flight and returns
+// nil. It survives the broker and the database going away: it waits with backoff, logs each
 // change of state once, and resumes by itself. Run may be called again after it returned,
 // but not twice at once.
 func (r *Relay) Run(ctx context.Context) error {
@@ -451,6 +478,8 @@ func (r *Relay) Run(ctx context.Context) error {
 		defer wg.Done()
 		r.maintain(lctx, wake)
 	}()
+	p := &pipeline{r: r, limit: r.cfg.InFlightBatches}
+	defer p.abandon() // a panic unwinding Run: the batches in flight still end
 
 	timer := time.NewTimer(0)
 	defer timer.Stop()
@@ -467,13 +496,16 @@ func (r *Relay) Run(ctx context.Context) error {
 	notified := false         // a notification started this cycle
 	for {
 		if ctx.Err() != nil {
+			p.drain()
 			r.setState(StateStopped, nil)
 			return nil
 		}
-		c, err := r.cycle(ctx)
+		c, err := p.step(ctx)
 		if ctx.Err() != nil {
 			continue // stopping: an error caused by the cancellation is no outage
 		}
+		// Only step's pipelined continuation (c.more) leaves batches in flight: every wait
+		// below starts with none, so a pause never holds a claim.
 		wakeUp := wake
 		var wait time.Duration
 		switch {
@@ -483,6 +515,11 @@ func (r *Relay) Run(ctx context.Context) error {
 			wait = backoff(failures, r.cfg.OutageBaseDelay, r.cfg.OutageMaxDelay)
 			wakeUp = nil // a notification must not cut an outage backoff short
 			recheck = 0
+		case c.more:
+			// A full batch is on its way: more rows are likely waiting; claim them now.
+			failures, idle = 0, 0
+			r.setState(StateRunning, nil)
+			continue
 		case c.claimed > 0 && c.settled == 0:
 			// Rows were claimed but none was published or failed: the publisher sent
 			// nothing, or the broker refused everything. Not an outage, but going round again
@@ -493,7 +530,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			wait = backoff(idle, r.cfg.OutageBaseDelay, r.cfg.OutageMaxDelay)
 			wakeUp = nil
 			recheck = 0
-		case c.claimed == r.cfg.BatchSize:
+		case c.last == r.cfg.BatchSize:
 			failures, idle = 0, 0
 			r.setState(StateRunning, nil)
 			continue // a full batch: more rows are likely waiting
@@ -501,7 +538,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			failures, idle = 0, 0
 			r.setState(StateRunning, nil)
 			switch {
-			case notified || c.claimed > 0:
+			case notified || c.claimed > 0 || c.last > 0:
 				recheck = r.cfg.NotifyRecheck
 			case recheck > 0:
 				recheck *= 2
@@ -557,14 +594,21 @@ func (r *Relay) setState(to State, cause error) {
 		log.Info("outbox relay state", "state", to, "previous", from)
 	}
 	if h := r.cfg.Hooks.StateChanged; h != nil {
-		h(StateChange{From: from, To: to, Err: cause})
+		r.hook(func() { h(StateChange{From: from, To: to, Err: cause}) })
 	}
 }
 
 func (r *Relay) failpoint(name string) {
 	if fp := r.cfg.Hooks.Failpoint; fp != nil {
-		fp(FailpointHit{Name: name})
+		r.hook(func() { fp(FailpointHit{Name: name}) })
 	}
+}
+
+// hook runs f, a call of a hook, while no other hook of the relay runs.
+func (r *Relay) hook(f func()) {
+	r.hookMu.Lock()
+	defer r.hookMu.Unlock()
+	f()
 }
 
 // listen turns notifications into wake-ups on a connection of its own, reconnecting with

@@ -117,56 +117,69 @@ func TestRelay(t *testing.T) {
 
 	t.Run("BrokerOutageKeepsBacklogAndCostsNoAttempts", func(t *testing.T) {
 		t.Parallel()
-		b := setup(t)
-		got := consume(t, b.amqpURL, b.top.Queue)
-		proxy := testinfra.NewProxy(t, hostPort(t, b.amqpURL))
-		pub := newPublisher(t, proxy.RewriteURL(t, b.amqpURL))
-		var states sync.Map
-		var probes atomic.Int32
-		cfg := fastConfig(t)
-		cfg.MaxAttempts = 2 // an outage that counted attempts would kill the rows at once
-		cfg.Hooks.StateChanged = func(c outbox.StateChange) { states.Store(c.To, true) }
-		cfg.Hooks.Polled = func(p outbox.Poll) {
-			if p.Claimed > 0 {
-				probes.Add(1)
-			}
-		}
-		proxy.Cut()
-		for i := range 20 {
-			b.write(t, b.msg(fmt.Sprintf("agg-%d", i%4), i))
-		}
-		r := b.startRelay(t, b.pool, pub, cfg)
-		testinfra.Eventually(t, waitFor, func() bool { return r.State() == outbox.StateBrokerUnavailable }, "relay paused")
-		testinfra.Eventually(t, waitFor, func() bool { return probes.Load() >= 5 }, "relay probing the broker")
-		require.Equal(t, 20, b.count(t, "attempts = 0 AND dead_at IS NULL AND published_at IS NULL"), "outage counted attempts")
+		for _, c := range inFlightCases {
+			t.Run(c.name, func(t *testing.T) {
+				t.Parallel()
+				b := setup(t)
+				got := consume(t, b.amqpURL, b.top.Queue)
+				proxy := testinfra.NewProxy(t, hostPort(t, b.amqpURL))
+				pub := newPublisher(t, proxy.RewriteURL(t, b.amqpURL))
+				var states sync.Map
+				var probes atomic.Int32
+				cfg := fastConfig(t)
+				cfg.InFlightBatches = c.inFlight
+				cfg.MaxAttempts = 2 // an outage that counted attempts would kill the rows at once
+				cfg.Hooks.StateChanged = func(c outbox.StateChange) { states.Store(c.To, true) }
+				cfg.Hooks.Polled = func(p outbox.Poll) {
+					if p.Claimed > 0 {
+						probes.Add(1)
+					}
+				}
+				proxy.Cut()
+				for i := range 20 {
+					b.write(t, b.msg(fmt.Sprintf("agg-%d", i%4), i))
+				}
+				r := b.startRelay(t, b.pool, pub, cfg)
+				testinfra.Eventually(t, waitFor, func() bool { return r.State() == outbox.StateBrokerUnavailable }, "relay paused")
+				testinfra.Eventually(t, waitFor, func() bool { return probes.Load() >= 5 }, "relay probing the broker")
+				require.Equal(t, 20, b.count(t, "attempts = 0 AND dead_at IS NULL AND published_at IS NULL"), "outage counted attempts")
 
-		proxy.Heal()
-		testinfra.Eventually(t, waitFor, func() bool { return len(got.ids()) == 20 }, "all rows published after the broker returned")
-		testinfra.Eventually(t, waitFor, func() bool { return b.count(t, "published_at IS NOT NULL") == 20 }, "all rows marked")
-		require.Equal(t, outbox.StateRunning, r.State())
-		_, sawPause := states.Load(outbox.StateBrokerUnavailable)
-		require.True(t, sawPause)
-		require.Zero(t, b.count(t, "dead_at IS NOT NULL"))
+				proxy.Heal()
+				testinfra.Eventually(t, waitFor, func() bool { return len(got.ids()) == 20 }, "all rows published after the broker returned")
+				testinfra.Eventually(t, waitFor, func() bool { return b.count(t, "published_at IS NOT NULL") == 20 }, "all rows marked")
+				require.Equal(t, outbox.StateRunning, r.State())
+				_, sawPause := states.Load(outbox.StateBrokerUnavailable)
+				require.True(t, sawPause)
+				require.Zero(t, b.count(t, "dead_at IS NOT NULL"))
+			})
+		}
 	})
 
 	t.Run("DatabaseOutageIsSurvived", func(t *testing.T) {
 		t.Parallel()
-		b := setup(t)
-		got := consume(t, b.amqpURL, b.top.Queue)
-		proxy := testinfra.NewProxy(t, hostPort(t, b.pool.Config().ConnString()))
-		viaProxy, err := pgxpool.New(ctx, proxy.RewriteURL(t, b.pool.Config().ConnString()))
-		require.NoError(t, err)
-		t.Cleanup(viaProxy.Close)
-		r := b.startRelay(t, viaProxy, b.pub, fastConfig(t))
-		b.write(t, b.msg("a", 1))
-		testinfra.Eventually(t, waitFor, func() bool { return got.len() == 1 }, "published before the outage")
+		for _, c := range inFlightCases {
+			t.Run(c.name, func(t *testing.T) {
+				t.Parallel()
+				b := setup(t)
+				got := consume(t, b.amqpURL, b.top.Queue)
+				proxy := testinfra.NewProxy(t, hostPort(t, b.pool.Config().ConnString()))
+				viaProxy, err := pgxpool.New(ctx, proxy.RewriteURL(t, b.pool.Config().ConnString()))
+				require.NoError(t, err)
+				t.Cleanup(viaProxy.Close)
+				cfg := fastConfig(t)
+				cfg.InFlightBatches = c.inFlight
+				r := b.startRelay(t, viaProxy, b.pub, cfg)
+				b.write(t, b.msg("a", 1))
+				testinfra.Eventually(t, waitFor, func() bool { return got.len() == 1 }, "published before the outage")
 
-		proxy.Cut()
-		testinfra.Eventually(t, waitFor, func() bool { return r.State() == outbox.StateDatabaseUnavailable }, "relay paused")
-		b.write(t, b.msg("a", 2), b.msg("b", 1))
-		proxy.Heal()
-		testinfra.Eventually(t, waitFor, func() bool { return len(got.ids()) == 3 }, "published after the database returned")
-		testinfra.Eventually(t, waitFor, func() bool { return r.State() == outbox.StateRunning }, "relay running again")
+				proxy.Cut()
+				testinfra.Eventually(t, waitFor, func() bool { return r.State() == outbox.StateDatabaseUnavailable }, "relay paused")
+				b.write(t, b.msg("a", 2), b.msg("b", 1))
+				proxy.Heal()
+				testinfra.Eventually(t, waitFor, func() bool { return len(got.ids()) == 3 }, "published after the database returned")
+				testinfra.Eventually(t, waitFor, func() bool { return r.State() == outbox.StateRunning }, "relay running again")
+			})
+		}
 	})
 
 	t.Run("ThreeRelaysLoseNothingAndKeepAggregateOrder", func(t *testing.T) {
@@ -327,10 +340,12 @@ func TestRelay(t *testing.T) {
 		require.Error(t, err)
 		b := &fakePublisher{}
 		for name, cfg := range map[string]outbox.Config{
-			"BatchTooLarge":   {BatchSize: 1_000_000},
-			"NegativeBatch":   {BatchSize: -1},
-			"MaxBelowBase":    {RetryBaseDelay: time.Minute, RetryMaxDelay: time.Second},
-			"NegativeMaxSize": {MaxMessageBytes: -1},
+			"BatchTooLarge":    {BatchSize: 1_000_000},
+			"NegativeBatch":    {BatchSize: -1},
+			"MaxBelowBase":     {RetryBaseDelay: time.Minute, RetryMaxDelay: time.Second},
+			"NegativeMaxSize":  {MaxMessageBytes: -1},
+			"NegativeInFlight": {InFlightBatches: -1},
+			"TooManyInFlight":  {InFlightBatches: outbox.MaxInFlightBatches + 1},
 		} {
 			_, err := outbox.NewRelay(pool, b, cfg)
 			require.ErrorContains(t, err, "outbox: invalid relay config: ", name)

@@ -146,53 +146,59 @@ func TestHotAggregate(t *testing.T) {
 	// aggregate's rows are published in write order, none is left waiting.
 	t.Run("ThreeRelaysWritersAndFailuresKeepOrder", func(t *testing.T) {
 		t.Parallel()
-		b := setup(t)
-		const aggregates, perAggregate = 50, 60
-		var mu sync.Mutex
-		want := map[string][]uuid.UUID{}
-		// A row fails (an attempt) or is refused (no attempt) now and then, at most twice.
-		var failures sync.Map
-		pub := &recorder{outcome: func(m outbox.Message) error {
-			n, _ := failures.LoadOrStore(m.ID, new(atomic.Int32))
-			if n.(*atomic.Int32).Add(1) > 2 {
-				return nil
-			}
-			switch rand.N(10) {
-			case 0:
-				return errors.New("nacked")
-			case 1:
-				return fmt.Errorf("queue full: %w", outbox.ErrRefused)
-			case 2:
-				return fmt.Errorf("channel closed: %w", outbox.ErrNotSent)
-			}
-			return nil
-		}}
-		cfg := quietConfig(t)
-		cfg.BatchSize = 40
-		for range 3 {
-			b.startRelay(t, b.pool, pub, cfg)
-		}
-		var wg sync.WaitGroup
-		for w := range 5 {
-			wg.Go(func() {
-				// Writers of one aggregate are serialised, as the package documentation asks:
-				// each writer owns ten aggregates.
-				for i := range perAggregate {
-					for a := w * aggregates / 5; a < (w+1)*aggregates/5; a++ {
-						agg := fmt.Sprintf("agg-%d", a)
-						m := b.write(t, b.msg(agg, i))
-						mu.Lock()
-						want[agg] = append(want[agg], m[0].ID)
-						mu.Unlock()
+		for _, c := range inFlightCases {
+			t.Run(c.name, func(t *testing.T) {
+				t.Parallel()
+				b := setup(t)
+				const aggregates, perAggregate = 50, 60
+				var mu sync.Mutex
+				want := map[string][]uuid.UUID{}
+				// A row fails (an attempt) or is refused (no attempt) now and then, at most twice.
+				var failures sync.Map
+				pub := &recorder{outcome: func(m outbox.Message) error {
+					n, _ := failures.LoadOrStore(m.ID, new(atomic.Int32))
+					if n.(*atomic.Int32).Add(1) > 2 {
+						return nil
 					}
+					switch rand.N(10) {
+					case 0:
+						return errors.New("nacked")
+					case 1:
+						return fmt.Errorf("queue full: %w", outbox.ErrRefused)
+					case 2:
+						return fmt.Errorf("channel closed: %w", outbox.ErrNotSent)
+					}
+					return nil
+				}}
+				cfg := quietConfig(t)
+				cfg.BatchSize = 40
+				cfg.InFlightBatches = c.inFlight
+				for range 3 {
+					b.startRelay(t, b.pool, pub, cfg)
 				}
+				var wg sync.WaitGroup
+				for w := range 5 {
+					wg.Go(func() {
+						// Writers of one aggregate are serialised, as the package documentation asks:
+						// each writer owns ten aggregates.
+						for i := range perAggregate {
+							for a := w * aggregates / 5; a < (w+1)*aggregates/5; a++ {
+								agg := fmt.Sprintf("agg-%d", a)
+								m := b.write(t, b.msg(agg, i))
+								mu.Lock()
+								want[agg] = append(want[agg], m[0].ID)
+								mu.Unlock()
+							}
+						}
+					})
+				}
+				wg.Wait()
+				testinfra.Eventually(t, 2*waitFor, func() bool { return b.count(t, "published_at IS NULL") == 0 }, "all published")
+				require.Zero(t, b.count(t, "dead_at IS NOT NULL"))
+				require.Zero(t, b.count(t, "waiting"))
+				requireAggregateOrder(t, want, pub.all())
 			})
 		}
-		wg.Wait()
-		testinfra.Eventually(t, 2*waitFor, func() bool { return b.count(t, "published_at IS NULL") == 0 }, "all published")
-		require.Zero(t, b.count(t, "dead_at IS NOT NULL"))
-		require.Zero(t, b.count(t, "waiting"))
-		requireAggregateOrder(t, want, pub.all())
 	})
 
 	t.Run("RowsBehindARetryDrainWithoutWaitingForThePoll", func(t *testing.T) {
@@ -287,21 +293,27 @@ func TestNotTheMessagesFault(t *testing.T) {
 
 	t.Run("NothingSentBacksOff", func(t *testing.T) {
 		t.Parallel()
-		b := setup(t)
-		pub := &recorder{outcome: func(outbox.Message) error { return outbox.ErrNotSent }}
-		cfg := quietConfig(t)
-		cfg.OutageBaseDelay, cfg.OutageMaxDelay = 50*time.Millisecond, 200*time.Millisecond
-		cfg.MaxAttempts = 1000
-		for i := range 5 {
-			b.write(t, b.msg(fmt.Sprintf("a-%d", i), i))
+		for _, c := range inFlightCases {
+			t.Run(c.name, func(t *testing.T) {
+				t.Parallel()
+				b := setup(t)
+				pub := &recorder{outcome: func(outbox.Message) error { return outbox.ErrNotSent }}
+				cfg := quietConfig(t)
+				cfg.OutageBaseDelay, cfg.OutageMaxDelay = 50*time.Millisecond, 200*time.Millisecond
+				cfg.MaxAttempts = 1000
+				cfg.InFlightBatches = c.inFlight
+				for i := range 5 {
+					b.write(t, b.msg(fmt.Sprintf("a-%d", i), i))
+				}
+				start := time.Now()
+				b.startRelay(t, b.pool, pub, cfg)
+				testinfra.Eventually(t, waitFor, func() bool { return pub.callCount() >= 8 }, "cycles go on")
+				// Eight cycles with a backoff of 50, 100, 200, 200 … ms between them take at least
+				// half a second (the jitter halves a delay at most); without a backoff they would
+				// take a few milliseconds.
+				require.Greater(t, time.Since(start), 400*time.Millisecond, "a relay that sends nothing backs off")
+			})
 		}
-		start := time.Now()
-		b.startRelay(t, b.pool, pub, cfg)
-		testinfra.Eventually(t, waitFor, func() bool { return pub.callCount() >= 8 }, "cycles go on")
-		// Eight cycles with a backoff of 50, 100, 200, 200 … ms between them take at least
-		// half a second (the jitter halves a delay at most); without a backoff they would
-		// take a few milliseconds.
-		require.Greater(t, time.Since(start), 400*time.Millisecond, "a relay that sends nothing backs off")
 	})
 }
 
