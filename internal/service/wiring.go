@@ -100,6 +100,7 @@ type RelayEnv struct {
 	RelayPublishTimeout  time.Duration `env:"RELAY_PUBLISH_TIMEOUT" envDefault:"30s"`
 	RelayClaimTimeout    time.Duration `env:"RELAY_CLAIM_TIMEOUT" envDefault:"35s"`
 	RelayMaxMessageBytes int           `env:"RELAY_MAX_MESSAGE_BYTES" envDefault:"16777216"`
+	RelayInFlightBatches int           `env:"RELAY_IN_FLIGHT_BATCHES" envDefault:"2"`
 }
 
 // Check records in v every relay setting that cannot work, by its variable's name
@@ -112,6 +113,8 @@ func (e RelayEnv) Check(v *envconfig.Checks, prefix string) {
 	v.Check(e.RelayClaimTimeout > e.RelayPublishTimeout, "%[1]sRELAY_CLAIM_TIMEOUT (%[2]s) must exceed %[1]sRELAY_PUBLISH_TIMEOUT (%[3]s)",
 		prefix, e.RelayClaimTimeout, e.RelayPublishTimeout)
 	v.Check(e.RelayMaxMessageBytes > 0, "%sRELAY_MAX_MESSAGE_BYTES must be positive, is %d", prefix, e.RelayMaxMessageBytes)
+	v.Check(e.RelayInFlightBatches >= 1 && e.RelayInFlightBatches <= outbox.MaxInFlightBatches,
+		"%sRELAY_IN_FLIGHT_BATCHES must be between 1 and %d, is %d", prefix, outbox.MaxInFlightBatches, e.RelayInFlightBatches)
 }
 
 // ConsumerEnv are the consumer's variables with the same defaults in both services, embedded
@@ -155,6 +158,9 @@ type RelaySettings struct {
 	ClaimTimeout   time.Duration
 	// MaxMessageBytes is the largest payload the relay sends; a larger row is dead at once.
 	MaxMessageBytes int
+	// InFlightBatches is the batches the relay keeps in flight at once, each holding a
+	// connection of the pool until it is committed (1: the serial relay).
+	InFlightBatches int
 }
 
 // ConsumerSettings are the inbox consumer's settings, the same variables in both services
@@ -284,6 +290,7 @@ func AddRelay(p *Process, cfg RelayConfig) (readiness.Check, error) {
 		PublishTimeout:  s.PublishTimeout,
 		ClaimTimeout:    s.ClaimTimeout,
 		MaxMessageBytes: s.MaxMessageBytes,
+		InFlightBatches: s.InFlightBatches,
 		RetryBaseDelay:  RelayRetryBaseDelay,
 		RetryMaxDelay:   RelayRetryMaxDelay,
 		Logger:          p.Log,

@@ -16,7 +16,7 @@ type Config struct {
 	// DatabaseURL is the warehouse's own database; it is created when missing.
 	DatabaseURL string `env:"WAREHOUSE_DATABASE_URL" envDefault:"postgres://postgres@127.0.0.1:5432/warehouse?sslmode=disable"`
 	// DatabaseMaxConns bounds the pool: the consumer uses up to ConsumerConcurrency
-	// connections, the relay two, the API the rest.
+	// connections, the relay one per batch in flight and one more, the API the rest.
 	DatabaseMaxConns int32 `env:"WAREHOUSE_DATABASE_MAX_CONNS" envDefault:"24"`
 
 	// HTTPAddr is where `api` and `all` serve the API, /healthz, /readyz and /metrics.
@@ -85,9 +85,9 @@ func (c Config) Validate() error {
 	v.Check(c.DatabaseMaxConns >= 4, "WAREHOUSE_DATABASE_MAX_CONNS must be at least 4, is %d", c.DatabaseMaxConns)
 	c.ConsumerEnv.Check(&v, "WAREHOUSE_", c.ConsumerConcurrency)
 	c.RelayEnv.Check(&v, "WAREHOUSE_")
-	v.Check(int(c.DatabaseMaxConns) >= c.ConsumerConcurrency+3,
-		"WAREHOUSE_DATABASE_MAX_CONNS (%d) must exceed WAREHOUSE_CONSUMER_CONCURRENCY (%d) by at least 3 (relay and API)",
-		c.DatabaseMaxConns, c.ConsumerConcurrency)
+	v.Check(int(c.DatabaseMaxConns) >= c.ConsumerConcurrency+c.RelayInFlightBatches+2,
+		"WAREHOUSE_DATABASE_MAX_CONNS (%d) must exceed WAREHOUSE_CONSUMER_CONCURRENCY (%d) by at least WAREHOUSE_RELAY_IN_FLIGHT_BATCHES + 2 (%d: the relay's batches, its maintenance and the API)",
+		c.DatabaseMaxConns, c.ConsumerConcurrency, c.RelayInFlightBatches+2)
 	for _, d := range []struct {
 		name  string
 		value time.Duration
