@@ -1,11 +1,15 @@
 package e2e_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -20,10 +24,29 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/outboxshop/outboxshop/internal/logging"
 	"github.com/outboxshop/outboxshop/internal/testinfra"
 	ordersapp "github.com/outboxshop/outboxshop/services/orders/app"
 	warehouseapp "github.com/outboxshop/outboxshop/services/warehouse/app"
 )
+
+// syncBuffer is a bytes.Buffer that goroutines write to concurrently (a log's output).
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
 
 // spans is what the shop's tracer providers exported, read back for the assertions.
 type spans []tracetest.SpanStub
@@ -105,9 +128,12 @@ func TestOrderTrace(t *testing.T) {
 		return tp
 	}
 	global := otel.GetTracerProvider()
+	// The warehouse logs as cmd/ sets it up (internal/logging): with the trace's ids.
+	var logs syncBuffer
+	wlog := slog.New(logging.NewTraceHandler(slog.NewJSONHandler(&logs, nil)))
 	s := startShopWith(t,
 		ordersapp.Options{TracerProvider: provider("orders")},
-		warehouseapp.Options{TracerProvider: provider("warehouse")})
+		warehouseapp.Options{TracerProvider: provider("warehouse"), Logger: wlog})
 
 	code, _, _, err := call(http.MethodPut, s.stockURL+"/stock/BOOK-1", "", map[string]int64{"available": 100})
 	require.NoError(t, err)
@@ -123,32 +149,44 @@ func TestOrderTrace(t *testing.T) {
 		ids[i] = got.ID
 	}
 
-	// The saga's last span is the orders consumer's process span of StockReserved: wait for
-	// one per order.
-	ordersProcess := "process " + s.ordersQueue
+	// A span is exported when it ends, and a publish span ends when the relay committed the
+	// outcome, which may be after the next hop's process span ended: wait for every hop's
+	// span of every order.
+	publish := "publish " + s.exchange
+	warehouseProcess, ordersProcess := "process "+s.warehouseQueue, "process "+s.ordersQueue
+	published := func(typ string) func(tracetest.SpanStub) bool {
+		return func(s tracetest.SpanStub) bool {
+			return s.Name == publish && attr(s, "outbox.message.type").AsString() == typ
+		}
+	}
 	testinfra.Eventually(t, 60*time.Second, func() bool {
-		return len(spans(exp.GetSpans()).find(isKind(trace.SpanKindConsumer, ordersProcess))) >= orders
-	}, "%d orders process spans", orders)
+		got := spans(exp.GetSpans())
+		for _, hop := range []func(tracetest.SpanStub) bool{
+			isKind(trace.SpanKindServer, "POST /orders"), published("OrderCreated"),
+			isKind(trace.SpanKindConsumer, warehouseProcess), published("StockReserved"),
+			isKind(trace.SpanKindConsumer, ordersProcess),
+		} {
+			if len(got.find(hop)) < orders {
+				return false
+			}
+		}
+		return true
+	}, "the spans of %d sagas", orders)
 	all := spans(exp.GetSpans())
 
-	publish := "publish " + s.exchange
-	warehouseProcess := "process " + s.warehouseQueue
 	sagas := map[string]tracetest.SpanStub{} // order id → its OrderCreated publish span
 	for _, id := range ids {
 		t.Run("Order"+id, func(t *testing.T) {
 			// The orders relay's publish of OrderCreated names the order: its trace is the saga's.
 			p1 := all.one(t, "OrderCreated publish", func(s tracetest.SpanStub) bool {
-				return s.Name == publish && attr(s, "outbox.aggregate.id").AsString() == id &&
-					attr(s, "outbox.message.type").AsString() == "OrderCreated"
+				return published("OrderCreated")(s) && attr(s, "outbox.aggregate.id").AsString() == id
 			})
 			sagas[id] = p1
 			tr := all.inTrace(p1.SpanContext.TraceID())
 
 			server := tr.one(t, "POST /orders server span", isKind(trace.SpanKindServer, "POST /orders"))
 			c1 := tr.one(t, "warehouse process span", isKind(trace.SpanKindConsumer, warehouseProcess))
-			p2 := tr.one(t, "StockReserved publish", func(s tracetest.SpanStub) bool {
-				return s.Name == publish && attr(s, "outbox.message.type").AsString() == "StockReserved"
-			})
+			p2 := tr.one(t, "StockReserved publish", published("StockReserved"))
 			c2 := tr.one(t, "orders process span", isKind(trace.SpanKindConsumer, ordersProcess))
 			t.Logf("the trace of order %s:\n%s", id, tr)
 
@@ -202,6 +240,19 @@ func TestOrderTrace(t *testing.T) {
 			}
 			insert := tr.childrenOf(server).find(func(s tracetest.SpanStub) bool { return s.Name == "INSERT orders" })
 			require.Len(t, insert, 1, "the order's INSERT under the request:\n%s", tr)
+
+			// The warehouse's log line about the order names the process span.
+			var handled map[string]any
+			for l := range strings.Lines(logs.String()) {
+				var m map[string]any
+				require.NoError(t, json.Unmarshal([]byte(l), &m))
+				if m["msg"] == "order handled" && m["order_id"] == id {
+					handled = m
+				}
+			}
+			require.NotNil(t, handled, "the warehouse logged the order")
+			require.Equal(t, c1.SpanContext.TraceID().String(), handled["trace_id"])
+			require.Equal(t, c1.SpanContext.SpanID().String(), handled["span_id"])
 		})
 	}
 

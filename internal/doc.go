@@ -26,6 +26,10 @@
 //     commit (aftercommit);
 //   - RabbitMQ: a service's topology, one shape of names for both (amqptopo.Names),
 //     declared so that a changed setting never stops it (amqptopo);
+//   - tracing: OTLP export configured by the OTEL_* variables, off without an endpoint, and
+//     the W3C propagator (telemetry), handed by service.Process to the HTTP edge, the relay,
+//     the consumer and the stores; query spans inside traced work (pgtrace); trace_id and
+//     span_id in the logs (logging.TraceHandler);
 //   - slog set-up (logging), crash points for chaos tests (failpoint), and for tests: the
 //     test servers (testinfra) and the metric contract check (metricstest).
 //

@@ -31,7 +31,8 @@ func (h TraceHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
 	return TraceHandler{Handler: h.Handler.WithAttrs(attrs)}
 }
 
-// WithGroup returns the handler with a group, still adding the trace's.
+// WithGroup returns the handler with a group, still adding the trace's: inside the group,
+// as every attribute of a record is (the services open none).
 func (h TraceHandler) WithGroup(name string) slog.Handler {
 	return TraceHandler{Handler: h.Handler.WithGroup(name)}
 }
