@@ -10,7 +10,7 @@
 //   - nack: an error wrapping both [ErrNacked] and outbox.ErrRefused. RabbitMQ nacks for
 //     reasons of its own (a full queue with overflow reject-publish, a quorum queue without
 //     a quorum, an internal error), never for the message's content, so no attempt is
-//     counted;
+//     counted. The next batch goes out on a new channel;
 //   - a message that fails outbox.Message.Validate (but for the body's JSON syntax, which
 //     the broker does not read and a json column cannot get wrong, and for headers named
 //     aggregate_type or aggregate_id, which older code could store and the publisher
@@ -480,7 +480,10 @@ wait:
 		}
 	}
 
-	var res attemptResult
+	var (
+		res    attemptResult
+		nacked bool
+	)
 	for j, i := range idx {
 		dc := confirms[j]
 		switch {
@@ -496,12 +499,16 @@ wait:
 			res.unsettled = append(res.unsettled, i)
 		default:
 			errs[i] = errNacked
+			nacked = true
 		}
 	}
 	res.closeErr, res.timedOut = closeErr, timedOut || ctx.Err() != nil && len(res.unsettled) > 0
 	res.connOpen = !s.conn.IsClosed() && !p.guard.hasFired()
-	if len(res.unsettled) > 0 {
-		// Confirms or returns may still come for this channel's messages.
+	if len(res.unsettled) > 0 || nacked {
+		// Confirms or returns may still come for this channel's messages. And a nack may
+		// come from the channel's own view of a queue: RabbitMQ 3.10 nacks every publish of
+		// a channel that first sent to a quorum queue while its leader's node was down, long
+		// after another replica took over, while a new channel publishes at once.
 		c.stale = true
 	}
 	if len(res.unsettled) == 0 {
