@@ -25,6 +25,13 @@
 // and x-delivery-limit -1 turns that off, a value 3.x takes to mean "drop at the first
 // requeue". The Declarer reads the broker's version on connecting and declares what that
 // version needs.
+//
+// # Clusters
+//
+// On a RabbitMQ cluster both queues are quorum queues with a replica on every node (up to
+// the cluster's size when the queue is declared), or on [Topology].Replicas of them
+// (x-quorum-initial-group-size). A Declarer given the URLs of several nodes connects to them
+// in turn, from a random one, as the libraries' publisher and consumer do.
 package amqptopo
 
 import (
@@ -33,10 +40,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
+	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -47,6 +58,9 @@ const (
 	ArgDeliveryLimit        = "x-delivery-limit"
 	ArgDeadLetterExchange   = "x-dead-letter-exchange"
 	ArgDeadLetterRoutingKey = "x-dead-letter-routing-key"
+	// ArgQuorumInitialGroupSize is the number of replicas of a quorum queue, fixed when it
+	// is declared.
+	ArgQuorumInitialGroupSize = "x-quorum-initial-group-size"
 )
 
 // Topology is what one service declares.
@@ -64,6 +78,10 @@ type Topology struct {
 	DeadLetterQueue string
 	// DeliveryLimit is Queue's x-delivery-limit.
 	DeliveryLimit int
+	// Replicas is the x-quorum-initial-group-size of both queues: how many nodes of a cluster
+	// hold a replica. 0 leaves it to the broker: a replica on every node (RabbitMQ's
+	// default). An odd number (3, 5) tolerates as many lost nodes as the next even one.
+	Replicas int
 }
 
 // Names are the settings of a service's topology, the one shape both services give it
@@ -77,6 +95,7 @@ type Names struct {
 	Queue              string
 	DeadLetterQueue    string
 	DeliveryLimit      int
+	Replicas           int
 }
 
 // The names both services default to (docs/events.md): one events exchange and one
@@ -103,6 +122,7 @@ func (n Names) WithDefaults(defaults Names) Names {
 	n.Queue = cmp.Or(n.Queue, defaults.Queue)
 	n.DeadLetterQueue = cmp.Or(n.DeadLetterQueue, defaults.DeadLetterQueue)
 	n.DeliveryLimit = cmp.Or(n.DeliveryLimit, defaults.DeliveryLimit)
+	n.Replicas = cmp.Or(n.Replicas, defaults.Replicas)
 	return n
 }
 
@@ -111,11 +131,11 @@ func (n Names) Topology(routingKeys ...string) Topology {
 	return Topology{
 		Exchange: n.Exchange, DeadLetterExchange: n.DeadLetterExchange,
 		Queue: n.Queue, RoutingKeys: routingKeys,
-		DeadLetterQueue: n.DeadLetterQueue, DeliveryLimit: n.DeliveryLimit,
+		DeadLetterQueue: n.DeadLetterQueue, DeliveryLimit: n.DeliveryLimit, Replicas: n.Replicas,
 	}
 }
 
-// Validate reports a missing name or a delivery limit below 1.
+// Validate reports a missing name, a delivery limit below 1 or a negative replica count.
 func (t Topology) Validate() error {
 	var errs []error
 	if t.Exchange == "" || t.DeadLetterExchange == "" || t.Queue == "" || t.DeadLetterQueue == "" {
@@ -124,28 +144,42 @@ func (t Topology) Validate() error {
 	if t.DeliveryLimit < 1 {
 		errs = append(errs, fmt.Errorf("topology: delivery limit must be positive, is %d", t.DeliveryLimit))
 	}
+	if t.Replicas < 0 {
+		errs = append(errs, fmt.Errorf("topology: replicas must be positive, or 0 for the broker's default, is %d", t.Replicas))
+	}
 	return errors.Join(errs...)
 }
 
 // QueueArgs are the arguments of the service's queue.
 func (t Topology) QueueArgs() amqp.Table {
-	return amqp.Table{
+	args := amqp.Table{
 		amqp.QueueTypeArg: amqp.QueueTypeQuorum,
 		ArgDeliveryLimit:  int64(t.DeliveryLimit),
 		// A message the broker gives up on lands in the dead letters, not on the floor.
 		ArgDeadLetterExchange:   t.DeadLetterExchange,
 		ArgDeadLetterRoutingKey: t.Queue,
 	}
+	t.replicate(args)
+	return args
 }
 
 // DeadLetterQueueArgs are the arguments of the dead-letter queue on a broker of the given
-// major version: no delivery limit (-1 turns off RabbitMQ 4's default of 20; 3.x has none).
-func DeadLetterQueueArgs(brokerMajor int) amqp.Table {
+// major version: no delivery limit (-1 turns off RabbitMQ 4's default of 20; 3.x has none),
+// and t's replicas.
+func (t Topology) DeadLetterQueueArgs(brokerMajor int) amqp.Table {
 	args := amqp.Table{amqp.QueueTypeArg: amqp.QueueTypeQuorum}
 	if brokerMajor >= 4 {
 		args[ArgDeliveryLimit] = int64(-1)
 	}
+	t.replicate(args)
 	return args
+}
+
+// replicate sets the replica count in args, unless it is the broker's default.
+func (t Topology) replicate(args amqp.Table) {
+	if t.Replicas > 0 {
+		args[ArgQuorumInitialGroupSize] = int64(t.Replicas)
+	}
 }
 
 // Declare declares the topology on ch, as a broker of version 3.x wants it, and fails on the
@@ -154,7 +188,7 @@ func (t Topology) Declare(ch *amqp.Channel) error {
 	if err := t.declareExchanges(ch); err != nil {
 		return err
 	}
-	if _, err := ch.QueueDeclare(t.DeadLetterQueue, true, false, false, false, DeadLetterQueueArgs(3)); err != nil {
+	if _, err := ch.QueueDeclare(t.DeadLetterQueue, true, false, false, false, t.DeadLetterQueueArgs(3)); err != nil {
 		return fmt.Errorf("declare queue %s: %w", t.DeadLetterQueue, err)
 	}
 	if _, err := ch.QueueDeclare(t.Queue, true, false, false, false, t.QueueArgs()); err != nil {
@@ -191,7 +225,8 @@ const DefaultDialTimeout = 10 * time.Second
 // Declarer declares a Topology, tolerating queues that exist with other arguments (see the
 // package documentation). It is safe for concurrent use.
 type Declarer struct {
-	url  string
+	urls []string
+	next atomic.Uint32 // the index in urls of the next connection attempt
 	t    Topology
 	log  *slog.Logger
 	dial time.Duration
@@ -200,16 +235,32 @@ type Declarer struct {
 	warned map[string]bool // queue → the mismatch was logged
 }
 
-// NewDeclarer returns a Declarer of t on the broker at url. log nil discards.
-func NewDeclarer(url string, t Topology, log *slog.Logger) (*Declarer, error) {
+// NewDeclarer returns a Declarer of t on the brokers at urls, the nodes of one cluster (at
+// least one). log nil discards.
+func NewDeclarer(urls []string, t Topology, log *slog.Logger) (*Declarer, error) {
 	if err := t.Validate(); err != nil {
 		return nil, err
 	}
-	if _, err := amqp.ParseURI(url); err != nil {
-		return nil, fmt.Errorf("topology: broker url: %w", err)
+	if len(urls) == 0 {
+		return nil, errors.New("topology: no broker url")
 	}
-	return &Declarer{url: url, t: t, log: cmp.Or(log, slog.New(slog.DiscardHandler)), dial: DefaultDialTimeout,
-		warned: map[string]bool{}}, nil
+	for i, u := range urls {
+		if _, err := amqp.ParseURI(u); err != nil {
+			return nil, fmt.Errorf("topology: broker url %d: %w", i+1, redact(err))
+		}
+	}
+	d := &Declarer{urls: slices.Clone(urls), t: t, log: cmp.Or(log, slog.New(slog.DiscardHandler)), dial: DefaultDialTimeout,
+		warned: map[string]bool{}}
+	d.next.Store(uint32(rand.N(len(urls))))
+	return d, nil
+}
+
+// redact drops the URL, which may hold a password, from a parse error.
+func redact(err error) error {
+	if ue, ok := errors.AsType[*url.Error](err); ok {
+		return ue.Err
+	}
+	return err
 }
 
 // Topology returns what d declares.
@@ -229,24 +280,7 @@ func (d *Declarer) Setup(*amqp.Channel) error {
 // and disconnects. A queue that exists with other arguments is kept as it is, with a
 // warning logged once per Declarer. ctx bounds the connection attempt.
 func (d *Declarer) Declare(ctx context.Context) error {
-	props := amqp.NewConnectionProperties()
-	props.SetClientConnectionName("outboxshop topology " + d.t.Queue)
-	conn, err := amqp.DialConfig(d.url, amqp.Config{
-		Properties: props,
-		Dial: func(network, addr string) (net.Conn, error) {
-			dl := net.Dialer{Timeout: d.dial}
-			c, err := dl.DialContext(ctx, network, addr)
-			if err != nil {
-				return nil, err
-			}
-			// Bounds the handshake; the library clears the deadline once connected.
-			if err := c.SetDeadline(time.Now().Add(d.dial)); err != nil {
-				_ = c.Close()
-				return nil, err
-			}
-			return c, nil
-		},
-	})
+	conn, err := d.connect(ctx)
 	if err != nil {
 		return fmt.Errorf("topology: connect: %w", err)
 	}
@@ -265,7 +299,7 @@ func (d *Declarer) Declare(ctx context.Context) error {
 		args amqp.Table
 		dead bool
 	}{
-		{d.t.DeadLetterQueue, DeadLetterQueueArgs(major), true},
+		{d.t.DeadLetterQueue, d.t.DeadLetterQueueArgs(major), true},
 		{d.t.Queue, d.t.QueueArgs(), false},
 	} {
 		if ch, err = d.declareQueue(ctx, conn, ch, q.name, q.args, q.dead); err != nil {
@@ -276,6 +310,51 @@ func (d *Declarer) Declare(ctx context.Context) error {
 		return fmt.Errorf("topology: %w", err)
 	}
 	return nil
+}
+
+// connect connects to the brokers in turn, each at most once, until one answers. Each gets
+// the dial timeout, and no more than an equal share of the time left before ctx's deadline,
+// so that a node that does not answer cannot use up the attempt.
+func (d *Declarer) connect(ctx context.Context) (*amqp.Connection, error) {
+	props := amqp.NewConnectionProperties()
+	props.SetClientConnectionName("outboxshop topology " + d.t.Queue)
+	var errs []error
+	for k := range len(d.urls) {
+		i := int(d.next.Add(1)-1) % len(d.urls)
+		deadline := time.Now().Add(d.dial)
+		if dl, ok := ctx.Deadline(); ok {
+			if share := time.Now().Add(time.Until(dl) / time.Duration(len(d.urls)-k)); share.Before(deadline) {
+				deadline = share
+			}
+		}
+		conn, err := amqp.DialConfig(d.urls[i], amqp.Config{
+			Properties: props,
+			Dial: func(network, addr string) (net.Conn, error) {
+				dl := net.Dialer{Deadline: deadline}
+				c, err := dl.DialContext(ctx, network, addr)
+				if err != nil {
+					return nil, err
+				}
+				// Bounds the handshake; the library clears the deadline once connected.
+				if err := c.SetDeadline(deadline); err != nil {
+					_ = c.Close()
+					return nil, err
+				}
+				return c, nil
+			},
+		})
+		if err == nil {
+			return conn, nil
+		}
+		errs = append(errs, err)
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	if len(errs) == 1 {
+		return nil, errs[0]
+	}
+	return nil, fmt.Errorf("no broker answered: %w", errors.Join(errs...))
 }
 
 // declareQueue declares a queue on ch. When the queue exists with other arguments, ch is

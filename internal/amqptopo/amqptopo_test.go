@@ -71,7 +71,7 @@ func setup(t *testing.T) *bundle {
 
 func (b *bundle) declarer(t *testing.T, top amqptopo.Topology) *amqptopo.Declarer {
 	t.Helper()
-	d, err := amqptopo.NewDeclarer(b.url, top, slog.New(slog.NewTextHandler(b.logs, nil)))
+	d, err := amqptopo.NewDeclarer([]string{b.url}, top, slog.New(slog.NewTextHandler(b.logs, nil)))
 	require.NoError(t, err)
 	return d
 }
@@ -164,7 +164,7 @@ func TestDeclarer(t *testing.T) {
 		require.NoError(t, err)
 		proxy := testinfra.NewProxy(t, u.Host)
 		proxy.Cut()
-		d, err := amqptopo.NewDeclarer(proxy.RewriteURL(t, b.url), b.top, nil)
+		d, err := amqptopo.NewDeclarer([]string{proxy.RewriteURL(t, b.url)}, b.top, nil)
 		require.NoError(t, err)
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -199,8 +199,45 @@ func TestDeadLetterQueueKeepsWhatItHolds(t *testing.T) {
 
 func TestDeadLetterQueueArgs(t *testing.T) {
 	t.Parallel()
-	require.Equal(t, amqp.Table{amqp.QueueTypeArg: amqp.QueueTypeQuorum}, amqptopo.DeadLetterQueueArgs(3))
-	require.Equal(t, amqp.Table{amqp.QueueTypeArg: amqp.QueueTypeQuorum, amqptopo.ArgDeliveryLimit: int64(-1)}, amqptopo.DeadLetterQueueArgs(4))
+	top := amqptopo.DefaultNames("svc.q").Topology()
+	require.Equal(t, amqp.Table{amqp.QueueTypeArg: amqp.QueueTypeQuorum}, top.DeadLetterQueueArgs(3))
+	require.Equal(t, amqp.Table{amqp.QueueTypeArg: amqp.QueueTypeQuorum, amqptopo.ArgDeliveryLimit: int64(-1)}, top.DeadLetterQueueArgs(4))
+}
+
+// TestReplicas checks that a replica count is declared on both queues, and that 0 leaves it to
+// the broker.
+func TestReplicas(t *testing.T) {
+	t.Parallel()
+	top := amqptopo.DefaultNames("svc.q").Topology()
+	require.NotContains(t, top.QueueArgs(), amqptopo.ArgQuorumInitialGroupSize)
+	top.Replicas = 3
+	require.Equal(t, int64(3), top.QueueArgs()[amqptopo.ArgQuorumInitialGroupSize])
+	require.Equal(t, int64(3), top.DeadLetterQueueArgs(3)[amqptopo.ArgQuorumInitialGroupSize])
+	require.NoError(t, top.Validate())
+	top.Replicas = -1
+	require.ErrorContains(t, top.Validate(), "replicas must be positive")
+	require.Equal(t, 3, amqptopo.Names{}.WithDefaults(amqptopo.Names{Replicas: 3}).Replicas)
+}
+
+// TestDeclarerURLs checks that a Declarer given several brokers declares through a live one
+// when the others are dead, whichever one's turn it is.
+func TestDeclarerURLs(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	u, err := url.Parse(b.url)
+	require.NoError(t, err)
+	dead := testinfra.NewProxy(t, u.Host)
+	dead.Cut()
+	d, err := amqptopo.NewDeclarer([]string{dead.RewriteURL(t, b.url), b.url, dead.RewriteURL(t, b.url)}, b.top, nil)
+	require.NoError(t, err)
+	for range 3 {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		require.NoError(t, d.Declare(ctx))
+		cancel()
+	}
+	_, err = amqptopo.NewDeclarer([]string{b.url, "amqp://u:s3cret@h:port/"}, b.top, nil)
+	require.ErrorContains(t, err, "broker url 2")
+	require.NotContains(t, err.Error(), "s3cret")
 }
 
 func TestNames(t *testing.T) {

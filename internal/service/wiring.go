@@ -2,13 +2,17 @@ package service
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
+	"net/url"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxshop/outboxshop/internal/amqptopo"
 	"github.com/outboxshop/outboxshop/internal/envconfig"
@@ -59,7 +63,10 @@ const (
 // The queue names, which differ, are each Config's own Queue and DeadLetterQueue fields;
 // [BrokerEnv.Names] puts them together.
 type BrokerEnv struct {
-	// AMQPURL is the RabbitMQ broker.
+	// AMQPURL is the RabbitMQ broker, or the nodes of a cluster separated by commas
+	// ("amqp://u:p@mq-0:5672/,amqp://u:p@mq-1:5672/"); a comma inside credentials is
+	// written %2C. The relay's publisher and the consumer connect to the nodes in turn from a
+	// random one, and to the next one when a node fails ([BrokerEnv.AMQPURLs]).
 	AMQPURL string `env:"AMQP_URL" envDefault:"amqp://guest:guest@127.0.0.1:5672/"`
 	// EventsExchange and DeadLetterExchange are the shop's exchanges (docs/events.md).
 	EventsExchange     string `env:"EVENTS_EXCHANGE" envDefault:"shop.events"`
@@ -68,6 +75,10 @@ type BrokerEnv struct {
 	// declared. A queue that exists with another one keeps it, with a warning in the log
 	// (docs/events.md).
 	QueueDeliveryLimit int `env:"QUEUE_DELIVERY_LIMIT" envDefault:"20"`
+	// QueueReplicas is the x-quorum-initial-group-size of the service's queue and of its
+	// dead-letter queue, set when they are declared: how many nodes of a cluster hold a
+	// replica. 0 leaves it to the broker, a replica on every node.
+	QueueReplicas int `env:"QUEUE_REPLICAS" envDefault:"0"`
 	// BrokerDownGrace is how long the consumer, or the relay, may be cut off from the broker
 	// before /readyz answers 503.
 	BrokerDownGrace time.Duration `env:"BROKER_DOWN_GRACE" envDefault:"30s"`
@@ -77,13 +88,38 @@ type BrokerEnv struct {
 func (e BrokerEnv) Names(queue, deadLetterQueue string) amqptopo.Names {
 	return amqptopo.Names{
 		Exchange: e.EventsExchange, DeadLetterExchange: e.DeadLetterExchange,
-		Queue: queue, DeadLetterQueue: deadLetterQueue, DeliveryLimit: e.QueueDeliveryLimit,
+		Queue: queue, DeadLetterQueue: deadLetterQueue, DeliveryLimit: e.QueueDeliveryLimit, Replicas: e.QueueReplicas,
 	}
+}
+
+// AMQPURLs returns the URLs of AMQPURL, split at its commas (spaces around them trimmed).
+func (e BrokerEnv) AMQPURLs() []string {
+	urls := strings.Split(e.AMQPURL, ",")
+	for i, u := range urls {
+		urls[i] = strings.TrimSpace(u)
+	}
+	return urls
 }
 
 // Check records in v every broker setting that cannot work, by its variable's name.
 func (e BrokerEnv) Check(v *envconfig.Checks, prefix string) {
 	v.Check(e.AMQPURL != "", "%sAMQP_URL is required", prefix)
+	if e.AMQPURL != "" {
+		urls := e.AMQPURLs()
+		for i, u := range urls {
+			_, err := amqp.ParseURI(u)
+			if err != nil {
+				// The URL may hold a password: name it by its place in the list.
+				if ue, ok := errors.AsType[*url.Error](err); ok {
+					err = ue.Err
+				}
+			}
+			v.Check(err == nil, "%sAMQP_URL: URL %d of %d is not an amqp:// or amqps:// URL (%v); separate the URLs of several nodes "+
+				"with commas, and write a comma inside a user name or password as %%2C", prefix, i+1, len(urls), err)
+		}
+	}
+	v.Check(e.QueueReplicas >= 0, "%sQUEUE_REPLICAS must be positive, or 0 for the broker's default (a replica on every node), is %d",
+		prefix, e.QueueReplicas)
 	v.Check(e.EventsExchange != "" && e.DeadLetterExchange != "", "%[1]sEVENTS_EXCHANGE and %[1]sDEAD_LETTER_EXCHANGE are required", prefix)
 	v.Check(e.QueueDeliveryLimit > 0, "%sQUEUE_DELIVERY_LIMIT must be positive, is %d", prefix, e.QueueDeliveryLimit)
 	v.Check(e.BrokerDownGrace > 0, "%sBROKER_DOWN_GRACE must be positive, is %s", prefix, e.BrokerDownGrace)

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -30,14 +31,19 @@ import (
 type RabbitNode struct {
 	// URL is the node's AMQP URL (guest/guest).
 	URL string
+	// Name is the node's Erlang node name (outboxtest…@localhost).
+	Name string
 
-	name    string
-	dir     string
-	binDir  string
-	cred    *syscall.Credential // the rabbitmq user, when the tests run as root
-	pgid    int
-	exited  chan struct{}
-	logPath string
+	dir      string
+	binDir   string
+	cred     *syscall.Credential // the rabbitmq user, when the tests run as root
+	port     int
+	distPort int
+	logPath  string
+
+	mu     sync.Mutex // guards pgid and exited, which a restart replaces
+	pgid   int
+	exited chan struct{}
 }
 
 // rabbitBinDirs are where the unwrapped scripts live: Debian's /usr/sbin wrappers switch
@@ -66,6 +72,20 @@ func StartRabbitNode(t testing.TB, conf ...string) *RabbitNode {
 type missingError struct{ error }
 
 func startRabbitNode(conf []string) (*RabbitNode, error) {
+	n, err := newRabbitNode(conf, "")
+	if err != nil {
+		return n, err
+	}
+	if err := n.launch(); err != nil {
+		return n, err
+	}
+	return n, n.waitReady(time.Now().Add(90 * time.Second))
+}
+
+// newRabbitNode prepares a node's ports, directories and configuration without starting it.
+// A node with a cookie takes it as its Erlang cookie (the nodes of a cluster share one);
+// without, it gets one of its own when it starts.
+func newRabbitNode(conf []string, cookie string) (*RabbitNode, error) {
 	binDir := ""
 	for _, d := range rabbitBinDirs {
 		if st, err := os.Stat(filepath.Join(d, "rabbitmq-server")); err == nil && !st.IsDir() {
@@ -104,17 +124,24 @@ func startRabbitNode(conf []string) (*RabbitNode, error) {
 	suffix := make([]byte, 4)
 	_, _ = rand.Read(suffix)
 	n := &RabbitNode{
-		URL:     fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", port),
-		name:    "outboxtest" + hex.EncodeToString(suffix) + "@localhost",
-		dir:     dir,
-		binDir:  binDir,
-		cred:    cred,
-		exited:  make(chan struct{}),
-		logPath: filepath.Join(dir, "server.log"),
+		URL:      fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", port),
+		Name:     "outboxtest" + hex.EncodeToString(suffix) + "@localhost",
+		dir:      dir,
+		binDir:   binDir,
+		cred:     cred,
+		port:     port,
+		distPort: distPort,
+		logPath:  filepath.Join(dir, "server.log"),
 	}
 	config := fmt.Sprintf("listeners.tcp.1 = 127.0.0.1:%d\nloopback_users = none\nlog.console = true\n"+
 		"log.console.level = warning\nlog.file = false\n%s\n", port, strings.Join(conf, "\n"))
-	for name, content := range map[string]string{"enabled_plugins": "[].\n", "rabbitmq.conf": config} {
+	files := map[string]string{
+		"enabled_plugins": "[].\n",
+		"rabbitmq.conf":   config,
+		// Instead of the machine's rabbitmq-env.conf, which names the shared node.
+		"rabbitmq-env.conf": "ERL_EPMD_ADDRESS=127.0.0.1\n",
+	}
+	for name, content := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
 			return n, err
 		}
@@ -130,42 +157,75 @@ func startRabbitNode(conf []string) (*RabbitNode, error) {
 			}
 		}
 	}
+	if cookie != "" {
+		p := filepath.Join(dir, ".erlang.cookie")
+		if err := os.WriteFile(p, []byte(cookie), 0o400); err != nil {
+			return n, err
+		}
+		if cred != nil {
+			if err := os.Chown(p, int(cred.Uid), int(cred.Gid)); err != nil {
+				return n, err
+			}
+		}
+	}
+	return n, nil
+}
 
-	logf, err := os.Create(n.logPath)
+// launch starts the node's process, in the background.
+func (n *RabbitNode) launch() error {
+	// A node killed with SIGKILL leaves its pid file behind.
+	_ = os.Remove(filepath.Join(n.dir, "pid"))
+	logf, err := os.OpenFile(n.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
-		return n, err
+		return err
 	}
 	defer logf.Close()
-	cmd := exec.Command(filepath.Join(binDir, "rabbitmq-server"))
-	cmd.Dir = dir
-	cmd.Env = append(n.env(), "RABBITMQ_DIST_PORT="+strconv.Itoa(distPort))
+	cmd := exec.Command(filepath.Join(n.binDir, "rabbitmq-server"))
+	cmd.Dir = n.dir
+	cmd.Env = append(n.env(), "RABBITMQ_DIST_PORT="+strconv.Itoa(n.distPort))
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// A process group of its own, so that the script, the VM and its helpers stop together;
 	// killed with the test binary if that dies first.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL, Credential: cred}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL, Credential: n.cred}
 	if err := cmd.Start(); err != nil {
-		return n, fmt.Errorf("start %s: %w", cmd.Path, err)
+		return fmt.Errorf("start %s: %w", cmd.Path, err)
 	}
-	n.pgid = cmd.Process.Pid
+	exited := make(chan struct{})
+	n.mu.Lock()
+	n.pgid, n.exited = cmd.Process.Pid, exited
+	n.mu.Unlock()
 	go func() {
 		_ = cmd.Wait()
-		close(n.exited)
+		close(exited)
 	}()
+	return nil
+}
 
-	deadline := time.Now().Add(90 * time.Second)
+// process returns the node's process group and the channel closed when its start script
+// exited.
+func (n *RabbitNode) process() (int, chan struct{}) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.pgid, n.exited
+}
+
+// waitReady polls the node's AMQP port (cheaper than the CLI, which starts a VM per call)
+// until it accepts a connection, the node exits, or deadline passes.
+func (n *RabbitNode) waitReady(deadline time.Time) error {
+	_, exited := n.process()
 	for {
 		select {
-		case <-n.exited:
-			return n, fmt.Errorf("node %s exited at start-up: %s", n.name, n.logTail())
+		case <-exited:
+			return fmt.Errorf("node %s exited at start-up: %s", n.Name, n.logTail())
 		default:
 		}
 		conn, err := amqp.DialConfig(n.URL, amqp.Config{Dial: amqp.DefaultDial(2 * time.Second)})
 		if err == nil {
 			_ = conn.Close()
-			return n, nil
+			return nil
 		}
 		if time.Now().After(deadline) {
-			return n, fmt.Errorf("node %s did not accept connections within 90s: %v\n%s", n.name, err, n.logTail())
+			return fmt.Errorf("node %s did not accept connections in time: %v\n%s", n.Name, err, n.logTail())
 		}
 		time.Sleep(200 * time.Millisecond) // polling a server that is starting up
 	}
@@ -179,7 +239,8 @@ func (n *RabbitNode) env() []string {
 		"PATH=/usr/sbin:/usr/bin:/sbin:/bin",
 		"LANG=C.UTF-8",
 		"HOME=" + n.dir,
-		"RABBITMQ_NODENAME=" + n.name,
+		"RABBITMQ_NODENAME=" + n.Name,
+		"RABBITMQ_CONF_ENV_FILE=" + d("rabbitmq-env.conf"),
 		"RABBITMQ_CONFIG_FILE=" + d("rabbitmq.conf"),
 		"RABBITMQ_MNESIA_BASE=" + d("mnesia"),
 		"RABBITMQ_LOG_BASE=" + d("log"),
@@ -193,34 +254,73 @@ func (n *RabbitNode) env() []string {
 // Ctl runs rabbitmqctl against the node, e.g. Ctl(t, "set_vm_memory_high_watermark", "0").
 func (n *RabbitNode) Ctl(t testing.TB, args ...string) string {
 	t.Helper()
+	out, err := n.ctl(args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// ctl runs rabbitmqctl against the node, as Ctl does, and returns its error.
+func (n *RabbitNode) ctl(args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, filepath.Join(n.binDir, "rabbitmqctl"), append([]string{"-n", n.name}, args...)...)
+	cmd := exec.CommandContext(ctx, filepath.Join(n.binDir, "rabbitmqctl"), append([]string{"-n", n.Name}, args...)...)
 	cmd.Dir = n.dir
 	cmd.Env = n.env()
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: n.cred}
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		t.Fatalf("rabbitmqctl %s: %v\n%s", strings.Join(args, " "), err, out)
+		return string(out), fmt.Errorf("rabbitmqctl -n %s %s: %w\n%s", n.Name, strings.Join(args, " "), err, out)
 	}
-	return string(out)
+	return string(out), nil
 }
 
-// stop kills the node's process group, waits for it, and removes its directory.
-func (n *RabbitNode) stop() {
-	if n.pgid > 0 {
-		_ = syscall.Kill(-n.pgid, syscall.SIGKILL)
-		select {
-		case <-n.exited:
-		case <-time.After(30 * time.Second):
-		}
-		// The VM and its helpers belong to the group; wait until none is left.
-		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-			if syscall.Kill(-n.pgid, 0) != nil {
-				break
-			}
+// Addr is the node's AMQP address, "127.0.0.1:port": what the libraries' connection hooks
+// report as the broker.
+func (n *RabbitNode) Addr() string { return "127.0.0.1:" + strconv.Itoa(n.port) }
+
+// Kill SIGKILLs the node (its start script, the Erlang VM and its helpers) and returns once
+// they are gone. [RabbitNode.Restart] starts it again.
+func (n *RabbitNode) Kill(t testing.TB) {
+	t.Helper()
+	n.kill()
+}
+
+// Restart starts a killed node again on its directories, and returns once it accepts
+// connections: a node of a cluster rejoins it.
+func (n *RabbitNode) Restart(t testing.TB) {
+	t.Helper()
+	if err := n.launch(); err != nil {
+		t.Fatalf("restart node %s: %v", n.Name, err)
+	}
+	if err := n.waitReady(time.Now().Add(90 * time.Second)); err != nil {
+		t.Fatalf("restart node %s: %v", n.Name, err)
+	}
+}
+
+// kill kills the node's process group and waits until none of it is left.
+func (n *RabbitNode) kill() {
+	pgid, exited := n.process()
+	if pgid <= 0 {
+		return
+	}
+	_ = syscall.Kill(-pgid, syscall.SIGKILL)
+	select {
+	case <-exited:
+	case <-time.After(30 * time.Second):
+	}
+	// The VM and its helpers belong to the group; wait until none is left.
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if syscall.Kill(-pgid, 0) != nil {
+			break
 		}
 	}
+}
+
+// stop kills the node and removes its directory.
+func (n *RabbitNode) stop() {
+	n.kill()
 	_ = os.RemoveAll(n.dir)
 }
 

@@ -59,8 +59,8 @@ var (
 	containers       []testcontainers.Container
 )
 
-// Main runs the tests, stops any container this package started, and fails the run when a
-// test leaked a goroutine. Call it from TestMain.
+// Main runs the tests, stops any container or cluster this package started, and fails the run
+// when a test leaked a goroutine. Call it from TestMain.
 //
 // Examples find the servers through the environment variables only. When those are unset,
 // Main starts the containers first and exports their URLs; when it cannot, the examples are
@@ -88,6 +88,7 @@ func Main(m *testing.M) {
 		}
 	}
 	code := m.Run()
+	stopSharedCluster()
 	containersMu.Lock()
 	for _, c := range containers {
 		_ = c.Terminate(context.Background())

@@ -268,6 +268,9 @@ type ConnectionChange struct {
 	Up bool
 	// Err is why the connection was lost; nil when it came up or the consumer stopped.
 	Err error
+	// Broker is the host:port (and vhost, unless "/") of the broker consumed from, or of the
+	// one whose connection was lost. Never the credentials.
+	Broker string
 }
 
 // FailpointHit is passed to [Hooks].Failpoint.
@@ -278,8 +281,11 @@ type FailpointHit struct {
 
 // Config configures a [Consumer].
 type Config struct {
-	// URL of the broker, amqp:// or amqps://. Required.
+	// URL of the broker, amqp:// or amqps://. Set URL or URLs, not both.
 	URL string
+	// URLs are the nodes of a cluster, one URL each (see "Several brokers" in the package
+	// documentation for the order they are tried in). Set URL or URLs, not both.
+	URLs []string
 	// Queue to consume from. Required. Declare it in Setup, or beforehand.
 	Queue string
 	// Name is the inbox consumer name: messages are deduplicated per name, so several
@@ -364,7 +370,9 @@ type Config struct {
 	Setup func(ch *amqp.Channel) error
 
 	// ReconnectDelay is the wait before the first reconnect attempt; it doubles per failed
-	// attempt up to MaxReconnectDelay, jittered. Defaults 500ms and 30s
+	// attempt up to MaxReconnectDelay, jittered. An attempt tries each of URLs at most once
+	// (see "Several brokers" in the package documentation), starting after the node of the
+	// connection lost. Defaults 500ms and 30s
 	// ([DefaultReconnectDelay], [DefaultMaxReconnectDelay]).
 	ReconnectDelay    time.Duration
 	MaxReconnectDelay time.Duration
@@ -394,12 +402,8 @@ type Config struct {
 
 // withDefaults validates c and fills in the defaults.
 func (c Config) withDefaults() (Config, error) {
-	var errs []error
-	if c.URL == "" {
-		errs = append(errs, errors.New("URL is required"))
-	} else if _, err := amqp.ParseURI(c.URL); err != nil {
-		errs = append(errs, fmt.Errorf("URL: %w", err))
-	}
+	_, errs := parseBrokers(c.URL, c.URLs)
+	c.URLs = slices.Clone(c.URLs)
 	if c.Queue == "" {
 		errs = append(errs, errors.New("queue is required"))
 	}

@@ -27,13 +27,12 @@ const dialTimeout = 15 * time.Second
 // Consumer consumes a RabbitMQ queue into PostgreSQL through the inbox. Create it with
 // [NewConsumer] and start it with [Consumer.Run].
 type Consumer struct {
-	pool   inbox.TxBeginner
-	store  *inbox.Store // of cfg.Tables
-	cfg    Config
-	log    *slog.Logger
-	tracer trace.Tracer
-	// user is the login of cfg.URL, the only user-id property the broker lets it publish.
-	user string
+	pool    inbox.TxBeginner
+	store   *inbox.Store // of cfg.Tables
+	cfg     Config
+	log     *slog.Logger
+	tracer  trace.Tracer
+	brokers *brokers
 
 	running atomic.Bool
 	// held counts the deliveries held for an in-place retry.
@@ -56,6 +55,9 @@ type Status struct {
 	// LastError is why the consumer is not connected: the error that ended the last
 	// connection, or of the last failed attempt. Nil while connected.
 	LastError error
+	// Broker is the host:port (and vhost, unless "/") of the broker consumed from, or last
+	// consumed from; empty until the first connection.
+	Broker string
 	// SetupWarning is the PRECONDITION_FAILED error that [Config].Setup returned on the last
 	// connect and that the consumer tolerated (see [Config].Setup); nil when Setup
 	// succeeded.
@@ -81,13 +83,13 @@ func NewConsumer(pool inbox.TxBeginner, cfg Config) (*Consumer, error) {
 		return nil, fmt.Errorf("rabbitmq: invalid consumer config: %w", err)
 	}
 	cfg.Tables = store.Tables()
-	uri, _ := amqp.ParseURI(cfg.URL) // checked by withDefaults
+	b, _ := parseBrokers(cfg.URL, cfg.URLs) // checked by withDefaults
 	c := &Consumer{
-		pool:  pool,
-		store: store,
-		cfg:   cfg,
-		log:   cfg.Logger.With(slog.String("consumer", cfg.Name), slog.String("queue", cfg.Queue)),
-		user:  uri.Username,
+		pool:    pool,
+		store:   store,
+		cfg:     cfg,
+		log:     cfg.Logger.With(slog.String("consumer", cfg.Name), slog.String("queue", cfg.Queue)),
+		brokers: b,
 	}
 	c.tracer = cfg.TracerProvider.Tracer(TracerName)
 	if size := c.PoolSize(); size.Shortfall() > 0 {
@@ -165,25 +167,26 @@ func (c *Consumer) Run(ctx context.Context) error {
 
 	var (
 		connected bool
-		failures  int // failed attempts since the last successful connection
+		broker    string // of the connection consumed on, or last lost
+		failures  int    // failed attempts since the last successful connection
 		downSince = time.Now()
 	)
 	c.setStatus(func(st *Status) { *st = Status{Running: true, Since: downSince} })
 	defer c.setStatus(func(st *Status) {
 		st.Running, st.Connected, st.Since, st.LastError = false, false, time.Now(), errors.New("the consumer stopped")
 	})
-	onConnected := func() {
-		c.log.InfoContext(ctx, "consuming",
+	onConnected := func(name string) {
+		c.log.InfoContext(ctx, "consuming", slog.String("broker", name),
 			slog.Int("failed_attempts", failures), slog.Duration("down_for", time.Since(downSince).Round(time.Millisecond)))
-		connected, failures = true, 0
-		c.setStatus(func(st *Status) { st.Connected, st.Since, st.LastError = true, time.Now(), nil })
-		c.hookConnected(true, nil)
+		connected, failures, broker = true, 0, name
+		c.setStatus(func(st *Status) { st.Connected, st.Since, st.LastError, st.Broker = true, time.Now(), nil, name })
+		c.hookConnected(true, nil, name)
 	}
 	for {
 		err := c.session(ctx, onConnected)
 		if ctx.Err() != nil {
 			if connected {
-				c.hookConnected(false, nil)
+				c.hookConnected(false, nil, broker)
 			}
 			c.log.InfoContext(ctx, "consumer stopped")
 			return nil
@@ -196,9 +199,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}
 		switch {
 		case connected:
-			c.log.WarnContext(ctx, "lost the broker connection; reconnecting", slog.Any("error", err))
+			c.log.WarnContext(ctx, "lost the broker connection; reconnecting", slog.String("broker", broker), slog.Any("error", err))
 			connected = false
-			c.hookConnected(false, err)
+			c.hookConnected(false, err, broker)
 		case failures == 0:
 			c.log.WarnContext(ctx, "cannot consume; retrying with backoff", slog.Any("error", err))
 		default:
@@ -214,11 +217,14 @@ func (c *Consumer) Run(ctx context.Context) error {
 
 // session is one connection's life: connect, consume until ctx ends or the connection fails,
 // then wind down. It calls onConnected once consuming.
-func (c *Consumer) session(ctx context.Context, onConnected func()) error {
-	conn, err := c.dial(ctx)
+func (c *Consumer) session(ctx context.Context, onConnected func(broker string)) error {
+	conn, i, err := c.brokers.dial(time.Time{}, dialTimeout, func() bool { return ctx.Err() != nil },
+		func(url string, deadline time.Time) (*amqp.Connection, error) { return c.dial(ctx, url, deadline) })
 	if err != nil {
 		return fmt.Errorf("connect: %w", err)
 	}
+	// The user-id property the broker lets this connection publish: its login.
+	uri, _ := amqp.ParseURI(c.brokers.urls[i]) // checked by withDefaults
 	defer func() { _ = conn.CloseDeadline(time.Now().Add(5 * time.Second)) }()
 	connClosed := conn.NotifyClose(make(chan *amqp.Error, 1))
 
@@ -245,7 +251,7 @@ func (c *Consumer) session(ctx context.Context, onConnected func()) error {
 	if err != nil {
 		return fmt.Errorf("consume %q: %w", c.cfg.Queue, err)
 	}
-	onConnected()
+	onConnected(c.brokers.names[i])
 
 	// waitCtx ends on stop or connection loss and interrupts retry backoffs. workCtx
 	// outlives ctx: handlers, commits and confirms in flight when ctx ends may finish, until
@@ -254,7 +260,7 @@ func (c *Consumer) session(ctx context.Context, onConnected func()) error {
 	defer cancelWait()
 	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
-	s := &session{pub: pub, runCtx: ctx, waitCtx: waitCtx, workCtx: workCtx, cancelled: make(chan struct{})}
+	s := &session{pub: pub, user: uri.Username, runCtx: ctx, waitCtx: waitCtx, workCtx: workCtx, cancelled: make(chan struct{})}
 
 	// Stamp each delivery with its arrival: a delivery's hold is bounded from when the
 	// broker handed it over (its consumer_timeout clock), not from when a worker took it.
@@ -327,6 +333,9 @@ func (c *Consumer) session(ctx context.Context, onConnected func()) error {
 // session is the state shared by the workers of one connection.
 type session struct {
 	pub *publisher
+	// user is the login of the connection, the only user-id property the broker lets it
+	// publish.
+	user string
 	// runCtx is Run's: it ends when the consumer is asked to stop. waitCtx ends with it or
 	// when the connection is lost; workCtx ends ShutdownTimeout after either.
 	runCtx  context.Context
@@ -449,19 +458,20 @@ func (c *Consumer) setStatus(change func(*Status)) {
 	change(&c.status)
 }
 
-func (c *Consumer) dial(ctx context.Context) (*amqp.Connection, error) {
+// dial connects to one broker, giving up at deadline.
+func (c *Consumer) dial(ctx context.Context, url string, deadline time.Time) (*amqp.Connection, error) {
 	props := amqp.NewConnectionProperties()
 	props.SetClientConnectionName("outboxshop inbox " + c.cfg.Name)
-	return amqp.DialConfig(c.cfg.URL, amqp.Config{
+	return amqp.DialConfig(url, amqp.Config{
 		Properties: props,
 		Dial: func(network, addr string) (net.Conn, error) {
-			d := net.Dialer{Timeout: dialTimeout}
+			d := net.Dialer{Deadline: deadline}
 			conn, err := d.DialContext(ctx, network, addr)
 			if err != nil {
 				return nil, err
 			}
 			// Bounds the handshake; the library clears the deadline once connected.
-			if err := conn.SetDeadline(time.Now().Add(dialTimeout)); err != nil {
+			if err := conn.SetDeadline(deadline); err != nil {
 				_ = conn.Close()
 				return nil, err
 			}
@@ -476,9 +486,9 @@ func (c *Consumer) hookHandedBack(msgType, reason string) {
 	}
 }
 
-func (c *Consumer) hookConnected(up bool, err error) {
+func (c *Consumer) hookConnected(up bool, err error, broker string) {
 	if h := c.cfg.Hooks.Connected; h != nil {
-		h(ConnectionChange{Consumer: c.cfg.Name, Up: up, Err: err})
+		h(ConnectionChange{Consumer: c.cfg.Name, Up: up, Err: err, Broker: broker})
 	}
 }
 

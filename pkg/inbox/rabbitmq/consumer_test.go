@@ -528,6 +528,9 @@ func TestNewConsumer(t *testing.T) {
 			"ConcurrencyEqualsPrefetch":   with(valid, func(c *rabbitmq.Config) { c.Prefetch, c.Concurrency = 4, 4 }),
 			"DefaultPrefetchConcurrency8": with(valid, func(c *rabbitmq.Config) { c.Concurrency = 8 }),
 			"LongRetryDelay":              with(valid, func(c *rabbitmq.Config) { c.RetryDelay = time.Minute }),
+			"URLs": with(valid, func(c *rabbitmq.Config) {
+				c.URL, c.URLs = "", []string{"amqp://guest:guest@node-a:5672/", "amqps://node-b/shop"}
+			}),
 		} {
 			t.Run(name, func(t *testing.T) {
 				t.Parallel()
@@ -544,8 +547,11 @@ func TestNewConsumer(t *testing.T) {
 			cfg  rabbitmq.Config
 			want string
 		}{
-			"NoURL":               {with(valid, func(c *rabbitmq.Config) { c.URL = "" }), "URL is required"},
+			"NoURL":               {with(valid, func(c *rabbitmq.Config) { c.URL = "" }), "URL or URLs is required"},
 			"BadURL":              {with(valid, func(c *rabbitmq.Config) { c.URL = "http://x" }), "URL:"},
+			"URLAndURLs":          {with(valid, func(c *rabbitmq.Config) { c.URLs = []string{c.URL} }), "set URL or URLs, not both"},
+			"EmptyInURLs":         {with(valid, func(c *rabbitmq.Config) { c.URL, c.URLs = "", []string{"amqp://a/", ""} }), "URLs[1] is empty"},
+			"BadInURLs":           {with(valid, func(c *rabbitmq.Config) { c.URL, c.URLs = "", []string{"amqp://a/", "http://b"} }), "URLs[1]:"},
 			"NoQueue":             {with(valid, func(c *rabbitmq.Config) { c.Queue = "" }), "queue is required"},
 			"NoName":              {with(valid, func(c *rabbitmq.Config) { c.Name = "" }), "name"},
 			"NoHandler":           {with(valid, func(c *rabbitmq.Config) { c.Handler = nil }), "handler is required"},
@@ -569,6 +575,18 @@ func TestNewConsumer(t *testing.T) {
 				_, err := rabbitmq.NewConsumer(pool, tc.cfg)
 				require.ErrorContains(t, err, tc.want)
 			})
+		}
+	})
+
+	t.Run("BadURLHidesPassword", func(t *testing.T) {
+		t.Parallel()
+		for _, cfg := range []rabbitmq.Config{
+			with(valid, func(c *rabbitmq.Config) { c.URL = "amqp://user:s3cret@host:port/" }),
+			with(valid, func(c *rabbitmq.Config) { c.URL, c.URLs = "", []string{"amqp://a/", "amqp://user:s3cret@host:port/"} }),
+		} {
+			_, err := rabbitmq.NewConsumer(pool, cfg)
+			require.ErrorContains(t, err, "invalid port")
+			require.NotContains(t, err.Error(), "s3cret")
 		}
 	})
 

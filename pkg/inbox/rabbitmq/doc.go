@@ -125,6 +125,26 @@
 //     [Status].SetupWarning, and consumes the existing queue as it is instead of stopping;
 //     declarations after the failed one are skipped, so declare exchanges and the
 //     dead-letter queue before the consumed queue.
+//   - On a cluster, a quorum queue has a replica on every node by default, up to the
+//     cluster's size when it is declared; x-quorum-initial-group-size sets fewer (3 or 5:
+//     an odd number, so that a majority survives the loss of a minority). A message is
+//     confirmed, and a consumer's ack counts, once a majority of the replicas has it.
+//
+// # Several brokers
+//
+// [Config].URLs lists the nodes of a cluster. They are tried round-robin from a random
+// start: the first connection goes to a random node, so that consumers given the same list
+// spread over the cluster; after a failed attempt or a lost connection, the next attempt
+// takes the next URL in the list, so that a dead node costs one refused dial and every
+// other node is tried before it again. One attempt tries each URL at most once; between
+// attempts that reach no broker the consumer waits as [Config].ReconnectDelay says. The
+// outbox's RabbitMQ publisher connects the same way.
+//
+// When the node the consumer is connected to dies, the messages it had in hand go back to
+// their queue (their acknowledgements are lost with the connection; a handler that
+// committed already makes its redelivery a duplicate for the inbox), and the consumer
+// carries on through the next node. A quorum queue whose leader died is led by another
+// replica within a second or so; its consumers on other nodes keep their subscription.
 //
 // # Stopping
 //

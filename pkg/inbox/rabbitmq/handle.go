@@ -333,7 +333,7 @@ func (c *Consumer) retryStage(s *session, m *message, cause error) step {
 func (c *Consumer) publishRetryStage(s *session, m *message) step {
 	var self step
 	self = func() (step, error) {
-		copied := c.copyOf(m.d, m.del)
+		copied := c.copyOf(m.d, m.del, s.user)
 		forQueue(&copied, m.del.DeliveryCount)
 		// The copy is confirmed before the original is acknowledged, so the message exists
 		// in the broker at every moment. If the process dies in between, the broker
@@ -365,7 +365,7 @@ func (c *Consumer) deadLetterStage(s *session, m *message, reason, detail string
 	}
 	var self step
 	self = func() (step, error) {
-		copied := c.copyOf(m.d, m.del)
+		copied := c.copyOf(m.d, m.del, s.user)
 		copied.Headers[HeaderDeadReason] = text
 		copied.Headers[HeaderOriginalQueue] = c.cfg.Queue
 		// A dead letter must outlive a broker restart and must not expire before someone
@@ -422,7 +422,7 @@ func (c *Consumer) handBack(s *session, m *message, cause error) {
 	// After a lost connection (the session ended without a stop) nothing can be published.
 	err := errInterrupted
 	if s.workCtx.Err() == nil && (stopping || !s.stopped()) {
-		copied := c.copyOf(m.d, m.del)
+		copied := c.copyOf(m.d, m.del, s.user)
 		forQueue(&copied, m.retries)
 		if err = s.pub.publish(s.workCtx, "", c.cfg.Queue, copied); err == nil {
 			if err := m.d.Ack(false); err != nil {
@@ -460,14 +460,15 @@ func forQueue(p *amqp.Publishing, retries int) {
 }
 
 // copyOf returns a publishing with the delivery's body and properties, and its headers plus
-// the original exchange and routing key.
-func (c *Consumer) copyOf(d amqp.Delivery, del Delivery) amqp.Publishing {
+// the original exchange and routing key. user is the connection's login: a user-id property
+// naming anyone else moves to HeaderOriginalUserID.
+func (c *Consumer) copyOf(d amqp.Delivery, del Delivery, user string) amqp.Publishing {
 	headers := make(amqp.Table, len(d.Headers)+6)
 	maps.Copy(headers, d.Headers)
 	headers[HeaderOriginalExchange] = del.Exchange
 	headers[HeaderOriginalRoutingKey] = del.RoutingKey
 	userID := d.UserId
-	if userID != "" && userID != c.user {
+	if userID != "" && userID != user {
 		headers[HeaderOriginalUserID] = userID
 		userID = ""
 	}

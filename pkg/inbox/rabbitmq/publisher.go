@@ -69,6 +69,11 @@ func (p *publisher) publish(ctx context.Context, exchange, key string, msg amqp.
 		if p.ch.IsClosed() {
 			return errors.New("publish channel closed before the broker confirmed (missing exchange?)")
 		}
+		// A nack may come from the channel's own view of a queue (RabbitMQ 3.10 nacks every
+		// publish of a channel that first sent to a quorum queue while its leader's node was
+		// down, long after another replica took over): the next publish opens a new channel.
+		_ = p.ch.Close()
+		p.ch = nil
 		return errors.New("the broker refused the message (nack)")
 	}
 	// The broker sends basic.return before the confirm of an unroutable mandatory message,

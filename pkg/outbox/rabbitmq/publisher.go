@@ -10,7 +10,7 @@
 //   - nack: an error wrapping both [ErrNacked] and outbox.ErrRefused. RabbitMQ nacks for
 //     reasons of its own (a full queue with overflow reject-publish, a quorum queue without
 //     a quorum, an internal error), never for the message's content, so no attempt is
-//     counted;
+//     counted. The next batch goes out on a new channel;
 //   - a message that fails outbox.Message.Validate (but for the body's JSON syntax, which
 //     the broker does not read and a json column cannot get wrong, and for headers named
 //     aggregate_type or aggregate_id, which older code could store and the publisher
@@ -62,6 +62,23 @@
 // used, so every reconnect is visible here and in [Hooks]). A channel the broker closed over
 // one message is replaced by a new channel on the same connection: a message's fault never
 // costs a reconnect.
+//
+// # Several brokers
+//
+// [Config].URLs lists the nodes of a cluster. They are tried round-robin from a random
+// start: the first connection goes to a random node, so that relays given the same list
+// spread over the cluster; after a failed dial or a lost connection, the next attempt takes
+// the next URL in the list, so that a dead node costs one refused dial and every other node
+// is tried before it again. One connect tries each URL at most once, each within
+// [Config].DialTimeout and an equal share of the deadline left, so that a node that accepts
+// connections but does not answer (a paused one) cannot use up the call. There is no
+// backoff here: the relay's own backoff spaces the calls that find no broker.
+//
+// A message confirmed by a quorum queue is on a majority of its replicas; a publisher whose
+// node dies in the middle of a batch gets outbox.ErrUnavailable for the unconfirmed messages
+// (never a false success), and the relay publishes them again through the next node. A quorum
+// queue that lost its leader is led by another replica within a second or so; meanwhile the
+// broker may nack (outbox.ErrRefused: no attempt counted) or hold the confirms.
 package rabbitmq
 
 import (
@@ -73,6 +90,7 @@ import (
 	"log/slog"
 	"maps"
 	"net"
+	"slices"
 	"sync"
 	"time"
 
@@ -103,13 +121,17 @@ const (
 
 // Config configures a [Publisher].
 type Config struct {
-	// URL is the broker, e.g. amqp://guest:guest@localhost:5672/. Required.
+	// URL is the broker, e.g. amqp://guest:guest@localhost:5672/. Set URL or URLs, not
+	// both.
 	URL string
+	// URLs are the nodes of a cluster, one URL each (see "Several brokers" in the package
+	// documentation for the order they are tried in). Set URL or URLs, not both.
+	URLs []string
 	// ConnectionName shows in the management UI. Default "outbox-relay"
 	// ([DefaultConnectionName]).
 	ConnectionName string
-	// DialTimeout bounds connecting (within the caller's deadline), and closing a connection
-	// in [Publisher.Close]. Default 5s ([DefaultDialTimeout]).
+	// DialTimeout bounds connecting to one broker (within the caller's deadline), and closing
+	// a connection in [Publisher.Close]. Default 5s ([DefaultDialTimeout]).
 	DialTimeout time.Duration
 	// MaxBodyBytes is the broker's max_message_size, when known: a larger body is reported
 	// as outbox.Permanent wrapping outbox.ErrTooLarge and never sent. 0 (the default) checks
@@ -143,13 +165,18 @@ type ConnectionChange struct {
 	// Err is why the connection went down or could not be opened; nil when it came up or
 	// was closed by [Publisher.Close].
 	Err error
+	// Broker is the host:port (and vhost, unless "/") of the broker connected to, or of the
+	// one whose connection went down; empty when no broker could be reached. Never the
+	// credentials.
+	Broker string
 }
 
 // Publisher publishes batches of outbox messages on one channel. It is safe for concurrent
 // use; batches are sent one after the other, and a caller waits for its turn only until its
 // context's deadline.
 type Publisher struct {
-	cfg Config
+	cfg     Config
+	brokers *brokers
 
 	// turn holds a token while a Publish or Close runs: a channel rather than a mutex, so
 	// that a caller can stop waiting when its deadline passes.
@@ -161,12 +188,15 @@ type Publisher struct {
 	sess *session
 	ch   *channel
 	up   bool
+	// broker names the broker of the current connection, or of the last one tried.
+	broker string
 }
 
 // session is one AMQP connection and what the publisher knows about it.
 type session struct {
-	conn *amqp.Connection
-	raw  net.Conn
+	conn   *amqp.Connection
+	raw    net.Conn
+	broker string // its name (brokers.names)
 
 	mu            sync.Mutex
 	blocked       bool
@@ -187,12 +217,7 @@ type channel struct {
 
 // New returns a Publisher. It does not connect: the first Publish does.
 func New(cfg Config) (*Publisher, error) {
-	var errs []error
-	if cfg.URL == "" {
-		errs = append(errs, errors.New("URL is required"))
-	} else if _, err := amqp.ParseURI(cfg.URL); err != nil {
-		errs = append(errs, fmt.Errorf("URL: %w", err))
-	}
+	b, errs := parseBrokers(cfg.URL, cfg.URLs)
 	if cfg.MaxBodyBytes < 0 {
 		errs = append(errs, fmt.Errorf("max body bytes must be >= 0 (0 checks nothing), got %d", cfg.MaxBodyBytes))
 	}
@@ -204,7 +229,8 @@ func New(cfg Config) (*Publisher, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Publisher{cfg: cfg, turn: make(chan struct{}, 1)}, nil
+	cfg.URLs = slices.Clone(cfg.URLs)
+	return &Publisher{cfg: cfg, brokers: b, turn: make(chan struct{}, 1)}, nil
 }
 
 // Close closes the connection, after the Publish under way, if any, returned. A later
@@ -454,7 +480,10 @@ wait:
 		}
 	}
 
-	var res attemptResult
+	var (
+		res    attemptResult
+		nacked bool
+	)
 	for j, i := range idx {
 		dc := confirms[j]
 		switch {
@@ -470,12 +499,16 @@ wait:
 			res.unsettled = append(res.unsettled, i)
 		default:
 			errs[i] = errNacked
+			nacked = true
 		}
 	}
 	res.closeErr, res.timedOut = closeErr, timedOut || ctx.Err() != nil && len(res.unsettled) > 0
 	res.connOpen = !s.conn.IsClosed() && !p.guard.hasFired()
-	if len(res.unsettled) > 0 {
-		// Confirms or returns may still come for this channel's messages.
+	if len(res.unsettled) > 0 || nacked {
+		// Confirms or returns may still come for this channel's messages. And a nack may
+		// come from the channel's own view of a queue: RabbitMQ 3.10 nacks every publish of
+		// a channel that first sent to a quorum queue while its leader's node was down, long
+		// after another replica took over, while a new channel publishes at once.
 		c.stale = true
 	}
 	if len(res.unsettled) == 0 {
@@ -687,43 +720,51 @@ func (p *Publisher) ensureChannel(ctx context.Context) error {
 	return nil
 }
 
-// connect dials the broker within ctx's deadline (and DialTimeout).
+// connect dials the brokers in turn within ctx's deadline, each within DialTimeout.
 func (p *Publisher) connect(ctx context.Context) error {
-	deadline := time.Now().Add(p.cfg.DialTimeout)
-	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+	var deadline time.Time
+	if d, ok := ctx.Deadline(); ok {
 		deadline = d
 	}
-	s := &session{changed: make(chan struct{}, 1), watched: make(chan struct{})}
 	props := amqp.NewConnectionProperties()
 	props.SetClientConnectionName(p.cfg.ConnectionName)
-	conn, err := amqp.DialConfig(p.cfg.URL, amqp.Config{
-		Heartbeat:  10 * time.Second,
-		Properties: props,
-		Dial: func(network, addr string) (net.Conn, error) {
-			d := net.Dialer{Deadline: deadline}
-			raw, err := d.DialContext(ctx, network, addr)
-			if err != nil {
-				return nil, err
+	var s *session
+	conn, i, err := p.brokers.dial(deadline, p.cfg.DialTimeout, func() bool { return ctx.Err() != nil || p.guard.hasFired() },
+		func(url string, deadline time.Time) (*amqp.Connection, error) {
+			s = &session{changed: make(chan struct{}, 1), watched: make(chan struct{})}
+			conn, err := amqp.DialConfig(url, amqp.Config{
+				Heartbeat:  10 * time.Second,
+				Properties: props,
+				Dial: func(network, addr string) (net.Conn, error) {
+					d := net.Dialer{Deadline: deadline}
+					raw, err := d.DialContext(ctx, network, addr)
+					if err != nil {
+						return nil, err
+					}
+					// The handshake's deadline; amqp091-go clears it once the connection is open.
+					if err := raw.SetDeadline(deadline); err != nil {
+						_ = raw.Close()
+						return nil, err
+					}
+					s.raw = raw
+					p.guard.use(raw)
+					return raw, nil
+				},
+			})
+			if err != nil && s.raw != nil {
+				_ = s.raw.Close()
 			}
-			// The handshake's deadline; amqp091-go clears it once the connection is open.
-			if err := raw.SetDeadline(deadline); err != nil {
-				_ = raw.Close()
-				return nil, err
-			}
-			s.raw = raw
-			p.guard.use(raw)
-			return raw, nil
-		},
-	})
+			return conn, err
+		})
 	if err != nil {
-		if s.raw != nil {
-			_ = s.raw.Close()
-		}
+		p.broker = ""
 		return fmt.Errorf("dial: %w", err)
 	}
-	s.conn = conn
+	broker := p.brokers.names[i]
+	p.broker = broker
+	s.conn, s.broker = conn, broker
 	blocks := conn.NotifyBlocked(make(chan amqp.Blocking, 4))
-	go s.watchBlocked(blocks, p.cfg.Logger.With("connection_name", p.cfg.ConnectionName))
+	go s.watchBlocked(blocks, p.cfg.Logger.With("connection_name", p.cfg.ConnectionName, "broker", broker))
 	p.sess = s
 	return nil
 }
@@ -784,6 +825,7 @@ func (p *Publisher) closeSession(deadline time.Time, cause error) error {
 	if s == nil {
 		return nil
 	}
+	p.broker = s.broker
 	var err error
 	if time.Now().Before(deadline) {
 		err = s.conn.CloseDeadline(deadline)
@@ -811,15 +853,15 @@ func (p *Publisher) setUp(up bool, cause error) {
 	if changed {
 		switch {
 		case up:
-			p.cfg.Logger.Info("rabbitmq publisher connected", "connection_name", p.cfg.ConnectionName)
+			p.cfg.Logger.Info("rabbitmq publisher connected", "connection_name", p.cfg.ConnectionName, "broker", p.broker)
 		case cause == nil:
-			p.cfg.Logger.Info("rabbitmq publisher closed its connection", "connection_name", p.cfg.ConnectionName)
+			p.cfg.Logger.Info("rabbitmq publisher closed its connection", "connection_name", p.cfg.ConnectionName, "broker", p.broker)
 		default:
-			p.cfg.Logger.Warn("rabbitmq publisher disconnected", "connection_name", p.cfg.ConnectionName, "error", cause)
+			p.cfg.Logger.Warn("rabbitmq publisher disconnected", "connection_name", p.cfg.ConnectionName, "broker", p.broker, "error", cause)
 		}
 	}
 	if h := p.cfg.Hooks.Connected; h != nil && (changed || !up) {
-		h(ConnectionChange{Up: up, Err: cause})
+		h(ConnectionChange{Up: up, Err: cause, Broker: p.broker})
 	}
 }
 

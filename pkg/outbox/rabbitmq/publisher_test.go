@@ -126,10 +126,108 @@ func TestPublisher(t *testing.T) {
 
 	t.Run("BadConfig", func(t *testing.T) {
 		t.Parallel()
-		_, err := rabbitmq.New(rabbitmq.Config{})
-		require.Error(t, err)
-		_, err = rabbitmq.New(rabbitmq.Config{URL: "http://not-amqp"})
-		require.Error(t, err)
+		for name, tc := range map[string]struct {
+			cfg  rabbitmq.Config
+			want string
+		}{
+			"NoURL":       {rabbitmq.Config{}, "URL or URLs is required"},
+			"NotAMQP":     {rabbitmq.Config{URL: "http://not-amqp"}, "URL:"},
+			"URLAndURLs":  {rabbitmq.Config{URL: "amqp://a/", URLs: []string{"amqp://b/"}}, "set URL or URLs, not both"},
+			"EmptyInURLs": {rabbitmq.Config{URLs: []string{"amqp://a/", ""}}, "URLs[1] is empty"},
+			"BadInURLs":   {rabbitmq.Config{URLs: []string{"amqp://a/", "amqp://user:s3cret@b:port/"}}, "URLs[1]: invalid port"},
+		} {
+			t.Run(name, func(t *testing.T) {
+				t.Parallel()
+				_, err := rabbitmq.New(tc.cfg)
+				require.ErrorContains(t, err, tc.want)
+				require.NotContains(t, err.Error(), "s3cret", "a bad URL's password stays out of the error")
+			})
+		}
+	})
+}
+
+// TestPublisherURLs checks the failover between the URLs of a list, with proxies in front of
+// one broker standing for the nodes of a cluster (the cluster tests kill real nodes).
+func TestPublisherURLs(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	type node struct {
+		proxy *testinfra.Proxy
+		url   string
+	}
+	setup := func(t *testing.T, n int) (nodes []node, top testinfra.Topology, broker func() string, pub *rabbitmq.Publisher) {
+		url := testinfra.AMQPURL(t)
+		top = testinfra.DeclareTopology(t, url)
+		uri := must(amqp.ParseURI(url))
+		urls := make([]string, n)
+		for i := range n {
+			p := testinfra.NewProxy(t, fmt.Sprintf("%s:%d", uri.Host, uri.Port))
+			nodes = append(nodes, node{p, p.RewriteURL(t, url)})
+			urls[i] = nodes[i].url
+		}
+		var connected atomic.Value
+		connected.Store("")
+		pub, err := rabbitmq.New(rabbitmq.Config{URLs: urls, DialTimeout: 2 * time.Second, Hooks: rabbitmq.Hooks{Connected: func(c rabbitmq.ConnectionChange) {
+			if c.Up {
+				connected.Store(c.Broker)
+			}
+		}}})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = pub.Close() })
+		return nodes, top, func() string { return connected.Load().(string) }, pub
+	}
+	// nodeOf is the node whose proxy has the address broker (the hook's host:port).
+	nodeOf := func(t *testing.T, nodes []node, broker string) int {
+		for i, n := range nodes {
+			if n.proxy.Addr() == broker {
+				return i
+			}
+		}
+		t.Fatalf("connected to %q, none of the nodes", broker)
+		return -1
+	}
+
+	t.Run("DeadNodesAreSkippedInOneCall", func(t *testing.T) {
+		t.Parallel()
+		nodes, top, broker, pub := setup(t, 3)
+		nodes[0].proxy.Cut()
+		nodes[1].proxy.Cut()
+		// Whichever node's turn comes first, one call reaches the live one.
+		require.NoError(t, pub.Publish(ctx, []outbox.Message{message(top.Exchange)})[0])
+		require.Equal(t, 2, nodeOf(t, nodes, broker()))
+	})
+
+	t.Run("ALostNodeFailsOverToTheNext", func(t *testing.T) {
+		t.Parallel()
+		nodes, top, broker, pub := setup(t, 3)
+		require.NoError(t, pub.Publish(ctx, []outbox.Message{message(top.Exchange)})[0])
+		first := nodeOf(t, nodes, broker())
+		nodes[first].proxy.Cut()
+		err := pub.Publish(ctx, []outbox.Message{message(top.Exchange)})[0]
+		if err != nil {
+			// The loss was seen by this call (a write to the cut socket): never a success.
+			require.ErrorIs(t, err, outbox.ErrUnavailable)
+			require.NoError(t, pub.Publish(ctx, []outbox.Message{message(top.Exchange)})[0])
+		}
+		require.Equal(t, (first+1)%3, nodeOf(t, nodes, broker()), "the next node in the list")
+	})
+
+	t.Run("AHungNodeGetsItsShareOfTheDeadline", func(t *testing.T) {
+		t.Parallel()
+		nodes, top, broker, pub := setup(t, 2)
+		require.NoError(t, pub.Publish(ctx, []outbox.Message{message(top.Exchange)})[0])
+		first := nodeOf(t, nodes, broker())
+		require.NoError(t, pub.Close())
+		// The node whose turn is next accepts connections and never answers.
+		hung := (first + 1) % 2
+		nodes[hung].proxy.Stall()
+		t.Cleanup(nodes[hung].proxy.Resume)
+		short, cancel := context.WithTimeout(ctx, 4*time.Second)
+		defer cancel()
+		require.NoError(t, pub.Publish(short, []outbox.Message{message(top.Exchange)})[0],
+			"the hung node had half the deadline; the other one the rest")
+		require.Equal(t, first, nodeOf(t, nodes, broker()))
 	})
 }
 

@@ -116,7 +116,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 	}
 	// The consumer and the relay declare the topology on every (re)connect, keeping a queue
 	// that exists with other arguments (a changed delivery limit) instead of failing.
-	if a.declarer, err = amqptopo.NewDeclarer(a.cfg.AMQPURL, a.topology.Shared(), a.Log); err != nil {
+	if a.declarer, err = amqptopo.NewDeclarer(a.cfg.AMQPURLs(), a.topology.Shared(), a.Log); err != nil {
 		return err
 	}
 	// The HTTP requests of whichever router this process serves (the API, or the relay's ops
@@ -186,7 +186,7 @@ func (a *App) addAPI() error {
 	// The pool is wrapped so that countingApplier counts an outcome after its inbox
 	// transaction committed.
 	consumer, err := inboxrabbitmq.NewConsumer(aftercommit.Wrap(a.Pool()), settings.Apply(inboxrabbitmq.Config{
-		URL:                  a.cfg.AMQPURL,
+		URLs:                 a.cfg.AMQPURLs(),
 		Queue:                a.topology.Queue,
 		Name:                 ordersamqp.ConsumerName,
 		Handler:              ordersamqp.NewHandler(countingApplier{StockApplier: a.store, outcomes: svc.outcomes}, a.Log),
@@ -215,7 +215,7 @@ func (a *App) addAPI() error {
 func (a *App) addRelay() error {
 	check, err := service.AddRelay(a.Process, service.RelayConfig{
 		Publisher: outboxrabbitmq.Config{
-			URL: a.cfg.AMQPURL, ConnectionName: "orders-relay", DialTimeout: a.cfg.DatabaseTimeout, Setup: a.declarer.Setup,
+			URLs: a.cfg.AMQPURLs(), ConnectionName: "orders-relay", DialTimeout: a.cfg.DatabaseTimeout, Setup: a.declarer.Setup,
 		},
 		Settings:        envconfig.Section[service.RelaySettings](a.cfg, "Relay"),
 		Retention:       a.cfg.OutboxRetention,

@@ -22,8 +22,9 @@ const ConsumerName = "warehouse"
 
 // ConsumerConfig configures [NewConsumer]. Zero values take pkg/inbox/rabbitmq's defaults.
 type ConsumerConfig struct {
-	// URL of the broker. Required.
-	URL      string
+	// URLs of the broker, or of the nodes of a cluster (pkg/inbox/rabbitmq's Config.URLs).
+	// Required.
+	URLs     []string
 	Topology Topology
 	// Declarer declares Topology on every connect. Default: one of its own; a process that
 	// runs the relay too shares one, so that it warns once about a queue that exists with
@@ -52,7 +53,7 @@ type ConsumerConfig struct {
 // key. Its transactions run the handler's Committed after they committed (aftercommit).
 func NewConsumer(pool inbox.TxBeginner, cfg ConsumerConfig) (*rabbitmq.Consumer, error) {
 	if cfg.Declarer == nil {
-		d, err := amqptopo.NewDeclarer(cfg.URL, cfg.Topology.Shared(), cfg.Logger)
+		d, err := amqptopo.NewDeclarer(cfg.URLs, cfg.Topology.Shared(), cfg.Logger)
 		if err != nil {
 			return nil, err
 		}
@@ -62,7 +63,7 @@ func NewConsumer(pool inbox.TxBeginner, cfg ConsumerConfig) (*rabbitmq.Consumer,
 	h.Committed = cfg.Committed
 	h.outbox = h.outbox.WithPropagator(cfg.Propagator)
 	c, err := rabbitmq.NewConsumer(aftercommit.Wrap(pool), cfg.ConsumerSettings.Apply(rabbitmq.Config{
-		URL:                  cfg.URL,
+		URLs:                 cfg.URLs,
 		Queue:                cfg.Topology.Queue,
 		Name:                 ConsumerName,
 		Handler:              h.Handle,

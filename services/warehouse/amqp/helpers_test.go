@@ -82,7 +82,7 @@ func deleteTopology(t *testing.T, amqpURL string, top warehouseamqp.Topology) {
 func (b *bundle) startConsumer(t *testing.T, concurrency int) {
 	t.Helper()
 	c, err := warehouseamqp.NewConsumer(b.pool, warehouseamqp.ConsumerConfig{
-		URL:      b.amqpURL,
+		URLs:     []string{b.amqpURL},
 		Topology: b.top,
 		ConsumerSettings: service.ConsumerSettings{
 			Prefetch: max(concurrency, 16), Concurrency: concurrency, MaxDeliveries: 3, RetryDelay: 50 * time.Millisecond,

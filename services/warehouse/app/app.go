@@ -109,7 +109,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 	// The consumer and the relay declare the topology on every (re)connect with one
 	// declarer, which keeps a queue that exists with other arguments (a changed delivery
 	// limit) instead of failing, and warns about it once.
-	declarer, err := amqptopo.NewDeclarer(a.cfg.AMQPURL, a.cfg.Topology().Shared(), a.Log)
+	declarer, err := amqptopo.NewDeclarer(a.cfg.AMQPURLs(), a.cfg.Topology().Shared(), a.Log)
 	if err != nil {
 		return err
 	}
@@ -134,7 +134,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 	}
 	if relay {
 		check, err := service.AddRelay(a.Process, service.RelayConfig{
-			Publisher:       outboxrabbitmq.Config{URL: a.cfg.AMQPURL, ConnectionName: "warehouse-relay", Setup: declarer.Setup},
+			Publisher:       outboxrabbitmq.Config{URLs: a.cfg.AMQPURLs(), ConnectionName: "warehouse-relay", Setup: declarer.Setup},
 			Settings:        envconfig.Section[service.RelaySettings](a.cfg, "Relay"),
 			Retention:       a.cfg.OutboxRetention,
 			BrokerDownGrace: a.cfg.BrokerDownGrace,
@@ -172,7 +172,7 @@ func (a *App) addConsumer(declarer *amqptopo.Declarer, svc *serviceMetrics) erro
 		return err
 	}
 	c, err := warehouseamqp.NewConsumer(a.Pool(), warehouseamqp.ConsumerConfig{
-		URL:              a.cfg.AMQPURL,
+		URLs:             a.cfg.AMQPURLs(),
 		Topology:         a.cfg.Topology(),
 		Declarer:         declarer,
 		ConsumerSettings: consumer,

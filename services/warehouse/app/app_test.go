@@ -349,6 +349,19 @@ func TestConfig(t *testing.T) {
 		require.ErrorContains(t, err, "WAREHOUSE_RELAY_BATCH_SIZE")
 		_, err = app.LoadConfigFrom(map[string]string{"WAREHOUSE_QUEUE": ""})
 		require.NoError(t, err, "an empty variable is unset")
+		_, err = app.LoadConfigFrom(map[string]string{"WAREHOUSE_AMQP_URL": "amqp://a:5672/,http://b/"})
+		require.ErrorContains(t, err, "WAREHOUSE_AMQP_URL: URL 2 of 2")
+	})
+
+	t.Run("a cluster's nodes and replicas", func(t *testing.T) {
+		t.Parallel()
+		cfg, err := app.LoadConfigFrom(map[string]string{
+			"WAREHOUSE_AMQP_URL":       "amqp://mq-0:5672/,amqp://mq-1:5672/,amqp://mq-2:5672/",
+			"WAREHOUSE_QUEUE_REPLICAS": "3",
+		})
+		require.NoError(t, err)
+		require.Equal(t, []string{"amqp://mq-0:5672/", "amqp://mq-1:5672/", "amqp://mq-2:5672/"}, cfg.AMQPURLs())
+		require.Equal(t, 3, cfg.Topology().Replicas)
 	})
 }
 
