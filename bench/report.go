@@ -70,12 +70,29 @@ func BuildTable(r Results) Table {
 	type drainKey struct{ n, inFlight int }
 	drain := map[drainKey]float64{}
 	for _, m := range r.Drain {
-		if m.Err == nil {
+		if m.Err == nil && !m.Tracing {
 			drain[drainKey{m.N, m.InFlight}] = m.Rate
 		}
 	}
 	for _, m := range r.Drain {
 		row := Row{Item: "3", What: fmt.Sprintf("relay drain of %s rows, %d relay%s, batch %d, %s", FormatCount(s.Backlog), m.N, plural(m.N), r.BatchSize, inFlightText(m.InFlight))}
+		if m.Tracing {
+			// The same relay as the row keyed {N, InFlight}, tracing on: its ratio is to that
+			// row, tracing off, and the targets are the tracing-off row's.
+			row.What += ", " + tracingText(true)
+			off, ok := drain[drainKey{m.N, m.InFlight}]
+			if m.Err != nil {
+				row.Result = errorCell(m.Err)
+			} else {
+				row.Result = FormatRate(m.Rate, "rows/s")
+				row.CPU = FormatCPU(m.CPU, "relay")
+				if ok {
+					row.Ratio = FormatPercent(Ratio(m.Rate, off)) + " of tracing off"
+				}
+			}
+			t.Add(row)
+			continue
+		}
 		ratio := math.NaN()
 		if m.Err != nil {
 			row.Result = errorCell(m.Err)

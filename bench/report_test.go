@@ -28,6 +28,7 @@ func results() bench.Results {
 			{N: 1, InFlight: 2, DrainResult: bench.DrainResult{Rate: 8_500, Cycles: 2000, Claim: 5 * time.Millisecond,
 				CPU: &bench.CPUUsage{Messages: 200_000, Elapsed: 40 * time.Second, Process: 10 * time.Second, Postgres: 10 * time.Second, Broker: 30 * time.Second, Idle: 0.05}}},
 			{N: 2, InFlight: 2, DrainResult: bench.DrainResult{Rate: 12_000}},
+			{N: 1, InFlight: 2, Tracing: true, DrainResult: bench.DrainResult{Rate: 8_330}},
 		},
 		Peer: &bench.Measured{N: 20_000, Rate: 1000},
 		Latency: []bench.LatencyResult{
@@ -91,6 +92,11 @@ func TestBuildTable(t *testing.T) {
 		require.Equal(t, "75% of A (2 ch)", two.Ratio, "compared with limit A on as many channels; no serial run of two")
 		require.Equal(t, "✗ ≥ 90% of A", two.Target)
 		require.Equal(t, "—", two.CPU, "not measured")
+		traced := row(t, tab, "tracing on")
+		require.Contains(t, traced.What, "1 relay, batch 100, pipelined (2 batches in flight)")
+		require.Equal(t, "8,330 rows/s", traced.Result)
+		require.Equal(t, "98% of tracing off", traced.Ratio, "against the same relay tracing off, not against A")
+		require.Empty(t, traced.Target)
 		cycle := row(t, tab, "serial relay's cycle")
 		require.Equal(t, "1.00 ms · 12.0 ms · 2.00 ms", cycle.Result)
 		require.Equal(t, "claim 900 µs in the first tenth, 1.10 ms in the last", cycle.Ratio)

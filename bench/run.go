@@ -25,6 +25,8 @@ type Measured struct {
 // relay).
 type DrainMeasured struct {
 	N, InFlight int
+	// Tracing is true for the drain with an OpenTelemetry SDK recording every span.
+	Tracing bool
 	DrainResult
 	Err error
 }
@@ -90,10 +92,10 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (err error) {
 			if ctx.Err() != nil {
 				break
 			}
-			e.progress("item 3: %d relay(s), %d batch(es) in flight, drain %s rows", v.N, v.InFlight, FormatCount(s.Backlog))
+			e.progress("item 3: %d relay(s), %d batch(es) in flight, %s, drain %s rows", v.N, v.InFlight, tracingText(v.Tracing), FormatCount(s.Backlog))
 			d, err := DrainResult{}, ferr
 			if err == nil {
-				d, err = e.drain(ctx, v.N, v.InFlight, s.Backlog)
+				d, err = e.drain(ctx, v.N, v.InFlight, s.Backlog, v.Tracing)
 			}
 			v.DrainResult, v.Err = d, err
 			res.Drain = append(res.Drain, v)
@@ -200,6 +202,8 @@ func drainVariants(s Sizes, inFlight int) []DrainMeasured {
 	for _, n := range s.Relays {
 		out = append(out, DrainMeasured{N: n, InFlight: inFlight})
 	}
+	// The one pipelined relay again, tracing on: the cost of tracing, against the row above.
+	out = append(out, DrainMeasured{N: 1, InFlight: inFlight, Tracing: true})
 	return out
 }
 
