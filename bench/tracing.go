@@ -28,7 +28,7 @@ func tracingOn() (trace.TracerProvider, propagation.TextMapPropagator, func(cont
 type discardExporter struct{}
 
 func (discardExporter) ExportSpans(context.Context, []sdktrace.ReadOnlySpan) error { return nil }
-func (discardExporter) Shutdown(context.Context) error                            { return nil }
+func (discardExporter) Shutdown(context.Context) error                             { return nil }
 
 // tracingText names a row's tracing mode.
 func tracingText(on bool) string {
