@@ -29,6 +29,8 @@ type LatencyResult struct {
 	Ceiling  bool
 	// Notify is true with LISTEN/NOTIFY wake-ups, false when polling every 100 ms only.
 	Notify bool
+	// Tracing is true when the relay records every span with an OpenTelemetry SDK.
+	Tracing bool
 	// Confirm is commit → broker confirm; Reserved is commit → the warehouse's inbox commit;
 	// Handled is commit → the warehouse's handler starting on it (the part of Reserved spent
 	// on the way and waiting in the queue).
@@ -233,7 +235,7 @@ func (e *env) newLatencyRig(ctx context.Context) (*latencyRig, error) {
 	}
 	// Prime the pipeline: the first orders find cold connections, caches and plans, and the
 	// backlog they leave would otherwise be measured in the first run.
-	if r := rig.run(ctx, 100, true, 0, time.Second); r.Err != nil {
+	if r := rig.run(ctx, 100, true, false, 0, time.Second); r.Err != nil {
 		return nil, fmt.Errorf("prime the pipeline: %w", r.Err)
 	}
 	return rig, nil
@@ -242,8 +244,8 @@ func (e *env) newLatencyRig(ctx context.Context) (*latencyRig, error) {
 // run writes orders at rate for warmup + d with an open-loop pacer (16 writers), through a
 // relay woken by LISTEN/NOTIFY or polling every 100 ms, and measures the orders scheduled
 // after the warm-up.
-func (rig *latencyRig) run(ctx context.Context, rate int, notify bool, warmup, d time.Duration) LatencyResult {
-	res := LatencyResult{Rate: rate, Notify: notify}
+func (rig *latencyRig) run(ctx context.Context, rate int, notify, tracing bool, warmup, d time.Duration) LatencyResult {
+	res := LatencyResult{Rate: rate, Notify: notify, Tracing: tracing}
 	sw := newStopwatch()
 	rig.sw.Store(sw)
 	defer rig.sw.Store(nil)
@@ -274,6 +276,11 @@ func (rig *latencyRig) run(ctx context.Context, rate int, notify bool, warmup, d
 	}
 	if !notify {
 		cfg.DisableNotify, cfg.PollInterval = true, 100*time.Millisecond
+	}
+	if tracing {
+		tp, prop, shutdown := tracingOn()
+		defer func() { _ = shutdown(context.WithoutCancel(ctx)) }()
+		cfg.TracerProvider, cfg.Propagator = tp, prop
 	}
 	relay, err := outbox.NewRelay(pool, pub, cfg)
 	if err != nil {

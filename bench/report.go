@@ -146,7 +146,7 @@ func BuildTable(r Results) Table {
 	// rate (-quick) shows them at its highest rate below it, saying so.
 	targetRate := 0
 	for _, l := range r.Latency {
-		if l.Notify && l.Rate <= TargetLatencyRate {
+		if l.Notify && !l.Tracing && l.Rate <= TargetLatencyRate {
 			targetRate = max(targetRate, l.Rate)
 		}
 	}
@@ -162,7 +162,10 @@ func BuildTable(r Results) Table {
 		if l.Achieved > 0 {
 			what += fmt.Sprintf(" (achieved %s/s)", FormatCount(int(math.Round(l.Achieved))))
 		}
-		target := l.Notify && l.Rate == targetRate
+		if l.Tracing {
+			what += ", " + tracingText(true)
+		}
+		target := l.Notify && !l.Tracing && l.Rate == targetRate
 		confirm := Row{Item: "5", What: "commit → broker confirm " + what}
 		reserved := Row{Item: "5", What: "commit → warehouse inbox commit " + what}
 		if l.Err != nil {
@@ -178,6 +181,14 @@ func BuildTable(r Results) Table {
 			if l.Missing > 0 {
 				reserved.Result += fmt.Sprintf("; %s of %s not reserved within %s of the last order (saturated: lower bounds)",
 					FormatCount(l.Missing), FormatCount(l.Reserved.N+l.Missing), catchUp)
+			}
+		}
+		if l.Tracing && l.Err == nil {
+			for _, off := range r.Latency {
+				if off.Notify && !off.Tracing && off.Rate == l.Rate && off.Err == nil {
+					confirm.Ratio = "tracing off: p99 " + FormatLatency(off.Confirm.P99)
+					reserved.Ratio = "tracing off: p99 " + FormatLatency(off.Reserved.P99)
+				}
 			}
 		}
 		if target {

@@ -40,6 +40,9 @@ func results() bench.Results {
 				Confirm:  bench.Latencies{N: 40_000, P50: 30 * time.Millisecond, P99: 120 * time.Millisecond, P999: 200 * time.Millisecond},
 				Reserved: bench.Latencies{N: 40_000, P50: 3 * time.Second, P99: 5 * time.Second, P999: 5 * time.Second}},
 			{Rate: 300, Notify: false, Err: errors.New("boom\nsecond line")},
+			{Rate: 300, Notify: true, Tracing: true, Achieved: 299.8,
+				Confirm:  bench.Latencies{N: 6_000, P50: 3 * time.Millisecond, P99: 13 * time.Millisecond, P999: 21 * time.Millisecond},
+				Reserved: bench.Latencies{N: 6_000, P50: 8 * time.Millisecond, P99: 26 * time.Millisecond, P999: 41 * time.Millisecond}},
 		},
 		Scale: []bench.ScaleResult{
 			{Published: 10_000, Claim: 20 * time.Microsecond, Mark: 30 * time.Microsecond},
@@ -92,7 +95,10 @@ func TestBuildTable(t *testing.T) {
 		require.Equal(t, "75% of A (2 ch)", two.Ratio, "compared with limit A on as many channels; no serial run of two")
 		require.Equal(t, "✗ ≥ 90% of A", two.Target)
 		require.Equal(t, "—", two.CPU, "not measured")
-		traced := row(t, tab, "tracing on")
+		tracedConfirm := row(t, tab, "commit → broker confirm @ 300 orders/s, LISTEN/NOTIFY (achieved 300/s), tracing on")
+		require.Equal(t, "tracing off: p99 12.0 ms", tracedConfirm.Ratio)
+		require.Empty(t, tracedConfirm.Target, "the targets are the tracing-off run's")
+		traced := row(t, tab, "batches in flight), tracing on")
 		require.Contains(t, traced.What, "1 relay, batch 100, pipelined (2 batches in flight)")
 		require.Equal(t, "8,330 rows/s", traced.Result)
 		require.Equal(t, "98% of tracing off", traced.Ratio, "against the same relay tracing off, not against A")

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"runtime/pprof"
 	"strings"
 	"time"
@@ -230,11 +231,19 @@ func (e *env) latencies(ctx context.Context, s Sizes, limitB []Measured) []Laten
 				out = append(out, LatencyResult{Rate: rate, Ceiling: asked == CeilingRate, Notify: notify, Err: rerr})
 				continue
 			}
-			r := rig.run(ctx, rate, notify, s.Warmup, s.RateDuration)
+			r := rig.run(ctx, rate, notify, false, s.Warmup, s.RateDuration)
 			r.Ceiling = asked == CeilingRate
 			out = append(out, r)
 			e.progress("  confirm %s; reserved %s", resultOrError(FormatLatencies(r.Confirm), r.Err), FormatLatencies(r.Reserved))
 		}
+	}
+	// The target rate again with the relay tracing on: the cost of tracing, against the
+	// same rate tracing off above.
+	if ctx.Err() == nil && err == nil && slices.Contains(s.Rates, TargetLatencyRate) {
+		e.progress("item 5: %d orders/s, LISTEN/NOTIFY, %s", TargetLatencyRate, tracingText(true))
+		r := rig.run(ctx, TargetLatencyRate, true, true, s.Warmup, s.RateDuration)
+		out = append(out, r)
+		e.progress("  confirm %s; reserved %s", resultOrError(FormatLatencies(r.Confirm), r.Err), FormatLatencies(r.Reserved))
 	}
 	return out
 }
