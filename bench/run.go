@@ -7,8 +7,8 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"slices"
 	"runtime/pprof"
+	"slices"
 	"strings"
 	"time"
 )
