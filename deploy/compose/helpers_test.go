@@ -77,8 +77,8 @@ var thirdPartyImages = map[string]imageFacts{
 	"rabbitmq": {
 		// 5672 (AMQP); the plugins' ports come from the mounted enabled_plugins file.
 		ports: []int{5672},
-		// RABBITMQ_ERLANG_COOKIE: read by RabbitMQ 3.10 itself (deprecated in favour of the
-		// cookie file, still honoured), https://www.rabbitmq.com/docs/3.13/cli#erlang-cookie.
+		// RABBITMQ_ERLANG_COOKIE is read by the server and its CLI tools themselves, not by
+		// the image's entrypoint: https://github.com/rabbitmq/rabbitmq-server/issues/7262.
 		env:      []string{"RABBITMQ_DEFAULT_USER", "RABBITMQ_DEFAULT_PASS", "RABBITMQ_DEFAULT_VHOST", "RABBITMQ_ERLANG_COOKIE"},
 		required: []string{"RABBITMQ_DEFAULT_USER", "RABBITMQ_DEFAULT_PASS", "RABBITMQ_ERLANG_COOKIE"},
 		probes:   []string{"rabbitmq-diagnostics", "rabbitmqctl"},
