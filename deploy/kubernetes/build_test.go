@@ -193,6 +193,9 @@ func theCluster(t *testing.T) cluster {
 	}
 	for _, cm := range all[corev1.ConfigMap](t) {
 		c.config[cm.Name] = true
+		for k := range cm.Data {
+			require.True(t, declared(t, k), "ConfigMap %s: %s is no setting of the services", cm.Name, k)
+		}
 	}
 	return c
 }
@@ -267,6 +270,21 @@ var settingsSources = []string{
 // settingDefault reads the envDefault of a variable from its declaration in the Go source:
 // `env:"ORDERS_HTTP_SHUTDOWN_TIMEOUT" envDefault:"10s"`, or `env:"RELAY_CLAIM_TIMEOUT" …` in a
 // struct the Config embeds under the prefix.
+// declared reports whether the service variable name (ORDERS_…, WAREHOUSE_…) is declared in
+// the Go source, on its own or in a struct embedded under its prefix.
+func declared(t *testing.T, name string) bool {
+	t.Helper()
+	prefix, rest, _ := strings.Cut(name, "_")
+	var all string
+	for _, f := range settingsSources {
+		b, err := os.ReadFile(repoPath(f))
+		require.NoError(t, err)
+		all += string(b)
+	}
+	return strings.Contains(all, `env:"`+name+`"`) ||
+		(strings.Contains(all, `env:"`+prefix+`_"`) && strings.Contains(all, `env:"`+rest+`"`))
+}
+
 func settingDefault(t *testing.T, name string) time.Duration {
 	t.Helper()
 	prefix, rest, _ := strings.Cut(name, "_")
@@ -454,6 +472,9 @@ func checkPodSpec(t *testing.T, c cluster, what string, spec corev1.PodSpec) {
 				require.Contains(t, c.hosts, m[1], "%s: %s names host %s", what, e.Name, m[1])
 			}
 			defined[e.Name] = true
+			if strings.HasPrefix(e.Name, "ORDERS_") || strings.HasPrefix(e.Name, "WAREHOUSE_") {
+				require.True(t, declared(t, e.Name), "%s: %s is no setting of the services", what, e.Name)
+			}
 		}
 	}
 }

@@ -23,8 +23,9 @@
 //     make are modelled from their documented names and labels;
 //   - every Secret, ConfigMap and host a container names exists in the build or is one the
 //     operators make for the objects of the build (shop-db-app, shop-db-rw,
-//     shop-mq-default-user, shop-mq-server-N.shop-mq-nodes), and every $(VAR) in its
-//     environment is a variable defined before it;
+//     shop-mq-default-user, shop-mq-server-N.shop-mq-nodes), every $(VAR) in its
+//     environment is a variable defined before it, and every ORDERS_… or WAREHOUSE_… variable
+//     it is given (or a ConfigMap holds) is a setting the service declares in its Go source;
 //   - every image is pinned to a version; the broker has three replicas and the database
 //     three instances with synchronous replication;
 //   - the PrometheusRule holds exactly the groups of deploy/prometheus/rules (the rules the
