@@ -26,7 +26,13 @@
 //     depends_on waits for service_healthy, orders the shop as the queues require and has no
 //     cycle; no two services publish the same host port;
 //   - the credentials come from the environment with the defaults of .env.example, and the
-//     database and broker URLs are built from them.
+//     database and broker URLs are built from them;
+//   - the profile cluster (`docker compose --profile cluster up`) adds exactly rabbitmq-2 and
+//     rabbitmq-3: the image of rabbitmq, one Erlang cookie from .env, a data volume each, a
+//     classic peer discovery configuration naming the three nodes with rabbit@rabbitmq first,
+//     a healthcheck that passes once three nodes run in the cluster; every shop process is
+//     given all three nodes' AMQP URLs and waits for each to be healthy, the two profiled ones
+//     with required: false so that the stack still starts without the profile.
 //
 // The Dockerfile is parsed and linted with BuildKit's own parser and linter (what `docker build
 // --check` runs), its base images are pinned and its runtime stage runs as non-root; its COPY

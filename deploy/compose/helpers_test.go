@@ -76,10 +76,12 @@ var thirdPartyImages = map[string]imageFacts{
 	},
 	"rabbitmq": {
 		// 5672 (AMQP); the plugins' ports come from the mounted enabled_plugins file.
-		ports:    []int{5672},
-		env:      []string{"RABBITMQ_DEFAULT_USER", "RABBITMQ_DEFAULT_PASS", "RABBITMQ_DEFAULT_VHOST"},
-		required: []string{"RABBITMQ_DEFAULT_USER", "RABBITMQ_DEFAULT_PASS"},
-		probes:   []string{"rabbitmq-diagnostics"},
+		ports: []int{5672},
+		// RABBITMQ_ERLANG_COOKIE is read by the server and its CLI tools themselves, not by
+		// the image's entrypoint: https://github.com/rabbitmq/rabbitmq-server/issues/7262.
+		env:      []string{"RABBITMQ_DEFAULT_USER", "RABBITMQ_DEFAULT_PASS", "RABBITMQ_DEFAULT_VHOST", "RABBITMQ_ERLANG_COOKIE"},
+		required: []string{"RABBITMQ_DEFAULT_USER", "RABBITMQ_DEFAULT_PASS", "RABBITMQ_ERLANG_COOKIE"},
+		probes:   []string{"rabbitmq-diagnostics", "rabbitmqctl"},
 		doc:      "https://hub.docker.com/_/rabbitmq (Environment Variables), https://www.rabbitmq.com/docs/networking#ports",
 	},
 	"prom/prometheus": {
@@ -314,19 +316,30 @@ func checkTarget(p *types.Project, ports map[string][]int, tg target) error {
 	return nil
 }
 
+// urlList splits a comma-separated list of URLs, such as a service's AMQP URLs (one per
+// broker node); a single URL is a list of one.
+func urlList(v string) []string {
+	if !strings.Contains(v, "://") {
+		return []string{v}
+	}
+	return strings.Split(v, ",")
+}
+
 // serviceReferences returns the services that svc's environment and configuration files name
 // in URLs: the services it cannot work without.
 func serviceReferences(t *testing.T, p *types.Project, svc types.ServiceConfig) []target {
 	t.Helper()
 	var refs []target
 	add := func(where, raw string) {
-		u, err := url.Parse(raw)
-		if err != nil || u.Host == "" {
-			return
-		}
-		if _, ok := p.Services[u.Hostname()]; ok && u.Hostname() != svc.Name {
-			port, _ := strconv.Atoi(u.Port())
-			refs = append(refs, target{where: where, host: u.Hostname(), port: port})
+		for _, one := range urlList(raw) { // a broker variable lists every node
+			u, err := url.Parse(one)
+			if err != nil || u.Host == "" {
+				continue
+			}
+			if _, ok := p.Services[u.Hostname()]; ok && u.Hostname() != svc.Name {
+				port, _ := strconv.Atoi(u.Port())
+				refs = append(refs, target{where: where, host: u.Hostname(), port: port})
+			}
 		}
 	}
 	for k, v := range environment(t, svc) {
