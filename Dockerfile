@@ -20,6 +20,7 @@ COPY bench/go.mod bench/go.sum bench/
 COPY chaos/go.mod chaos/go.sum chaos/
 COPY deploy/go.mod deploy/go.sum deploy/
 COPY deploy/compose/go.mod deploy/compose/go.sum deploy/compose/
+COPY deploy/kubernetes/go.mod deploy/kubernetes/go.sum deploy/kubernetes/
 COPY e2e/go.mod e2e/go.sum e2e/
 COPY internal/go.mod internal/go.sum internal/
 COPY loadgen/go.mod loadgen/go.sum loadgen/
