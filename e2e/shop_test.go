@@ -33,9 +33,18 @@ type shop struct {
 	ordersURL, stockURL string
 	ordersApp           *ordersapp.App
 	warehouseApp        *warehouseapp.App
+	// exchange and the queues are the test's own topology.
+	exchange                    string
+	ordersQueue, warehouseQueue string
 }
 
 func startShop(t *testing.T) *shop {
+	t.Helper()
+	return startShopWith(t, ordersapp.Options{}, warehouseapp.Options{})
+}
+
+// startShopWith starts the shop with the services' options (a tracer provider, say).
+func startShopWith(t *testing.T, oopts ordersapp.Options, wopts warehouseapp.Options) *shop {
 	t.Helper()
 	ctx := context.Background()
 	amqpURL := testinfra.AMQPURL(t)
@@ -60,15 +69,15 @@ func startShop(t *testing.T) *shop {
 		deleteTopology(t, amqpURL, []string{exchange, dlx}, wcfg.Queue, wcfg.DeadLetterQueue, ocfg.Queue, ocfg.DeadLetterQueue)
 	})
 
-	s := &shop{}
+	s := &shop{exchange: exchange, ordersQueue: ocfg.Queue, warehouseQueue: wcfg.Queue}
 	var err error
 	// Each service declares the queue it consumes: both must be up before events flow, or
 	// the first events would be unroutable.
-	s.warehouseApp, err = warehouseapp.New(wcfg, warehouseapp.ModeAll, warehouseapp.Options{})
+	s.warehouseApp, err = warehouseapp.New(wcfg, warehouseapp.ModeAll, wopts)
 	require.NoError(t, err)
 	require.NoError(t, s.warehouseApp.Start(ctx))
 	t.Cleanup(func() { require.NoError(t, s.warehouseApp.Stop()) })
-	s.ordersApp, err = ordersapp.New(ocfg, ordersapp.ModeAll, ordersapp.Options{})
+	s.ordersApp, err = ordersapp.New(ocfg, ordersapp.ModeAll, oopts)
 	require.NoError(t, err)
 	require.NoError(t, s.ordersApp.Start(ctx))
 	t.Cleanup(func() { require.NoError(t, s.ordersApp.Stop()) })

@@ -15,6 +15,11 @@ import (
 	"github.com/go-chi/chi/v5/middleware"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
+	"go.opentelemetry.io/otel/propagation"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxshop/outboxshop/internal/apperr"
 	"github.com/outboxshop/outboxshop/internal/problem"
@@ -41,13 +46,23 @@ type Edge struct {
 	// Metrics records every request (a route-pattern middleware, such as httpmetrics'). nil
 	// records nothing.
 	Metrics func(http.Handler) http.Handler
+	// TracerProvider makes a server span per request (see [Edge.Tracing]); Propagator reads
+	// the caller's trace context from the request's headers. nil TracerProvider: no
+	// middleware at all; nil Propagator: W3C TraceContext and Baggage.
+	TracerProvider trace.TracerProvider
+	Propagator     propagation.TextMapPropagator
 }
 
-// NewRouter returns a chi router with e's middleware in order (request id, access log,
-// metrics, recoverer, HEAD) and its not-found and method-not-allowed answers.
+// NewRouter returns a chi router with e's middleware in order (tracing when e has a
+// TracerProvider, request id, access log, metrics, recoverer, HEAD) and its not-found and
+// method-not-allowed answers.
 func (e Edge) NewRouter() chi.Router {
 	r := chi.NewRouter()
-	mw := []func(http.Handler) http.Handler{WithRequestID, e.AccessLog}
+	var mw []func(http.Handler) http.Handler
+	if e.TracerProvider != nil {
+		mw = append(mw, e.Tracing)
+	}
+	mw = append(mw, WithRequestID, e.AccessLog)
 	if e.Metrics != nil {
 		mw = append(mw, e.Metrics)
 	}
@@ -149,14 +164,55 @@ func (e Edge) AccessLog(next http.Handler) http.Handler {
 				attrs = append(attrs, slog.String("location", loc))
 			}
 			level := slog.LevelInfo
-			switch r.URL.Path {
-			case "/healthz", "/readyz", "/metrics":
+			if isOps(r.URL.Path) {
 				level = slog.LevelDebug
 			}
 			log.Log(r.Context(), level, "http request", attrs...)
 		}()
 		next.ServeHTTP(ww, r)
 	})
+}
+
+// Tracing runs each request under an OpenTelemetry server span (otelhttp, with e's
+// TracerProvider and Propagator), a child of the trace context the request's traceparent
+// carries. The span is named after the chi route pattern once the request is routed
+// ("POST /orders", "GET /orders/{id}", with http.route), never after its path; a request no
+// route matched keeps the method alone ("GET"). The operations routes, /healthz, /readyz
+// and /metrics, get no span: probes and scrapes every few seconds would bury the requests.
+// otelhttp's own metrics are not recorded (a no-op MeterProvider): the request metrics are
+// the Metrics middleware's.
+func (e Edge) Tracing(next http.Handler) http.Handler {
+	named := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		next.ServeHTTP(w, r)
+		if rc := chi.RouteContext(r.Context()); rc != nil && rc.RoutePattern() != "" {
+			span := trace.SpanFromContext(r.Context())
+			span.SetName(r.Method + " " + rc.RoutePattern())
+			span.SetAttributes(semconv.HTTPRoute(rc.RoutePattern()))
+		}
+	})
+	prop := e.Propagator
+	if prop == nil {
+		prop = defaultPropagator
+	}
+	return otelhttp.NewHandler(named, "",
+		otelhttp.WithTracerProvider(e.TracerProvider),
+		otelhttp.WithPropagators(prop),
+		otelhttp.WithMeterProvider(metricnoop.NewMeterProvider()),
+		otelhttp.WithFilter(func(r *http.Request) bool { return !isOps(r.URL.Path) }),
+		otelhttp.WithSpanNameFormatter(func(_ string, r *http.Request) string { return r.Method }),
+	)
+}
+
+// defaultPropagator is the W3C TraceContext and Baggage propagator.
+var defaultPropagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+
+// isOps reports whether path is an operations route: /healthz, /readyz, /metrics.
+func isOps(path string) bool {
+	switch path {
+	case "/healthz", "/readyz", "/metrics":
+		return true
+	}
+	return false
 }
 
 // Recoverer turns a panic in a handler into a logged 500 problem instead of a dropped

@@ -1,5 +1,6 @@
 // Package logging builds the services' slog logger: JSON by default (for containers),
-// text for a terminal.
+// text for a terminal, with the trace_id and span_id of the record's context
+// ([TraceHandler]).
 package logging
 
 import (
@@ -10,7 +11,8 @@ import (
 )
 
 // New returns a logger writing to w in format "json" or "text" at level "debug", "info",
-// "warn" or "error", with a service attribute on every line.
+// "warn" or "error", with a service attribute on every line, and trace_id and span_id on
+// every line logged with a context that carries a span ([TraceHandler]).
 func New(w io.Writer, format, level, service string) (*slog.Logger, error) {
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(level)); err != nil {
@@ -26,5 +28,5 @@ func New(w io.Writer, format, level, service string) (*slog.Logger, error) {
 	default:
 		return nil, fmt.Errorf("log format %q: want json or text", format)
 	}
-	return slog.New(h).With("service", service), nil
+	return slog.New(NewTraceHandler(h)).With("service", service), nil
 }

@@ -58,6 +58,8 @@ type Config struct {
 	MaxRetryDelay time.Duration
 	// Logger gets a line per failed attempt and one when the database is ready. nil discards.
 	Logger *slog.Logger
+	// Tracer traces the pool's queries (internal/pgtrace). nil traces nothing.
+	Tracer pgx.QueryTracer
 }
 
 // ConfigError is an error that waiting will not fix: the configuration, the credentials or a
@@ -94,6 +96,9 @@ func Open(ctx context.Context, cfg Config) (*pgxpool.Pool, error) {
 		pcfg.MaxConns = cfg.MaxConns
 	}
 	pcfg.ConnConfig.ConnectTimeout = cmp.Or(cfg.ConnectTimeout, DefaultConnectTimeout)
+	if cfg.Tracer != nil {
+		pcfg.ConnConfig.Tracer = cfg.Tracer
+	}
 	log := cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)).With(
 		slog.String("database", pcfg.ConnConfig.Database), slog.String("host", pcfg.ConnConfig.Host))
 	base := cmp.Or(cfg.RetryDelay, DefaultRetryDelay)

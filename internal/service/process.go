@@ -8,10 +8,15 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/outboxshop/outboxshop/internal/failpoint"
 	"github.com/outboxshop/outboxshop/internal/pgdb"
+	"github.com/outboxshop/outboxshop/internal/pgtrace"
 	"github.com/outboxshop/outboxshop/internal/pgxpoolmetrics"
+	"github.com/outboxshop/outboxshop/internal/telemetry"
 )
 
 // Options are the parts of a process that do not come from the environment; both services'
@@ -26,6 +31,14 @@ type Options struct {
 	// process collectors (NewRegistry). Start registers the service's metrics on it
 	// (docs/metrics.md), so one registry serves one process.
 	Registry *prometheus.Registry
+	// TracerProvider makes the process's spans: the HTTP server's, the database queries',
+	// the relay's publish and the consumer's process spans (docs/tracing.md); cmd/ passes
+	// internal/telemetry's, a test an SDK provider of its own. nil: a no-op provider, which
+	// records nothing but carries a trace context it is given on to the events.
+	TracerProvider trace.TracerProvider
+	// Propagator writes and reads the trace context in HTTP and message headers. nil: W3C
+	// TraceContext and Baggage (telemetry.Propagator).
+	Propagator propagation.TextMapPropagator
 }
 
 // Process is what an App of either service is besides its wiring: its log, crash points and
@@ -41,6 +54,10 @@ type Process struct {
 	Failpoints *failpoint.Set
 	// Group runs the components.
 	Group *Group
+	// TracerProvider and Propagator are those of the Options, with their defaults: hand
+	// them to every component that makes spans or carries a trace context.
+	TracerProvider trace.TracerProvider
+	Propagator     propagation.TextMapPropagator
 
 	name        string
 	constLabels prometheus.Labels
@@ -55,8 +72,16 @@ func NewProcess(service, mode string, opts Options) *Process {
 	if reg == nil {
 		reg = NewRegistry()
 	}
+	tp, prop := opts.TracerProvider, opts.Propagator
+	if tp == nil {
+		tp = noop.NewTracerProvider()
+	}
+	if prop == nil {
+		prop = telemetry.Propagator()
+	}
 	return &Process{
 		Registry: reg, Log: log, Failpoints: opts.Failpoints, Group: NewGroup(service, log),
+		TracerProvider: tp, Propagator: prop,
 		name: service, constLabels: ConstLabels(service),
 	}
 }
@@ -72,7 +97,7 @@ func (p *Process) OpenDatabase(ctx context.Context, cfg pgdb.Config) (*pgxpool.P
 	if armed := p.Failpoints.Armed(); len(armed) > 0 {
 		p.Log.WarnContext(ctx, "crash points armed", slog.Any("failpoints", armed))
 	}
-	cfg.Logger = p.Log
+	cfg.Logger, cfg.Tracer = p.Log, pgtrace.New(p.TracerProvider)
 	pool, err := pgdb.Open(ctx, cfg)
 	if err != nil {
 		return nil, err

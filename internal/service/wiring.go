@@ -287,6 +287,8 @@ func AddRelay(p *Process, cfg RelayConfig) (readiness.Check, error) {
 		RetryBaseDelay:  RelayRetryBaseDelay,
 		RetryMaxDelay:   RelayRetryMaxDelay,
 		Logger:          p.Log,
+		TracerProvider:  p.TracerProvider,
+		Propagator:      p.Propagator,
 		Hooks: metrics.Hooks(outbox.Hooks{
 			Failpoint:    failpoint.Hook(p.Failpoints, func(h outbox.FailpointHit) string { return h.Name }),
 			StateChanged: readiness.RelayState(link),

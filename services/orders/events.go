@@ -63,9 +63,10 @@ type StockEvent struct {
 }
 
 // EventMeta is what an event carries besides its body: the correlation id of the saga (the
-// HTTP request id), the id of the message that caused it, and the W3C traceparent.
+// HTTP request id) and the id of the message that caused it. The trace context (W3C
+// traceparent, tracestate, baggage) is not part of it: outbox.Add records the one of the
+// writing ctx in the event's headers.
 type EventMeta struct {
 	CorrelationID string
 	CausationID   string
-	Traceparent   string
 }

@@ -111,7 +111,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	if a.store, err = postgres.NewStore(pool, postgres.StoreConfig{Exchange: a.topology.Exchange}); err != nil {
+	if a.store, err = postgres.NewStore(pool, postgres.StoreConfig{Exchange: a.topology.Exchange, Propagator: a.Propagator}); err != nil {
 		return err
 	}
 	// The consumer and the relay declare the topology on every (re)connect, keeping a queue
@@ -180,6 +180,8 @@ func (a *App) addAPI() error {
 			a.Failpoints.Hit(FailpointAfterCommit)
 		},
 		DatabaseTimeout: a.cfg.DatabaseTimeout,
+		TracerProvider:  a.TracerProvider,
+		Propagator:      a.Propagator,
 	})
 	// The pool is wrapped so that countingApplier counts an outcome after its inbox
 	// transaction committed.
@@ -194,6 +196,8 @@ func (a *App) addAPI() error {
 		Setup:                a.declarer.Setup,
 		Logger:               a.Log,
 		Hooks:                consumerMetrics.Hooks(),
+		TracerProvider:       a.TracerProvider,
+		Propagator:           a.Propagator,
 	}))
 	if err != nil {
 		return fmt.Errorf("stock consumer: %w", err)

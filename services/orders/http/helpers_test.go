@@ -17,8 +17,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/outboxshop/outboxshop/internal/problem"
+	"github.com/outboxshop/outboxshop/internal/telemetry"
 	"github.com/outboxshop/outboxshop/internal/testinfra"
 	ordershttp "github.com/outboxshop/outboxshop/services/orders/http"
 	"github.com/outboxshop/outboxshop/services/orders/postgres"
@@ -51,7 +53,7 @@ func setup(t *testing.T) *bundle {
 	t.Helper()
 	pool := testinfra.NewPool(t)
 	require.NoError(t, postgres.Migrate(context.Background(), pool))
-	store, err := postgres.NewStore(pool, postgres.StoreConfig{Exchange: "test.events"})
+	store, err := postgres.NewStore(pool, postgres.StoreConfig{Exchange: "test.events", Propagator: telemetry.Propagator()})
 	require.NoError(t, err)
 	b := &bundle{pool: pool, store: store, logs: &logBuffer{}, commits: &counter{}, reg: prometheus.NewPedanticRegistry()}
 	metrics, err := ordershttp.NewMetrics(b.reg, prometheus.Labels{"service": "test"})
@@ -61,6 +63,10 @@ func setup(t *testing.T) *bundle {
 		Metrics:     metrics,
 		Logger:      slog.New(slog.NewJSONHandler(b.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		AfterCommit: b.commits.inc,
+		// Tracing off, as a service runs without an OTLP endpoint: no spans, but the
+		// caller's trace context still reaches the events.
+		TracerProvider: noop.NewTracerProvider(),
+		Propagator:     telemetry.Propagator(),
 	}))
 	t.Cleanup(b.srv.Close)
 	return b

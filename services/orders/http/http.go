@@ -27,6 +27,8 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxshop/outboxshop/internal/httpapi"
 	"github.com/outboxshop/outboxshop/internal/problem"
@@ -68,6 +70,11 @@ type Config struct {
 	DatabaseTimeout time.Duration
 	// RetryAfter is the Retry-After of 503 answers. Default 5s.
 	RetryAfter time.Duration
+	// TracerProvider makes a server span per API request, named after its route
+	// (internal/httpapi Edge.Tracing); Propagator reads the caller's traceparent. nil
+	// TracerProvider: no spans, and no trace context is read from the request.
+	TracerProvider trace.TracerProvider
+	Propagator     propagation.TextMapPropagator
 }
 
 // Handler serves the API.
@@ -89,6 +96,7 @@ func NewHandler(cfg Config) *Handler {
 		dbTimeout:   cmp.Or(cfg.DatabaseTimeout, 5*time.Second),
 	}
 	h.edge = edge(h.log, cfg.RetryAfter, cfg.Metrics)
+	h.edge.TracerProvider, h.edge.Propagator = cfg.TracerProvider, cfg.Propagator
 	r := h.edge.NewRouter()
 	r.Post("/orders", h.createOrder)
 	r.Get("/orders/{id}", h.getOrder)

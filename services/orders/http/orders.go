@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"regexp"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -135,17 +134,11 @@ func (h *Handler) createOrder(w http.ResponseWriter, r *http.Request) {
 	writeBody(w, http.StatusCreated, body)
 }
 
-// traceparentRe is the W3C traceparent of version 00 (and later versions' first four fields).
-var traceparentRe = regexp.MustCompile(`^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}(-.*)?$`)
-
-// eventMeta is the metadata of the events a request writes: its request id as correlation id
-// and its traceparent when it carried a valid one.
+// eventMeta is the metadata of the events a request writes: its request id as correlation
+// id. The trace context is not part of it: outbox.Add records the one of the request's ctx
+// (its server span's) in the events' headers itself.
 func eventMeta(r *http.Request) orders.EventMeta {
-	meta := orders.EventMeta{CorrelationID: RequestID(r.Context())}
-	if tp := r.Header.Get("Traceparent"); len(tp) <= 256 && traceparentRe.MatchString(tp) && tp[:2] != "ff" {
-		meta.Traceparent = tp
-	}
-	return meta
+	return orders.EventMeta{CorrelationID: RequestID(r.Context())}
 }
 
 // orderID reads the {id} of the route. Anything but a UUID in its canonical form

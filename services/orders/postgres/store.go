@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/outboxshop/outboxshop/internal/pgdb"
 	"github.com/outboxshop/outboxshop/pkg/outbox"
@@ -23,6 +24,9 @@ type StoreConfig struct {
 	// Exchange is the events exchange the outbox publishes OrderCreated and OrderCancelled to.
 	// Required.
 	Exchange string
+	// Propagator records the trace context of the writing ctx in each event's headers
+	// (outbox.Store.WithPropagator); give the relay the same one. nil: the global one.
+	Propagator propagation.TextMapPropagator
 }
 
 // Store is the orders repository. Every method that changes an order writes the order, its
@@ -30,6 +34,7 @@ type StoreConfig struct {
 type Store struct {
 	pool     DB
 	exchange string
+	outbox   *outbox.Store
 }
 
 // DB is what a Store needs of its database; *pgxpool.Pool satisfies it. A test may give it
@@ -49,7 +54,11 @@ func NewStore(pool DB, cfg StoreConfig) (*Store, error) {
 	if cfg.Exchange == "" {
 		return nil, errors.New("postgres store: Exchange is required")
 	}
-	return &Store{pool: pool, exchange: cfg.Exchange}, nil
+	ob, err := outbox.NewStore(outbox.Tables{})
+	if err != nil {
+		return nil, fmt.Errorf("postgres store: %w", err)
+	}
+	return &Store{pool: pool, exchange: cfg.Exchange, outbox: ob.WithPropagator(cfg.Propagator)}, nil
 }
 
 // Ping checks that the database answers.
@@ -121,7 +130,7 @@ func (s *Store) CreateOrder(ctx context.Context, in orders.CreateOrderInput) (or
 		if err != nil {
 			return err
 		}
-		if err := outbox.Add(ctx, tx, msg); err != nil {
+		if err := s.outbox.Add(ctx, tx, msg); err != nil {
 			return fmt.Errorf("add OrderCreated to the outbox: %w", err)
 		}
 		res.OrderID, res.Order = id, order
@@ -260,7 +269,7 @@ func (s *Store) CancelOrder(ctx context.Context, id uuid.UUID, meta orders.Event
 			if err != nil {
 				return err
 			}
-			if err := outbox.Add(ctx, tx, msg); err != nil {
+			if err := s.outbox.Add(ctx, tx, msg); err != nil {
 				return fmt.Errorf("add OrderCancelled to the outbox: %w", err)
 			}
 		case orders.CancelAlready:
@@ -329,9 +338,6 @@ func (s *Store) event(orderID uuid.UUID, typ, routingKey string, meta orders.Eve
 	}
 	if meta.CausationID != "" {
 		headers[outbox.HeaderCausationID] = meta.CausationID
-	}
-	if meta.Traceparent != "" {
-		headers[outbox.HeaderTraceparent] = meta.Traceparent
 	}
 	return outbox.Message{
 		Exchange: s.exchange, RoutingKey: routingKey, Type: typ,

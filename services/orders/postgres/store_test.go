@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/outboxshop/outboxshop/internal/testinfra"
 	"github.com/outboxshop/outboxshop/services/orders"
@@ -28,7 +29,7 @@ func setup(t *testing.T) *storeBundle {
 	t.Helper()
 	pool := testinfra.NewPool(t)
 	require.NoError(t, postgres.Migrate(context.Background(), pool))
-	store, err := postgres.NewStore(pool, postgres.StoreConfig{Exchange: testExchange})
+	store, err := postgres.NewStore(pool, postgres.StoreConfig{Exchange: testExchange, Propagator: propagation.TraceContext{}})
 	require.NoError(t, err)
 	return &storeBundle{pool: pool, store: store}
 }
@@ -90,10 +91,12 @@ func TestStoreCreateOrder(t *testing.T) {
 	t.Run("WritesOrderHistoryAndEvent", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
+		// The caller's span context, recorded by outbox.Add through the store's propagator.
 		tp := "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-		res, err := b.store.CreateOrder(ctx, orders.CreateOrderInput{
+		sctx := propagation.TraceContext{}.Extract(ctx, propagation.MapCarrier{"traceparent": tp})
+		res, err := b.store.CreateOrder(sctx, orders.CreateOrderInput{
 			Request: orders.OrderRequest{CustomerID: "c-42", Items: []orders.Item{{SKU: "MUG-1", Quantity: 3}, {SKU: "BOOK-1", Quantity: 1}}},
-			Meta:    orders.EventMeta{CorrelationID: "req-1", Traceparent: tp},
+			Meta:    orders.EventMeta{CorrelationID: "req-1"},
 		})
 		require.NoError(t, err)
 		require.False(t, res.Replayed)

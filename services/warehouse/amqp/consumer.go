@@ -5,6 +5,9 @@ import (
 	"log/slog"
 	"time"
 
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/outboxshop/outboxshop/internal/aftercommit"
 	"github.com/outboxshop/outboxshop/internal/amqptopo"
 	"github.com/outboxshop/outboxshop/internal/service"
@@ -36,6 +39,11 @@ type ConsumerConfig struct {
 	// Committed is the handler's [Handler].Committed: called with every decision that changed
 	// something, after its transaction committed. Optional.
 	Committed func(warehouse.Decision)
+	// TracerProvider makes the consumer's process spans; Propagator reads the trace context
+	// of a delivery and records the handler's in its answers (docs/tracing.md). nil: the
+	// global ones.
+	TracerProvider trace.TracerProvider
+	Propagator     propagation.TextMapPropagator
 }
 
 // NewConsumer returns the inbox consumer of the warehouse queue: it declares cfg.Topology
@@ -52,6 +60,7 @@ func NewConsumer(pool inbox.TxBeginner, cfg ConsumerConfig) (*rabbitmq.Consumer,
 	}
 	h := NewHandler(cfg.Topology.Exchange, cfg.Logger)
 	h.Committed = cfg.Committed
+	h.outbox = h.outbox.WithPropagator(cfg.Propagator)
 	c, err := rabbitmq.NewConsumer(aftercommit.Wrap(pool), cfg.ConsumerSettings.Apply(rabbitmq.Config{
 		URL:                  cfg.URL,
 		Queue:                cfg.Topology.Queue,
@@ -63,6 +72,8 @@ func NewConsumer(pool inbox.TxBeginner, cfg ConsumerConfig) (*rabbitmq.Consumer,
 		ShutdownTimeout:      cfg.ShutdownTimeout,
 		Logger:               cfg.Logger,
 		Hooks:                cfg.Hooks,
+		TracerProvider:       cfg.TracerProvider,
+		Propagator:           cfg.Propagator,
 	}))
 	if err != nil {
 		return nil, fmt.Errorf("new consumer: %w", err)

@@ -43,9 +43,22 @@ type Handler struct {
 	exchange string
 	log      *slog.Logger
 	now      func() time.Time
+	// outbox writes the answers, recording the trace context of the handler's ctx (the
+	// consumer's process span) in their headers through its propagator.
+	outbox *outbox.Store
 }
 
 var _ rabbitmq.Handler = (*Handler)(nil).Handle
+
+// defaultOutbox is the outbox of the default tables, recording the trace context through
+// the global propagator until [NewConsumer] gives it the consumer's.
+var defaultOutbox = func() *outbox.Store {
+	s, err := outbox.NewStore(outbox.Tables{})
+	if err != nil {
+		panic(fmt.Sprintf("the default outbox tables: %v", err))
+	}
+	return s
+}()
 
 // NewHandler returns a handler that publishes its answers to exchange (the events exchange)
 // and logs to log (nil discards).
@@ -53,7 +66,7 @@ func NewHandler(exchange string, log *slog.Logger) *Handler {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	return &Handler{exchange: exchange, log: log, now: func() time.Time { return time.Now().UTC() }}
+	return &Handler{exchange: exchange, log: log, now: func() time.Time { return time.Now().UTC() }, outbox: defaultOutbox}
 }
 
 // Handle applies one delivery inside tx. See [Handler].
@@ -103,7 +116,7 @@ func (h *Handler) orderCreated(ctx context.Context, tx pgx.Tx, d rabbitmq.Delive
 	if err != nil {
 		return err
 	}
-	if err := outbox.Add(ctx, tx, msg); err != nil {
+	if err := h.outbox.Add(ctx, tx, msg); err != nil {
 		return fmt.Errorf("order %s: write %s to the outbox: %w", ev.OrderID, msg.Type, err)
 	}
 	h.afterCommit(tx, dec)
@@ -138,7 +151,7 @@ func (h *Handler) orderCancelled(ctx context.Context, tx pgx.Tx, d rabbitmq.Deli
 	if err != nil {
 		return err
 	}
-	if err := outbox.Add(ctx, tx, msg); err != nil {
+	if err := h.outbox.Add(ctx, tx, msg); err != nil {
 		return fmt.Errorf("order %s: write %s to the outbox: %w", ev.OrderID, msg.Type, err)
 	}
 	h.afterCommit(tx, dec)
@@ -155,6 +168,8 @@ func (h *Handler) afterCommit(tx pgx.Tx, dec warehouse.Decision) {
 }
 
 // message builds the outbox message answering d: same saga (correlation id), caused by d.
+// Its trace context is not copied from d: the outbox records the one of the handler's ctx,
+// the consumer's process span, a child of the publish that delivered d.
 func (h *Handler) message(d rabbitmq.Delivery, orderID uuid.UUID, typ, routingKey string, event any) (outbox.Message, error) {
 	payload, err := json.Marshal(event)
 	if err != nil {
@@ -167,9 +182,6 @@ func (h *Handler) message(d rabbitmq.Delivery, orderID uuid.UUID, typ, routingKe
 	headers := map[string]string{
 		outbox.HeaderCorrelationID: correlationID(d),
 		outbox.HeaderCausationID:   d.ID,
-	}
-	if tp := headerString(d, outbox.HeaderTraceparent); tp != "" {
-		headers[outbox.HeaderTraceparent] = tp
 	}
 	return outbox.Message{
 		ID:            id,

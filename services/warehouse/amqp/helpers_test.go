@@ -12,8 +12,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/outboxshop/outboxshop/internal/service"
+	"github.com/outboxshop/outboxshop/internal/telemetry"
 	"github.com/outboxshop/outboxshop/internal/testinfra"
 	"github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
 	"github.com/outboxshop/outboxshop/services/warehouse"
@@ -87,6 +89,10 @@ func (b *bundle) startConsumer(t *testing.T, concurrency int) {
 		},
 		ShutdownTimeout: 5 * time.Second,
 		Logger:          testLogger(t),
+		// Tracing off, as the service runs without an OTLP endpoint: no spans, but a
+		// delivery's trace context still reaches its answers.
+		TracerProvider: noop.NewTracerProvider(),
+		Propagator:     telemetry.Propagator(),
 		Hooks: rabbitmq.Hooks{
 			Processed: func(p rabbitmq.ProcessedMessage) {
 				b.processed.Add(1)

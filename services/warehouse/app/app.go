@@ -146,6 +146,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 	}
 	httpCfg := warehousehttp.Config{
 		Pinger: a.store, Checks: checks, Gatherer: a.Registry, Metrics: httpMetrics, DBTimeout: a.cfg.DBTimeout, Logger: a.Log,
+		TracerProvider: a.TracerProvider, Propagator: a.Propagator,
 	}
 	if api {
 		httpCfg.Store = a.store
@@ -179,6 +180,8 @@ func (a *App) addConsumer(declarer *amqptopo.Declarer, svc *serviceMetrics) erro
 		Logger:           a.Log,
 		Hooks:            consumerMetrics.Hooks(),
 		Committed:        svc.committed,
+		TracerProvider:   a.TracerProvider,
+		Propagator:       a.Propagator,
 	})
 	if err != nil {
 		return err

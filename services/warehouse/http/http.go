@@ -47,6 +47,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxshop/outboxshop/internal/httpapi"
 	"github.com/outboxshop/outboxshop/internal/problem"
@@ -103,6 +105,11 @@ type Config struct {
 	MaxBodyBytes int64
 	// Logger receives a line per request and the causes of 5xx answers. nil discards.
 	Logger *slog.Logger
+	// TracerProvider makes a server span per API request, named after its route
+	// (internal/httpapi Edge.Tracing); Propagator reads the caller's traceparent. nil
+	// TracerProvider: no spans.
+	TracerProvider trace.TracerProvider
+	Propagator     propagation.TextMapPropagator
 }
 
 type server struct {
@@ -122,6 +129,7 @@ func NewRouter(cfg Config) http.Handler {
 	s.edge = httpapi.Edge{
 		Problems: problems, Logger: s.log, Params: map[string]string{"order_id": "order_id", "sku": "sku"},
 		RetryAfter: RetryAfterSeconds * time.Second, Metrics: cfg.Metrics.Middleware,
+		TracerProvider: cfg.TracerProvider, Propagator: cfg.Propagator,
 	}
 	r := s.edge.NewRouter()
 

@@ -8,7 +8,9 @@
 // The configuration comes from environment variables prefixed ORDERS_ (ORDERS_DATABASE_URL,
 // ORDERS_AMQP_URL, ORDERS_HTTP_ADDR, …), so that it can run from the same shell as the
 // warehouse (WAREHOUSE_…); CHAOS_FAILPOINTS, shared by both, arms crash points for chaos
-// tests. See the README or app.Config. SIGINT and SIGTERM stop it gracefully.
+// tests; the standard OTEL_* variables (OTEL_EXPORTER_OTLP_ENDPOINT, …) turn on the export
+// of traces (internal/telemetry, docs/tracing.md). See the README or app.Config. SIGINT and
+// SIGTERM stop it gracefully.
 package main
 
 import (
@@ -20,6 +22,7 @@ import (
 
 	"github.com/outboxshop/outboxshop/internal/failpoint"
 	"github.com/outboxshop/outboxshop/internal/logging"
+	"github.com/outboxshop/outboxshop/internal/telemetry"
 	"github.com/outboxshop/outboxshop/services/orders/app"
 )
 
@@ -81,7 +84,21 @@ func run(args []string) error {
 	if mode == "" {
 		return app.Migrate(ctx, cfg, log)
 	}
-	a, err := app.New(cfg, mode, app.Options{Logger: log.With("process", string(mode)), Failpoints: fp})
+	tenv, err := telemetry.LoadEnv(nil)
+	if err != nil {
+		return err
+	}
+	tel, err := telemetry.New(ctx, tenv, app.ServiceName)
+	if err != nil {
+		return err
+	}
+	// After the App stopped: the spans of its last requests and messages are sent within
+	// the shutdown timeout.
+	defer tel.Close(cfg.HTTPShutdownTimeout, log)
+	a, err := app.New(cfg, mode, app.Options{
+		Logger: log.With("process", string(mode)), Failpoints: fp,
+		TracerProvider: tel.TracerProvider(), Propagator: tel.Propagator(),
+	})
 	if err != nil {
 		return err
 	}

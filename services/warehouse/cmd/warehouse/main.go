@@ -7,8 +7,9 @@
 //	warehouse seed        reset the catalogue's stock (refuses while stock is reserved,
 //	                      unless --force)
 //
-// Configuration comes from environment variables (see the README); SIGINT and SIGTERM stop
-// the process gracefully.
+// Configuration comes from environment variables (see the README); the standard OTEL_*
+// variables (OTEL_EXPORTER_OTLP_ENDPOINT, …) turn on the export of traces
+// (internal/telemetry, docs/tracing.md). SIGINT and SIGTERM stop the process gracefully.
 package main
 
 import (
@@ -26,6 +27,7 @@ import (
 
 	"github.com/outboxshop/outboxshop/internal/failpoint"
 	"github.com/outboxshop/outboxshop/internal/logging"
+	"github.com/outboxshop/outboxshop/internal/telemetry"
 	"github.com/outboxshop/outboxshop/services/warehouse"
 	"github.com/outboxshop/outboxshop/services/warehouse/app"
 )
@@ -74,11 +76,11 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 
 	switch cmd {
 	case "api", "serve":
-		err = serve(ctx, cfg, app.ModeAPI, log)
+		err = serve(ctx, cfg, app.ModeAPI, environ, log)
 	case "relay":
-		err = serve(ctx, cfg, app.ModeRelay, log)
+		err = serve(ctx, cfg, app.ModeRelay, environ, log)
 	case "all":
-		err = serve(ctx, cfg, app.ModeAll, log)
+		err = serve(ctx, cfg, app.ModeAll, environ, log)
 	case "migrate":
 		err = app.Migrate(ctx, cfg, log)
 	case "seed":
@@ -112,12 +114,25 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 }
 
 // serve runs the app in mode until ctx is cancelled or a component fails.
-func serve(ctx context.Context, cfg app.Config, mode app.Mode, log *slog.Logger) error {
+func serve(ctx context.Context, cfg app.Config, mode app.Mode, environ map[string]string, log *slog.Logger) error {
 	fp, err := failpoint.Parse(cfg.Failpoints)
 	if err != nil {
 		return fmt.Errorf("%s: %w", failpoint.EnvVar, err)
 	}
-	a, err := app.New(cfg, mode, app.Options{Logger: log, Failpoints: fp})
+	tenv, err := telemetry.LoadEnv(environ)
+	if err != nil {
+		return err
+	}
+	tel, err := telemetry.New(ctx, tenv, app.ServiceName)
+	if err != nil {
+		return err
+	}
+	// After the App stopped: the spans of its last requests and messages are sent within
+	// the shutdown timeout.
+	defer tel.Close(cfg.ShutdownTimeout, log)
+	a, err := app.New(cfg, mode, app.Options{
+		Logger: log, Failpoints: fp, TracerProvider: tel.TracerProvider(), Propagator: tel.Propagator(),
+	})
 	if err != nil {
 		return err
 	}
