@@ -232,6 +232,8 @@ func startPrometheus(t *testing.T, bin string, files map[string][]byte) *promSer
 		"--config.file="+filepath.Join(dir, "prometheus.yml"),
 		"--storage.tsdb.path="+filepath.Join(dir, "data"),
 		"--web.listen-address="+addr,
+		// As docker-compose.yml runs it: the latency histograms' exemplars are kept.
+		"--enable-feature=exemplar-storage",
 	)
 	cmd.Stdout, cmd.Stderr = p.log, p.log
 	require.NoError(t, cmd.Start())
@@ -282,6 +284,16 @@ func (p *promServer) query(t *testing.T, expr string) (model.Value, error) {
 		t.Logf("prometheus warns about %s: %v", expr, warnings)
 	}
 	return v, err
+}
+
+// exemplars returns the exemplars Prometheus stored for the series of selector since start.
+func (p *promServer) exemplars(t *testing.T, selector string, start time.Time) []promv1.ExemplarQueryResult {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	r, err := p.api.QueryExemplars(ctx, selector, start.Add(-time.Minute), time.Now().Add(time.Minute))
+	require.NoError(t, err, "query_exemplars %s", selector)
+	return r
 }
 
 // scalar evaluates an expression that returns at most one sample, and returns its value; ok
