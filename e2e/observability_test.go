@@ -310,7 +310,19 @@ func TestObservability(t *testing.T) {
 		const relayUp = `service:outbox_relay_up:max{service="orders"}`
 		waitFor(t, 15*time.Second, "the orders backlog and relay are recorded (the alert's inputs)", func() (bool, string) {
 			b, r := prom.count(t, backlog), prom.count(t, relayUp)
-			return b > 0 && r > 0, fmt.Sprintf("%s: %d series, %s: %d series", backlog, b, relayUp, r)
+			if b > 0 && r > 0 {
+				return true, ""
+			}
+			// What the rules read, and whether the orders scrapes are ingested: one that
+			// Prometheus rolls back (see startPrometheus) reports up 0, and its sample
+			// counts stop where ingestion failed.
+			return false, strings.Join([]string{
+				fmt.Sprintf("%s: %d series, %s: %d series", backlog, b, relayUp, r),
+				prom.describe(t, `outbox_pending_messages{job=~"orders-.*"}`),
+				prom.describe(t, `up{job=~"orders-.*"}`),
+				prom.describe(t, `scrape_samples_scraped{job=~"orders-.*"}`),
+				prom.describe(t, `scrape_samples_post_metric_relabeling{job=~"orders-.*"}`),
+			}, "\n")
 		})
 
 		relayAddr := s.ordersRelay.OpsAddr()
