@@ -183,3 +183,41 @@ func TestCheckRateIntervals(t *testing.T) {
 		})
 	}
 }
+
+// exemplarHistograms are the latency histograms whose observations carry the trace id of a
+// sampled span as an exemplar (docs/metrics.md), by the dashboard whose panel plots them.
+var exemplarHistograms = map[string]string{
+	"outbox_commit_to_confirm_seconds": "outbox-inbox.json",
+	"inbox_handler_duration_seconds":   "outbox-inbox.json",
+	"http_request_duration_seconds":    "shop.json",
+}
+
+// TestDashboardExemplars: every query of a histogram that carries exemplars shows them, so
+// that a slow point on the panel links to its trace (Grafana's Prometheus datasource turns
+// the exemplar's trace_id into a link to the trace datasource), and each such histogram is
+// plotted with them somewhere.
+func TestDashboardExemplars(t *testing.T) {
+	t.Parallel()
+	shown := map[string]bool{}
+	for _, d := range loadDashboards(t) {
+		for _, p := range d.panels() {
+			targets, _ := p["targets"].([]any)
+			for _, tg := range targets {
+				target, _ := tg.(map[string]any)
+				expr, _ := target["expr"].(string)
+				for metric, file := range exemplarHistograms {
+					if !strings.Contains(expr, metric+"_bucket") {
+						continue
+					}
+					require.Equal(t, true, target["exemplar"], "%s panel %q target %v: \"exemplar\": true", filepath.Base(d.path), p["title"], target["refId"])
+					if filepath.Base(d.path) == file {
+						shown[metric] = true
+					}
+				}
+			}
+		}
+	}
+	for metric, file := range exemplarHistograms {
+		require.True(t, shown[metric], "%s plots no %s with exemplars", file, metric)
+	}
+}

@@ -25,6 +25,11 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxshop/outboxshop/internal/testinfra"
 	ordersapp "github.com/outboxshop/outboxshop/services/orders/app"
@@ -47,20 +52,46 @@ var alertMetrics = []string{"ALERTS", "ALERTS_FOR_STATE"}
 // serviceJobs are the Prometheus jobs of the shop's own processes (docs/metrics.md).
 var serviceJobs = []string{"orders-api", "orders-relay", "warehouse", "warehouse-relay"}
 
+// exemplarSpans are the histograms whose observations carry the trace_id and span_id of a
+// sampled span as an exemplar (docs/metrics.md), with the kind and name prefix of that span
+// and the jobs that observe them in this test's traffic.
+var exemplarSpans = map[string]struct {
+	kind trace.SpanKind
+	name string
+	jobs []string
+}{
+	"outbox_commit_to_confirm_seconds": {trace.SpanKindProducer, "publish ", []string{"orders-relay", "warehouse-relay"}},
+	"inbox_handler_duration_seconds":   {trace.SpanKindConsumer, "process ", []string{"orders-api", "warehouse"}},
+	"http_request_duration_seconds":    {trace.SpanKindServer, "", []string{"orders-api", "warehouse"}},
+}
+
 // TestObservability proves deploy/'s monitoring on a real Prometheus scraping the running
 // shop: the four processes of docs/metrics.md (each service's API and relay apart) and
 // RabbitMQ's plugin, with deploy/prometheus/prometheus.yml's jobs and rules (alerts' for: cut
 // to seconds). Prometheus accepts every expression of the rules and dashboards, every metric
 // they select has series, every rule evaluates, promtool finds nothing wrong in the processes'
-// /metrics, and stopping the orders relay while orders keep coming raises OutboxRelayStalled
-// for orders, which resolves once a relay drains the backlog.
+// /metrics, Prometheus stores the latency histograms' exemplars, whose trace and span ids
+// are those of spans the shop exported, and stopping the orders relay while orders keep
+// coming raises OutboxRelayStalled for orders, which resolves once a relay drains the
+// backlog.
 func TestObservability(t *testing.T) {
 	t.Parallel()
 	prometheusBin := requireTool(t, "prometheus")
 	promtool := requireTool(t, "promtool")
 	mon := loadMonitoring(t)
 
-	s := startSplitShop(t)
+	// Each service traces into memory, as cmd/ would export over OTLP (sampling every trace,
+	// as the compose stack does), so that the exemplars can be matched with the spans.
+	exported := tracetest.NewInMemoryExporter()
+	provider := func(name string) *sdktrace.TracerProvider {
+		tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exported),
+			sdktrace.WithResource(resource.NewSchemaless(semconv.ServiceName(name))))
+		t.Cleanup(func() { require.NoError(t, tp.Shutdown(context.Background())) }) // after the shop stopped
+		return tp
+	}
+	s := startSplitShop(t, ordersapp.Options{TracerProvider: provider("orders")},
+		warehouseapp.Options{TracerProvider: provider("warehouse")})
+	start := time.Now()
 	rabbitmq := rabbitmqMetricsAddr(t, s.amqpURL)
 	targets := map[string]string{
 		"orders-api":        s.ordersAPI.Addr(),
@@ -205,6 +236,57 @@ func TestObservability(t *testing.T) {
 			t.Logf("%d rule groups evaluated, every rule healthy", len(want))
 		})
 
+		t.Run("Exemplars", func(t *testing.T) {
+			t.Parallel()
+			// Prometheus asks for OpenMetrics, the format that carries exemplars, and keeps
+			// them (--enable-feature=exemplar-storage); each names a span the shop exported, of
+			// the kind the histogram measures. An exemplar's span may end after its
+			// observation (a publish span ends once its batch's hooks ran): hence the poll.
+			var found map[string]int
+			waitFor(t, 60*time.Second, "exemplars of every latency histogram, from every job that observes it, naming exported spans", func() (bool, string) {
+				ended := map[trace.SpanID]tracetest.SpanStub{}
+				for _, sp := range exported.GetSpans() {
+					ended[sp.SpanContext.SpanID()] = sp
+				}
+				found = map[string]int{}
+				var problems []string
+				for _, metric := range slices.Sorted(maps.Keys(exemplarSpans)) {
+					want := exemplarSpans[metric]
+					byJob := map[string]int{}
+					for _, r := range prom.exemplars(t, fmt.Sprintf("{__name__=%q}", metric+"_bucket"), start) {
+						job := string(r.SeriesLabels[model.JobLabel])
+						for _, e := range r.Exemplars {
+							traceID, spanID := string(e.Labels["trace_id"]), string(e.Labels["span_id"])
+							sid, err := trace.SpanIDFromHex(spanID)
+							if err != nil {
+								problems = append(problems, fmt.Sprintf("%s{job=%q}: exemplar %s: span_id: %v", metric, job, e.Labels, err))
+								continue
+							}
+							sp, ok := ended[sid]
+							switch {
+							case !ok:
+								problems = append(problems, fmt.Sprintf("%s{job=%q}: exemplar %s names no exported span (yet)", metric, job, e.Labels))
+							case sp.SpanContext.TraceID().String() != traceID:
+								problems = append(problems, fmt.Sprintf("%s{job=%q}: exemplar %s: span %s is of trace %s", metric, job, e.Labels, spanID, sp.SpanContext.TraceID()))
+							case sp.SpanKind != want.kind || !strings.HasPrefix(sp.Name, want.name):
+								problems = append(problems, fmt.Sprintf("%s{job=%q}: exemplar %s names span %q of kind %s, want %s %q…", metric, job, e.Labels, sp.Name, sp.SpanKind, want.kind, want.name))
+							default:
+								byJob[job]++
+								found[metric]++
+							}
+						}
+					}
+					for _, job := range want.jobs {
+						if byJob[job] == 0 {
+							problems = append(problems, fmt.Sprintf("%s: no exemplar from job %s", metric, job))
+						}
+					}
+				}
+				return len(problems) == 0, strings.Join(problems, "\n")
+			})
+			t.Logf("exemplars naming exported spans, by histogram: %v", found)
+		})
+
 		t.Run("PromtoolCheckMetrics", func(t *testing.T) {
 			t.Parallel()
 			for _, job := range serviceJobs {
@@ -228,7 +310,19 @@ func TestObservability(t *testing.T) {
 		const relayUp = `service:outbox_relay_up:max{service="orders"}`
 		waitFor(t, 15*time.Second, "the orders backlog and relay are recorded (the alert's inputs)", func() (bool, string) {
 			b, r := prom.count(t, backlog), prom.count(t, relayUp)
-			return b > 0 && r > 0, fmt.Sprintf("%s: %d series, %s: %d series", backlog, b, relayUp, r)
+			if b > 0 && r > 0 {
+				return true, ""
+			}
+			// What the rules read, and whether the orders scrapes are ingested: one that
+			// Prometheus rolls back (see startPrometheus) reports up 0, and its sample
+			// counts stop where ingestion failed.
+			return false, strings.Join([]string{
+				fmt.Sprintf("%s: %d series, %s: %d series", backlog, b, relayUp, r),
+				prom.describe(t, `outbox_pending_messages{job=~"orders-.*"}`),
+				prom.describe(t, `up{job=~"orders-.*"}`),
+				prom.describe(t, `scrape_samples_scraped{job=~"orders-.*"}`),
+				prom.describe(t, `scrape_samples_post_metric_relabeling{job=~"orders-.*"}`),
+			}, "\n")
 		})
 
 		relayAddr := s.ordersRelay.OpsAddr()
@@ -287,7 +381,7 @@ func TestObservability(t *testing.T) {
 		t.Logf("%d orders placed while the relay was down", placed)
 		cfg := s.ordersCfg
 		cfg.RelayHTTPAddr = relayAddr
-		relay, err := ordersapp.New(cfg, ordersapp.ModeRelay, ordersapp.Options{})
+		relay, err := ordersapp.New(cfg, ordersapp.ModeRelay, s.ordersOpts)
 		require.NoError(t, err)
 		require.NoError(t, relay.Start(context.Background()))
 		t.Cleanup(func() { require.NoError(t, relay.Stop()) })
@@ -304,15 +398,17 @@ func TestObservability(t *testing.T) {
 type splitShop struct {
 	amqpURL                      string
 	ordersCfg                    ordersapp.Config
+	ordersOpts                   ordersapp.Options
 	ordersAPI, ordersRelay       *ordersapp.App
 	warehouseAPI, warehouseRelay *warehouseapp.App
 	ordersURL, stockURL          string
 }
 
-func startSplitShop(t *testing.T) *splitShop {
+// startSplitShop starts the split shop, each app of a service with that service's options.
+func startSplitShop(t *testing.T, ordersOpts ordersapp.Options, warehouseOpts warehouseapp.Options) *splitShop {
 	t.Helper()
 	ctx := context.Background()
-	s := &splitShop{amqpURL: testinfra.AMQPURL(t)}
+	s := &splitShop{amqpURL: testinfra.AMQPURL(t), ordersOpts: ordersOpts}
 	exchange, dlx := testinfra.UniqueName(t, "events"), testinfra.UniqueName(t, "dlx")
 	// Dead-letter queues end in .dead, as in docs/events.md: the RabbitMQ rules and panels
 	// tell them from work queues by that suffix.
@@ -340,21 +436,21 @@ func startSplitShop(t *testing.T) *splitShop {
 
 	var err error
 	// The APIs first: their consumers declare the queues, so that no event is unroutable.
-	s.warehouseAPI, err = warehouseapp.New(wcfg, warehouseapp.ModeAPI, warehouseapp.Options{})
+	s.warehouseAPI, err = warehouseapp.New(wcfg, warehouseapp.ModeAPI, warehouseOpts)
 	require.NoError(t, err)
 	require.NoError(t, s.warehouseAPI.Start(ctx))
 	t.Cleanup(func() { require.NoError(t, s.warehouseAPI.Stop()) })
-	s.ordersAPI, err = ordersapp.New(ocfg, ordersapp.ModeAPI, ordersapp.Options{})
+	s.ordersAPI, err = ordersapp.New(ocfg, ordersapp.ModeAPI, ordersOpts)
 	require.NoError(t, err)
 	require.NoError(t, s.ordersAPI.Start(ctx))
 	t.Cleanup(func() { require.NoError(t, s.ordersAPI.Stop()) })
 	waitForConsumers(t, s.amqpURL, warehouseQueue, ordersQueue)
 
-	s.warehouseRelay, err = warehouseapp.New(wcfg, warehouseapp.ModeRelay, warehouseapp.Options{})
+	s.warehouseRelay, err = warehouseapp.New(wcfg, warehouseapp.ModeRelay, warehouseOpts)
 	require.NoError(t, err)
 	require.NoError(t, s.warehouseRelay.Start(ctx))
 	t.Cleanup(func() { require.NoError(t, s.warehouseRelay.Stop()) })
-	s.ordersRelay, err = ordersapp.New(ocfg, ordersapp.ModeRelay, ordersapp.Options{})
+	s.ordersRelay, err = ordersapp.New(ocfg, ordersapp.ModeRelay, ordersOpts)
 	require.NoError(t, err)
 	require.NoError(t, s.ordersRelay.Start(ctx))
 	t.Cleanup(func() { require.NoError(t, s.ordersRelay.Stop()) })

@@ -232,6 +232,13 @@ func startPrometheus(t *testing.T, bin string, files map[string][]byte) *promSer
 		"--config.file="+filepath.Join(dir, "prometheus.yml"),
 		"--storage.tsdb.path="+filepath.Join(dir, "data"),
 		"--web.listen-address="+addr,
+		// As docker-compose.yml runs it: the latency histograms' exemplars are kept.
+		"--enable-feature=exemplar-storage",
+		// Prometheus 2.x logs a scrape it could not ingest (an exposition its parser
+		// rejects, e.g. an OpenMetrics exemplar on a line other than a _bucket or _total
+		// before 2.43) only at debug level, as "Append failed": the scrape is rolled back
+		// and every series of the target marked stale. The log is shown when the test fails.
+		"--log.level=debug",
 	)
 	cmd.Stdout, cmd.Stderr = p.log, p.log
 	require.NoError(t, cmd.Start())
@@ -284,6 +291,16 @@ func (p *promServer) query(t *testing.T, expr string) (model.Value, error) {
 	return v, err
 }
 
+// exemplars returns the exemplars Prometheus stored for the series of selector since start.
+func (p *promServer) exemplars(t *testing.T, selector string, start time.Time) []promv1.ExemplarQueryResult {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	r, err := p.api.QueryExemplars(ctx, selector, start.Add(-time.Minute), time.Now().Add(time.Minute))
+	require.NoError(t, err, "query_exemplars %s", selector)
+	return r
+}
+
 // scalar evaluates an expression that returns at most one sample, and returns its value; ok
 // is false when it returns none.
 func (p *promServer) scalar(t *testing.T, expr string) (value float64, ok bool) {
@@ -297,6 +314,24 @@ func (p *promServer) scalar(t *testing.T, expr string) (value float64, ok bool) 
 		return 0, false
 	}
 	return float64(vec[0].Value), true
+}
+
+// describe returns expr's value now, one line per series, for a failure message.
+func (p *promServer) describe(t *testing.T, expr string) string {
+	t.Helper()
+	v, err := p.query(t, expr)
+	if err != nil {
+		return fmt.Sprintf("%s: %v", expr, err)
+	}
+	vec, ok := v.(model.Vector)
+	if !ok {
+		return fmt.Sprintf("%s = %v", expr, v)
+	}
+	lines := []string{fmt.Sprintf("%s: %d series", expr, len(vec))}
+	for _, s := range vec {
+		lines = append(lines, fmt.Sprintf("  %s = %v", s.Metric, s.Value))
+	}
+	return strings.Join(lines, "\n")
 }
 
 // count returns the number of series expr selects now.

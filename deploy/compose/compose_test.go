@@ -34,7 +34,7 @@ func TestCompose(t *testing.T) {
 		for name := range goServices {
 			want = append(want, name)
 		}
-		for _, name := range []string{"postgres", "rabbitmq", "prometheus", "alertmanager", "grafana"} {
+		for _, name := range []string{"postgres", "rabbitmq", "prometheus", "alertmanager", "grafana", "jaeger"} {
 			want = append(want, name)
 		}
 		require.ElementsMatch(t, want, slices.Collect(maps.Keys(p.Services)))
@@ -256,6 +256,74 @@ func TestCompose(t *testing.T) {
 		}
 		require.NoError(t, json.Unmarshal(b, &dash))
 		require.Equal(t, "outbox-inbox", dash.UID)
+	})
+
+	t.Run("the traced services export OTLP to Jaeger, which keeps and serves their traces", func(t *testing.T) {
+		t.Parallel()
+		p := project(t)
+		jaeger := p.Services["jaeger"]
+		require.Equal(t, "jaegertracing/all-in-one", imageRepo(jaeger.Image))
+		require.NoError(t, pinned(jaeger.Image))
+		require.Equal(t, "true", environment(t, jaeger)["COLLECTOR_OTLP_ENABLED"])
+		require.NotEmpty(t, environment(t, jaeger)["MEMORY_MAX_TRACES"], "spans in memory, bounded")
+		hc := jaeger.HealthCheck
+		require.NotNil(t, hc)
+		require.Equal(t, []string{"CMD", "wget", "-q", "--spider", "http://127.0.0.1:14269/"}, []string(hc.Test), "the admin port's health")
+		ports := listeningPorts(t, p)
+		require.Subset(t, ports["jaeger"], []int{4317, 4318, 16686, 14269})
+
+		var errs []error
+		for _, name := range slices.Sorted(maps.Keys(goServices)) {
+			env := environment(t, p.Services[name])
+			serviceName, traced := tracedServices[name]
+			if !traced {
+				if _, ok := env["OTEL_EXPORTER_OTLP_ENDPOINT"]; ok {
+					errs = append(errs, fmt.Errorf("%s exports spans but is not in tracedServices", name))
+				}
+				continue
+			}
+			endpoint := env["OTEL_EXPORTER_OTLP_ENDPOINT"]
+			tg, err := parseURLTarget(name+" OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+			switch {
+			case err != nil:
+				errs = append(errs, err)
+			case tg.host != "jaeger" || tg.port != 4318:
+				errs = append(errs, fmt.Errorf("%s: OTEL_EXPORTER_OTLP_ENDPOINT=%q, want Jaeger's OTLP/HTTP port, http://jaeger:4318", name, endpoint))
+			}
+			if p := env["OTEL_EXPORTER_OTLP_PROTOCOL"]; p != "http/protobuf" {
+				errs = append(errs, fmt.Errorf("%s: OTEL_EXPORTER_OTLP_PROTOCOL=%q, want http/protobuf (port 4318)", name, p))
+			}
+			if env["OTEL_SERVICE_NAME"] != serviceName {
+				errs = append(errs, fmt.Errorf("%s: OTEL_SERVICE_NAME=%q, want %q", name, env["OTEL_SERVICE_NAME"], serviceName))
+			}
+		}
+		require.NoError(t, errors.Join(errs...))
+	})
+
+	t.Run("Prometheus keeps exemplars and Grafana links them to their traces in Jaeger", func(t *testing.T) {
+		t.Parallel()
+		p := project(t)
+		require.Contains(t, []string(p.Services["prometheus"].Command), "--enable-feature=exemplar-storage")
+
+		byUID := map[string]grafanaDatasource{}
+		for _, ds := range grafanaDatasources(t, p.Services["grafana"]) {
+			require.NotContains(t, byUID, ds.UID, "two datasources with uid %q", ds.UID)
+			byUID[ds.UID] = ds
+		}
+		jaeger, ok := byUID["jaeger"]
+		require.True(t, ok, "a datasource with uid jaeger")
+		require.Equal(t, "jaeger", jaeger.Type)
+		tg, err := parseURLTarget("grafana datasource "+jaeger.Name, jaeger.URL)
+		require.NoError(t, err)
+		require.Equal(t, target{where: tg.where, host: "jaeger", port: 16686}, tg, "Jaeger's query API")
+
+		prom := byUID["prometheus"]
+		require.Equal(t, "prometheus", prom.Type)
+		dests := prom.JSONData.ExemplarTraceIDDestinations
+		require.Len(t, dests, 1, "the Prometheus datasource's exemplarTraceIdDestinations")
+		require.Equal(t, "trace_id", dests[0].Name, "the exemplar label the services write")
+		require.Equal(t, "jaeger", dests[0].DatasourceUID, "an internal link to the Jaeger datasource")
+		require.Empty(t, dests[0].URL)
 	})
 
 	t.Run("every service has a healthcheck that probes what it serves", func(t *testing.T) {

@@ -22,6 +22,11 @@
 //   - Grafana's provisioning folders are mounted and hold the datasource and dashboard
 //     provider files, the providers' paths are mounted dashboards, and the home dashboard is
 //     one of them with uid outbox-inbox;
+//   - the four shop processes export their spans over OTLP/HTTP to the jaeger service
+//     (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_PROTOCOL, OTEL_SERVICE_NAME), which runs
+//     a pinned Jaeger all-in-one with OTLP on and a health probe of its admin port; Prometheus
+//     stores exemplars (--enable-feature=exemplar-storage), and Grafana has the Jaeger
+//     datasource, to which the Prometheus datasource links an exemplar's trace_id;
 //   - every service has a healthcheck, a restart policy and an image with a version tag;
 //     depends_on waits for service_healthy, orders the shop as the queues require and has no
 //     cycle; no two services publish the same host port;

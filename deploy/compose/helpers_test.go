@@ -94,6 +94,14 @@ var thirdPartyImages = map[string]imageFacts{
 		probes: []string{"wget"}, // busybox
 		doc:    "https://github.com/prometheus/alertmanager#docker-images",
 	},
+	"jaegertracing/all-in-one": {
+		// 16686 the UI and query API, 4317 and 4318 OTLP over gRPC and HTTP, 14269 the admin
+		// port (health).
+		ports:  []int{16686, 4317, 4318, 14269},
+		env:    []string{"COLLECTOR_OTLP_ENABLED", "MEMORY_MAX_TRACES", "SPAN_STORAGE_TYPE", "LOG_LEVEL"},
+		probes: []string{"wget"}, // alpine
+		doc:    "https://www.jaegertracing.io/docs/1.62/getting-started/#all-in-one, https://www.jaegertracing.io/docs/1.62/deployment/#collector",
+	},
 	"grafana/grafana": {
 		ports: []int{3000},
 		env: []string{
@@ -117,7 +125,12 @@ var rabbitmqPluginPorts = map[string]int{"rabbitmq_management": 15672, "rabbitmq
 // publishedPorts are the ports a person opens, on 127.0.0.1: README.md lists them.
 var publishedPorts = map[string]int{
 	"grafana": 3000, "prometheus": 9090, "alertmanager": 9093, "rabbitmq": 15672,
-	"orders-api": 8080, "warehouse": 8090,
+	"orders-api": 8080, "warehouse": 8090, "jaeger": 16686,
+}
+
+// tracedServices are the Go services that export spans, by the service name they give.
+var tracedServices = map[string]string{
+	"orders-api": "orders-api", "orders-relay": "orders-relay", "warehouse": "warehouse", "warehouse-relay": "warehouse-relay",
 }
 
 // loadProject loads docker-compose.yml as docker compose would, with env as the environment
@@ -466,10 +479,17 @@ func alertmanagerWebhooks(t *testing.T, svc types.ServiceConfig) []webhook {
 }
 
 type grafanaDatasource struct {
-	Name string `yaml:"name"`
-	UID  string `yaml:"uid"`
-	Type string `yaml:"type"`
-	URL  string `yaml:"url"`
+	Name     string `yaml:"name"`
+	UID      string `yaml:"uid"`
+	Type     string `yaml:"type"`
+	URL      string `yaml:"url"`
+	JSONData struct {
+		ExemplarTraceIDDestinations []struct {
+			Name          string `yaml:"name"`
+			DatasourceUID string `yaml:"datasourceUid"`
+			URL           string `yaml:"url"`
+		} `yaml:"exemplarTraceIdDestinations"`
+	} `yaml:"jsonData"`
 }
 
 // provisioningFiles returns the YAML files of a Grafana provisioning folder (datasources,

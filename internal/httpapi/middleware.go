@@ -81,7 +81,7 @@ func (e Edge) NewRouter() chi.Router {
 // MountOps adds the operations routes to r: GET /healthz (200 {"status":"ok"} while the
 // process answers), /readyz (internal/readiness over checks, each bounded by timeout, 0: its
 // default; 503 with e's Retry-After when one is down) and /metrics (g; nil serves an empty
-// registry).
+// registry; OpenMetrics, with exemplars, to a scraper that accepts it).
 func (e Edge) MountOps(r chi.Router, g prometheus.Gatherer, checks []readiness.Check, timeout time.Duration) {
 	if g == nil {
 		g = prometheus.NewRegistry()
@@ -96,6 +96,9 @@ func (e Edge) MountOps(r chi.Router, g prometheus.Gatherer, checks []readiness.C
 	}))
 	r.Method(http.MethodGet, "/metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{
 		ErrorLog: slog.NewLogLogger(e.log().Handler(), slog.LevelError),
+		// OpenMetrics when the scraper asks for it (Prometheus does): the only format that
+		// carries the latency histograms' exemplars (trace ids).
+		EnableOpenMetrics: true,
 	}))
 }
 

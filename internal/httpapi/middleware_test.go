@@ -166,6 +166,13 @@ func TestEdge(t *testing.T) {
 		require.Equal(t, http.StatusServiceUnavailable, rec.Code)
 		require.Equal(t, "5", rec.Header().Get("Retry-After"))
 		require.Equal(t, http.StatusOK, serve(r, http.MethodGet, "/metrics").Code)
+		// OpenMetrics to a scraper that asks for it (the format that carries exemplars).
+		req := httptest.NewRequest(http.MethodGet, "/metrics", nil)
+		req.Header.Set("Accept", "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5")
+		rec = httptest.NewRecorder()
+		r.ServeHTTP(rec, req)
+		require.Equal(t, http.StatusOK, rec.Code)
+		require.Contains(t, rec.Header().Get("Content-Type"), "application/openmetrics-text")
 	})
 
 	t.Run("Head", func(t *testing.T) {

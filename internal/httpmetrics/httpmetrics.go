@@ -9,6 +9,7 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // RouteUnmatched is the route label of a request no route matched (a 404 or 405 of the
@@ -46,6 +47,10 @@ func New(reg prometheus.Registerer, constLabels prometheus.Labels) (*Metrics, er
 // Middleware records every request once its handler returned, when the route pattern is
 // known. A nil *Metrics records nothing. A request whose handler panicked with
 // http.ErrAbortHandler (the connection is dropped, no answer) is not recorded.
+//
+// A request whose context carries a sampled span (the server span of a tracing middleware
+// that runs before this one, such as otelhttp's) records its trace_id and span_id as the
+// exemplar of its duration; Prometheus sees exemplars only in the OpenMetrics format.
 func (m *Metrics) Middleware(next http.Handler) http.Handler {
 	if m == nil {
 		return next
@@ -64,8 +69,28 @@ func (m *Metrics) Middleware(next http.Handler) http.Handler {
 		}
 		method := methodLabel(r.Method)
 		m.requests.WithLabelValues(route, method, strconv.Itoa(status)).Inc()
-		m.duration.WithLabelValues(route, method).Observe(time.Since(start).Seconds())
+		observe(m.duration.WithLabelValues(route, method), time.Since(start).Seconds(), trace.SpanContextFromContext(r.Context()))
 	})
+}
+
+// Exemplar labels: the trace and span of a request served under a sampled span.
+const (
+	ExemplarTraceID = "trace_id"
+	ExemplarSpanID  = "span_id"
+)
+
+// observe records v on h, with the trace and span ids of sc as its exemplar when sc is
+// sampled. Without a sampled span it is a plain Observe: nothing allocated.
+func observe(h prometheus.Observer, v float64, sc trace.SpanContext) {
+	if sc.IsSampled() {
+		if eo, ok := h.(prometheus.ExemplarObserver); ok {
+			eo.ObserveWithExemplar(v, prometheus.Labels{
+				ExemplarTraceID: sc.TraceID().String(), ExemplarSpanID: sc.SpanID().String(),
+			})
+			return
+		}
+	}
+	h.Observe(v)
 }
 
 // methodLabel bounds the method label: a client can send any token as a method.

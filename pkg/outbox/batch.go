@@ -347,6 +347,7 @@ func (r *Relay) finish(b *batch, prev *batch) (res cycleResult, err error) {
 			spans.outcome(i, OutcomePublished, nil)
 			published = append(published, m.ID.String())
 			result.Published = append(result.Published, m)
+			result.PublishedSpans = spans.appendSampled(result.PublishedSpans, i, len(result.Published))
 			doneAggTypes, doneAggIDs = append(doneAggTypes, m.AggregateType), append(doneAggIDs, m.AggregateID)
 			continue
 		case errors.Is(err, ErrUnavailable):

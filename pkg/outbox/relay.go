@@ -227,6 +227,11 @@ type StateChange struct {
 type BatchResult struct {
 	// Published rows are confirmed by the broker and marked published.
 	Published []Message
+	// PublishedSpans are the span contexts of the Published rows' publish spans, at the same
+	// index (so that a latency histogram can carry the trace id as an exemplar); a row whose
+	// span was not sampled has the zero SpanContext. nil when no span was sampled, as
+	// always without tracing.
+	PublishedSpans []trace.SpanContext
 	// ConfirmedAt is when the broker's confirms arrived.
 	ConfirmedAt time.Time
 	// Failed rows counted an attempt; Dead ones among them will not be retried.

@@ -253,6 +253,26 @@ func (bs *batchSpans) sendHeaders(i int, m Message) map[string]string {
 	return bs.headers[i]
 }
 
+// appendSampled appends the context of message i's publish span to scs, the span contexts
+// of the n-1 messages published before it, when that span is sampled or scs is already
+// kept; scs stays nil (nothing allocated) while no span is sampled.
+func (bs *batchSpans) appendSampled(scs []trace.SpanContext, i, n int) []trace.SpanContext {
+	if bs == nil {
+		return scs
+	}
+	sc := bs.spans[i].SpanContext()
+	if !sc.IsSampled() {
+		if scs == nil {
+			return nil
+		}
+		return append(scs, trace.SpanContext{})
+	}
+	if scs == nil {
+		scs = make([]trace.SpanContext, n-1, len(bs.spans))
+	}
+	return append(scs, sc)
+}
+
 // sent marks the moment the batch went to the publisher.
 func (bs *batchSpans) sent(at time.Time) {
 	if bs == nil {

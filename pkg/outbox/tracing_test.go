@@ -230,6 +230,65 @@ func TestTracing(t *testing.T) {
 		require.Equal(t, s.SpanContext().TraceID(), deliveryContext(got.all()[0]).TraceID())
 	})
 
+	t.Run("BatchDone carries the publish spans' contexts, for exemplars", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		tr := newTracing(t)
+		ctx, request := tr.tp.Tracer("test").Start(context.Background(), "request")
+		traced := b.msg("order-1", 1)
+		b.addIn(t, ctx, &traced)
+		request.End()
+		sampler := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.NeverSample()))
+		t.Cleanup(func() { _ = sampler.Shutdown(context.Background()) })
+		ctx, unsampled := sampler.Tracer("test").Start(context.Background(), "request")
+		untraced := b.msg("order-2", 1)
+		b.addIn(t, ctx, &untraced)
+		unsampled.End()
+
+		cfg := tr.config(t) // the SDK's default sampler is parent-based: order-2's publish span is not sampled
+		results := make(chan outbox.BatchResult, 2)
+		cfg.Hooks.BatchDone = func(r outbox.BatchResult) { results <- r }
+		relay, err := outbox.NewRelay(b.pool, b.pub, cfg)
+		require.NoError(t, err)
+		n, err := relay.PublishBatch(context.Background())
+		require.NoError(t, err)
+		require.Equal(t, 2, n)
+
+		r := <-results
+		require.Len(t, r.Published, 2)
+		require.Len(t, r.PublishedSpans, 2)
+		spans := map[string]trace.SpanContext{}
+		for _, s := range tr.publishSpans() {
+			spans[attrs(s)["messaging.message.id"].AsString()] = s.SpanContext()
+		}
+		for i, m := range r.Published {
+			switch m.ID {
+			case traced.ID:
+				require.True(t, r.PublishedSpans[i].IsSampled())
+				require.Equal(t, spans[m.ID.String()], r.PublishedSpans[i], "the publish span's context")
+				require.Equal(t, request.SpanContext().TraceID(), r.PublishedSpans[i].TraceID())
+			case untraced.ID:
+				require.Equal(t, trace.SpanContext{}, r.PublishedSpans[i], "an unsampled span leaves the zero context")
+			}
+		}
+	})
+
+	t.Run("without tracing BatchDone carries no span contexts", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.write(t, b.msg("order-1", 1))
+		cfg := fastConfig(t)
+		results := make(chan outbox.BatchResult, 1)
+		cfg.Hooks.BatchDone = func(r outbox.BatchResult) { results <- r }
+		relay, err := outbox.NewRelay(b.pool, b.pub, cfg)
+		require.NoError(t, err)
+		_, err = relay.PublishBatch(context.Background())
+		require.NoError(t, err)
+		r := <-results
+		require.Len(t, r.Published, 1)
+		require.Nil(t, r.PublishedSpans)
+	})
+
 	t.Run("a failed message's span has the error class", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)

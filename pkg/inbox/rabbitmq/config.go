@@ -218,6 +218,9 @@ type ProcessedMessage struct {
 	Duplicate bool
 	// Duration runs from receipt to acknowledgement.
 	Duration time.Duration
+	// SpanContext is the delivery's process span's context (so that a duration histogram can
+	// carry the trace id as an exemplar); the zero SpanContext when no span was made.
+	SpanContext trace.SpanContext
 }
 
 // HandlerFailure is passed to [Hooks].HandlerError.

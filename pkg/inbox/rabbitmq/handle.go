@@ -273,13 +273,17 @@ func (c *Consumer) processed(s *session, m *message, duplicate bool) {
 		m.log.WarnContext(s.workCtx, "ack after commit failed; the broker will redeliver the message and the inbox will skip it",
 			slog.Any("error", err))
 	}
+	var sc trace.SpanContext
+	if m.span != nil {
+		sc = m.span.SpanContext()
+	}
 	if duplicate {
 		m.endSpan(OutcomeDuplicate, nil)
 	} else {
 		m.endSpan(OutcomeProcessed, nil)
 	}
 	if h := c.cfg.Hooks.Processed; h != nil {
-		h(ProcessedMessage{Consumer: c.cfg.Name, Type: m.d.Type, Duplicate: duplicate, Duration: time.Since(m.start)})
+		h(ProcessedMessage{Consumer: c.cfg.Name, Type: m.d.Type, Duplicate: duplicate, Duration: time.Since(m.start), SpanContext: sc})
 	}
 	switch {
 	case m.held:

@@ -147,6 +147,39 @@ func TestTracing(t *testing.T) {
 		require.Equal(t, 1, b.effects(t, "m-1"))
 	})
 
+	t.Run("Processed carries the process span's context, for exemplars", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		tr := newTracing(t)
+		cfg := tr.config(b, tr.workHandler)
+		processed := make(chan rabbitmq.ProcessedMessage, 2)
+		cfg.Hooks.Processed = func(e rabbitmq.ProcessedMessage) { processed <- e }
+		b.run(t, cfg)
+		msg, _ := tr.tracedMessage("m-1")
+		b.publish(t, msg)
+		b.publish(t, msg) // a duplicate: its own process span
+		for range 2 {
+			e := <-processed
+			require.True(t, e.SpanContext.IsSampled())
+			found := false // the hook runs once the span ended
+			for _, s := range tr.named("process") {
+				found = found || s.SpanContext().Equal(e.SpanContext)
+			}
+			require.True(t, found, "the context of a process span")
+		}
+	})
+
+	t.Run("without tracing Processed carries no span context", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		cfg := b.config(recordEffect)
+		processed := make(chan rabbitmq.ProcessedMessage, 1)
+		cfg.Hooks.Processed = func(e rabbitmq.ProcessedMessage) { processed <- e }
+		b.run(t, cfg)
+		b.publish(t, jsonMessage("m-1"))
+		require.False(t, (<-processed).SpanContext.IsValid())
+	})
+
 	t.Run("a delivery without trace headers starts a new trace", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)

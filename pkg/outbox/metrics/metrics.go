@@ -12,6 +12,12 @@
 // The package measures the broker-neutral core only and imports no broker adapter: the
 // RabbitMQ publisher's own metrics (its connection) are in rabbitmq/rabbitmqmetrics.
 // Everything is registered on the [prometheus.Registerer] passed in; nothing is global.
+//
+// outbox_commit_to_confirm_seconds carries exemplars: a row published under a sampled
+// publish span ([outbox.BatchResult].PublishedSpans) records its trace_id and span_id with
+// its observation. Prometheus only sees them when /metrics is served as OpenMetrics
+// (promhttp.HandlerOpts.EnableOpenMetrics).
+//
 // The metric names are listed in docs/metrics.md of the outboxshop repository.
 package metrics
 
@@ -23,6 +29,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxshop/outboxshop/pkg/outbox"
 )
@@ -133,8 +140,13 @@ func (m *Relay) observe(b outbox.BatchResult) {
 	if n := len(b.Published); n > 0 {
 		m.published.Add(float64(n))
 		m.lastPublish.Set(float64(b.ConfirmedAt.UnixNano()) / 1e9)
-		for _, msg := range b.Published {
-			m.latency.Observe(b.ConfirmedAt.Sub(msg.CreatedAt).Seconds())
+		for i, msg := range b.Published {
+			v := b.ConfirmedAt.Sub(msg.CreatedAt).Seconds()
+			if i < len(b.PublishedSpans) {
+				observe(m.latency, v, b.PublishedSpans[i])
+			} else {
+				m.latency.Observe(v)
+			}
 		}
 	}
 	for _, f := range b.Failed {
@@ -151,6 +163,26 @@ func (m *Relay) observe(b outbox.BatchResult) {
 	if b.Deferred > 0 { // refused by the broker (nacks): retried later, no attempt counted
 		m.errors.WithLabelValues(ReasonNacked).Add(float64(b.Deferred))
 	}
+}
+
+// Exemplar labels: the trace and span of an observation made under a sampled span.
+const (
+	ExemplarTraceID = "trace_id"
+	ExemplarSpanID  = "span_id"
+)
+
+// observe records v on h, with the trace and span ids of sc as its exemplar when sc is
+// sampled. Without a sampled span it is a plain Observe: nothing allocated.
+func observe(h prometheus.Observer, v float64, sc trace.SpanContext) {
+	if sc.IsSampled() {
+		if eo, ok := h.(prometheus.ExemplarObserver); ok {
+			eo.ObserveWithExemplar(v, prometheus.Labels{
+				ExemplarTraceID: sc.TraceID().String(), ExemplarSpanID: sc.SpanID().String(),
+			})
+			return
+		}
+	}
+	h.Observe(v)
 }
 
 func (m *Relay) setState(s outbox.State) {

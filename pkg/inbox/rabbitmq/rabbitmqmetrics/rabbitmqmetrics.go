@@ -7,12 +7,18 @@
 // registers both, with the same constant labels. Everything is registered on the
 // [prometheus.Registerer] passed in; nothing is global. The metric names are listed in
 // docs/metrics.md of the outboxshop repository.
+//
+// inbox_handler_duration_seconds carries exemplars: a delivery handled under a sampled
+// process span ([rabbitmq.ProcessedMessage].SpanContext) records its trace_id and span_id
+// with its observation. Prometheus only sees them when /metrics is served as OpenMetrics
+// (promhttp.HandlerOpts.EnableOpenMetrics).
 package rabbitmqmetrics
 
 import (
 	"slices"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxshop/outboxshop/pkg/inbox"
 	"github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
@@ -113,6 +119,26 @@ func (m *Consumer) SetPoolSize(consumer string, s rabbitmq.PoolSize) {
 	m.shortfall.WithLabelValues(consumer).Set(float64(s.Shortfall()))
 }
 
+// Exemplar labels: the trace and span of an observation made under a sampled span.
+const (
+	ExemplarTraceID = "trace_id"
+	ExemplarSpanID  = "span_id"
+)
+
+// observe records v on h, with the trace and span ids of sc as its exemplar when sc is
+// sampled. Without a sampled span it is a plain Observe: nothing allocated.
+func observe(h prometheus.Observer, v float64, sc trace.SpanContext) {
+	if sc.IsSampled() {
+		if eo, ok := h.(prometheus.ExemplarObserver); ok {
+			eo.ObserveWithExemplar(v, prometheus.Labels{
+				ExemplarTraceID: sc.TraceID().String(), ExemplarSpanID: sc.SpanID().String(),
+			})
+			return
+		}
+	}
+	h.Observe(v)
+}
+
 func (m *Consumer) typ(t string) string {
 	if slices.Contains(m.known, t) {
 		return t
@@ -131,7 +157,7 @@ func (m *Consumer) Hooks(h rabbitmq.Hooks) rabbitmq.Hooks {
 		} else {
 			m.processed.WithLabelValues(e.Consumer, t).Inc()
 		}
-		m.duration.WithLabelValues(e.Consumer, t).Observe(e.Duration.Seconds())
+		observe(m.duration.WithLabelValues(e.Consumer, t), e.Duration.Seconds(), e.SpanContext)
 		if processed != nil {
 			processed(e)
 		}
