@@ -411,7 +411,9 @@ func (k *nodeKill) killAndRecover(ctx context.Context, e *Env, conn *pgx.Conn, n
 	}
 	e.Healed("node %s restarted (down %.1fs, back in %.1fs); the API took %d orders while it was down",
 		node, restartAt.Sub(killedAt).Seconds(), time.Since(restartAt).Seconds(), taken)
-	if taken == 0 {
+	// On a slow machine the second kill may come near the end of the load: orders are
+	// required only while the load was placing them.
+	if loadEnd := e.LoadStart.Add(e.Load); taken == 0 && killedAt.Add(time.Second).Before(loadEnd) {
 		e.Fail("the API took no order while node %s was down", node)
 	}
 	return nil
