@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -35,6 +36,16 @@ func (d *Deliveries) Add(messageID, routingKey string) {
 	d.byID[messageID]++
 	d.byKey[routingKey]++
 	d.total++
+}
+
+// AddFirst counts a delivery only if messageID was not delivered before.
+func (d *Deliveries) AddFirst(messageID, routingKey string) {
+	d.mu.Lock()
+	seen := d.byID[messageID] > 0
+	d.mu.Unlock()
+	if !seen {
+		d.Add(messageID, routingKey)
+	}
 }
 
 // DeliveryCounts summarises [Deliveries].
@@ -78,15 +89,20 @@ func (d *Deliveries) Counts() DeliveryCounts {
 // it counts was published twice.
 //
 // On a cluster it is given every node: the queue is then a quorum queue, which outlives the
-// node it was declared on, and the observer reconnects to the next node of its list.
+// node it was declared on, and the observer reconnects to the next node of its list. When
+// the queue's leader dies before an automatic acknowledgement is committed, the new leader
+// delivers the message again, marked redelivered: such a delivery counts only if its id was
+// never seen.
 type observer struct {
 	urls     []string
 	next     int // the index in urls of the next node to dial
 	exchange string
-	counts   Deliveries
-	log      *slog.Logger
-	cancel   context.CancelFunc
-	done     chan struct{}
+	// redelivered counts the deliveries the broker marked as redelivered.
+	redelivered atomic.Int64
+	counts      Deliveries
+	log         *slog.Logger
+	cancel      context.CancelFunc
+	done        chan struct{}
 }
 
 // startObserver declares the exchange (as the services do) and the observer queue, binds
@@ -171,6 +187,15 @@ func (o *observer) consume(ctx context.Context, deliveries <-chan amqp.Delivery)
 			id := d.MessageId
 			if id == "" {
 				id = "(no message id)"
+			}
+			if d.Redelivered {
+				// The broker delivers again what it may have delivered before: on a cluster,
+				// a quorum queue whose leader died before the automatic acknowledgement was
+				// committed. It counts only if the first delivery never arrived; a message
+				// published twice arrives twice as new.
+				o.redelivered.Add(1)
+				o.counts.AddFirst(id, d.RoutingKey)
+				continue
 			}
 			o.counts.Add(id, d.RoutingKey)
 		}

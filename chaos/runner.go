@@ -258,6 +258,9 @@ func runScenario(ctx context.Context, sc Scenario, opts Options, say func(phase,
 		fail("observer queue did not drain: %v", err)
 	}
 	e.Counts = obs.counts.Counts()
+	if n := obs.redelivered.Load(); n > 0 {
+		e.Saw("%d deliveries to the observer were redeliveries by the broker (its queue's leader changed), not publishes", n)
+	}
 	scr.stop(ctx)
 	e.Result.Retries, e.Result.Replays, e.Result.Duplicates, e.Result.Acknowledged = result.Retries, result.Replays, result.Duplicates, acked
 	o.Statuses = report.ByStatus
