@@ -14,12 +14,12 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // TestScenarios runs every scenario against the local target, as `make chaos` does: private
-// PostgreSQL servers and a private RabbitMQ node, the service binaries built fresh, about six
+// PostgreSQL servers and a private RabbitMQ node, the service binaries built fresh, about seven
 // minutes in all. Without initdb or rabbitmq-server it skips, saying so; under CI=true that
 // is a failure instead. -short skips it.
 func TestScenarios(t *testing.T) {
 	if testing.Short() {
-		t.Skip("-short: the chaos scenarios take about six minutes; run them with make chaos")
+		t.Skip("-short: the chaos scenarios take about seven to ten minutes; run them with make chaos")
 	}
 	if missing := MissingTools(); len(missing) > 0 {
 		msg := "the chaos scenarios need " + strings.Join(missing, ", ") + " (the local target starts private servers)"

@@ -230,6 +230,9 @@ func (c *Compose) StartShop(ctx context.Context, spec ShopSpec) (Endpoints, erro
 	if spec.OrdersStandby {
 		return Endpoints{}, fmt.Errorf("a standby of the orders database: %w (run the scenario with -target local)", ErrUnsupported)
 	}
+	if spec.BrokerCluster {
+		return Endpoints{}, fmt.Errorf("a RabbitMQ cluster: %w (run the scenario with -target local)", ErrUnsupported)
+	}
 	if err := c.writeOverride(spec.Failpoints, spec.Settings); err != nil {
 		return Endpoints{}, err
 	}
@@ -398,6 +401,21 @@ func (c *Compose) Restart(ctx context.Context, comp Component) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	return poll(ctx, 250*time.Millisecond, func() (bool, error) { return tcpAnswers(addr), nil })
+}
+
+// KillBrokerNode implements Target: the compose stack runs one broker node.
+func (c *Compose) KillBrokerNode(_ context.Context, node string) error {
+	return fmt.Errorf("kill broker node %s: %w", node, ErrUnsupported)
+}
+
+// RestartBrokerNode implements Target: the compose stack runs one broker node.
+func (c *Compose) RestartBrokerNode(_ context.Context, node string) error {
+	return fmt.Errorf("restart broker node %s: %w", node, ErrUnsupported)
+}
+
+// BrokerClusterState implements Target: the compose stack runs one broker node.
+func (c *Compose) BrokerClusterState(context.Context) ([]BrokerNodeState, error) {
+	return nil, fmt.Errorf("broker cluster state: %w", ErrUnsupported)
 }
 
 // Promote implements Target: the compose stack has no standby.

@@ -288,6 +288,18 @@ func TestComposeOperations(t *testing.T) {
 		require.ErrorIs(t, b.target.Kill(ctx, WarehouseDB), ErrUnsupported)
 	})
 
+	t.Run("TheBrokerClusterIsLocalOnly", func(t *testing.T) {
+		t.Parallel()
+		b := setupCompose(t, nil)
+		_, err := b.target.StartShop(ctx, ShopSpec{Name: "x", BrokerCluster: true})
+		require.ErrorIs(t, err, ErrUnsupported)
+		require.ErrorContains(t, err, "-target local")
+		require.ErrorIs(t, b.target.KillBrokerNode(ctx, "rabbit@mq-0"), ErrUnsupported)
+		require.ErrorIs(t, b.target.RestartBrokerNode(ctx, "rabbit@mq-0"), ErrUnsupported)
+		_, err = b.target.BrokerClusterState(ctx)
+		require.ErrorIs(t, err, ErrUnsupported)
+	})
+
 	t.Run("PauseStopStart", func(t *testing.T) {
 		t.Parallel()
 		b := setupCompose(t, nil)

@@ -20,7 +20,8 @@
 // binaries, starts private PostgreSQL servers and a private RabbitMQ node on spare ports, and
 // supervises the service processes (four, or more when a scenario asks for [Replica]s), and
 // gives the orders database a synchronous standby when a scenario asks for one
-// ([ShopSpec].OrdersStandby);
+// ([ShopSpec].OrdersStandby), and the broker three nodes of a cluster of its own
+// ([ShopSpec].BrokerCluster);
 // [Compose] drives the docker compose stack.
 //
 // # Running

@@ -71,6 +71,9 @@ type localShop struct {
 	// ordersPair is the orders database's primary and standby when the shop asked for a
 	// standby (ShopSpec.OrdersStandby); nil otherwise.
 	ordersPair *pgPair
+	// cluster is the shop's three-node broker when the shop asked for one
+	// (ShopSpec.BrokerCluster); nil otherwise: the target's node, through the proxy.
+	cluster *rabbitCluster
 }
 
 // baseService is the service a process is a replica of ("orders-relay-2" → orders-relay).
@@ -326,6 +329,21 @@ func (l *Local) StartShop(ctx context.Context, spec ShopSpec) (Endpoints, error)
 		ports[s] = p
 	}
 	brokerURL := fmt.Sprintf("amqp://guest:guest@%s/", l.brokerProxy.Addr())
+	observedURL := l.rabbit.URL()
+	var clusterURLs, clusterNodes []string
+	if spec.BrokerCluster {
+		l.mu.Lock()
+		l.shop = shop // so that StopShop removes the cluster, also when starting it fails
+		l.mu.Unlock()
+		cluster, err := startRabbitCluster(ctx, filepath.Join(shop.dir, "rabbitmq"), "chaos"+strconv.Itoa(os.Getpid())+id)
+		shop.cluster = cluster
+		if err != nil {
+			return Endpoints{}, err
+		}
+		// The processes reach the nodes directly: the proxy stands before the one node only.
+		clusterURLs, clusterNodes = cluster.URLs(), cluster.names()
+		brokerURL, observedURL = strings.Join(clusterURLs, ","), clusterURLs[0]
+	}
 	addr := func(s Service) string { return "127.0.0.1:" + strconv.Itoa(ports[s]) }
 	// Each process names itself to PostgreSQL (application_name), so that a scenario can tell
 	// its sessions in pg_stat_activity.
@@ -371,7 +389,7 @@ func (l *Local) StartShop(ctx context.Context, spec ShopSpec) (Endpoints, error)
 		}
 		if s == OrdersAPI {
 			// The stock consumer's queue exists once the orders API consumes it.
-			if err := waitQueueConsumed(ctx, l.rabbit.URL(), "orders.stock"); err != nil {
+			if err := waitQueueConsumed(ctx, observedURL, "orders.stock"); err != nil {
 				return Endpoints{}, err
 			}
 		}
@@ -383,7 +401,8 @@ func (l *Local) StartShop(ctx context.Context, spec ShopSpec) (Endpoints, error)
 	return Endpoints{
 		OrdersURL: "http://" + addr(OrdersAPI), StockURL: "http://" + addr(Warehouse),
 		OrdersDB: ordersURL, WarehouseDB: l.warehouse.URL(shop.warehouseDB),
-		AMQPURL: l.rabbit.URL(), Metrics: metrics, OrdersDBServers: ordersServers,
+		AMQPURL: observedURL, Metrics: metrics, OrdersDBServers: ordersServers,
+		AMQPURLs: clusterURLs, BrokerNodes: clusterNodes,
 	}, nil
 }
 
@@ -654,6 +673,9 @@ func (l *Local) StopShop(ctx context.Context) error {
 	wg.Wait()
 	l.brokerProxy.Heal()
 	var errs []error
+	if shop.cluster != nil {
+		errs = append(errs, shop.cluster.remove(ctx))
+	}
 	if shop.ordersPair != nil {
 		errs = append(errs, shop.ordersPair.remove(ctx))
 	} else if l.ordersPG.running() {

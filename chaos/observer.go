@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -35,6 +36,16 @@ func (d *Deliveries) Add(messageID, routingKey string) {
 	d.byID[messageID]++
 	d.byKey[routingKey]++
 	d.total++
+}
+
+// AddFirst counts a delivery only if messageID was not delivered before.
+func (d *Deliveries) AddFirst(messageID, routingKey string) {
+	d.mu.Lock()
+	seen := d.byID[messageID] > 0
+	d.mu.Unlock()
+	if !seen {
+		d.Add(messageID, routingKey)
+	}
 }
 
 // DeliveryCounts summarises [Deliveries].
@@ -76,18 +87,31 @@ func (d *Deliveries) Counts() DeliveryCounts {
 // away (the queue is durable, so nothing published meanwhile is missed). It consumes with
 // automatic acknowledgement: a delivery is never repeated by the broker, so every duplicate
 // it counts was published twice.
+//
+// On a cluster it is given every node: the queue is then a quorum queue, which outlives the
+// node it was declared on, and the observer reconnects to the next node of its list. When
+// the queue's leader dies before an automatic acknowledgement is committed, the new leader
+// delivers the message again, marked redelivered: such a delivery counts only if its id was
+// never seen.
 type observer struct {
-	url, exchange string
-	counts        Deliveries
-	log           *slog.Logger
-	cancel        context.CancelFunc
-	done          chan struct{}
+	urls     []string
+	next     int // the index in urls of the next node to dial
+	exchange string
+	// redelivered counts the deliveries the broker marked as redelivered.
+	redelivered atomic.Int64
+	counts      Deliveries
+	log         *slog.Logger
+	cancel      context.CancelFunc
+	done        chan struct{}
 }
 
 // startObserver declares the exchange (as the services do) and the observer queue, binds
 // it, and starts consuming; events published after it returns are all seen.
-func startObserver(ctx context.Context, url, exchange string, log *slog.Logger) (*observer, error) {
-	o := &observer{url: url, exchange: exchange, log: log, done: make(chan struct{})}
+func startObserver(ctx context.Context, urls []string, exchange string, log *slog.Logger) (*observer, error) {
+	if len(urls) == 0 {
+		return nil, fmt.Errorf("observer: no broker URL")
+	}
+	o := &observer{urls: urls, exchange: exchange, log: log, done: make(chan struct{})}
 	conn, deliveries, err := o.connect(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("observer: %w", err)
@@ -99,16 +123,22 @@ func startObserver(ctx context.Context, url, exchange string, log *slog.Logger) 
 }
 
 func (o *observer) connect(ctx context.Context) (*amqp.Connection, <-chan amqp.Delivery, error) {
-	conn, err := dialAMQP(ctx, o.url)
+	url := o.urls[o.next%len(o.urls)]
+	o.next++
+	conn, err := dialAMQP(ctx, url)
 	if err != nil {
 		return nil, nil, err
+	}
+	var args amqp.Table
+	if len(o.urls) > 1 {
+		args = amqp.Table{amqp.QueueTypeArg: amqp.QueueTypeQuorum}
 	}
 	ch, err := conn.Channel()
 	if err == nil {
 		err = ch.ExchangeDeclare(o.exchange, amqp.ExchangeTopic, true, false, false, false, nil)
 	}
 	if err == nil {
-		_, err = ch.QueueDeclare(observerQueue, true, false, false, false, nil)
+		_, err = ch.QueueDeclare(observerQueue, true, false, false, false, args)
 	}
 	if err == nil {
 		err = ch.QueueBind(observerQueue, "#", o.exchange, false, nil)
@@ -158,6 +188,15 @@ func (o *observer) consume(ctx context.Context, deliveries <-chan amqp.Delivery)
 			if id == "" {
 				id = "(no message id)"
 			}
+			if d.Redelivered {
+				// The broker delivers again what it may have delivered before: on a cluster,
+				// a quorum queue whose leader died before the automatic acknowledgement was
+				// committed. It counts only if the first delivery never arrived; a message
+				// published twice arrives twice as new.
+				o.redelivered.Add(1)
+				o.counts.AddFirst(id, d.RoutingKey)
+				continue
+			}
 			o.counts.Add(id, d.RoutingKey)
 		}
 	}
@@ -167,10 +206,15 @@ func (o *observer) consume(ctx context.Context, deliveries <-chan amqp.Delivery)
 func (o *observer) drain(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	empty := 0
+	empty, i := 0, 0
 	return poll(ctx, 100*time.Millisecond, func() (bool, error) {
-		q, err := inspectQueue(ctx, o.url, observerQueue)
-		if err != nil || q.Messages > 0 {
+		url := o.urls[i%len(o.urls)]
+		i++ // the next poll asks another node: the one asked may be down
+		q, err := inspectQueue(ctx, url, observerQueue)
+		if err != nil {
+			return false, nil // that node is down, or the queue has no leader yet
+		}
+		if q.Messages > 0 {
 			empty = 0
 			return false, nil
 		}
@@ -182,4 +226,13 @@ func (o *observer) drain(ctx context.Context) error {
 func (o *observer) stop() {
 	o.cancel()
 	<-o.done
+}
+
+// observerURLs are the nodes the observer may use: every node of a cluster, else the one
+// broker.
+func observerURLs(eps Endpoints) []string {
+	if len(eps.AMQPURLs) > 0 {
+		return eps.AMQPURLs
+	}
+	return []string{eps.AMQPURL}
 }

@@ -120,7 +120,8 @@ func runScenario(ctx context.Context, sc Scenario, opts Options, say func(phase,
 	t := opts.Target
 
 	say("starting", sc.Summary)
-	spec := ShopSpec{Name: sc.Name, Settings: sc.Settings, Replicas: sc.Replicas, OrdersStandby: sc.OrdersStandby}
+	spec := ShopSpec{Name: sc.Name, Settings: sc.Settings, Replicas: sc.Replicas, OrdersStandby: sc.OrdersStandby,
+		BrokerCluster: sc.BrokerCluster}
 	if len(sc.Settings) > 0 {
 		say("starting", "settings "+strings.Join(sc.Settings, " "))
 	}
@@ -162,7 +163,7 @@ func runScenario(ctx context.Context, sc Scenario, opts Options, say func(phase,
 	}
 	defer warehouseDB.Close()
 
-	obs, err := startObserver(ctx, eps.AMQPURL, eventsExchange, opts.Logger)
+	obs, err := startObserver(ctx, observerURLs(eps), eventsExchange, opts.Logger)
 	if err != nil {
 		fail("%v", err)
 		return o
@@ -257,6 +258,9 @@ func runScenario(ctx context.Context, sc Scenario, opts Options, say func(phase,
 		fail("observer queue did not drain: %v", err)
 	}
 	e.Counts = obs.counts.Counts()
+	if n := obs.redelivered.Load(); n > 0 {
+		e.Saw("%d deliveries to the observer were redeliveries by the broker (its queue's leader changed), not publishes", n)
+	}
 	scr.stop(ctx)
 	e.Result.Retries, e.Result.Replays, e.Result.Duplicates, e.Result.Acknowledged = result.Retries, result.Replays, result.Duplicates, acked
 	o.Statuses = report.ByStatus

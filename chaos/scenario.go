@@ -35,6 +35,8 @@ type Scenario struct {
 	// OrdersStandby gives the orders database a synchronous standby (see
 	// [ShopSpec].OrdersStandby).
 	OrdersStandby bool
+	// BrokerCluster runs the broker as a three-node cluster (see [ShopSpec].BrokerCluster).
+	BrokerCluster bool
 }
 
 // Env is what a scenario's Inject and Check work with.

@@ -72,6 +72,10 @@ type ShopSpec struct {
 	// target_session_attrs=read-write): Kill(OrdersDB) then kills the primary, and
 	// Promote(OrdersDB) promotes the standby. Only the local target supports it.
 	OrdersStandby bool
+	// BrokerCluster runs the broker as a cluster of three nodes (quorum queues replicated on
+	// all three) and gives every service process the three nodes' URLs: KillBrokerNode and
+	// RestartBrokerNode then act on one node. Only the local target supports it.
+	BrokerCluster bool
 }
 
 // Processes lists the shop's processes in start order: the four services, then the extra
@@ -114,6 +118,23 @@ type Endpoints struct {
 	// OrdersDBServers are the URLs of the orders database on each server alone, the primary
 	// first, when it has a standby (ShopSpec.OrdersStandby); empty otherwise.
 	OrdersDBServers []string
+	// AMQPURLs are the URLs of every node when the broker is a cluster (ShopSpec.BrokerCluster),
+	// in the order of BrokerNodes; empty otherwise. AMQPURL is then the first of them.
+	AMQPURLs []string
+	// BrokerNodes are the cluster's Erlang node names ("chaos123n1@localhost"); empty
+	// without a cluster.
+	BrokerNodes []string
+}
+
+// BrokerNodeState is what one node of a broker cluster does, as the cluster reports it.
+type BrokerNodeState struct {
+	// Node is the Erlang node name.
+	Node string
+	// Leads lists the quorum queues the node leads.
+	Leads []string
+	// Clients lists the client-provided names of the connections to the node
+	// ("orders-relay", "outboxshop inbox warehouse"…).
+	Clients []string
 }
 
 // Death is a service process that ended without the runner asking.
@@ -166,6 +187,13 @@ type Target interface {
 	// Promote makes the standby of a database component its primary (pg_ctl promote) and
 	// returns once it takes writes.
 	Promote(ctx context.Context, c Component) error
+	// KillBrokerNode SIGKILLs one node of the broker cluster (ShopSpec.BrokerCluster) and
+	// returns once it is gone; RestartBrokerNode starts it again and returns once it accepts
+	// connections. BrokerClusterState asks a running node which node leads which queue and
+	// which clients are connected where.
+	KillBrokerNode(ctx context.Context, node string) error
+	RestartBrokerNode(ctx context.Context, node string) error
+	BrokerClusterState(ctx context.Context) ([]BrokerNodeState, error)
 	// CutNetwork drops the services' broker connections and refuses new ones until
 	// HealNetwork; DelayNetwork holds every chunk between them and the broker for d.
 	CutNetwork(ctx context.Context) error
