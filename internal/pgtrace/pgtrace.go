@@ -79,6 +79,11 @@ func end(ctx context.Context, err error, attrs ...attribute.KeyValue) {
 
 // TraceQueryStart starts the span of a query (Query, QueryRow, Exec).
 func (t *Tracer) TraceQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	// Every query of the pool comes here, the relay's polls and claims included: outside
+	// traced work it returns before describe's regular expression and allocations.
+	if !trace.SpanContextFromContext(ctx).IsValid() {
+		return ctx
+	}
 	name, attrs := describe(data.SQL)
 	return t.start(ctx, conn, name, attrs...)
 }
@@ -123,7 +128,8 @@ var target = regexp.MustCompile(`(?i)\b(?:from|into|update)\s+((?:"[^"]+"|[a-z_]
 func describe(sql string) (string, []attribute.KeyValue) {
 	text := strings.TrimSpace(sql)
 	if len(text) > maxQueryText {
-		text = text[:maxQueryText]
+		// Cut on a character boundary: a span attribute must be valid UTF-8.
+		text = strings.ToValidUTF8(text[:maxQueryText], "")
 	}
 	attrs := []attribute.KeyValue{semconv.DBQueryText(text)}
 	op := operation(text)

@@ -129,6 +129,16 @@ type Telemetry struct {
 	sdk      *sdktrace.TracerProvider // nil when off
 }
 
+// FromEnv reads [Env] from environ (nil: the process's environment) and returns [New]'s
+// tracing for service: what a service's main calls.
+func FromEnv(ctx context.Context, environ map[string]string, service string) (*Telemetry, error) {
+	e, err := LoadEnv(environ)
+	if err != nil {
+		return nil, err
+	}
+	return New(ctx, e, service)
+}
+
 // New returns the tracing of service (its default service.name) as e configures it. When
 // e is not [Env.Enabled], it builds nothing and cannot fail. Otherwise it builds the OTLP
 // exporter of e's protocol, which reads its endpoint and other settings from the

@@ -84,11 +84,7 @@ func run(args []string) error {
 	if mode == "" {
 		return app.Migrate(ctx, cfg, log)
 	}
-	tenv, err := telemetry.LoadEnv(nil)
-	if err != nil {
-		return err
-	}
-	tel, err := telemetry.New(ctx, tenv, app.ServiceName)
+	tel, err := telemetry.FromEnv(ctx, nil, app.ServiceName)
 	if err != nil {
 		return err
 	}

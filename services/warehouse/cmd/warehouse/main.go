@@ -119,11 +119,7 @@ func serve(ctx context.Context, cfg app.Config, mode app.Mode, environ map[strin
 	if err != nil {
 		return fmt.Errorf("%s: %w", failpoint.EnvVar, err)
 	}
-	tenv, err := telemetry.LoadEnv(environ)
-	if err != nil {
-		return err
-	}
-	tel, err := telemetry.New(ctx, tenv, app.ServiceName)
+	tel, err := telemetry.FromEnv(ctx, environ, app.ServiceName)
 	if err != nil {
 		return err
 	}
