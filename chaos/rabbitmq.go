@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -144,11 +145,20 @@ func (s *rabbitServer) start(ctx context.Context) error {
 
 	ctx, cancel := context.WithTimeout(ctx, 90*time.Second)
 	defer cancel()
-	err = poll(ctx, 250*time.Millisecond, func() (bool, error) {
-		select {
-		case <-proc.exited:
-			return false, fmt.Errorf("rabbitmq node %s exited at start-up: %s", s.node, tail(logPath, 20))
-		default:
+	return s.waitAMQP(ctx)
+}
+
+// waitAMQP waits until the node accepts an AMQP connection: after its start, or after a
+// join_cluster restarted its application. A node whose process exits meanwhile fails it at
+// once.
+func (s *rabbitServer) waitAMQP(ctx context.Context) error {
+	err := poll(ctx, 250*time.Millisecond, func() (bool, error) {
+		if s.proc != nil {
+			select {
+			case <-s.proc.exited:
+				return false, errors.New("the node exited")
+			default:
+			}
 		}
 		if !tcpAnswers(s.addr()) {
 			return false, nil
@@ -161,7 +171,7 @@ func (s *rabbitServer) start(ctx context.Context) error {
 		return true, nil
 	})
 	if err != nil {
-		return fmt.Errorf("rabbitmq: wait for node %s: %w", s.node, err)
+		return fmt.Errorf("rabbitmq: wait for node %s: %w: %s", s.node, err, tail(s.logPath(), 20))
 	}
 	return nil
 }

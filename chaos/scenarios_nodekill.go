@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	amqp "github.com/rabbitmq/amqp091-go"
 )
 
 // ---- the three-node RabbitMQ cluster (local target) ----
@@ -84,22 +83,6 @@ func startRabbitCluster(ctx context.Context, dir, prefix string) (*rabbitCluster
 		}
 	}
 	return c, nil
-}
-
-// waitAMQP waits until the node accepts an AMQP connection.
-func (s *rabbitServer) waitAMQP(ctx context.Context) error {
-	err := poll(ctx, 200*time.Millisecond, func() (bool, error) {
-		conn, err := amqp.DialConfig(s.URL(), amqp.Config{Dial: amqp.DefaultDial(2 * time.Second)})
-		if err != nil {
-			return false, nil
-		}
-		_ = conn.Close()
-		return true, nil
-	})
-	if err != nil {
-		return fmt.Errorf("rabbitmq: wait for node %s: %w: %s", s.node, err, tail(s.logPath(), 20))
-	}
-	return nil
 }
 
 // URLs are the nodes' AMQP URLs, in node order.
