@@ -1,7 +1,6 @@
 package e2e_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -9,7 +8,6 @@ import (
 	"net/http"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -29,24 +27,6 @@ import (
 	ordersapp "github.com/outboxshop/outboxshop/services/orders/app"
 	warehouseapp "github.com/outboxshop/outboxshop/services/warehouse/app"
 )
-
-// syncBuffer is a bytes.Buffer that goroutines write to concurrently (a log's output).
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // spans is what the shop's tracer providers exported, read back for the assertions.
 type spans []tracetest.SpanStub
@@ -129,7 +109,7 @@ func TestOrderTrace(t *testing.T) {
 	}
 	global := otel.GetTracerProvider()
 	// The warehouse logs as cmd/ sets it up (internal/logging): with the trace's ids.
-	var logs syncBuffer
+	var logs lockedBuffer
 	wlog := slog.New(logging.NewTraceHandler(slog.NewJSONHandler(&logs, nil)))
 	s := startShopWith(t,
 		ordersapp.Options{TracerProvider: provider("orders")},
