@@ -103,6 +103,7 @@ func TestFailover(t *testing.T) {
 		t.Logf("the relay's outage: %v", outages)
 		mu.Unlock()
 
+		pair.WaitReplayed(t)
 		standby, err := pgx.Connect(ctx, pair.Standby.URL("outbox_failover"))
 		require.NoError(t, err)
 		defer standby.Close(ctx)

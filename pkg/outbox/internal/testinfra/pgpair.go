@@ -219,7 +219,35 @@ func (p *PostgresPair) CreateDatabase(t testing.TB, db string) string {
 	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{db}.Sanitize()); err != nil {
 		t.Fatalf("create database %s: %v", db, err)
 	}
+	p.WaitReplayed(t)
 	return p.URL(db)
+}
+
+// WaitReplayed returns once the standby has applied all it has received. A synchronous
+// commit returns when the standby has the commit on disk, not when a query there sees it
+// (synchronous_commit=on, not remote_apply: a failover needs only the first); a test that
+// reads the standby while it is still a standby calls this first, with the primary alive or
+// dead. The promotion itself replays all that was received before taking writes.
+func (p *PostgresPair) WaitReplayed(t testing.TB) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, p.Standby.URL("postgres"))
+	if err != nil {
+		t.Fatalf("connect to the standby: %v", err)
+	}
+	defer conn.Close(ctx)
+	for {
+		var caughtUp bool
+		err := conn.QueryRow(ctx, `SELECT pg_last_wal_replay_lsn() >= pg_last_wal_receive_lsn()`).Scan(&caughtUp)
+		if err == nil && caughtUp {
+			return
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("the standby did not replay what it received (%v): %s", err, p.Standby.logTail())
+		}
+		time.Sleep(20 * time.Millisecond) // polling the standby's startup process
+	}
 }
 
 // KillPrimary SIGKILLs the primary, postmaster and backends at once, as a crash would, and
