@@ -42,14 +42,21 @@ rename() {
 	fi
 }
 
-# tidy_clean DIR: `go mod tidy -diff` prints nothing and exits 0.
+# tidy_clean DIR: `go mod tidy -diff` prints no diff and exits 0. Its diff is on stdout; its
+# stderr is kept apart, since on a machine with a cold module cache it reports every module it
+# downloads there ("go: downloading ..."), which is no diff.
 tidy_clean() {
-	local out
-	if ! out=$(cd "$1" && go mod tidy -diff 2>&1) || [[ -n "$out" ]]; then
-		echo "adoptcheck: go.mod/go.sum in $1 are not tidy:" >&2
+	local out errf rc=0
+	errf=$(mktemp)
+	out=$(cd "$1" && go mod tidy -diff 2>"$errf") || rc=$?
+	if [[ $rc -ne 0 || -n "$out" ]]; then
+		echo "adoptcheck: go.mod/go.sum in $1 are not tidy (go mod tidy -diff exited $rc):" >&2
 		echo "$out" >&2
+		grep -v '^go: downloading ' "$errf" >&2 || true
+		rm -f "$errf"
 		return 1
 	fi
+	rm -f "$errf"
 }
 
 # Pass 1: each library alone.
