@@ -38,6 +38,18 @@ type Publisher interface {
 	Publish(ctx context.Context, msgs []Message) []error
 }
 
+// ConcurrentPublisher is a [Publisher] that serves several Publish calls at once (the
+// RabbitMQ publisher with more than one connection). A relay with [Config].InFlightBatches
+// above 1 then sends each batch as soon as it is claimed, while the confirms of the batches
+// before it are still coming, instead of after them: see the package documentation's
+// Pipelining section. Any other Publisher is given one batch at a time by each relay.
+type ConcurrentPublisher interface {
+	Publisher
+	// ConcurrentPublishes is how many Publish calls it serves at once: 1 or more, the same
+	// for its whole life. A call beyond that waits for one to end, within its deadline.
+	ConcurrentPublishes() int
+}
+
 var (
 	// ErrUnavailable marks a connection-level failure: the broker cannot be reached, or does
 	// not take messages now.

@@ -39,8 +39,8 @@
 // # Deadlines
 //
 // The deadline of the context given to Publish (the relay passes its PublishTimeout) bounds
-// every step: the wait for the publisher (it serialises callers; a caller whose deadline
-// passes first gives up), dialling and the AMQP handshake, opening a channel and running
+// every step: the wait for a free connection (a caller beyond [Config].Connections waits; one
+// whose deadline passes first gives up), dialling and the AMQP handshake, opening a channel and running
 // [Config].Setup, socket writes, and the confirms. amqp091-go writes to the socket
 // synchronously and without a deadline, so a broker that stops reading (a resource alarm, a
 // black-holed network) would hold a write for ever: when the deadline passes with the call
@@ -62,6 +62,22 @@
 // used, so every reconnect is visible here and in [Hooks]). A channel the broker closed over
 // one message is replaced by a new channel on the same connection: a message's fault never
 // costs a reconnect.
+//
+// # Concurrent batches
+//
+// With [Config].Connections above 1, the publisher serves that many Publish calls at once,
+// each on an AMQP connection of its own, with its own channel, confirms and deadline: a relay
+// with several batches in flight (outbox.Config.InFlightBatches) sends its next batch while
+// the confirms of the one before are still coming, so the broker is never idle between
+// batches. A connection each, not a channel each: amqp091-go writes every frame of a
+// connection under one lock, and a call whose deadline passes closes its socket (see
+// Deadlines), which on a shared connection would fail the other calls' batches too. So a
+// connection that hangs or is lost costs only the batch on it; the others go on, and each
+// connection reconnects on its own. A resource alarm blocks every connection that publishes,
+// so each call finds its own connection blocked and returns outbox.ErrUnavailable.
+// [Hooks].Connected reports each connection's changes with its index and how many are open.
+// The publisher is an outbox.ConcurrentPublisher; with one connection (the default) it is
+// used one batch at a time.
 //
 // # Several brokers
 //
@@ -111,12 +127,15 @@ var (
 // errNacked is what a nacked message gets: both sentinels, so that errors.Is finds either.
 var errNacked = fmt.Errorf("%w (%w)", ErrNacked, outbox.ErrRefused)
 
-var _ outbox.Publisher = (*Publisher)(nil)
+var _ outbox.ConcurrentPublisher = (*Publisher)(nil)
 
 // Defaults for [Config].
 const (
 	DefaultConnectionName = "outbox-relay"
 	DefaultDialTimeout    = 5 * time.Second
+	// MaxConnections is the largest [Config].Connections: as many as a relay has batches in
+	// flight at most (outbox.MaxInFlightBatches).
+	MaxConnections = outbox.MaxInFlightBatches
 )
 
 // Config configures a [Publisher].
@@ -133,6 +152,12 @@ type Config struct {
 	// DialTimeout bounds connecting to one broker (within the caller's deadline), and closing
 	// a connection in [Publisher.Close]. Default 5s ([DefaultDialTimeout]).
 	DialTimeout time.Duration
+	// Connections is how many Publish calls the publisher serves at once, each on an AMQP
+	// connection of its own (see "Concurrent batches" in the package documentation). Give
+	// it the relay's outbox.Config.InFlightBatches, so that a relay sends its next batch
+	// while the confirms of the one before are still coming. Default 1: batches are sent
+	// one after the other. At most [MaxConnections].
+	Connections int
 	// MaxBodyBytes is the broker's max_message_size, when known: a larger body is reported
 	// as outbox.Permanent wrapping outbox.ErrTooLarge and never sent. 0 (the default) checks
 	// nothing here; RabbitMQ then refuses such a message by closing the channel, and the
@@ -148,8 +173,9 @@ type Config struct {
 }
 
 // Hooks are optional callbacks for metrics. They are called inside the Publish or Close that
-// saw the change, while it holds the publisher: a hook must return quickly and must not call
-// the Publisher (a Close from a hook waits for itself for ever). A hook's panic goes on in
+// saw the change, while it holds one of the publisher's connections, one call at a time: a
+// hook must return quickly and must not call the Publisher (a Close from a hook waits for
+// itself for ever). A hook's panic goes on in
 // the caller of Publish (the relay's Run). Each takes one event struct, so that an event can
 // gain fields without breaking a hook (the inbox consumer's hooks have the same shape).
 type Hooks struct {
@@ -160,8 +186,14 @@ type Hooks struct {
 
 // ConnectionChange is passed to [Hooks].Connected.
 type ConnectionChange struct {
-	// Up is true when the publisher has a connection.
+	// Up is true when the connection came up, false when it went down or could not be
+	// opened.
 	Up bool
+	// Connection is which of the publisher's [Config].Connections changed, from 0.
+	Connection int
+	// Open is how many of the publisher's connections are open after this change: the
+	// publisher can send while it is above 0.
+	Open int
 	// Err is why the connection went down or could not be opened; nil when it came up or
 	// was closed by [Publisher.Close].
 	Err error
@@ -171,20 +203,32 @@ type ConnectionChange struct {
 	Broker string
 }
 
-// Publisher publishes batches of outbox messages on one channel. It is safe for concurrent
-// use; batches are sent one after the other, and a caller waits for its turn only until its
-// context's deadline.
+// Publisher publishes batches of outbox messages, each on one channel. It is safe for
+// concurrent use: it serves up to [Config].Connections batches at once, each on a connection
+// of its own, and a caller waits for a free connection only until its context's deadline.
 type Publisher struct {
 	cfg     Config
 	brokers *brokers
-
-	// turn holds a token while a Publish or Close runs: a channel rather than a mutex, so
+	lanes   []*lane
+	// free holds the lanes no Publish or Close is using: a channel rather than a mutex, so
 	// that a caller can stop waiting when its deadline passes.
-	turn chan struct{}
+	free chan *lane
+
+	// hookMu orders the lanes' connection changes: open and the Connected hook's calls.
+	hookMu sync.Mutex
+	open   int
+}
+
+// lane is one connection of a Publisher, with its channel: the holder of the lane (taken
+// from Publisher.free) owns every field but guard's.
+type lane struct {
+	p       *Publisher
+	id      int
+	cfg     *Config
+	brokers *brokers
 	// guard closes the socket in use when the current caller's deadline passes.
 	guard guard
 
-	// Owned by the holder of the turn.
 	sess *session
 	ch   *channel
 	up   bool
@@ -218,6 +262,9 @@ type channel struct {
 // New returns a Publisher. It does not connect: the first Publish does.
 func New(cfg Config) (*Publisher, error) {
 	b, errs := parseBrokers(cfg.URL, cfg.URLs)
+	if cfg.Connections < 0 || cfg.Connections > MaxConnections {
+		errs = append(errs, fmt.Errorf("connections must be between 0 (default 1) and %d, got %d", MaxConnections, cfg.Connections))
+	}
 	if cfg.MaxBodyBytes < 0 {
 		errs = append(errs, fmt.Errorf("max body bytes must be >= 0 (0 checks nothing), got %d", cfg.MaxBodyBytes))
 	}
@@ -229,17 +276,37 @@ func New(cfg Config) (*Publisher, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	cfg.Connections = max(cfg.Connections, 1)
 	cfg.URLs = slices.Clone(cfg.URLs)
-	return &Publisher{cfg: cfg, brokers: b, turn: make(chan struct{}, 1)}, nil
+	p := &Publisher{cfg: cfg, brokers: b, free: make(chan *lane, cfg.Connections)}
+	for i := range cfg.Connections {
+		l := &lane{p: p, id: i, cfg: &p.cfg, brokers: b}
+		p.lanes = append(p.lanes, l)
+		p.free <- l
+	}
+	return p, nil
 }
 
-// Close closes the connection, after the Publish under way, if any, returned. A later
-// Publish connects again.
+// Close closes the connections, each after the Publish under way on it, if any, returned. A
+// later Publish connects again.
 func (p *Publisher) Close() error {
-	p.turn <- struct{}{}
-	defer func() { <-p.turn }()
-	return p.closeSession(time.Now().Add(p.cfg.DialTimeout), nil)
+	taken := make([]*lane, 0, len(p.lanes))
+	for range p.lanes {
+		taken = append(taken, <-p.free)
+	}
+	var errs []error
+	for _, l := range taken {
+		errs = append(errs, l.closeSession(time.Now().Add(p.cfg.DialTimeout), nil))
+	}
+	for _, l := range taken {
+		p.free <- l
+	}
+	return errors.Join(errs...)
 }
+
+// ConcurrentPublishes returns [Config].Connections: how many Publish calls the publisher
+// serves at once (see outbox.ConcurrentPublisher).
+func (p *Publisher) ConcurrentPublishes() int { return len(p.lanes) }
 
 // MessagingSystem returns "rabbitmq", the messaging.system attribute of the relay's publish
 // spans (see outbox.Config.MessagingSystem).
@@ -261,28 +328,33 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) []error 
 		return errs
 	}
 
-	if !p.takeTurn(ctx) {
-		fill(errs, send, fmt.Errorf("%w: the deadline passed while another batch had the publisher: %v", outbox.ErrNotSent, ctx.Err()))
+	l := p.takeLane(ctx)
+	if l == nil {
+		fill(errs, send, fmt.Errorf("%w: the deadline passed while other batches had every connection of the publisher: %v", outbox.ErrNotSent, ctx.Err()))
 		return errs
 	}
-	defer func() { <-p.turn }()
+	defer func() { p.free <- l }()
+	return l.publish(ctx, msgs, send, errs)
+}
 
-	disarm := p.guard.arm(ctx)
+// publish sends msgs[send] on the lane; errs already holds the others' outcomes.
+func (l *lane) publish(ctx context.Context, msgs []outbox.Message, send []int, errs []error) []error {
+	disarm := l.guard.arm(ctx)
 	var hung bool // the broker left confirms owed until the deadline
 	defer func() {
 		if disarm() || hung {
 			// The deadline closed the socket mid-call, or passed with confirms owed: a
 			// broker that does not answer holds this connection (a channel.close on it
 			// would hang too), so the next call starts on a new one.
-			_ = p.closeSession(time.Now(), fmt.Errorf("publish deadline: %w", ctx.Err()))
+			_ = l.closeSession(time.Now(), fmt.Errorf("publish deadline: %w", ctx.Err()))
 		}
 	}()
 
-	if err := p.ensureChannel(ctx); err != nil {
-		fill(errs, send, p.unavailable(ctx, err))
+	if err := l.ensureChannel(ctx); err != nil {
+		fill(errs, send, unavailable(ctx, err))
 		return errs
 	}
-	frameMax := p.sess.conn.Config.FrameSize
+	frameMax := l.sess.conn.Config.FrameSize
 	kept := send[:0]
 	for _, i := range send {
 		if err := fitsFrame(msgs[i], frameMax); err != nil {
@@ -296,33 +368,34 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) []error 
 		return errs
 	}
 
-	a := p.attempt(ctx, msgs, send, errs)
+	a := l.attempt(ctx, msgs, send, errs)
 	hung = a.timedOut
 	switch {
 	case len(a.unsettled) == 0:
 	case a.isolate():
-		p.isolate(ctx, msgs, a.unsettled, errs, a.closeErr)
+		l.isolate(ctx, msgs, a.unsettled, errs, a.closeErr)
 	default:
 		fill(errs, a.unsettled, a.unavailable)
 	}
 	return errs
 }
 
-// takeTurn waits for the publisher until ctx ends, and reports whether the caller has it.
-func (p *Publisher) takeTurn(ctx context.Context) bool {
+// takeLane waits for a free lane until ctx ends; nil if none came in time.
+func (p *Publisher) takeLane(ctx context.Context) *lane {
 	if ctx.Err() != nil {
-		return false
+		return nil
 	}
+	var l *lane
 	select {
-	case p.turn <- struct{}{}:
+	case l = <-p.free:
 	case <-ctx.Done():
-		return false
+		return nil
 	}
-	if ctx.Err() != nil { // both were ready, and select took the turn
-		<-p.turn
-		return false
+	if ctx.Err() != nil { // both were ready, and select took the lane
+		p.free <- l
+		return nil
 	}
-	return true
+	return l
 }
 
 // validate returns outbox.Permanent with the reason if m can never be published: it fails
@@ -392,8 +465,8 @@ func (a attemptResult) isolate() bool {
 
 // attempt publishes msgs[idx] on the current channel, waits for their confirms, and sets
 // errs for every message the broker settled: acked (nil or unroutable) or nacked.
-func (p *Publisher) attempt(ctx context.Context, msgs []outbox.Message, idx []int, errs []error) attemptResult {
-	c, s := p.ch, p.sess
+func (l *lane) attempt(ctx context.Context, msgs []outbox.Message, idx []int, errs []error) attemptResult {
+	c, s := l.ch, l.sess
 	confirms := make([]*amqp.DeferredConfirmation, len(idx))
 	returned := map[string]string{}
 	returns := c.returns // nil once closed: a closed channel would be read for ever
@@ -503,7 +576,7 @@ wait:
 		}
 	}
 	res.closeErr, res.timedOut = closeErr, timedOut || ctx.Err() != nil && len(res.unsettled) > 0
-	res.connOpen = !s.conn.IsClosed() && !p.guard.hasFired()
+	res.connOpen = !s.conn.IsClosed() && !l.guard.hasFired()
 	if len(res.unsettled) > 0 || nacked {
 		// Confirms or returns may still come for this channel's messages. And a nack may
 		// come from the channel's own view of a queue: RabbitMQ 3.10 nacks every publish of
@@ -541,9 +614,9 @@ wait:
 //
 // The search stops a little before ctx's deadline, so that running out of time leaves the
 // connection open: the guard closes the socket only when the deadline itself passes.
-func (p *Publisher) isolate(ctx context.Context, msgs []outbox.Message, idx []int, errs []error, first *amqp.Error) {
-	p.cfg.Logger.WarnContext(ctx, "rabbitmq publisher: the broker closed the channel without naming a message; publishing the unconfirmed ones one at a time",
-		"connection_name", p.cfg.ConnectionName, "reason", first, "unconfirmed", len(idx))
+func (l *lane) isolate(ctx context.Context, msgs []outbox.Message, idx []int, errs []error, first *amqp.Error) {
+	l.cfg.Logger.WarnContext(ctx, "rabbitmq publisher: the broker closed the channel without naming a message; publishing the unconfirmed ones one at a time",
+		"connection_name", l.cfg.ConnectionName, "reason", first, "unconfirmed", len(idx))
 	if d, ok := ctx.Deadline(); ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithDeadline(ctx, d.Add(-min(time.Until(d)/10, isolateMargin)))
@@ -557,11 +630,11 @@ func (p *Publisher) isolate(ctx context.Context, msgs []outbox.Message, idx []in
 			fill(errs, some, outOfTime)
 			return attemptResult{}, false
 		}
-		if err := p.ensureChannel(ctx); err != nil {
-			fill(errs, some, p.unavailable(ctx, err))
+		if err := l.ensureChannel(ctx); err != nil {
+			fill(errs, some, unavailable(ctx, err))
 			return attemptResult{}, false
 		}
-		a := p.attempt(ctx, msgs, some, errs)
+		a := l.attempt(ctx, msgs, some, errs)
 		switch {
 		case len(a.unsettled) == 0, a.isolate():
 			return a, true
@@ -582,7 +655,7 @@ func (p *Publisher) isolate(ctx context.Context, msgs []outbox.Message, idx []in
 			}
 			if len(a.unsettled) > 0 {
 				errs[i] = refusal(a.closeErr)
-				p.cfg.Logger.WarnContext(ctx, "rabbitmq publisher: the broker refused a message",
+				l.cfg.Logger.WarnContext(ctx, "rabbitmq publisher: the broker refused a message",
 					"message_id", msgs[i].ID, "message_type", msgs[i].Type, "aggregate_id", msgs[i].AggregateID, "error", errs[i])
 				refused = k
 				break
@@ -616,7 +689,7 @@ func refusal(e *amqp.Error) error {
 }
 
 // unavailable wraps a failure to get a channel.
-func (p *Publisher) unavailable(ctx context.Context, err error) error {
+func unavailable(ctx context.Context, err error) error {
 	if ctx.Err() != nil {
 		return fmt.Errorf("%w: %v (deadline: %v)", outbox.ErrUnavailable, err, ctx.Err())
 	}
@@ -687,49 +760,49 @@ func contentHeaderFrameSize(m outbox.Message) int {
 
 // ensureChannel makes sure p.ch is an open, fresh confirm-mode channel, connecting if needed.
 // It sends nothing while the broker blocks the connection.
-func (p *Publisher) ensureChannel(ctx context.Context) error {
-	if p.sess != nil && p.sess.conn.IsClosed() {
-		_ = p.closeSession(time.Now(), errors.New("connection closed"))
+func (l *lane) ensureChannel(ctx context.Context) error {
+	if l.sess != nil && l.sess.conn.IsClosed() {
+		_ = l.closeSession(time.Now(), errors.New("connection closed"))
 	}
-	if p.sess == nil {
-		if err := p.connect(ctx); err != nil {
-			p.setUp(false, err)
+	if l.sess == nil {
+		if err := l.connect(ctx); err != nil {
+			l.setUp(false, err)
 			return fmt.Errorf("connect: %w", err)
 		}
-		p.setUp(true, nil)
+		l.setUp(true, nil)
 	}
-	if reason, blocked := p.sess.isBlocked(); blocked {
+	if reason, blocked := l.sess.isBlocked(); blocked {
 		// It reads nothing from this connection until it unblocks it.
 		return fmt.Errorf("the broker blocks the connection: %s", reason)
 	}
-	if p.ch != nil && (p.ch.stale || p.ch.ch.IsClosed()) {
-		_ = p.ch.ch.Close() // an RPC (nothing to do if closed already): the guard bounds it
-		p.ch = nil
+	if l.ch != nil && (l.ch.stale || l.ch.ch.IsClosed()) {
+		_ = l.ch.ch.Close() // an RPC (nothing to do if closed already): the guard bounds it
+		l.ch = nil
 	}
-	if p.ch != nil {
+	if l.ch != nil {
 		return nil
 	}
-	c, err := p.openChannel()
+	c, err := l.openChannel()
 	if err != nil {
-		if p.sess.conn.IsClosed() || p.guard.hasFired() {
-			_ = p.closeSession(time.Now(), err)
+		if l.sess.conn.IsClosed() || l.guard.hasFired() {
+			_ = l.closeSession(time.Now(), err)
 		}
 		return err
 	}
-	p.ch = c
+	l.ch = c
 	return nil
 }
 
 // connect dials the brokers in turn within ctx's deadline, each within DialTimeout.
-func (p *Publisher) connect(ctx context.Context) error {
+func (l *lane) connect(ctx context.Context) error {
 	var deadline time.Time
 	if d, ok := ctx.Deadline(); ok {
 		deadline = d
 	}
 	props := amqp.NewConnectionProperties()
-	props.SetClientConnectionName(p.cfg.ConnectionName)
+	props.SetClientConnectionName(l.cfg.ConnectionName)
 	var s *session
-	conn, i, err := p.brokers.dial(deadline, p.cfg.DialTimeout, func() bool { return ctx.Err() != nil || p.guard.hasFired() },
+	conn, i, err := l.brokers.dial(deadline, l.cfg.DialTimeout, func() bool { return ctx.Err() != nil || l.guard.hasFired() },
 		func(url string, deadline time.Time) (*amqp.Connection, error) {
 			s = &session{changed: make(chan struct{}, 1), watched: make(chan struct{})}
 			conn, err := amqp.DialConfig(url, amqp.Config{
@@ -747,7 +820,7 @@ func (p *Publisher) connect(ctx context.Context) error {
 						return nil, err
 					}
 					s.raw = raw
-					p.guard.use(raw)
+					l.guard.use(raw)
 					return raw, nil
 				},
 			})
@@ -757,15 +830,15 @@ func (p *Publisher) connect(ctx context.Context) error {
 			return conn, err
 		})
 	if err != nil {
-		p.broker = ""
+		l.broker = ""
 		return fmt.Errorf("dial: %w", err)
 	}
-	broker := p.brokers.names[i]
-	p.broker = broker
+	broker := l.brokers.names[i]
+	l.broker = broker
 	s.conn, s.broker = conn, broker
 	blocks := conn.NotifyBlocked(make(chan amqp.Blocking, 4))
-	go s.watchBlocked(blocks, p.cfg.Logger.With("connection_name", p.cfg.ConnectionName, "broker", broker))
-	p.sess = s
+	go s.watchBlocked(blocks, l.cfg.Logger.With("connection_name", l.cfg.ConnectionName, "broker", broker))
+	l.sess = s
 	return nil
 }
 
@@ -795,16 +868,16 @@ func (s *session) isBlocked() (reason string, blocked bool) {
 	return s.blockedReason, s.blocked
 }
 
-func (p *Publisher) openChannel() (*channel, error) {
-	ch, err := p.sess.conn.Channel()
+func (l *lane) openChannel() (*channel, error) {
+	ch, err := l.sess.conn.Channel()
 	if err != nil {
 		return nil, fmt.Errorf("open channel: %w", err)
 	}
 	if err := ch.Confirm(false); err != nil {
 		return nil, fmt.Errorf("confirm mode: %w", err)
 	}
-	if p.cfg.Setup != nil {
-		if err := p.cfg.Setup(ch); err != nil {
+	if l.cfg.Setup != nil {
+		if err := l.cfg.Setup(ch); err != nil {
 			_ = ch.Close()
 			return nil, fmt.Errorf("setup: %w", err)
 		}
@@ -819,13 +892,13 @@ func (p *Publisher) openChannel() (*channel, error) {
 
 // closeSession closes the connection, waiting for the broker's answer until deadline, and
 // forgets it. cause is nil for a deliberate close.
-func (p *Publisher) closeSession(deadline time.Time, cause error) error {
-	s := p.sess
-	p.sess, p.ch = nil, nil
+func (l *lane) closeSession(deadline time.Time, cause error) error {
+	s := l.sess
+	l.sess, l.ch = nil, nil
 	if s == nil {
 		return nil
 	}
-	p.broker = s.broker
+	l.broker = s.broker
 	var err error
 	if time.Now().Before(deadline) {
 		err = s.conn.CloseDeadline(deadline)
@@ -841,27 +914,39 @@ func (p *Publisher) closeSession(deadline time.Time, cause error) error {
 	case <-s.watched:
 	case <-time.After(time.Second):
 	}
-	if p.up {
-		p.setUp(false, cause)
+	if l.up {
+		l.setUp(false, cause)
 	}
 	return err
 }
 
-func (p *Publisher) setUp(up bool, cause error) {
-	changed := up != p.up
-	p.up = up
+func (l *lane) setUp(up bool, cause error) {
+	changed := up != l.up
+	l.up = up
 	if changed {
+		attrs := []any{"connection_name", l.cfg.ConnectionName, "broker", l.broker}
+		if l.cfg.Connections > 1 {
+			attrs = append(attrs, "connection", l.id)
+		}
 		switch {
 		case up:
-			p.cfg.Logger.Info("rabbitmq publisher connected", "connection_name", p.cfg.ConnectionName, "broker", p.broker)
+			l.cfg.Logger.Info("rabbitmq publisher connected", attrs...)
 		case cause == nil:
-			p.cfg.Logger.Info("rabbitmq publisher closed its connection", "connection_name", p.cfg.ConnectionName, "broker", p.broker)
+			l.cfg.Logger.Info("rabbitmq publisher closed its connection", attrs...)
 		default:
-			p.cfg.Logger.Warn("rabbitmq publisher disconnected", "connection_name", p.cfg.ConnectionName, "broker", p.broker, "error", cause)
+			l.cfg.Logger.Warn("rabbitmq publisher disconnected", append(attrs, "error", cause)...)
 		}
 	}
-	if h := p.cfg.Hooks.Connected; h != nil && (changed || !up) {
-		h(ConnectionChange{Up: up, Err: cause, Broker: p.broker})
+	p := l.p
+	p.hookMu.Lock()
+	defer p.hookMu.Unlock() // also when the hook panics
+	if changed && up {
+		p.open++
+	} else if changed {
+		p.open--
+	}
+	if h := l.cfg.Hooks.Connected; h != nil && (changed || !up) {
+		h(ConnectionChange{Up: up, Err: cause, Broker: l.broker, Connection: l.id, Open: p.open})
 	}
 }
 
