@@ -21,8 +21,10 @@ type Publisher struct {
 	connected  prometheus.Gauge
 	reconnects prometheus.Counter
 
-	mu            sync.Mutex
-	everConnected bool
+	mu sync.Mutex
+	// everConnected holds the publisher's connections (ConnectionChange.Connection) that
+	// were up once: their next connect is a reconnect.
+	everConnected map[int]bool
 }
 
 // NewPublisher registers the publisher's metrics on reg; constLabels (say,
@@ -34,6 +36,8 @@ func NewPublisher(reg prometheus.Registerer, constLabels prometheus.Labels) (*Pu
 	m := &Publisher{
 		connected:  prometheus.NewGauge(prometheus.GaugeOpts(opts("broker_connected", "1 while the publisher has a broker connection."))),
 		reconnects: prometheus.NewCounter(prometheus.CounterOpts(opts("broker_reconnects_total", "Successful broker connects after the first."))),
+
+		everConnected: map[int]bool{},
 	}
 	for _, c := range []prometheus.Collector{m.connected, m.reconnects} {
 		if err := reg.Register(c); err != nil {
@@ -47,7 +51,7 @@ func NewPublisher(reg prometheus.Registerer, constLabels prometheus.Labels) (*Pu
 func (m *Publisher) Hooks(h rabbitmq.Hooks) rabbitmq.Hooks {
 	connected := h.Connected
 	h.Connected = func(c rabbitmq.ConnectionChange) {
-		m.setConnected(c.Up)
+		m.setConnected(c)
 		if connected != nil {
 			connected(c)
 		}
@@ -55,16 +59,17 @@ func (m *Publisher) Hooks(h rabbitmq.Hooks) rabbitmq.Hooks {
 	return h
 }
 
-func (m *Publisher) setConnected(up bool) {
-	if !up {
-		m.connected.Set(0)
+// setConnected follows one of the publisher's connections: the gauge is 1 while any is
+// open (the publisher calls its hook for one change at a time).
+func (m *Publisher) setConnected(c rabbitmq.ConnectionChange) {
+	m.connected.Set(float64(min(c.Open, 1)))
+	if !c.Up {
 		return
 	}
-	m.connected.Set(1)
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.everConnected {
+	if m.everConnected[c.Connection] {
 		m.reconnects.Inc()
 	}
-	m.everConnected = true
+	m.everConnected[c.Connection] = true
 }

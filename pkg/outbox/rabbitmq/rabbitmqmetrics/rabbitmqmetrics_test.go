@@ -84,6 +84,42 @@ outbox_broker_reconnects_total{service="test"} %d
 	require.Empty(t, problems, "metric naming problems")
 }
 
+// TestPublisherConnections follows a publisher with two connections through its hook: the
+// gauge is 1 while either is open, and each connection's first connect is not a reconnect.
+func TestPublisherConnections(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewPedanticRegistry()
+	m, err := rabbitmqmetrics.NewPublisher(reg, nil)
+	require.NoError(t, err)
+	connected := m.Hooks(rabbitmq.Hooks{}).Connected
+	expect := func(up, reconnects int) {
+		t.Helper()
+		require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(fmt.Sprintf(`
+# HELP outbox_broker_connected 1 while the publisher has a broker connection.
+# TYPE outbox_broker_connected gauge
+outbox_broker_connected %d
+# HELP outbox_broker_reconnects_total Successful broker connects after the first.
+# TYPE outbox_broker_reconnects_total counter
+outbox_broker_reconnects_total %d
+`, up, reconnects))))
+	}
+	for _, step := range []struct {
+		change         rabbitmq.ConnectionChange
+		up, reconnects int
+	}{
+		{rabbitmq.ConnectionChange{Up: true, Connection: 0, Open: 1}, 1, 0},
+		{rabbitmq.ConnectionChange{Up: true, Connection: 1, Open: 2}, 1, 0},  // its first connect
+		{rabbitmq.ConnectionChange{Up: false, Connection: 0, Open: 1}, 1, 0}, // the other is open
+		{rabbitmq.ConnectionChange{Up: false, Connection: 1, Open: 0}, 0, 0},
+		{rabbitmq.ConnectionChange{Up: false, Connection: 1, Open: 0}, 0, 0}, // a failed dial
+		{rabbitmq.ConnectionChange{Up: true, Connection: 1, Open: 1}, 1, 1},
+		{rabbitmq.ConnectionChange{Up: true, Connection: 0, Open: 2}, 1, 2},
+	} {
+		connected(step.change)
+		expect(step.up, step.reconnects)
+	}
+}
+
 // TestImportsOnlyTheAdapter: the adapter's metrics depend on the adapter, and the core's
 // metrics package is not among their dependencies.
 func TestImportsOnlyTheAdapter(t *testing.T) {
