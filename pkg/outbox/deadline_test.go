@@ -28,7 +28,7 @@ func TestRelayBrokerStopsReading(t *testing.T) {
 			u, err := amqp.ParseURI(b.amqpURL)
 			require.NoError(t, err)
 			proxy := testinfra.NewProxy(t, fmt.Sprintf("%s:%d", u.Host, u.Port))
-			pub := newPublisher(t, proxy.RewriteURL(t, b.amqpURL))
+			pub := newPublisherConns(t, proxy.RewriteURL(t, b.amqpURL), c.conns)
 
 			var (
 				mu          sync.Mutex

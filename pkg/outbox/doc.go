@@ -87,10 +87,14 @@
 // InFlightBatches 1 is the serial relay: claim, publish, mark, commit, one batch after the
 // other.
 //
-//   - A relay sends its batches in the order it claimed them, one publish at a time, and
-//     claims them one at a time. It claims ahead only while its claims come back full; after
-//     a partial claim, it lets every batch in flight end before it waits for a notification
-//     or a poll, so a relay never sleeps holding a claim.
+//   - A relay claims its batches one at a time. With a plain [Publisher] it sends them in
+//     the order it claimed them, one publish at a time. With a [ConcurrentPublisher] that
+//     serves several calls at once (the RabbitMQ publisher with several connections, which
+//     the services configure), each batch is sent as soon as it is claimed, beside the ones
+//     still waiting for their confirms, so the broker always has a batch to take. A relay
+//     claims ahead only while its claims come back full; after a partial claim, it lets
+//     every batch in flight end before it waits for a notification or a poll, so a relay
+//     never sleeps holding a claim.
 //   - Order: a batch in flight holds the heads it claimed pending, locked and uncommitted.
 //     The claim of the next batch (of this relay or any other) reads them as pending in its
 //     snapshot, so the rows behind them are not heads and are not claimed; SKIP LOCKED skips
@@ -100,9 +104,11 @@
 //     later, their successors are still not heads, whatever batch N+1 did.
 //   - Each batch's fate is decided alone, in its own transaction, with the rules of the
 //     serial relay (see Guarantees). A batch claimed while the one before it found the broker
-//     unavailable (an outage, a missed deadline, a blocked connection) is not sent: its rows
-//     stay as they were, with no attempt counted, and the relay pauses once every batch in
-//     flight ended. A database failure fails the batch whose statement failed; the relay
+//     unavailable (an outage, a missed deadline, a blocked connection) before its turn came is
+//     not sent: its rows stay as they were, with no attempt counted, and the relay pauses
+//     once every batch in flight ended. (With a ConcurrentPublisher a batch's turn is its
+//     claim, so a batch already out beside the failing one has its own fate, decided by its
+//     own confirms.) A database failure fails the batch whose statement failed; the relay
 //     pauses once the others ended.
 //   - [Config].PublishTimeout counts from a batch's claim: the wait for the batch before it
 //     is part of it, so a claim is never held longer than with the serial relay, and

@@ -42,7 +42,13 @@ func setup(t testing.TB) *bundle {
 
 func newPublisher(t testing.TB, url string) *rabbitmq.Publisher {
 	t.Helper()
-	pub, err := rabbitmq.New(rabbitmq.Config{URL: url, Logger: testLogger(t)})
+	return newPublisherConns(t, url, 1)
+}
+
+// newPublisherConns returns a publisher that sends conns batches at once.
+func newPublisherConns(t testing.TB, url string, conns int) *rabbitmq.Publisher {
+	t.Helper()
+	pub, err := rabbitmq.New(rabbitmq.Config{URL: url, Connections: conns, Logger: testLogger(t)})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pub.Close() })
 	return pub

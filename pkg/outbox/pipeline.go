@@ -126,21 +126,33 @@ func (p *pipeline) abandon() {
 	p.queue = nil
 }
 
-// waitForPrevious waits until prev, the batch claimed before b, was sent, so that a relay
-// sends its batches in the order it claimed them, one publish at a time, and stops sending
-// as soon as one batch finds the broker unavailable. It returns nil when b may be sent, else
-// the error (wrapping [ErrUnavailable]: the broker's, never the messages' fault) that b's
-// rows are left untouched with. The wait counts against b's PublishTimeout.
+// waitForPrevious decides whether b, claimed after prev, is sent. With a Publisher that
+// sends one batch at a time, it waits until prev was sent, so that a relay sends its batches
+// in the order it claimed them; with a [ConcurrentPublisher] it does not wait: b goes out
+// while prev's confirms are still coming (the claim's head rule keeps every aggregate in
+// order, whatever order the batches are sent and confirmed in). Either way, b is not sent if
+// prev found the broker unavailable before b's turn came, so that a relay stops sending as
+// soon as it knows of an outage. It returns nil when b may be sent, else the error (wrapping
+// [ErrUnavailable]: the broker's, never the messages' fault) that b's rows are left
+// untouched with. The wait counts against b's PublishTimeout.
 func (r *Relay) waitForPrevious(b, prev *batch) error {
 	if prev == nil {
 		return nil
 	}
-	t := time.NewTimer(time.Until(b.publishBy))
-	defer t.Stop()
-	select {
-	case <-prev.sent:
-	case <-t.C:
-		return fmt.Errorf("%w: not sent: the publish deadline passed while the batch before it was being sent", ErrUnavailable)
+	if r.concurrentSends {
+		select {
+		case <-prev.sent:
+		default:
+			return nil // prev is being sent: b goes out beside it
+		}
+	} else {
+		t := time.NewTimer(time.Until(b.publishBy))
+		defer t.Stop()
+		select {
+		case <-prev.sent:
+		case <-t.C:
+			return fmt.Errorf("%w: not sent: the publish deadline passed while the batch before it was being sent", ErrUnavailable)
+		}
 	}
 	if prev.brokerDown != nil {
 		return fmt.Errorf("%w: not sent: the batch before it found the broker unavailable: %w", ErrUnavailable, prev.brokerDown)

@@ -174,3 +174,77 @@ func TestBatchAfterABrokerOutage(t *testing.T) {
 	require.Equal(t, 2, pending)
 	require.Zero(t, attempts, "a broker outage costs no attempt")
 }
+
+// twoAtOnce is a ConcurrentPublisher that calls outcome outside its lock, so that one call
+// can be held while another goes through.
+type twoAtOnce struct {
+	scripted
+}
+
+func (p *twoAtOnce) ConcurrentPublishes() int { return 2 }
+
+func (p *twoAtOnce) Publish(_ context.Context, msgs []Message) []error {
+	errs := make([]error, len(msgs))
+	call := make([]string, len(msgs))
+	for i, m := range msgs {
+		call[i] = m.AggregateID + "/" + m.Type
+		errs[i] = p.outcome(m)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.calls = append(p.calls, call)
+	return errs
+}
+
+// TestConcurrentBatchAfterABrokerOutage: with a ConcurrentPublisher, a batch claimed while
+// the one before it is still being sent goes out beside it, and is published on its own
+// confirms though that one then finds the broker unavailable; a batch whose predecessor had
+// already found the broker unavailable is not sent, and costs no attempt.
+func TestConcurrentBatchAfterABrokerOutage(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	release := make(chan struct{})
+	pub := &twoAtOnce{scripted{outcome: func(m Message) error {
+		if m.AggregateID == "a" {
+			<-release // the connection of this batch stalls, then drops
+			return fmt.Errorf("%w: connection closed", ErrUnavailable)
+		}
+		return nil
+	}}}
+	pool, r, write := pipelineSetup(t, pub)
+	require.True(t, r.concurrentSends)
+	write("a", 0)
+	first, err := r.claimNext(ctx)
+	require.NoError(t, err)
+	write("b", 0)
+	second, err := r.claimNext(ctx)
+	require.NoError(t, err)
+
+	type outcome struct {
+		res cycleResult
+		err error
+	}
+	done1 := make(chan outcome, 1)
+	go func() { res, err := r.finish(first, nil); done1 <- outcome{res, err} }()
+	res, err := r.finish(second, first)
+	require.NoError(t, err, "the second batch went out while the first was held")
+	require.Equal(t, 1, res.settled)
+
+	close(release)
+	o := <-done1
+	require.ErrorIs(t, o.err, ErrUnavailable)
+	require.Zero(t, o.res.settled)
+
+	write("c", 0)
+	third, err := r.claimNext(ctx)
+	require.NoError(t, err)
+	require.ElementsMatch(t, []string{"a/E0", "c/E0"}, aggregatesOf(third), "a is pending again, with no backoff")
+	_, err = r.finish(third, first)
+	require.ErrorIs(t, err, ErrUnavailable, "the batch after one that found the broker down is not sent")
+
+	require.ElementsMatch(t, [][]string{{"b/E0"}, {"a/E0"}}, pub.sent(), "the third batch was never sent")
+	var pending, attempts int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*), coalesce(sum(attempts), 0) FROM outbox_messages WHERE published_at IS NULL`).Scan(&pending, &attempts))
+	require.Equal(t, 2, pending, "a and c are pending")
+	require.Zero(t, attempts, "a broker outage costs no attempt")
+}

@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -15,11 +17,13 @@ import (
 )
 
 // inFlightCases are the relays that tests of the relay's guarantees run against: the
-// default, pipelined one, and the serial one.
+// default, pipelined one, which sends its batches at once on as many publisher connections,
+// and the serial one. conns is the connections of the RabbitMQ publisher it is given.
 var inFlightCases = []struct {
 	name     string
 	inFlight int
-}{{"Pipelined", 0}, {"Serial", 1}}
+	conns    int
+}{{"Pipelined", 0, outbox.DefaultInFlightBatches}, {"Serial", 1, 1}}
 
 // TestPipeline holds the pipelined relay (several batches in flight) to the guarantees of
 // the serial one.
@@ -27,9 +31,10 @@ func TestPipeline(t *testing.T) {
 	t.Parallel()
 
 	t.Run("ThreeRelaysTwoBatchesEachKeepAggregateOrder", func(t *testing.T) {
-		// 10,000 rows of 50 aggregates, three relays with two batches in flight each, on the
-		// real broker: the consumer sees each aggregate's rows in write order (by the
-		// sequence number in the body), and each relay did keep two batches in flight.
+		// 10,000 rows of 50 aggregates, three relays with two batches in flight each, sent
+		// at once on two connections, on the real broker: the consumer sees each
+		// aggregate's rows in write order (by the sequence number in the body), and each
+		// relay did keep two batches in flight.
 		t.Parallel()
 		ctx := context.Background()
 		b := setup(t)
@@ -68,7 +73,9 @@ func TestPipeline(t *testing.T) {
 				}
 			}
 			cfg.Hooks.BatchDone = func(outbox.BatchResult) { inFlight.Add(-1) }
-			b.startRelay(t, b.pool, newPublisher(t, b.amqpURL), cfg)
+			// Two connections: each batch goes out as soon as it is claimed, beside the one
+			// before it.
+			b.startRelay(t, b.pool, newPublisherConns(t, b.amqpURL, 2), cfg)
 		}
 		writeRows(perAggregate*3/4, perAggregate)
 
@@ -97,4 +104,76 @@ func TestPipeline(t *testing.T) {
 			require.Equal(t, int32(2), maxInFlight[i].Load(), "relay %d kept two batches in flight", i)
 		}
 	})
+
+	t.Run("ConcurrentPublisherSendsBesideTheBatchBefore", func(t *testing.T) {
+		// The first batch's publish is held until a second one starts: with a
+		// ConcurrentPublisher the relay sends its next batch while the one before waits for
+		// its confirms.
+		t.Parallel()
+		b := setup(t)
+		for i := range 4 {
+			b.write(t, b.msg(fmt.Sprintf("agg-%d", i), 0))
+		}
+		pub := &overlapPublisher{ConcurrentPublisher: newPublisherConns(t, b.amqpURL, 2), second: make(chan struct{})}
+		cfg := fastConfig(t)
+		cfg.InFlightBatches = 2
+		cfg.BatchSize = 2
+		b.startRelay(t, b.pool, pub, cfg)
+		testinfra.Eventually(t, waitFor, func() bool { return b.count(t, "published_at IS NOT NULL") == 4 }, "all rows published")
+		require.EqualValues(t, 2, pub.most.Load(), "two publishes at once")
+		require.Zero(t, b.count(t, "attempts > 0"))
+	})
+
+	t.Run("SerialPublisherOneBatchAtATime", func(t *testing.T) {
+		// The same with a Publisher that is not a ConcurrentPublisher: the relay never
+		// calls it twice at once, though it has two batches in flight.
+		t.Parallel()
+		b := setup(t)
+		for i := range 40 {
+			b.write(t, b.msg(fmt.Sprintf("agg-%d", i), 0))
+		}
+		pub := &overlapPublisher{ConcurrentPublisher: newPublisherConns(t, b.amqpURL, 2), serial: true}
+		cfg := fastConfig(t)
+		cfg.InFlightBatches = 2
+		cfg.BatchSize = 2
+		b.startRelay(t, b.pool, serialOnly{pub}, cfg)
+		testinfra.Eventually(t, waitFor, func() bool { return b.count(t, "published_at IS NOT NULL") == 40 }, "all rows published")
+		require.EqualValues(t, 1, pub.most.Load(), "one publish at a time")
+	})
+}
+
+// overlapPublisher counts the Publish calls under way at once. Unless serial, the first call
+// waits for a second one to start (for 10 s at most) before it publishes.
+type overlapPublisher struct {
+	outbox.ConcurrentPublisher
+	serial     bool
+	second     chan struct{}
+	now, most  atomic.Int32
+	calls      atomic.Int32
+	secondOnce sync.Once
+}
+
+func (p *overlapPublisher) Publish(ctx context.Context, msgs []outbox.Message) []error {
+	n := p.now.Add(1)
+	defer p.now.Add(-1)
+	for m := p.most.Load(); n > m && !p.most.CompareAndSwap(m, n); m = p.most.Load() {
+	}
+	if !p.serial {
+		if p.calls.Add(1) == 1 {
+			select {
+			case <-p.second:
+			case <-time.After(10 * time.Second):
+			}
+		} else {
+			p.secondOnce.Do(func() { close(p.second) })
+		}
+	}
+	return p.ConcurrentPublisher.Publish(ctx, msgs)
+}
+
+// serialOnly hides ConcurrentPublishes: the relay sees a plain Publisher.
+type serialOnly struct{ p outbox.Publisher }
+
+func (s serialOnly) Publish(ctx context.Context, msgs []outbox.Message) []error {
+	return s.p.Publish(ctx, msgs)
 }

@@ -323,11 +323,14 @@ func (c Config) withDefaults() (Config, error) {
 // Relay publishes committed outbox rows to a broker. Several relays may run against one
 // table, in one process or many; see the package documentation for what that guarantees.
 type Relay struct {
-	db     RelayDB
-	pub    Publisher
-	cfg    Config
-	sql    statements // for cfg.Tables
-	tracer trace.Tracer
+	db  RelayDB
+	pub Publisher
+	// concurrentSends: pub is a ConcurrentPublisher serving more than one call at once, so
+	// a batch in flight is sent without waiting for the one before it.
+	concurrentSends bool
+	cfg             Config
+	sql             statements // for cfg.Tables
+	tracer          trace.Tracer
 
 	running atomic.Bool
 	mu      sync.Mutex
@@ -388,6 +391,9 @@ func NewRelay(pool RelayDB, pub Publisher, cfg Config) (*Relay, error) {
 		cfg.MessagingSystem = sn.MessagingSystem()
 	}
 	r := &Relay{db: pool, pub: pub, cfg: cfg, sql: store.sql, state: StateStarting, tracer: cfg.TracerProvider.Tracer(TracerName)}
+	if cp, ok := pub.(ConcurrentPublisher); ok {
+		r.concurrentSends = cp.ConcurrentPublishes() > 1
+	}
 	size := r.PoolSize()
 	if size.Shortfall() > 0 {
 		cfg.Logger.Warn("outbox relay: the pool is smaller than the relay needs; it will wait for connections",

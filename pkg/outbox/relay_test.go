@@ -123,7 +123,7 @@ func TestRelay(t *testing.T) {
 				b := setup(t)
 				got := consume(t, b.amqpURL, b.top.Queue)
 				proxy := testinfra.NewProxy(t, hostPort(t, b.amqpURL))
-				pub := newPublisher(t, proxy.RewriteURL(t, b.amqpURL))
+				pub := newPublisherConns(t, proxy.RewriteURL(t, b.amqpURL), c.conns)
 				var states sync.Map
 				var probes atomic.Int32
 				cfg := fastConfig(t)
