@@ -164,7 +164,8 @@ func (e *env) drain(ctx context.Context, relays, inFlight, rows int, tracing boo
 			return DrainResult{}, err
 		}
 		instances[i].pool = pool
-		pub, err := outboxrabbitmq.New(outboxrabbitmq.Config{URL: e.cfg.AMQPURL, ConnectionName: fmt.Sprintf("bench-%s-relay-%d", e.id, i), Logger: e.log})
+		pub, err := outboxrabbitmq.New(outboxrabbitmq.Config{URL: e.cfg.AMQPURL, ConnectionName: fmt.Sprintf("bench-%s-relay-%d", e.id, i),
+			Connections: inFlight, Logger: e.log})
 		if err != nil {
 			return DrainResult{}, err
 		}

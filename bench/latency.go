@@ -257,7 +257,8 @@ func (rig *latencyRig) run(ctx context.Context, rate int, notify, tracing bool, 
 		return res
 	}
 	defer pool.Close()
-	pub, err := outboxrabbitmq.New(outboxrabbitmq.Config{URL: rig.e.cfg.AMQPURL, ConnectionName: "bench-" + rig.e.id + "-latency-relay", Logger: rig.e.log})
+	pub, err := outboxrabbitmq.New(outboxrabbitmq.Config{URL: rig.e.cfg.AMQPURL, ConnectionName: "bench-" + rig.e.id + "-latency-relay",
+		Connections: outbox.DefaultInFlightBatches, Logger: rig.e.log})
 	if err != nil {
 		res.Err = err
 		return res

@@ -1,6 +1,7 @@
 package service
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -313,12 +314,14 @@ func AddRelay(p *Process, cfg RelayConfig) (readiness.Check, error) {
 	}
 	pcfg := cfg.Publisher
 	pcfg.Logger, pcfg.Hooks = p.Log, publisherMetrics.Hooks(outboxrabbitmq.Hooks{})
+	s := cfg.Settings
+	// A connection per batch in flight: each batch is sent as soon as it is claimed.
+	pcfg.Connections = cmp.Or(pcfg.Connections, s.InFlightBatches, outbox.DefaultInFlightBatches)
 	pub, err := outboxrabbitmq.New(pcfg)
 	if err != nil {
 		return readiness.Check{}, fmt.Errorf("outbox publisher: %w", err)
 	}
 	link := readiness.NewLink("starting")
-	s := cfg.Settings
 	relay, err := outbox.NewRelay(p.Pool(), pub, outbox.Config{
 		BatchSize:       s.BatchSize,
 		PollInterval:    s.PollInterval,

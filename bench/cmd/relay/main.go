@@ -50,7 +50,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	defer pool.Close()
-	pub, err := rabbitmq.New(rabbitmq.Config{URL: *amqpURL, ConnectionName: "bench-relay-process"})
+	pub, err := rabbitmq.New(rabbitmq.Config{URL: *amqpURL, ConnectionName: "bench-relay-process", Connections: outbox.DefaultInFlightBatches})
 	if err != nil {
 		return err
 	}
