@@ -84,8 +84,8 @@ func (e *env) copyBacklog(ctx context.Context, suffix string, rows int) (string,
 // published; the queue is purged as it fills, and must have received every row. The CPU
 // of the bench's process, of the relays' PostgreSQL backends and of the broker is sampled
 // around the same span.
-func (e *env) drain(ctx context.Context, relays, inFlight, rows int, tracing bool) (DrainResult, error) {
-	name, dbURL, top, err := e.copyBacklog(ctx, fmt.Sprintf("drain%d_%d_%t", relays, inFlight, tracing), rows)
+func (e *env) drain(ctx context.Context, relays, inFlight, rows int, tracing Tracing) (DrainResult, error) {
+	name, dbURL, top, err := e.copyBacklog(ctx, fmt.Sprintf("drain%d_%d_%d", relays, inFlight, tracing), rows)
 	if err != nil {
 		return DrainResult{}, err
 	}
@@ -171,8 +171,8 @@ func (e *env) drain(ctx context.Context, relays, inFlight, rows int, tracing boo
 		}
 		instances[i].pub = pub
 		cfg := outbox.Config{BatchSize: e.cfg.BatchSize, InFlightBatches: inFlight, DisableNotify: true, Logger: e.log, Hooks: hooks()}
-		if tracing {
-			tp, prop, shutdown := tracingOn()
+		if tracing != TracingOff {
+			tp, prop, shutdown := tracing.tracer()
 			defer func() { _ = shutdown(context.WithoutCancel(ctx)) }()
 			cfg.TracerProvider, cfg.Propagator = tp, prop
 		}

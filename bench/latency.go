@@ -29,8 +29,8 @@ type LatencyResult struct {
 	Ceiling  bool
 	// Notify is true with LISTEN/NOTIFY wake-ups, false when polling every 100 ms only.
 	Notify bool
-	// Tracing is true when the relay records every span with an OpenTelemetry SDK.
-	Tracing bool
+	// Tracing is how the relay traces.
+	Tracing Tracing
 	// Confirm is commit → broker confirm; Reserved is commit → the warehouse's inbox commit;
 	// Handled is commit → the warehouse's handler starting on it (the part of Reserved spent
 	// on the way and waiting in the queue).
@@ -235,7 +235,7 @@ func (e *env) newLatencyRig(ctx context.Context) (*latencyRig, error) {
 	}
 	// Prime the pipeline: the first orders find cold connections, caches and plans, and the
 	// backlog they leave would otherwise be measured in the first run.
-	if r := rig.run(ctx, 100, true, false, 0, time.Second); r.Err != nil {
+	if r := rig.run(ctx, 100, true, TracingOff, 0, time.Second); r.Err != nil {
 		return nil, fmt.Errorf("prime the pipeline: %w", r.Err)
 	}
 	return rig, nil
@@ -244,7 +244,7 @@ func (e *env) newLatencyRig(ctx context.Context) (*latencyRig, error) {
 // run writes orders at rate for warmup + d with an open-loop pacer (16 writers), through a
 // relay woken by LISTEN/NOTIFY or polling every 100 ms, and measures the orders scheduled
 // after the warm-up.
-func (rig *latencyRig) run(ctx context.Context, rate int, notify, tracing bool, warmup, d time.Duration) LatencyResult {
+func (rig *latencyRig) run(ctx context.Context, rate int, notify bool, tracing Tracing, warmup, d time.Duration) LatencyResult {
 	res := LatencyResult{Rate: rate, Notify: notify, Tracing: tracing}
 	sw := newStopwatch()
 	rig.sw.Store(sw)
@@ -278,8 +278,8 @@ func (rig *latencyRig) run(ctx context.Context, rate int, notify, tracing bool, 
 	if !notify {
 		cfg.DisableNotify, cfg.PollInterval = true, 100*time.Millisecond
 	}
-	if tracing {
-		tp, prop, shutdown := tracingOn()
+	if tracing != TracingOff {
+		tp, prop, shutdown := tracing.tracer()
 		defer func() { _ = shutdown(context.WithoutCancel(ctx)) }()
 		cfg.TracerProvider, cfg.Propagator = tp, prop
 	}

@@ -70,16 +70,16 @@ func BuildTable(r Results) Table {
 	type drainKey struct{ n, inFlight int }
 	drain := map[drainKey]float64{}
 	for _, m := range r.Drain {
-		if m.Err == nil && !m.Tracing {
+		if m.Err == nil && m.Tracing == TracingOff {
 			drain[drainKey{m.N, m.InFlight}] = m.Rate
 		}
 	}
 	for _, m := range r.Drain {
 		row := Row{Item: "3", What: fmt.Sprintf("relay drain of %s rows, %d relay%s, batch %d, %s", FormatCount(s.Backlog), m.N, plural(m.N), r.BatchSize, inFlightText(m.InFlight))}
-		if m.Tracing {
+		if m.Tracing != TracingOff {
 			// The same relay as the row keyed {N, InFlight}, tracing on: its ratio is to that
 			// row, tracing off, and the targets are the tracing-off row's.
-			row.What += ", " + tracingText(true)
+			row.What += ", " + m.Tracing.String()
 			off, ok := drain[drainKey{m.N, m.InFlight}]
 			if m.Err != nil {
 				row.Result = errorCell(m.Err)
@@ -146,7 +146,7 @@ func BuildTable(r Results) Table {
 	// rate (-quick) shows them at its highest rate below it, saying so.
 	targetRate := 0
 	for _, l := range r.Latency {
-		if l.Notify && !l.Tracing && l.Rate <= TargetLatencyRate {
+		if l.Notify && l.Tracing == TracingOff && l.Rate <= TargetLatencyRate {
 			targetRate = max(targetRate, l.Rate)
 		}
 	}
@@ -162,10 +162,10 @@ func BuildTable(r Results) Table {
 		if l.Achieved > 0 {
 			what += fmt.Sprintf(" (achieved %s/s)", FormatCount(int(math.Round(l.Achieved))))
 		}
-		if l.Tracing {
-			what += ", " + tracingText(true)
+		if l.Tracing != TracingOff {
+			what += ", " + l.Tracing.String()
 		}
-		target := l.Notify && !l.Tracing && l.Rate == targetRate
+		target := l.Notify && l.Tracing == TracingOff && l.Rate == targetRate
 		confirm := Row{Item: "5", What: "commit → broker confirm " + what}
 		reserved := Row{Item: "5", What: "commit → warehouse inbox commit " + what}
 		if l.Err != nil {
@@ -183,9 +183,9 @@ func BuildTable(r Results) Table {
 					FormatCount(l.Missing), FormatCount(l.Reserved.N+l.Missing), catchUp)
 			}
 		}
-		if l.Tracing && l.Err == nil {
+		if l.Tracing != TracingOff && l.Err == nil {
 			for _, off := range r.Latency {
-				if off.Notify && !off.Tracing && off.Rate == l.Rate && off.Err == nil {
+				if off.Notify && off.Tracing == TracingOff && off.Rate == l.Rate && off.Err == nil {
 					confirm.Ratio = "tracing off: p99 " + FormatLatency(off.Confirm.P99)
 					reserved.Ratio = "tracing off: p99 " + FormatLatency(off.Reserved.P99)
 				}

@@ -28,7 +28,8 @@ func results() bench.Results {
 			{N: 1, InFlight: 2, DrainResult: bench.DrainResult{Rate: 8_500, Cycles: 2000, Claim: 5 * time.Millisecond,
 				CPU: &bench.CPUUsage{Messages: 200_000, Elapsed: 40 * time.Second, Process: 10 * time.Second, Postgres: 10 * time.Second, Broker: 30 * time.Second, Idle: 0.05}}},
 			{N: 2, InFlight: 2, DrainResult: bench.DrainResult{Rate: 12_000}},
-			{N: 1, InFlight: 2, Tracing: true, DrainResult: bench.DrainResult{Rate: 8_330}},
+			{N: 1, InFlight: 2, Tracing: bench.TracingNoop, DrainResult: bench.DrainResult{Rate: 8_415}},
+			{N: 1, InFlight: 2, Tracing: bench.TracingSDK, DrainResult: bench.DrainResult{Rate: 8_330}},
 		},
 		Peer: &bench.Measured{N: 20_000, Rate: 1000},
 		Latency: []bench.LatencyResult{
@@ -40,7 +41,10 @@ func results() bench.Results {
 				Confirm:  bench.Latencies{N: 40_000, P50: 30 * time.Millisecond, P99: 120 * time.Millisecond, P999: 200 * time.Millisecond},
 				Reserved: bench.Latencies{N: 40_000, P50: 3 * time.Second, P99: 5 * time.Second, P999: 5 * time.Second}},
 			{Rate: 300, Notify: false, Err: errors.New("boom\nsecond line")},
-			{Rate: 300, Notify: true, Tracing: true, Achieved: 299.8,
+			{Rate: 300, Notify: true, Tracing: bench.TracingNoop, Achieved: 299.7,
+				Confirm:  bench.Latencies{N: 6_000, P50: 3 * time.Millisecond, P99: 11 * time.Millisecond, P999: 21 * time.Millisecond},
+				Reserved: bench.Latencies{N: 6_000, P50: 8 * time.Millisecond, P99: 24 * time.Millisecond, P999: 41 * time.Millisecond}},
+			{Rate: 300, Notify: true, Tracing: bench.TracingSDK, Achieved: 299.8,
 				Confirm:  bench.Latencies{N: 6_000, P50: 3 * time.Millisecond, P99: 13 * time.Millisecond, P999: 21 * time.Millisecond},
 				Reserved: bench.Latencies{N: 6_000, P50: 8 * time.Millisecond, P99: 26 * time.Millisecond, P999: 41 * time.Millisecond}},
 		},
@@ -95,14 +99,19 @@ func TestBuildTable(t *testing.T) {
 		require.Equal(t, "75% of A (2 ch)", two.Ratio, "compared with limit A on as many channels; no serial run of two")
 		require.Equal(t, "✗ ≥ 90% of A", two.Target)
 		require.Equal(t, "—", two.CPU, "not measured")
-		tracedConfirm := row(t, tab, "commit → broker confirm @ 300 orders/s, LISTEN/NOTIFY (achieved 300/s), tracing on")
-		require.Equal(t, "tracing off: p99 12.0 ms", tracedConfirm.Ratio)
-		require.Empty(t, tracedConfirm.Target, "the targets are the tracing-off run's")
-		traced := row(t, tab, "batches in flight), tracing on")
-		require.Contains(t, traced.What, "1 relay, batch 100, pipelined (2 batches in flight)")
-		require.Equal(t, "8,330 rows/s", traced.Result)
-		require.Equal(t, "98% of tracing off", traced.Ratio, "against the same relay tracing off, not against A")
-		require.Empty(t, traced.Target)
+		for _, c := range []struct{ mode, drain, ratio string }{
+			{"tracing on the no-op provider", "8,415 rows/s", "99% of tracing off"},
+			{"tracing on (SDK", "8,330 rows/s", "98% of tracing off"},
+		} {
+			tracedConfirm := row(t, tab, "commit → broker confirm @ 300 orders/s, LISTEN/NOTIFY (achieved 300/s), "+c.mode)
+			require.Equal(t, "tracing off: p99 12.0 ms", tracedConfirm.Ratio)
+			require.Empty(t, tracedConfirm.Target, "the targets are the tracing-off run's")
+			traced := row(t, tab, "batches in flight), "+c.mode)
+			require.Contains(t, traced.What, "1 relay, batch 100, pipelined (2 batches in flight)")
+			require.Equal(t, c.drain, traced.Result)
+			require.Equal(t, c.ratio, traced.Ratio, "against the same relay tracing off, not against A")
+			require.Empty(t, traced.Target)
+		}
 		cycle := row(t, tab, "serial relay's cycle")
 		require.Equal(t, "1.00 ms · 12.0 ms · 2.00 ms", cycle.Result)
 		require.Equal(t, "claim 900 µs in the first tenth, 1.10 ms in the last", cycle.Ratio)

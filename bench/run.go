@@ -26,8 +26,8 @@ type Measured struct {
 // relay).
 type DrainMeasured struct {
 	N, InFlight int
-	// Tracing is true for the drain with an OpenTelemetry SDK recording every span.
-	Tracing bool
+	// Tracing is how the relays trace.
+	Tracing Tracing
 	DrainResult
 	Err error
 }
@@ -93,7 +93,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (err error) {
 			if ctx.Err() != nil {
 				break
 			}
-			e.progress("item 3: %d relay(s), %d batch(es) in flight, %s, drain %s rows", v.N, v.InFlight, tracingText(v.Tracing), FormatCount(s.Backlog))
+			e.progress("item 3: %d relay(s), %d batch(es) in flight, %s, drain %s rows", v.N, v.InFlight, v.Tracing, FormatCount(s.Backlog))
 			d, err := DrainResult{}, ferr
 			if err == nil {
 				d, err = e.drain(ctx, v.N, v.InFlight, s.Backlog, v.Tracing)
@@ -203,8 +203,10 @@ func drainVariants(s Sizes, inFlight int) []DrainMeasured {
 	for _, n := range s.Relays {
 		out = append(out, DrainMeasured{N: n, InFlight: inFlight})
 	}
-	// The one pipelined relay again, tracing on: the cost of tracing, against the row above.
-	out = append(out, DrainMeasured{N: 1, InFlight: inFlight, Tracing: true})
+	// The one pipelined relay again, tracing on the no-op provider and on the SDK: the cost
+	// of tracing, against the row above.
+	out = append(out, DrainMeasured{N: 1, InFlight: inFlight, Tracing: TracingNoop},
+		DrainMeasured{N: 1, InFlight: inFlight, Tracing: TracingSDK})
 	return out
 }
 
@@ -231,17 +233,20 @@ func (e *env) latencies(ctx context.Context, s Sizes, limitB []Measured) []Laten
 				out = append(out, LatencyResult{Rate: rate, Ceiling: asked == CeilingRate, Notify: notify, Err: rerr})
 				continue
 			}
-			r := rig.run(ctx, rate, notify, false, s.Warmup, s.RateDuration)
+			r := rig.run(ctx, rate, notify, TracingOff, s.Warmup, s.RateDuration)
 			r.Ceiling = asked == CeilingRate
 			out = append(out, r)
 			e.progress("  confirm %s; reserved %s", resultOrError(FormatLatencies(r.Confirm), r.Err), FormatLatencies(r.Reserved))
 		}
 	}
-	// The target rate again with the relay tracing on: the cost of tracing, against the
-	// same rate tracing off above.
-	if ctx.Err() == nil && err == nil && slices.Contains(s.Rates, TargetLatencyRate) {
-		e.progress("item 5: %d orders/s, LISTEN/NOTIFY, %s", TargetLatencyRate, tracingText(true))
-		r := rig.run(ctx, TargetLatencyRate, true, true, s.Warmup, s.RateDuration)
+	// The target rate again with the relay tracing on the no-op provider and on the SDK:
+	// the cost of tracing, against the same rate tracing off above.
+	for _, tracing := range []Tracing{TracingNoop, TracingSDK} {
+		if ctx.Err() != nil || err != nil || !slices.Contains(s.Rates, TargetLatencyRate) {
+			break
+		}
+		e.progress("item 5: %d orders/s, LISTEN/NOTIFY, %s", TargetLatencyRate, tracing)
+		r := rig.run(ctx, TargetLatencyRate, true, tracing, s.Warmup, s.RateDuration)
 		out = append(out, r)
 		e.progress("  confirm %s; reserved %s", resultOrError(FormatLatencies(r.Confirm), r.Err), FormatLatencies(r.Reserved))
 	}
