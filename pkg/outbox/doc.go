@@ -137,13 +137,17 @@
 //     aggregate; the inbox drops it as a duplicate.
 //   - Rows of different aggregates have no order between them.
 //   - Throughput per aggregate is one row per relay cycle; throughput across aggregates is a
-//     whole batch per cycle, and up to InFlightBatches batches per relay at once. After a cycle that found rows the relay looks again at once
-//     (see Wake-ups), so an aggregate's backlog drains at one row per cycle, not per poll.
+//     whole batch per cycle, and up to InFlightBatches batches per relay at once. After a
+//     cycle that found rows the relay looks again at once (see Wake-ups), so an aggregate's
+//     backlog drains at one row per cycle, not per poll.
 //   - One aggregate's backlog does not slow the others: rows that wait behind an older row
 //     of their aggregate are taken out of the claim's index (the relay's maintenance marks
-//     them, a few thousand per pass, and the row that takes the lead is released when its
-//     predecessor is published or dies), so a claim costs about its batch whatever one
-//     aggregate's backlog. make bench's item 6b measures it.
+//     them among the oldest claimable rows, a few thousand per pass, and the row that takes
+//     the lead is released when its predecessor is published or dies), so a claim costs
+//     about its batch whatever one aggregate's backlog. make bench's item 6b measures it.
+//   - Nor does a long backlog: the claim transaction turns PostgreSQL's JIT compilation off
+//     for itself, which the claim's estimate would otherwise trigger past about 100,000
+//     pending rows, at several times the claim's own cost.
 //
 // # Wake-ups
 //
