@@ -595,10 +595,16 @@ const (
 // name the other scenarios use.
 var pausedRelay = Replica(OrdersRelay, 2)
 
-// inTransaction tells whether a session of application is inside a transaction.
+// inTransaction tells whether a session of application is between its claim and the end of
+// the claim's transaction: idle in a transaction whose last statement was the claim (FOR
+// UPDATE … SKIP LOCKED), that is, publishing the batch it claimed. Any transaction of the
+// relay would not do: at the scenario's load most claims find nothing (the other relay took
+// the rows) and end at once, and the maintenance passes hold no batch, so a stop caught in
+// those fell between batches again and again (a run gave up after 12 tries).
 const inTransaction = `
 SELECT count(*) FROM pg_stat_activity
-WHERE application_name = $1 AND xact_start IS NOT NULL AND state IN ('active', 'idle in transaction')`
+WHERE application_name = $1 AND xact_start IS NOT NULL AND state = 'idle in transaction'
+  AND query LIKE '%FOR UPDATE OF % SKIP LOCKED%'`
 
 // heldRows are the pending rows created before $1 that are still pending: with one relay
 // running freely, only rows the other holds stay pending for long.
@@ -687,11 +693,11 @@ func injectRelayPaused(ctx context.Context, e *Env) error {
 // relay go on and tries again. It returns when the relay was stopped, the rows it holds,
 // and the number of tries.
 func pauseHoldingRows(ctx context.Context, e *Env, conn *pgx.Conn) (time.Time, []string, int, error) {
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(20 * time.Second)
 	for try := 1; ; try++ {
 		// Catch it in a transaction if its sessions can be told apart (application_name);
 		// otherwise stop it at a random moment.
-		watch := time.Now().Add(300 * time.Millisecond)
+		watch := time.Now().Add(time.Second)
 		for time.Now().Before(watch) {
 			var n int
 			if err := conn.QueryRow(ctx, inTransaction, string(pausedRelay)).Scan(&n); err != nil {
