@@ -819,9 +819,11 @@ func (l *lane) connect(ctx context.Context) error {
 						_ = raw.Close()
 						return nil, err
 					}
-					s.raw = raw
-					l.guard.use(raw)
-					return raw, nil
+					// Writes go out in batches (batchedConn); closing it closes raw.
+					conn := newBatchedConn(raw)
+					s.raw = conn
+					l.guard.use(conn)
+					return conn, nil
 				},
 			})
 			if err != nil && s.raw != nil {
