@@ -185,6 +185,7 @@ type cpuMeter struct {
 
 	at           time.Time
 	self         uint64
+	selfOK       bool
 	backends     map[int]uint64
 	backendsOK   bool
 	broker       uint64
@@ -203,7 +204,9 @@ func (e *env) startCPU(ctx context.Context, appPrefix string) *cpuMeter {
 
 func (m *cpuMeter) sample(ctx context.Context) {
 	m.at = time.Now()
-	m.self, _ = readProcTicks(os.Getpid(), "")
+	var err error
+	m.self, err = readProcTicks(os.Getpid(), "")
+	m.selfOK = err == nil
 	m.backends, m.backendsOK = nil, false
 	if m.appPrefix != "" {
 		m.backends, m.backendsOK = m.e.backendTicks(ctx, m.appPrefix)
@@ -227,7 +230,9 @@ func (m *cpuMeter) stop(ctx context.Context, messages int) *CPUUsage {
 	before := *m
 	m.sample(ctx)
 	u := &CPUUsage{Messages: messages, Elapsed: m.at.Sub(before.at), Process: -1, Postgres: -1, Broker: -1, Idle: math.NaN()}
-	if before.self > 0 && m.self >= before.self {
+	// Not before.self > 0: a process that has just started may not have used a tick yet
+	// (the first measurement of a run then had no publisher CPU).
+	if before.selfOK && m.selfOK && m.self >= before.self {
 		u.Process = ticks(m.self - before.self)
 	}
 	if before.backendsOK && m.backendsOK {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/url"
 	"slices"
 	"sync"
@@ -16,6 +17,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq"
 )
 
 // env is what every phase shares: the servers, the run id that names everything the run
@@ -150,10 +153,26 @@ func openPool(ctx context.Context, dbURL string, maxConns int32) (*pgxpool.Pool,
 
 // dial connects to the broker with a connection name that shows in the management UI.
 func (e *env) dial(name string) (*amqp.Connection, error) {
-	conn, err := amqp.DialConfig(e.cfg.AMQPURL, amqp.Config{
+	return e.dialSocket(name, false)
+}
+
+// dialSocket is dial, with a socket that batches its writes (rabbitmq.BatchWrites) if
+// batched.
+func (e *env) dialSocket(name string, batched bool) (*amqp.Connection, error) {
+	cfg := amqp.Config{
 		Heartbeat:  10 * time.Second,
 		Properties: amqp.Table{"connection_name": "bench-" + e.id + "-" + name},
-	})
+	}
+	if batched {
+		cfg.Dial = func(network, addr string) (net.Conn, error) {
+			c, err := amqp.DefaultDial(30*time.Second)(network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return rabbitmq.BatchWrites(c), nil
+		}
+	}
+	conn, err := amqp.DialConfig(e.cfg.AMQPURL, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("connect to RabbitMQ: %w", err)
 	}

@@ -14,9 +14,10 @@ import (
 // publishLimit is limit A: how many persistent ~1 KiB messages per second RabbitMQ confirms
 // into a durable queue, with window publishes unconfirmed at once on each of channels
 // channels, each on a connection of its own (as each relay has its own). The messages carry
-// the properties the outbox publisher sets. The CPU of the bench's process and of the broker
-// is sampled around the publishing.
-func (e *env) publishLimit(ctx context.Context, top topology, channels, window int, d time.Duration) (float64, *CPUUsage, error) {
+// the properties the outbox publisher sets. batched gives the connections sockets that batch
+// their writes (rabbitmq.BatchWrites), as the outbox publisher's do. The CPU of the bench's
+// process and of the broker is sampled around the publishing.
+func (e *env) publishLimit(ctx context.Context, top topology, channels, window int, batched bool, d time.Duration) (float64, *CPUUsage, error) {
 	type worker struct {
 		conn *amqp.Connection
 		ch   *amqp.Channel
@@ -30,7 +31,7 @@ func (e *env) publishLimit(ctx context.Context, top topology, channels, window i
 		}
 	}()
 	for i := range workers {
-		conn, err := e.dial(fmt.Sprintf("limit-a-%d", i))
+		conn, err := e.dialSocket(fmt.Sprintf("limit-a-%d", i), batched)
 		if err != nil {
 			return 0, nil, err
 		}

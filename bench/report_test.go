@@ -20,7 +20,8 @@ func results() bench.Results {
 		InFlight:  2,
 		Command:   "go run ./bench/cmd/bench",
 		LimitA: []bench.Measured{{N: 1, Rate: 10_000, CPU: &bench.CPUUsage{Messages: 50_000, Elapsed: 5 * time.Second, Process: time.Second,
-			Postgres: -1, Broker: 5 * time.Second, Idle: 0.4}}, {N: 2, Rate: 16_000}},
+			Postgres: -1, Broker: 5 * time.Second, Idle: 0.4}}, {N: 1, Rate: 9_000, BatchedWrites: true},
+			{N: 2, Rate: 16_000}, {N: 2, Rate: 15_000, BatchedWrites: true}},
 		LimitB: []bench.Measured{{N: 16, Rate: 4_000}},
 		Drain: []bench.DrainMeasured{
 			{N: 1, InFlight: 1, DrainResult: bench.DrainResult{Rate: 4_000, Cycles: 2000, Claim: time.Millisecond, Publish: 12 * time.Millisecond, Finish: 2 * time.Millisecond,
@@ -82,6 +83,19 @@ func row(t *testing.T, tab bench.Table, what string) bench.Row {
 
 func TestBuildTable(t *testing.T) {
 	t.Parallel()
+
+	t.Run("LimitAIsTheFasterSocket", func(t *testing.T) {
+		t.Parallel()
+		r := results()
+		r.LimitA[1].Rate = 12_500 // one channel, writes batched: now the faster
+		tab := bench.BuildTable(r)
+		require.Len(t, rows(tab, "RabbitMQ publish"), 4, "both sockets of both channel counts")
+		require.Equal(t, "12,500 msg/s", row(t, tab, "1 channel, writes batched (the publisher's socket)").Result)
+		one := row(t, tab, "1 relay, batch 100, pipelined (2 batches in flight)")
+		require.Equal(t, "68% of A (1 ch) · 2.13× serial", one.Ratio, "against the faster of the two")
+		require.Equal(t, "✗ ≥ 80% of A", one.Target)
+		require.Equal(t, "75% of A (2 ch)", row(t, tab, "2 relays").Ratio, "two channels: amqp091-go's own socket was faster")
+	})
 
 	t.Run("RatiosAgainstTheSameRun", func(t *testing.T) {
 		t.Parallel()
