@@ -188,6 +188,13 @@ func TestPublisherBlamesOneThing(t *testing.T) {
 			}
 			return ch.QueueBind(full, "#", top.Exchange, false, nil)
 		})
+		// Auto-delete needs a consumer to have come and gone; this queue never has one.
+		t.Cleanup(func() {
+			declare(t, url, func(ch *amqp.Channel) error {
+				_, err := ch.QueueDelete(full, false, false, false)
+				return err
+			})
+		})
 		pub, _ := countingPublisher(t, rabbitmq.Config{URL: url})
 		errs := pub.Publish(ctx, []outbox.Message{message(top.Exchange), message(top.Exchange), message(top.Exchange)})
 		require.NoError(t, errs[0])
