@@ -566,9 +566,14 @@ wait:
 			if reason, ok := returned[msgs[i].ID.String()]; ok {
 				errs[i] = fmt.Errorf("%w: %s", ErrUnroutable, reason)
 			}
-		case closedSeen:
+		case closedSeen || c.ch.IsClosed():
 			// amqp091-go nacks every pending confirm when the channel closes: that is
-			// not the broker's verdict on the message.
+			// not the broker's verdict on the message. It marks the channel closed before
+			// it settles them, so a nack seen here with the channel closed may be one of
+			// those even when its close was not read above (the guard closed the socket
+			// at the deadline while this was classifying: with the socket's writes
+			// batched, messages are sent, and wait for a confirm, before the socket blocks).
+			// Taken as unsettled: at worst a real nack is published again.
 			res.unsettled = append(res.unsettled, i)
 		default:
 			errs[i] = errNacked
