@@ -687,8 +687,9 @@ func injectRelayPaused(ctx context.Context, e *Env) error {
 	return nil
 }
 
-// pauseHoldingRows stops the paused relay in the middle of a batch: it waits (briefly) for
-// its session to be inside a transaction and sends SIGSTOP; if, a moment later, no row
+// pauseHoldingRows stops the paused relay in the middle of a batch: it waits (up to a second)
+// for a session of it to be between its claim and the claim's commit (inTransaction) and
+// sends SIGSTOP; if, a moment later, no row
 // older than the stop is still pending — the stop fell between two batches — it lets the
 // relay go on and tries again. It returns when the relay was stopped, the rows it holds,
 // and the number of tries.
