@@ -3,6 +3,7 @@ package rabbitmq_test
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -26,15 +27,16 @@ func TestFailover(t *testing.T) {
 	b := setupOn(t, pair.CreateDatabase(t, "inbox_failover"))
 	queue := b.quorumQueue(t, deliveryLimit)
 
-	inHandler := make(chan struct{})
+	// The held message's first attempt waits in its transaction for the kill; the retries
+	// go through. (A non-blocking send here lost the race when the handler came before the
+	// test's receive, and the first attempt was not held.)
+	var heldOnce atomic.Bool
+	inHandler := make(chan struct{}, 1)
 	release := make(chan struct{})
 	cfg := b.config(func(ctx context.Context, tx pgx.Tx, d rabbitmq.Delivery) error {
-		if d.ID == "held" {
-			select {
-			case inHandler <- struct{}{}: // the first attempt waits for the kill
-				<-release
-			default:
-			}
+		if d.ID == "held" && heldOnce.CompareAndSwap(false, true) {
+			inHandler <- struct{}{}
+			<-release
 		}
 		return recordEffect(ctx, tx, d)
 	})
