@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // DBTX is the narrow part of a database handle the outbox needs. pgx.Tx, *pgx.Conn and
@@ -65,7 +66,7 @@ func (s *Store) Add(ctx context.Context, tx DBTX, msgs ...Message) error {
 		return nil
 	}
 	n := len(msgs)
-	ids := make([]string, n)
+	ids := make([]pgtype.UUID, n)
 	exchanges, keys, types := make([]string, n), make([]string, n), make([]string, n)
 	aggTypes, aggIDs := make([]string, n), make([]string, n)
 	payloads, headers := make([]string, n), make([]string, n)
@@ -93,7 +94,7 @@ func (s *Store) Add(ctx context.Context, tx DBTX, msgs ...Message) error {
 		if hdrs == nil {
 			h = []byte("{}")
 		}
-		ids[i] = m.ID.String()
+		ids[i] = pgUUID(m.ID)
 		exchanges[i], keys[i], types[i] = m.Exchange, m.RoutingKey, m.Type
 		aggTypes[i], aggIDs[i] = m.AggregateType, m.AggregateID
 		payloads[i], headers[i] = string(m.Payload), string(h)
@@ -109,3 +110,10 @@ func (s *Store) Add(ctx context.Context, tx DBTX, msgs ...Message) error {
 	}
 	return nil
 }
+
+// pgUUID is id as pgx encodes it without looking further: the 16 bytes in PostgreSQL's
+// binary form. Ids go to the database as this, never as strings: pgx sends a []string bound
+// to a uuid[] parameter in binary first, fails and builds an error for it (formatting every
+// element), then sends it as text: for a batch of 100 ids, about eight times the CPU and
+// five times the allocations (BenchmarkIDParameter).
+func pgUUID(id uuid.UUID) pgtype.UUID { return pgtype.UUID{Bytes: id, Valid: true} }

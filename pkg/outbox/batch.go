@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // claimBatch locks up to $1 due rows, oldest first, skipping rows another relay holds.
@@ -330,15 +331,17 @@ func (r *Relay) finish(b *batch, prev *batch) (res cycleResult, err error) {
 
 	var (
 		result    = BatchResult{ConfirmedAt: confirmedAt}
-		published []string
+		published []pgtype.UUID
 		failed    struct {
-			ids, errs []string
-			delays    []int64
-			dead      []bool
+			ids    []pgtype.UUID
+			errs   []string
+			delays []int64
+			dead   []bool
 		}
 		deferred struct {
-			ids, errs []string
-			delays    []int64
+			ids    []pgtype.UUID
+			errs   []string
+			delays []int64
 		}
 		// The aggregates whose head is no longer pending after this cycle.
 		doneAggTypes, doneAggIDs []string
@@ -355,7 +358,7 @@ func (r *Relay) finish(b *batch, prev *batch) (res cycleResult, err error) {
 		switch {
 		case err == nil:
 			spans.outcome(i, OutcomePublished, nil)
-			published = append(published, m.ID.String())
+			published = append(published, pgUUID(m.ID))
 			result.Published = append(result.Published, m)
 			result.PublishedSpans = spans.appendSampled(result.PublishedSpans, i, len(result.Published))
 			doneAggTypes, doneAggIDs = append(doneAggTypes, m.AggregateType), append(doneAggIDs, m.AggregateID)
@@ -375,7 +378,7 @@ func (r *Relay) finish(b *batch, prev *batch) (res cycleResult, err error) {
 			continue
 		case errors.Is(err, ErrRefused):
 			// The broker refused it for a reason of its own: later, no attempt counted.
-			deferred.ids = append(deferred.ids, m.ID.String())
+			deferred.ids = append(deferred.ids, pgUUID(m.ID))
 			deferred.errs = append(deferred.errs, err.Error())
 			deferred.delays = append(deferred.delays, backoff(streak, r.cfg.RetryBaseDelay, r.cfg.RetryMaxDelay).Milliseconds())
 			result.Deferred++
@@ -393,7 +396,7 @@ func (r *Relay) finish(b *batch, prev *batch) (res cycleResult, err error) {
 		if permanent {
 			lastError = "permanent: " + lastError
 		}
-		failed.ids = append(failed.ids, m.ID.String())
+		failed.ids = append(failed.ids, pgUUID(m.ID))
 		failed.errs = append(failed.errs, lastError)
 		failed.delays = append(failed.delays, backoff(m.Attempts+1, r.cfg.RetryBaseDelay, r.cfg.RetryMaxDelay).Milliseconds())
 		failed.dead = append(failed.dead, dead)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // DeadMessage is a row that gave up, with why.
@@ -114,13 +115,13 @@ func (s *Store) Requeue(ctx context.Context, db DBTX, ids ...uuid.UUID) (int64, 
 	if len(ids) == 0 {
 		return 0, nil
 	}
-	strs := make([]string, len(ids))
+	arr := make([]pgtype.UUID, len(ids))
 	for i, id := range ids {
-		strs[i] = id.String()
+		arr[i] = pgUUID(id)
 	}
 	var n int64
 	var notified any
-	if err := db.QueryRow(ctx, s.sql.requeueDead, strs, s.channel).Scan(&n, &notified); err != nil {
+	if err := db.QueryRow(ctx, s.sql.requeueDead, arr, s.channel).Scan(&n, &notified); err != nil {
 		return 0, fmt.Errorf("requeue dead outbox rows: %w", err)
 	}
 	return n, nil
