@@ -264,12 +264,44 @@ func DatabaseURL(t testing.TB) string {
 // NewPool returns a pool on a fresh database; it is closed and dropped when the test ends.
 func NewPool(t testing.TB) *pgxpool.Pool {
 	t.Helper()
-	dbURL := DatabaseURL(t)
+	return openPool(t, DatabaseURL(t))
+}
+
+// QueryExecModes are pgx's query exec modes, by the name a connection string's
+// default_query_exec_mode takes.
+var QueryExecModes = map[string]pgx.QueryExecMode{
+	"cache_statement": pgx.QueryExecModeCacheStatement,
+	"cache_describe":  pgx.QueryExecModeCacheDescribe,
+	"describe_exec":   pgx.QueryExecModeDescribeExec,
+	"exec":            pgx.QueryExecModeExec,
+	"simple_protocol": pgx.QueryExecModeSimpleProtocol,
+}
+
+// NewPoolInMode is NewPool whose connections run their queries in the exec mode of that
+// name, a key of QueryExecModes.
+func NewPoolInMode(t testing.TB, mode string) *pgxpool.Pool {
+	t.Helper()
+	u, err := url.Parse(DatabaseURL(t))
+	if err != nil {
+		t.Fatalf("parse database URL: %v", err)
+	}
+	q := u.Query()
+	q.Set("default_query_exec_mode", mode)
+	u.RawQuery = q.Encode()
+	pool := openPool(t, u.String())
+	if want, got := QueryExecModes[mode], pool.Config().ConnConfig.DefaultQueryExecMode; got != want {
+		t.Fatalf("the pool runs queries in exec mode %v, not %v", got, want)
+	}
+	return pool
+}
+
+func openPool(t testing.TB, dbURL string) *pgxpool.Pool {
+	t.Helper()
 	pool, err := pgxpool.New(context.Background(), dbURL)
 	if err != nil {
 		t.Fatalf("open pool: %v", err)
 	}
-	t.Cleanup(pool.Close) // runs before the drop registered above
+	t.Cleanup(pool.Close) // runs before the drop registered by DatabaseURL
 	return pool
 }
 

@@ -3,12 +3,10 @@ package inbox_test
 import (
 	"context"
 	"errors"
-	"net/url"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxshop/outboxshop/pkg/inbox"
@@ -21,26 +19,14 @@ import (
 // a failing handler's message, and cleans up.
 func TestQueryExecModes(t *testing.T) {
 	t.Parallel()
-	for mode, name := range map[pgx.QueryExecMode]string{
-		pgx.QueryExecModeCacheStatement: "cache_statement", pgx.QueryExecModeCacheDescribe: "cache_describe",
-		pgx.QueryExecModeDescribeExec: "describe_exec", pgx.QueryExecModeExec: "exec",
-		pgx.QueryExecModeSimpleProtocol: "simple_protocol",
-	} {
-		t.Run(name, func(t *testing.T) {
+	for mode := range testinfra.QueryExecModes {
+		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			u, err := url.Parse(testinfra.DatabaseURL(t))
-			require.NoError(t, err)
-			q := u.Query()
-			q.Set("default_query_exec_mode", name)
-			u.RawQuery = q.Encode()
-			pool, err := pgxpool.New(ctx, u.String())
-			require.NoError(t, err)
-			t.Cleanup(pool.Close)
-			require.Equal(t, mode, pool.Config().ConnConfig.DefaultQueryExecMode)
+			pool := testinfra.NewPoolInMode(t, mode)
 
 			require.NoError(t, inbox.Migrate(ctx, pool))
-			_, err = pool.Exec(ctx, `CREATE TABLE effects (consumer text NOT NULL, message_id text NOT NULL)`)
+			_, err := pool.Exec(ctx, `CREATE TABLE effects (consumer text NOT NULL, message_id text NOT NULL)`)
 			require.NoError(t, err)
 			apply := func(id string) func(context.Context, pgx.Tx) error {
 				return func(ctx context.Context, tx pgx.Tx) error {

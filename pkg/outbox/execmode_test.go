@@ -4,13 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/url"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxshop/outboxshop/pkg/outbox"
@@ -56,23 +53,11 @@ func (p *failFirst) Publish(ctx context.Context, msgs []outbox.Message) []error 
 // lists and requeues it, reads the stats and cleans up.
 func TestQueryExecModes(t *testing.T) {
 	t.Parallel()
-	for mode, name := range map[pgx.QueryExecMode]string{
-		pgx.QueryExecModeCacheStatement: "cache_statement", pgx.QueryExecModeCacheDescribe: "cache_describe",
-		pgx.QueryExecModeDescribeExec: "describe_exec", pgx.QueryExecModeExec: "exec",
-		pgx.QueryExecModeSimpleProtocol: "simple_protocol",
-	} {
-		t.Run(name, func(t *testing.T) {
+	for mode := range testinfra.QueryExecModes {
+		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			u, err := url.Parse(testinfra.DatabaseURL(t))
-			require.NoError(t, err)
-			q := u.Query()
-			q.Set("default_query_exec_mode", name)
-			u.RawQuery = q.Encode()
-			pool, err := pgxpool.New(ctx, u.String())
-			require.NoError(t, err)
-			t.Cleanup(pool.Close)
-			require.Equal(t, mode, pool.Config().ConnConfig.DefaultQueryExecMode)
+			pool := testinfra.NewPoolInMode(t, mode)
 
 			require.NoError(t, outbox.Migrate(ctx, pool))
 			amqpURL := testinfra.AMQPURL(t)
@@ -96,8 +81,7 @@ func TestQueryExecModes(t *testing.T) {
 			testinfra.Eventually(t, 30*time.Second, func() bool {
 				return b.count(t, "dead_at IS NOT NULL") == 1 && b.count(t, "published_at IS NULL AND dead_at IS NULL") == 0
 			}, "every row published but the permanent one, which is dead")
-			var listed []outbox.DeadMessage
-			listed, err = outbox.ListDead(ctx, pool, 10)
+			listed, err := outbox.ListDead(ctx, pool, 10)
 			require.NoError(t, err)
 			require.Len(t, listed, 1)
 			require.Equal(t, dead.ID, listed[0].ID)

@@ -147,8 +147,9 @@ func TestFailover(t *testing.T) {
 	})
 
 	t.Run("NoConnectionToTheDeadServer", func(t *testing.T) {
-		// The relay may hold every connection at the moment of asking (its claim, its
-		// LISTEN): ask again until some are idle.
+		// The relay may hold every connection of the pool at the moment of asking (its
+		// batches' claims, its maintenance; its LISTEN is out of the pool): ask again until
+		// some are idle.
 		var conns []*pgxpool.Conn
 		testinfra.Eventually(t, 30*time.Second, func() bool {
 			conns = pool.AcquireAllIdle(ctx)
