@@ -10,14 +10,14 @@ import (
 	"time"
 )
 
-// Run places orders as cfg says until Count orders were placed, Duration passed or ctx is
-// cancelled, waits for the orders in flight, and returns what happened. Its error is only for
+// Run places orders as cfg says until Count orders were placed, Duration passed, Stop was
+// closed or ctx is cancelled, waits for the orders in flight, and returns what happened. Its error is only for
 // a bad Config: failed requests are counted in [Result.Errors].
 //
 // After ctx is cancelled no new order is placed, and the orders in flight get as long as one
 // request may take (the client's Timeout, 10s by default) to finish, retries included; what is
 // still running then is abandoned and counted as "interrupted". When Count or Duration ends
-// the run, the orders in flight finish, retries included (RetryFor bounds them).
+// the run, or Stop, the orders in flight finish, retries included (RetryFor bounds them).
 func Run(ctx context.Context, cfg Config) (Result, error) {
 	cfg, err := cfg.normalize()
 	if err != nil {
@@ -149,6 +149,7 @@ func (r *runner) dispatch(ctx context.Context, tickets chan<- int) time.Time {
 		defer t.Stop()
 		deadline = t.C
 	}
+	stop := cfg.Stop // nil: never
 	slot := func(k int) time.Duration { return time.Duration(float64(k) / cfg.Rate * float64(time.Second)) }
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
@@ -168,6 +169,8 @@ func (r *runner) dispatch(ctx context.Context, tickets chan<- int) time.Time {
 					return time.Now()
 				case <-deadline:
 					return time.Now()
+				case <-stop:
+					return time.Now()
 				}
 			}
 		}
@@ -176,6 +179,8 @@ func (r *runner) dispatch(ctx context.Context, tickets chan<- int) time.Time {
 		case <-ctx.Done():
 			return time.Now()
 		case <-deadline:
+			return time.Now()
+		case <-stop:
 			return time.Now()
 		}
 		r.mu.Lock()

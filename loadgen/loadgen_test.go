@@ -399,6 +399,31 @@ func TestStop(t *testing.T) {
 		require.Len(t, shop.Orders(), res.Placed)
 	})
 
+	t.Run("StopClosed", func(t *testing.T) {
+		// Closing Stop ends the placing as Duration's end does: an order retrying then is
+		// not abandoned, it finishes.
+		t.Parallel()
+		shop, cfg := setup(t)
+		stop := make(chan struct{})
+		var once sync.Once
+		var seen atomic.Int64
+		shop.SetBefore(func(w http.ResponseWriter, r *http.Request, attempt int) bool {
+			if r.URL.Path != "/orders" || attempt > 1 || seen.Add(1) < 10 {
+				return false
+			}
+			once.Do(func() { close(stop) })
+			fakeshop.Problem(w, http.StatusServiceUnavailable, "unavailable", "database down")
+			return true
+		})
+		cfg.Rate, cfg.Stop, cfg.RetryFor = 200, stop, time.Minute // no Count, no Duration
+		res := run(t, cfg)
+		require.GreaterOrEqual(t, res.Placed, 10)
+		require.Less(t, res.Placed, 100, "placing went on after Stop was closed")
+		require.Empty(t, res.Errors, "the orders in flight, the retrying ones too, finish")
+		require.Len(t, res.Acknowledged, res.Placed)
+		require.Positive(t, res.Retries)
+	})
+
 	t.Run("GraceRunsOut", func(t *testing.T) {
 		t.Parallel()
 		shop, cfg := setup(t)
