@@ -2,7 +2,9 @@ package chaos
 
 import (
 	"context"
+	"maps"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -58,10 +60,11 @@ func TestScenarios(t *testing.T) {
 			if o.Passed() {
 				return
 			}
-			t.Errorf("%s", Details([]Outcome{o}))
-			for svc, tail := range o.Logs {
-				t.Logf("last lines of %s:\n%s", svc, tail)
+			// The logs first and the failure last: CI keeps the tail of a long output.
+			for _, svc := range slices.Sorted(maps.Keys(o.Logs)) {
+				t.Logf("last lines of %s:\n%s", svc, o.Logs[svc])
 			}
+			t.Errorf("%s", Details([]Outcome{o}))
 		})
 	}
 }

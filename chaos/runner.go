@@ -194,8 +194,13 @@ func runScenario(ctx context.Context, sc Scenario, opts Options, say func(phase,
 	for _, kv := range unread {
 		e.Saw("%s is not read by its service: the scenario ran on that setting's default", kv)
 	}
+	extend := sc.LoadAfterInject > 0 && sc.Inject != nil
+	span := load.String()
+	if extend {
+		span = fmt.Sprintf("at least %s, and until %s after the faults", load, sc.LoadAfterInject)
+	}
 	say("load", fmt.Sprintf("%.0f orders/s for %s, retrying with the same key for up to %s, 10%% cancelled, 5%% sent twice",
-		opts.Rate, load, opts.RetryFor))
+		opts.Rate, span, opts.RetryFor))
 	e.LoadStart = time.Now()
 	var (
 		wg        sync.WaitGroup
@@ -211,11 +216,28 @@ func runScenario(ctx context.Context, sc Scenario, opts Options, say func(phase,
 	if opts.Verbose {
 		lcfg.Progress = prefixWriter{w: opts.Progress, prefix: "           " + fmt.Sprintf("%-22s %-15s ", sc.Name, "load")}
 	}
+	injected := make(chan struct{})
+	var stoppedAt time.Time
+	if extend {
+		stop := make(chan struct{})
+		lcfg.Duration, lcfg.Stop = 0, stop
+		wg.Go(func() {
+			defer close(stop)
+			stoppedAt = loadEnd(ctx, e.LoadStart, load, load+maxLoadExtension, injected, sc.LoadAfterInject)
+		})
+	}
 	wg.Go(func() { result, loadErr = loadgen.Run(ctx, lcfg) })
 	if sc.Inject != nil {
-		wg.Go(func() { injectErr = sc.Inject(ctx, e) })
+		wg.Go(func() {
+			defer close(injected)
+			injectErr = sc.Inject(ctx, e)
+		})
 	}
 	wg.Wait()
+	if extend {
+		load = stoppedAt.Sub(e.LoadStart)
+		e.Load = load
+	}
 	if loadErr != nil {
 		fail("load generator: %v", loadErr)
 		return o
@@ -493,4 +515,34 @@ func (p prefixWriter) Write(b []byte) (int, error) {
 		return 0, err
 	}
 	return len(b), nil
+}
+
+// maxLoadExtension bounds how long [Scenario].LoadAfterInject keeps a load going past its
+// least duration, were Inject to hang.
+const maxLoadExtension = 4 * time.Minute
+
+// loadEnd waits until the load may stop: least after start, and after after injected is
+// closed; most after start at the latest. It returns when it stopped waiting.
+func loadEnd(ctx context.Context, start time.Time, least, most time.Duration, injected <-chan struct{}, after time.Duration) time.Time {
+	limit := time.NewTimer(time.Until(start.Add(most)))
+	defer limit.Stop()
+	select {
+	case <-injected:
+	case <-limit.C:
+		return time.Now()
+	case <-ctx.Done():
+		return time.Now()
+	}
+	end := time.Now().Add(after)
+	if least := start.Add(least); end.Before(least) {
+		end = least
+	}
+	wait := time.NewTimer(time.Until(end))
+	defer wait.Stop()
+	select {
+	case <-wait.C:
+	case <-limit.C:
+	case <-ctx.Done():
+	}
+	return time.Now()
 }

@@ -28,6 +28,12 @@ type Scenario struct {
 	// MinLoad is the shortest load the scenario needs (its fault lasts longer than the
 	// default load): the load runs for the longer of this and the runner's.
 	MinLoad time.Duration
+	// LoadAfterInject, if set, keeps the load going past MinLoad until Inject returned, and
+	// this much longer: a scenario whose faults follow one another, each after the last one
+	// healed, needs orders during its last fault however slow the machine makes its first
+	// ones (at most maxLoadExtension past MinLoad). Env.Load is the load's least duration
+	// while Inject runs and its whole duration once it returned.
+	LoadAfterInject time.Duration
 	// Settings are environment variables for every service process of the scenario's shop
 	// (see [ShopSpec].Settings); Replicas asks for extra processes of a service.
 	Settings []string
@@ -43,7 +49,8 @@ type Scenario struct {
 type Env struct {
 	Target    Target
 	Endpoints Endpoints
-	// Rate and Load are the load's orders per second and duration.
+	// Rate and Load are the load's orders per second and duration (see
+	// [Scenario].LoadAfterInject).
 	Rate float64
 	Load time.Duration
 	// LoadStart is when the load started.

@@ -1,8 +1,10 @@
 package chaos
 
 import (
+	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -116,4 +118,44 @@ func TestInitialStock(t *testing.T) {
 	small := initialStock(1, 1e9)
 	require.Equal(t, int64(20), small["PEN-1"])
 	require.Equal(t, int64(3), small["BAG-1"])
+}
+
+func TestLoadEnd(t *testing.T) {
+	t.Parallel()
+	const least, most, after = 150 * time.Millisecond, 2 * time.Second, 300 * time.Millisecond
+
+	t.Run("InjectedBeforeLeast", func(t *testing.T) {
+		t.Parallel()
+		start, injected := time.Now(), make(chan struct{})
+		close(injected)
+		end := loadEnd(t.Context(), start, least, most, injected, time.Millisecond)
+		require.GreaterOrEqual(t, end.Sub(start), least, "the load stopped before its least duration")
+	})
+	t.Run("InjectedAfterLeast", func(t *testing.T) {
+		t.Parallel()
+		start, injected := time.Now(), make(chan struct{})
+		var closedAt time.Time
+		go func() {
+			time.Sleep(2 * least)
+			closedAt = time.Now()
+			close(injected)
+		}()
+		end := loadEnd(t.Context(), start, least, most, injected, after)
+		<-injected
+		require.GreaterOrEqual(t, end.Sub(closedAt), after, "the load stopped sooner than after the inject")
+	})
+	t.Run("InjectHangs", func(t *testing.T) {
+		t.Parallel()
+		start := time.Now()
+		end := loadEnd(t.Context(), start, least, most, make(chan struct{}), after)
+		require.GreaterOrEqual(t, end.Sub(start), most)
+	})
+	t.Run("Cancelled", func(t *testing.T) {
+		t.Parallel()
+		ctx, cancel := context.WithCancel(t.Context())
+		cancel()
+		start := time.Now()
+		end := loadEnd(ctx, start, least, most, make(chan struct{}), after)
+		require.Less(t, end.Sub(start), most, "a cancelled run waited for the limit")
+	})
 }
