@@ -70,10 +70,22 @@ func TestRelayAndStats(t *testing.T) {
 	go func() { done <- relay.Run(runCtx) }()
 	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
 
+	// The relay says it is running once its first cycle returned, after that cycle's batch
+	// was counted: the test waits for both.
+	running := `
+# HELP outbox_relay_state 1 for the relay's current state, 0 for the others.
+# TYPE outbox_relay_state gauge
+outbox_relay_state{service="test",state="broker_unavailable"} 0
+outbox_relay_state{service="test",state="database_unavailable"} 0
+outbox_relay_state{service="test",state="running"} 1
+outbox_relay_state{service="test",state="starting"} 0
+outbox_relay_state{service="test",state="stopped"} 0
+`
 	testinfra.Eventually(t, 20*time.Second, func() bool {
 		return testutil.ToFloat64(metric(t, reg, "outbox_published_total")) == 3 &&
-			testutil.ToFloat64(metric(t, reg, "outbox_dead_total")) == 1
-	}, "published and dead counted")
+			testutil.ToFloat64(metric(t, reg, "outbox_dead_total")) == 1 &&
+			testutil.GatherAndCompare(reg, stringsReader(running), "outbox_relay_state") == nil
+	}, "published and dead counted, the relay running")
 
 	expected := `
 # HELP outbox_publish_errors_total Failed publish attempts by reason; unavailable counts rows left untouched by a broker outage.
