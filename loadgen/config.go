@@ -23,12 +23,13 @@ type Config struct {
 	Concurrency int           // orders in flight at most (default 8)
 	Duration    time.Duration // stop placing new orders after this long (0: no limit)
 	Count       int           // stop after this many orders (0: no limit); with neither limit nor Stop, run until ctx is cancelled
+	SKUs        []string      // default: BOOK-1 MUG-1 TEE-1 PEN-1 BAG-1
+	MaxQuantity int           // per line, default 3
+
 	// Stop, if set, stops placing new orders when it is closed, as the end of Duration does:
 	// the orders in flight finish, retries included (for a run whose end is decided while it
 	// runs).
 	Stop <-chan struct{}
-	SKUs        []string      // default: BOOK-1 MUG-1 TEE-1 PEN-1 BAG-1
-	MaxQuantity int           // per line, default 3
 
 	UnknownSKUFraction float64 // share of orders with a SKU the shop does not sell (answered 422: counted as RejectedByAPI, not an error)
 	CancelFraction     float64 // share of acknowledged orders cancelled right after (POST /orders/{id}/cancel)
