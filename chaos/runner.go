@@ -534,8 +534,8 @@ func loadEnd(ctx context.Context, start time.Time, least, most time.Duration, in
 		return time.Now()
 	}
 	end := time.Now().Add(after)
-	if least := start.Add(least); end.Before(least) {
-		end = least
+	if leastEnd := start.Add(least); end.Before(leastEnd) {
+		end = leastEnd
 	}
 	wait := time.NewTimer(time.Until(end))
 	defer wait.Stop()
