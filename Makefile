@@ -49,7 +49,7 @@ bench-micro: ## Go micro-benchmarks of pkg/outbox, pkg/inbox and the warehouse's
 	done
 
 .PHONY: bench
-bench: ## Relay throughput and latency vs. the raw limits and Watermill, one table (~8 min; BENCH_FLAGS=-quick).
+bench: ## Relay throughput and latency vs. the raw limits and Watermill, one table (~10 min; BENCH_FLAGS=-quick).
 	@go run ./bench/cmd/bench $(BENCH_FLAGS)
 
 .PHONY: chaos

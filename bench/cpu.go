@@ -48,6 +48,25 @@ func (u CPUUsage) PerThousand(d time.Duration) time.Duration {
 	return time.Duration(float64(d) * 1000 / float64(u.Messages))
 }
 
+// CPUShare returns a's CPU per message over b's: every part each measured (the process, its
+// PostgreSQL backends, the broker), summed. Two measurements that keep the machine equally
+// busy move messages in that ratio, so for a relay's row against limit A it is the share of
+// A that the CPU per message allows. NaN when either is missing or b's database or broker
+// part is unknown (a drain's sum would then be short).
+func CPUShare(a, b *CPUUsage) float64 {
+	if a == nil || b == nil || a.Messages <= 0 || b.Messages <= 0 || a.Broker < 0 || b.Broker < 0 || b.Postgres < 0 {
+		return math.NaN()
+	}
+	sum := func(u *CPUUsage) time.Duration {
+		d := u.PerThousand(u.Process) + u.PerThousand(u.Broker)
+		if u.Postgres >= 0 {
+			d += u.PerThousand(u.Postgres)
+		}
+		return d
+	}
+	return Ratio(float64(sum(a)), float64(sum(b)))
+}
+
 // Cores returns how many CPUs d kept busy on average during Elapsed, or NaN.
 func (u CPUUsage) Cores(d time.Duration) float64 {
 	if d < 0 || u.Elapsed <= 0 {

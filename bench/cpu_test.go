@@ -94,6 +94,23 @@ func TestCPUArithmetic(t *testing.T) {
 		require.Negative(t, bench.CPUUsage{Process: time.Second}.PerThousand(time.Second), "no messages")
 	})
 
+	t.Run("CPUShare", func(t *testing.T) {
+		t.Parallel()
+		// Limit A: publisher and broker, no database: 30 + 120 ms per 1,000 messages.
+		a := &bench.CPUUsage{Messages: 100_000, Elapsed: 10 * time.Second, Process: 3 * time.Second, Postgres: -1, Broker: 12 * time.Second}
+		// A drain: relay 50, pg 50, broker 150 ms per 1,000 rows.
+		d := &bench.CPUUsage{Messages: 200_000, Elapsed: 40 * time.Second, Process: 10 * time.Second, Postgres: 10 * time.Second, Broker: 30 * time.Second}
+		require.InDelta(t, 0.60, bench.CPUShare(a, d), 1e-9)
+		noPG := *d
+		noPG.Postgres = -1
+		require.True(t, math.IsNaN(bench.CPUShare(a, &noPG)), "a drain without its database's share would look cheaper than it is")
+		noBroker := *a
+		noBroker.Broker = -1
+		require.True(t, math.IsNaN(bench.CPUShare(&noBroker, d)))
+		require.True(t, math.IsNaN(bench.CPUShare(nil, d)))
+		require.True(t, math.IsNaN(bench.CPUShare(a, &bench.CPUUsage{Broker: time.Second})), "no messages")
+	})
+
 	t.Run("Format", func(t *testing.T) {
 		t.Parallel()
 		u := &bench.CPUUsage{Messages: 200_000, Elapsed: 40 * time.Second, Process: 10 * time.Second, Postgres: 10020 * time.Millisecond, Broker: 27800 * time.Millisecond, Idle: 0.37}

@@ -79,18 +79,18 @@ func (e *env) copyBacklog(ctx context.Context, suffix string, rows int) (string,
 }
 
 // drain is item 3: relays relay instances, each with its own pool and RabbitMQ publisher
-// and inFlight batches in flight at once (1: the serial relay), drain a copy of the
+// and inFlight batches of batch rows in flight at once (1: the serial relay), drain a copy of the
 // backlog. The clock runs from their start until the BatchDone hooks counted every row
 // published; the queue is purged as it fills, and must have received every row. The CPU
 // of the bench's process, of the relays' PostgreSQL backends and of the broker is sampled
 // around the same span.
-func (e *env) drain(ctx context.Context, relays, inFlight, rows int, tracing Tracing) (DrainResult, error) {
-	name, dbURL, top, err := e.copyBacklog(ctx, fmt.Sprintf("drain%d_%d_%d", relays, inFlight, tracing), rows)
+func (e *env) drain(ctx context.Context, relays, inFlight, batch, rows int, tracing Tracing) (DrainResult, error) {
+	name, dbURL, top, err := e.copyBacklog(ctx, fmt.Sprintf("drain%d_%d_%d_%d", relays, inFlight, batch, tracing), rows)
 	if err != nil {
 		return DrainResult{}, err
 	}
 	defer func() { _ = e.dropDatabase(context.WithoutCancel(ctx), name) }() // free the disk now
-	appName := fmt.Sprintf("bench-%s-relay-%d-%d-", e.id, relays, inFlight)
+	appName := fmt.Sprintf("bench-%s-relay-%d-%d-%d-", e.id, relays, inFlight, batch)
 	snk, err := e.startSink(top.Queue, 200*time.Millisecond)
 	if err != nil {
 		return DrainResult{}, err
@@ -170,7 +170,7 @@ func (e *env) drain(ctx context.Context, relays, inFlight, rows int, tracing Tra
 			return DrainResult{}, err
 		}
 		instances[i].pub = pub
-		cfg := outbox.Config{BatchSize: e.cfg.BatchSize, InFlightBatches: inFlight, DisableNotify: true, Logger: e.log, Hooks: hooks()}
+		cfg := outbox.Config{BatchSize: batch, InFlightBatches: inFlight, DisableNotify: true, Logger: e.log, Hooks: hooks()}
 		if tracing != TracingOff {
 			tp, prop, shutdown := tracing.tracer()
 			defer func() { _ = shutdown(context.WithoutCancel(ctx)) }()

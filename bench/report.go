@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"strings"
@@ -47,6 +48,7 @@ func BuildTable(r Results) Table {
 	// Limit A of N channels is the fastest of its measurements: amqp091-go's own socket, and
 	// the socket that batches writes as the outbox publisher's does.
 	limitA := map[int]float64{}
+	limitACPU := map[int]*CPUUsage{} // the CPU of limit A's faster socket
 	for _, m := range r.LimitA {
 		row := Row{Item: "A", What: fmt.Sprintf("RabbitMQ publish: persistent 1 KiB, confirms, %s in flight, %d channel%s", FormatCount(s.ConfirmWindow), m.N, plural(m.N)),
 			Result: rateCell(m, "msg/s")}
@@ -57,8 +59,8 @@ func BuildTable(r Results) Table {
 			row.CPU = FormatCPU(m.CPU, "publisher")
 		}
 		t.Add(row)
-		if m.Err == nil {
-			limitA[m.N] = max(limitA[m.N], m.Rate)
+		if m.Err == nil && m.Rate > limitA[m.N] {
+			limitA[m.N], limitACPU[m.N] = m.Rate, m.CPU
 		}
 	}
 	limitB := map[int]float64{}
@@ -71,21 +73,27 @@ func BuildTable(r Results) Table {
 	}
 
 	// The drains: the serial relay (one batch in flight) for the ratio, then the pipelined
-	// relay, whose rows carry the targets.
-	type drainKey struct{ n, inFlight int }
+	// relay, whose rows carry the targets: at the run's batch size, and with as many messages
+	// in flight as limit A keeps unconfirmed (batch × in flight = its window).
+	type drainKey struct{ n, inFlight, batch int }
+	key := func(m DrainMeasured) drainKey { return drainKey{m.N, m.InFlight, cmp.Or(m.Batch, r.BatchSize)} }
 	drain := map[drainKey]float64{}
 	for _, m := range r.Drain {
 		if m.Err == nil && m.Tracing == TracingOff {
-			drain[drainKey{m.N, m.InFlight}] = m.Rate
+			drain[key(m)] = m.Rate
 		}
 	}
 	for _, m := range r.Drain {
-		row := Row{Item: "3", What: fmt.Sprintf("relay drain of %s rows, %d relay%s, batch %d, %s", FormatCount(s.Backlog), m.N, plural(m.N), r.BatchSize, inFlightText(m.InFlight))}
+		batch := cmp.Or(m.Batch, r.BatchSize)
+		row := Row{Item: "3", What: fmt.Sprintf("relay drain of %s rows, %d relay%s, batch %d, %s", FormatCount(s.Backlog), m.N, plural(m.N), batch, inFlightText(m.InFlight))}
+		if m.InFlight > 1 && batch*m.InFlight == s.ConfirmWindow && batch != r.BatchSize {
+			row.What += fmt.Sprintf(": %s in flight, as limit A", FormatCount(s.ConfirmWindow))
+		}
 		if m.Tracing != TracingOff {
-			// The same relay as the row keyed {N, InFlight}, tracing on: its ratio is to that
-			// row, tracing off, and the targets are the tracing-off row's.
+			// The same relay as the row with its key, tracing on: its ratio is to that row,
+			// tracing off, and the targets are the tracing-off row's.
 			row.What += ", " + m.Tracing.String()
-			off, ok := drain[drainKey{m.N, m.InFlight}]
+			off, ok := drain[key(m)]
 			if m.Err != nil {
 				row.Result = errorCell(m.Err)
 			} else {
@@ -108,7 +116,7 @@ func BuildTable(r Results) Table {
 		}
 		row.Ratio = FormatPercent(ratio) + fmt.Sprintf(" of A (%d ch)", m.N)
 		if m.InFlight > 1 {
-			if serial, ok := drain[drainKey{m.N, 1}]; ok && m.Err == nil {
+			if serial, ok := drain[drainKey{m.N, 1, r.BatchSize}]; ok && m.Err == nil && batch == r.BatchSize {
 				row.Ratio += " · " + FormatTimes(Ratio(m.Rate, serial)) + " serial"
 			}
 			if m.N == 1 {
@@ -116,6 +124,11 @@ func BuildTable(r Results) Table {
 			} else {
 				row.Target = AtLeast(ratio, TargetDrainOfLimitA2, "≥ 90% of A").String()
 			}
+		}
+		if share := CPUShare(limitACPU[m.N], m.CPU); m.Err == nil && !math.IsNaN(share) {
+			// Where both run the machine equally busy, this is the share of A the row can
+			// reach: what the CPU per message allows, whatever the relay's design.
+			row.Ratio += " · A's CPU per msg " + FormatPercent(share) + " of this row's"
 		}
 		t.Add(row)
 	}
@@ -133,15 +146,19 @@ func BuildTable(r Results) Table {
 	if p := r.Peer; p != nil {
 		row := Row{Item: "4", What: fmt.Sprintf("Watermill forwarder drain of %s rows (watermill-sql pgx → watermill-amqp, confirms)", FormatCount(p.N)),
 			Result: rateCell(*p, "rows/s")}
-		times, serial := math.NaN(), math.NaN()
+		times, serial, window := math.NaN(), math.NaN(), math.NaN()
 		if p.Err == nil {
 			row.CPU = FormatCPU(p.CPU, "forwarder")
-			times = Ratio(nanIfMissing(drain, drainKey{1, r.InFlight}), p.Rate)
-			serial = Ratio(nanIfMissing(drain, drainKey{1, 1}), p.Rate)
+			times = Ratio(nanIfMissing(drain, drainKey{1, r.InFlight, r.BatchSize}), p.Rate)
+			serial = Ratio(nanIfMissing(drain, drainKey{1, 1, r.BatchSize}), p.Rate)
+			window = Ratio(nanIfMissing(drain, drainKey{1, r.InFlight, WindowBatch(s, r.InFlight)}), p.Rate)
 		}
 		row.Ratio = "1 pipelined relay = " + FormatTimes(times)
 		if !math.IsNaN(serial) {
 			row.Ratio += " · serial " + FormatTimes(serial)
+		}
+		if !math.IsNaN(window) && WindowBatch(s, r.InFlight) != r.BatchSize {
+			row.Ratio += fmt.Sprintf(" · batch %d %s", WindowBatch(s, r.InFlight), FormatTimes(window))
 		}
 		row.Target = AtLeast(times, TargetTimesPeer, "pipelined relay ≥ 8× peer").String()
 		t.Add(row)

@@ -29,6 +29,9 @@ func results() bench.Results {
 			{N: 1, InFlight: 2, DrainResult: bench.DrainResult{Rate: 8_500, Cycles: 2000, Claim: 5 * time.Millisecond,
 				CPU: &bench.CPUUsage{Messages: 200_000, Elapsed: 40 * time.Second, Process: 10 * time.Second, Postgres: 10 * time.Second, Broker: 30 * time.Second, Idle: 0.05}}},
 			{N: 2, InFlight: 2, DrainResult: bench.DrainResult{Rate: 12_000}},
+			{N: 1, InFlight: 2, Batch: 500, DrainResult: bench.DrainResult{Rate: 9_000,
+				CPU: &bench.CPUUsage{Messages: 200_000, Elapsed: 22 * time.Second, Process: 6 * time.Second, Postgres: 8 * time.Second, Broker: 26 * time.Second, Idle: 0.1}}},
+			{N: 2, InFlight: 2, Batch: 500, Err: errors.New("relay down")},
 			{N: 1, InFlight: 2, Tracing: bench.TracingNoop, DrainResult: bench.DrainResult{Rate: 8_415}},
 			{N: 1, InFlight: 2, Tracing: bench.TracingSDK, DrainResult: bench.DrainResult{Rate: 8_330}},
 		},
@@ -106,10 +109,18 @@ func TestBuildTable(t *testing.T) {
 		require.Empty(t, serial.Target, "the serial relay is there for the ratio")
 		one := row(t, tab, "1 relay, batch 100, pipelined (2 batches in flight)")
 		require.Equal(t, "8,500 rows/s", one.Result)
-		require.Equal(t, "85% of A (1 ch) · 2.13× serial", one.Ratio)
+		require.Equal(t, "85% of A (1 ch) · 2.13× serial · A's CPU per msg 48% of this row's", one.Ratio,
+			"A: 120 ms per 1,000 msgs (publisher + broker), the row 250 (relay + pg + broker)")
 		require.Equal(t, "✓ ≥ 80% of A", one.Target)
 		require.Equal(t, "relay 50.0 ms · pg 50.0 ms · broker 150 ms · idle 5%", one.CPU)
-		two := row(t, tab, "2 relays")
+		wide := row(t, tab, "1 relay, batch 500, pipelined (2 batches in flight): 1,000 in flight, as limit A")
+		require.Equal(t, "9,000 rows/s", wide.Result)
+		require.Equal(t, "90% of A (1 ch) · A's CPU per msg 60% of this row's", wide.Ratio, "no serial run of batch 500 to compare with")
+		require.Equal(t, "✓ ≥ 80% of A", wide.Target)
+		wideTwo := row(t, tab, "2 relays, batch 500")
+		require.Contains(t, wideTwo.Result, "relay down")
+		require.Equal(t, "? ≥ 90% of A (not measured)", wideTwo.Target)
+		two := row(t, tab, "2 relays, batch 100")
 		require.Equal(t, "75% of A (2 ch)", two.Ratio, "compared with limit A on as many channels; no serial run of two")
 		require.Equal(t, "✗ ≥ 90% of A", two.Target)
 		require.Equal(t, "—", two.CPU, "not measured")
@@ -135,7 +146,7 @@ func TestBuildTable(t *testing.T) {
 		require.Equal(t, "publisher 20.0 ms · broker 100 ms · idle 40%", a.CPU)
 
 		peer := row(t, tab, "Watermill")
-		require.Equal(t, "1 pipelined relay = 8.50× · serial 4.00×", peer.Ratio)
+		require.Equal(t, "1 pipelined relay = 8.50× · serial 4.00× · batch 500 9.00×", peer.Ratio)
 		require.Equal(t, "✓ pipelined relay ≥ 8× peer", peer.Target)
 
 		api := row(t, tab, "POST /orders")

@@ -29,6 +29,8 @@ type Measured struct {
 // relay).
 type DrainMeasured struct {
 	N, InFlight int
+	// Batch is the relays' batch size; 0 is the run's ([Results].BatchSize).
+	Batch int
 	// Tracing is how the relays trace.
 	Tracing Tracing
 	DrainResult
@@ -92,14 +94,15 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (err error) {
 		if perr != nil {
 			return perr
 		}
-		for _, v := range drainVariants(s, res.InFlight) {
+		for _, v := range drainVariants(s, res.InFlight, res.BatchSize) {
 			if ctx.Err() != nil {
 				break
 			}
-			e.progress("item 3: %d relay(s), %d batch(es) in flight, %s, drain %s rows", v.N, v.InFlight, v.Tracing, FormatCount(s.Backlog))
+			batch := cmp.Or(v.Batch, res.BatchSize)
+			e.progress("item 3: %d relay(s), batch %d, %d batch(es) in flight, %s, drain %s rows", v.N, batch, v.InFlight, v.Tracing, FormatCount(s.Backlog))
 			d, err := DrainResult{}, ferr
 			if err == nil {
-				d, err = e.drain(ctx, v.N, v.InFlight, s.Backlog, v.Tracing)
+				d, err = e.drain(ctx, v.N, v.InFlight, batch, s.Backlog, v.Tracing)
 			}
 			v.DrainResult, v.Err = d, err
 			res.Drain = append(res.Drain, v)
@@ -202,8 +205,10 @@ func (e *env) limits(ctx context.Context, s Sizes) (a, b []Measured) {
 }
 
 // drainVariants returns the drains of item 3 in run order: the serial relay (one batch in
-// flight) with SerialRelays relays, then the pipelined relay (inFlight batches) with Relays.
-func drainVariants(s Sizes, inFlight int) []DrainMeasured {
+// flight) with SerialRelays relays, then the pipelined relay (inFlight batches of batch
+// rows) with Relays, then the pipelined relay again with as many messages in flight as limit
+// A keeps unconfirmed ([WindowBatch]), when that is another batch size.
+func drainVariants(s Sizes, inFlight, batch int) []DrainMeasured {
 	var out []DrainMeasured
 	for _, n := range s.SerialRelays {
 		out = append(out, DrainMeasured{N: n, InFlight: 1})
@@ -211,11 +216,23 @@ func drainVariants(s Sizes, inFlight int) []DrainMeasured {
 	for _, n := range s.Relays {
 		out = append(out, DrainMeasured{N: n, InFlight: inFlight})
 	}
+	if w := WindowBatch(s, inFlight); w != batch {
+		for _, n := range s.Relays {
+			out = append(out, DrainMeasured{N: n, InFlight: inFlight, Batch: w})
+		}
+	}
 	// The one pipelined relay again, tracing on the no-op provider and on the SDK: the cost
 	// of tracing, against the row above.
 	out = append(out, DrainMeasured{N: 1, InFlight: inFlight, Tracing: TracingNoop},
 		DrainMeasured{N: 1, InFlight: inFlight, Tracing: TracingSDK})
 	return out
+}
+
+// WindowBatch is the batch size at which inFlight batches keep as many messages unconfirmed
+// as limit A does (its ConfirmWindow), at most pkg/outbox's largest: the relay compared with
+// A at the same window.
+func WindowBatch(s Sizes, inFlight int) int {
+	return min(max(s.ConfirmWindow/max(inFlight, 1), 1), 10_000)
 }
 
 // CeilingRate in [Sizes].Rates stands for the writers' own ceiling: limit B with as many
