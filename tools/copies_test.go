@@ -33,6 +33,20 @@ func TestLibraryCopiesInStep(t *testing.T) {
 // file of one must be in the other, byte for byte; change both together.
 func TestMigrationRunnerCopiesInStep(t *testing.T) {
 	t.Parallel()
+	requireSameDirs(t, "../pkg/outbox/internal/pgmigrate", "../pkg/inbox/internal/pgmigrate")
+}
+
+// TestRetryCopiesInStep: internal/retry, the backoff and the log-once streak of every
+// background loop, is one package kept as three identical copies: the service kit's and
+// each library's. Change all three together.
+func TestRetryCopiesInStep(t *testing.T) {
+	t.Parallel()
+	requireSameDirs(t, "../internal/retry", "../pkg/outbox/internal/retry", "../pkg/inbox/internal/retry")
+}
+
+// requireSameDirs fails unless every directory holds the same files, byte for byte.
+func requireSameDirs(t *testing.T, dirs ...string) {
+	t.Helper()
 	files := func(dir string) map[string]string {
 		entries, err := os.ReadDir(dir)
 		require.NoError(t, err)
@@ -46,10 +60,13 @@ func TestMigrationRunnerCopiesInStep(t *testing.T) {
 		require.NotEmpty(t, out, "%s is empty", dir)
 		return out
 	}
-	outbox, inbox := files("../pkg/outbox/internal/pgmigrate"), files("../pkg/inbox/internal/pgmigrate")
-	require.Equal(t, slices.Sorted(maps.Keys(outbox)), slices.Sorted(maps.Keys(inbox)),
-		"pkg/outbox/internal/pgmigrate and pkg/inbox/internal/pgmigrate hold different files")
-	for name, body := range outbox {
-		require.Equal(t, body, inbox[name], "internal/pgmigrate/%s differs between pkg/outbox and pkg/inbox", name)
+	first := files(dirs[0])
+	for _, dir := range dirs[1:] {
+		other := files(dir)
+		require.Equal(t, slices.Sorted(maps.Keys(first)), slices.Sorted(maps.Keys(other)),
+			"%s and %s hold different files", dirs[0], dir)
+		for name, body := range first {
+			require.Equal(t, body, other[name], "%s differs between %s and %s", name, dirs[0], dir)
+		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"testing"
 )
 
@@ -28,6 +29,7 @@ type Proxy struct {
 	frozen  bool
 	conns   map[net.Conn]struct{}
 	wg      sync.WaitGroup
+	dials   atomic.Int64
 }
 
 // NewProxy listens on a free local port and forwards to target ("host:port"). It is closed
@@ -59,6 +61,10 @@ func (p *Proxy) RewriteURL(t testing.TB, rawURL string) string {
 	u.Host = p.Addr()
 	return u.String()
 }
+
+// Dials is how many connections clients have opened to the proxy so far, those refused while
+// it was cut included: the tests of a loop that reconnects count its attempts with it.
+func (p *Proxy) Dials() int64 { return p.dials.Load() }
 
 // Cut closes every open connection and refuses new ones until Heal.
 func (p *Proxy) Cut() {
@@ -152,6 +158,7 @@ func (p *Proxy) accept() {
 		if err != nil {
 			return
 		}
+		p.dials.Add(1)
 		if !p.track(client) {
 			_ = client.Close()
 			continue
