@@ -346,6 +346,7 @@ func (r *Relay) finish(b *batch, prev *batch) (res cycleResult, err error) {
 		// The aggregates whose head is no longer pending after this cycle.
 		doneAggTypes, doneAggIDs []string
 		unavailable              error
+		refused                  error // the first refusal of the batch
 	)
 	for i, err := range outcomes {
 		m := msgs[i]
@@ -383,8 +384,13 @@ func (r *Relay) finish(b *batch, prev *batch) (res cycleResult, err error) {
 			deferred.delays = append(deferred.delays, backoff(streak, r.cfg.RetryBaseDelay, r.cfg.RetryMaxDelay).Milliseconds())
 			result.Deferred++
 			spans.outcome(i, OutcomeDeferred, err)
-			r.cfg.Logger.WarnContext(ctx, "outbox message refused by the broker; will retry without counting an attempt",
+			// The broker's doing, not the message's: the refusals' streak says it once per
+			// cycle, below; each message at debug level.
+			r.cfg.Logger.DebugContext(ctx, "outbox message refused by the broker; will retry without counting an attempt",
 				"message_id", m.ID, "message_type", m.Type, "aggregate_id", m.AggregateID, "error", err)
+			if refused == nil {
+				refused = fmt.Errorf("message %s: %w", m.ID, err)
+			}
 			continue
 		case errors.Is(err, ErrNotSent):
 			err = fmt.Errorf("not sent %d times in a row: %w", streak, err)
@@ -412,6 +418,13 @@ func (r *Relay) finish(b *batch, prev *batch) (res cycleResult, err error) {
 		logFailure(ctx, r.cfg, m, err, dead)
 	}
 	res.settled = len(published) + len(failed.ids)
+	switch {
+	case refused != nil:
+		// Each refused row waits its own retry delay: the streak only logs.
+		r.refusals.Fail(ctx, refused)
+	case len(published) > 0:
+		r.refusals.Succeed(ctx)
+	}
 
 	if len(published) > 0 {
 		if _, err := b.tx.Exec(ctx, r.sql.markPublished, published); err != nil {
@@ -489,7 +502,10 @@ func (r *Relay) maintain(ctx context.Context, wake chan<- struct{}) {
 		r.maybeMaintain(ctx)
 		r.maintMu.Lock()
 		next := r.cfg.PollInterval
-		if r.maintainNow || r.repairNow.Load() {
+		switch now := time.Now(); {
+		case now.Before(r.maintainAfter): // the last pass failed: its backoff
+			next = r.maintainAfter.Sub(now)
+		case r.maintainNow || r.repairNow.Load():
 			next = 0
 		}
 		if r.marked > 0 {
@@ -502,39 +518,52 @@ func (r *Relay) maintain(ctx context.Context, wake chan<- struct{}) {
 
 // maybeMaintain runs markWaiting when it is due: after a pass that marked rows (to finish
 // taking a backlog out of the claim's way), else once per PollInterval; and repairWaiting
-// once per repairEvery passes. Failures are logged and left to the next pass: the claim is
-// correct without them, only slower.
+// once per repairEvery passes. A failed pass is left to a later one, after the outage
+// backoff (whatever asks for a pass meanwhile) and logged once per failure streak: the claim
+// is correct without the passes, only slower.
 func (r *Relay) maybeMaintain(ctx context.Context) {
 	r.maintMu.Lock()
 	defer r.maintMu.Unlock()
 	now := time.Now()
-	if !r.maintainNow && !r.repairNow.Load() && now.Sub(r.maintainedAt) < r.cfg.PollInterval {
+	if now.Before(r.maintainAfter) ||
+		!r.maintainNow && !r.repairNow.Load() && now.Sub(r.maintainedAt) < r.cfg.PollInterval {
 		return
 	}
 	r.maintainedAt = now
 	r.maintainPasses++
 	r.marked = 0
-	ctx, cancel := context.WithTimeout(ctx, r.cfg.ClaimTimeout)
+	pctx, cancel := context.WithTimeout(ctx, r.cfg.ClaimTimeout)
 	defer cancel()
+	err := r.maintainPass(pctx)
+	switch {
+	case err == nil:
+		r.maintenance.Succeed(ctx)
+	case ctx.Err() == nil: // not the relay stopping
+		r.maintainAfter = time.Now().Add(r.maintenance.Fail(ctx, err))
+	}
+}
+
+// maintainPass is one pass of maybeMaintain: repairWaiting when it is due, then markWaiting.
+// A failed repair is due again at the next pass.
+func (r *Relay) maintainPass(ctx context.Context) error {
 	if r.repairNow.Swap(false) || r.maintainPasses%repairEvery == 0 {
-		if _, err := r.db.Exec(ctx, r.sql.repairWaiting); err != nil && ctx.Err() == nil {
-			r.cfg.Logger.WarnContext(ctx, "outbox relay: repair waiting rows", "error", err)
+		if _, err := r.db.Exec(ctx, r.sql.repairWaiting); err != nil {
 			r.repairNow.Store(true)
+			r.maintainNow = false
+			return fmt.Errorf("repair waiting rows: %w", err)
 		}
 	}
 	tag, err := r.db.Exec(ctx, r.sql.markWaiting, markWaitingLimit, markWaitingWindow)
 	if err != nil {
-		if ctx.Err() == nil {
-			r.cfg.Logger.WarnContext(ctx, "outbox relay: mark waiting rows", "error", err)
-		}
 		r.maintainNow = false
-		return
+		return fmt.Errorf("mark waiting rows: %w", err)
 	}
 	r.marked = tag.RowsAffected()
 	// Only a full pass says that more rows are waiting to be marked: going again at once
 	// after every pass that marked one row would run passes back to back while a busy
 	// aggregate is being written.
 	r.maintainNow = r.marked >= markWaitingLimit
+	return nil
 }
 
 // requestRepair asks the next maintenance pass to run repairWaiting, and to run at once. It

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/outboxshop/outboxshop/pkg/outbox/internal/retry"
 )
 
 // Defaults for [CleanupConfig]. The inbox package has the same three, named alike.
@@ -31,8 +33,8 @@ type CleanupConfig struct {
 	// Interval is the time between two runs of RunCleanup. Default [DefaultCleanupInterval],
 	// 1 minute.
 	Interval time.Duration
-	// Logger receives a line per run that deleted rows and per failed run (RunCleanup), and
-	// a debug line per batch. Nil discards.
+	// Logger receives a line per run that deleted rows and the lines of a failure streak
+	// (RunCleanup), and a debug line per batch. Nil discards.
 	Logger *slog.Logger
 }
 
@@ -111,8 +113,10 @@ func (s *Store) Cleanup(ctx context.Context, db DBTX, cfg CleanupConfig) (delete
 }
 
 // RunCleanup calls [Cleanup] at once and then every cfg.Interval until ctx is done, and then
-// returns nil. A failed run is logged and retried at the next interval. An invalid cfg
-// returns an error at once.
+// returns nil. A failed run is retried after the relay's outage backoff
+// ([DefaultOutageBaseDelay] doubling to [DefaultOutageMaxDelay], jittered), but never later
+// than the interval; it is logged when the failures start, at most every 30 seconds while
+// they go on, and once when a run succeeds again. An invalid cfg returns an error at once.
 //
 // Run it in one or more processes per database; concurrent cleaners skip each other's rows.
 // It cleans the table of the default [Tables]; [Store.RunCleanup] another.
@@ -126,23 +130,26 @@ func (s *Store) RunCleanup(ctx context.Context, db DBTX, cfg CleanupConfig) erro
 	if err != nil {
 		return err
 	}
-	ticker := time.NewTicker(cfg.Interval)
-	defer ticker.Stop()
+	failures := &retry.Streak{What: "outbox cleanup", Logger: cfg.Logger,
+		Backoff: retry.Backoff{Base: DefaultOutageBaseDelay, Max: DefaultOutageMaxDelay}}
 	for {
 		start := time.Now()
 		deleted, err := s.Cleanup(ctx, db, cfg)
+		var wait time.Duration
 		switch {
 		case ctx.Err() != nil:
 			return nil
-		case err != nil:
-			cfg.Logger.WarnContext(ctx, "outbox cleanup failed", slog.Int64("deleted", deleted), slog.Any("error", err))
-		case deleted > 0:
-			cfg.Logger.InfoContext(ctx, "outbox cleanup", slog.Int64("deleted", deleted), slog.Duration("took", time.Since(start)))
+		case err != nil: // the backoff from now: a run that timed out took long to fail
+			wait = min(failures.Fail(ctx, err), cfg.Interval)
+		default: // the interval from the run's start
+			failures.Succeed(ctx)
+			if deleted > 0 {
+				cfg.Logger.InfoContext(ctx, "outbox cleanup", slog.Int64("deleted", deleted), slog.Duration("took", time.Since(start)))
+			}
+			wait = cfg.Interval - time.Since(start)
 		}
-		select {
-		case <-ctx.Done():
+		if !retry.Sleep(ctx, wait) {
 			return nil
-		case <-ticker.C:
 		}
 	}
 }

@@ -97,7 +97,7 @@ func (b *bundle) write(t testing.TB, msgs ...outbox.Message) []outbox.Message {
 }
 
 // startRelay runs a relay until the test ends and waits for it to return.
-func (b *bundle) startRelay(t *testing.T, pool *pgxpool.Pool, pub outbox.Publisher, cfg outbox.Config) *outbox.Relay {
+func (b *bundle) startRelay(t *testing.T, pool outbox.RelayDB, pub outbox.Publisher, cfg outbox.Config) *outbox.Relay {
 	t.Helper()
 	r, err := outbox.NewRelay(pool, pub, cfg)
 	require.NoError(t, err)

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,6 +18,8 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/outboxshop/outboxshop/pkg/outbox/internal/retry"
 )
 
 // Names of the crash points of a relay cycle, passed to [Hooks].Failpoint.
@@ -126,8 +127,12 @@ type Config struct {
 	RetryBaseDelay time.Duration
 	RetryMaxDelay  time.Duration
 	// OutageBaseDelay and OutageMaxDelay bound the backoff between probes while the broker or
-	// the database is unavailable. Defaults 100ms and 10s ([DefaultOutageBaseDelay],
-	// [DefaultOutageMaxDelay]).
+	// the database is unavailable: the n-th failed attempt in a row waits
+	// OutageBaseDelay·2^(n-1), at most OutageMaxDelay, jittered between half and all of it.
+	// The relay's cycles, its maintenance passes and its LISTEN connection each back off so,
+	// and so does a cycle whose rows the broker all refused. Defaults 100ms and 10s
+	// ([DefaultOutageBaseDelay], [DefaultOutageMaxDelay]); RunCleanup and metrics.Stats use
+	// the defaults.
 	OutageBaseDelay time.Duration
 	OutageMaxDelay  time.Duration
 	// PublishTimeout bounds the publish of one batch, every step of it (waiting for the
@@ -347,6 +352,14 @@ type Relay struct {
 	repairNow      atomic.Bool // a cycle could not release a head: run repairWaiting at once
 	marked         int64       // rows the last markWaiting pass marked
 	maintainPasses int
+	maintainAfter  time.Time // a pass failed: none before then, whatever asks for one
+
+	// The failure streaks of the relay's loops: each spaces its loop's attempts with the
+	// outage backoff and logs a failure once (package retry).
+	cycles      *retry.Streak // the cycles: the database or the broker is away
+	refusals    *retry.Streak // cycles in which the broker refused messages
+	listening   *retry.Streak // the LISTEN connection
+	maintenance *retry.Streak // the maintenance passes
 }
 
 // RelayDB is what a relay needs of the database: transactions and statements for its
@@ -391,6 +404,14 @@ func NewRelay(pool RelayDB, pub Publisher, cfg Config) (*Relay, error) {
 		cfg.MessagingSystem = sn.MessagingSystem()
 	}
 	r := &Relay{db: pool, pub: pub, cfg: cfg, sql: store.sql, state: StateStarting, tracer: cfg.TracerProvider.Tracer(TracerName)}
+	outage := retry.Backoff{Base: cfg.OutageBaseDelay, Max: cfg.OutageMaxDelay}
+	streak := func(what string) *retry.Streak {
+		return &retry.Streak{What: what, Logger: cfg.Logger, Backoff: outage}
+	}
+	r.cycles = streak("outbox relay")
+	r.refusals = streak("outbox relay: the broker refuses messages")
+	r.listening = streak("outbox relay: LISTEN connection (polling meanwhile)")
+	r.maintenance = streak("outbox relay: maintenance pass")
 	if cp, ok := pub.(ConcurrentPublisher); ok {
 		r.concurrentSends = cp.ConcurrentPublishes() > 1
 	}
@@ -459,8 +480,10 @@ func (r *Relay) State() State {
 }
 
 // Run publishes rows until ctx is cancelled, then finishes every batch in flight and returns
-// nil. It survives the broker and the database going away: it waits with backoff, logs each
-// change of state once, and resumes by itself. Run may be called again after it returned,
+// nil. It survives the broker and the database going away: its cycles, its maintenance
+// passes and its LISTEN connection each wait with the outage backoff between failed
+// attempts, each logs its failure when it starts, at most every 30 seconds while it lasts,
+// and once when it ends, and the relay resumes by itself. Run may be called again after it returned,
 // but not twice at once.
 func (r *Relay) Run(ctx context.Context) error {
 	if !r.running.CompareAndSwap(false, true) {
@@ -494,8 +517,7 @@ func (r *Relay) Run(ctx context.Context) error {
 
 	timer := time.NewTimer(0)
 	defer timer.Stop()
-	failures := 0 // consecutive cycles that failed (an outage)
-	idle := 0     // consecutive cycles that claimed rows but sent none of them
+	idle := 0 // consecutive cycles that claimed rows but sent none of them
 	// After a cycle that found rows or that a notification started, the relay looks again
 	// NotifyRecheck later: for rows behind the ones it just published (the next row of an
 	// aggregate becomes claimable only once its predecessor's mark committed), and for rows of
@@ -519,35 +541,35 @@ func (r *Relay) Run(ctx context.Context) error {
 		// below starts with none, so a pause never holds a claim.
 		wakeUp := wake
 		var wait time.Duration
+		if err == nil {
+			r.cycles.Succeed(ctx)
+			r.setState(StateRunning, nil)
+		}
 		switch {
 		case err != nil:
-			failures++
+			// An outage: the outage backoff, and one line when it starts, one per
+			// retry.DefaultLogInterval while it lasts, one when it ends.
 			r.setState(stateFor(err), err)
-			wait = backoff(failures, r.cfg.OutageBaseDelay, r.cfg.OutageMaxDelay)
+			wait = r.cycles.Fail(ctx, err)
 			wakeUp = nil // a notification must not cut an outage backoff short
 			recheck = 0
 		case c.more:
 			// A full batch is on its way: more rows are likely waiting; claim them now.
-			failures, idle = 0, 0
-			r.setState(StateRunning, nil)
+			idle = 0
 			continue
 		case c.claimed > 0 && c.settled == 0:
 			// Rows were claimed but none was published or failed: the publisher sent
 			// nothing, or the broker refused everything. Not an outage, but going round again
-			// at once would only repeat it.
-			failures = 0
+			// at once would only repeat it: the outage backoff too.
 			idle++
-			r.setState(StateRunning, nil)
-			wait = backoff(idle, r.cfg.OutageBaseDelay, r.cfg.OutageMaxDelay)
+			wait = r.cycles.Backoff.Delay(idle)
 			wakeUp = nil
 			recheck = 0
 		case c.last == r.cfg.BatchSize:
-			failures, idle = 0, 0
-			r.setState(StateRunning, nil)
+			idle = 0
 			continue // a full batch: more rows are likely waiting
 		default:
-			failures, idle = 0, 0
-			r.setState(StateRunning, nil)
+			idle = 0
 			switch {
 			case notified || c.claimed > 0 || c.last > 0:
 				recheck = r.cfg.NotifyRecheck
@@ -597,13 +619,8 @@ func (r *Relay) setState(to State, cause error) {
 	if from == to {
 		return
 	}
-	log := r.cfg.Logger
-	switch to {
-	case StateBrokerUnavailable, StateDatabaseUnavailable:
-		log.Warn("outbox relay paused", "state", to, "error", cause)
-	default:
-		log.Info("outbox relay state", "state", to, "previous", from)
-	}
+	// The cause is logged by the cycles' streak, once per outage rather than once per state.
+	r.cfg.Logger.Info("outbox relay state", "state", to, "previous", from)
 	if h := r.cfg.Hooks.StateChanged; h != nil {
 		r.hook(func() { h(StateChange{From: from, To: to, Err: cause}) })
 	}
@@ -623,24 +640,16 @@ func (r *Relay) hook(f func()) {
 }
 
 // listen turns notifications into wake-ups on a connection of its own, reconnecting with
-// backoff. Polling covers every moment it is not listening.
+// the outage backoff (reset once it listens again). Polling covers every moment it is not
+// listening.
 func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
-	failures := 0
 	for {
-		err := r.listenOnce(ctx, wake, func() { failures = 0 })
+		err := r.listenOnce(ctx, wake, func() { r.listening.Succeed(ctx) })
 		if ctx.Err() != nil {
 			return
 		}
-		failures++
-		if failures == 1 {
-			r.cfg.Logger.Warn("outbox relay: LISTEN connection lost; polling until it is back", "error", err)
-		}
-		t := time.NewTimer(backoff(failures, r.cfg.OutageBaseDelay, r.cfg.OutageMaxDelay))
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !retry.Sleep(ctx, r.listening.Fail(ctx, err)) {
 			return
-		case <-t.C:
 		}
 	}
 }
@@ -675,15 +684,7 @@ func signal(c chan<- struct{}) {
 }
 
 // backoff returns the n-th (from 1) exponential delay from base, capped at max, with "equal
-// jitter": between half and all of it, so that many relays or rows do not retry in step.
+// jitter": between half and all of it, so that many rows do not retry in step.
 func backoff(n int, base, max time.Duration) time.Duration {
-	d := base
-	for i := 1; i < n && d < max; i++ {
-		d *= 2
-	}
-	d = min(d, max)
-	if d <= 1 {
-		return d
-	}
-	return d/2 + rand.N(d/2+1)
+	return retry.Backoff{Base: base, Max: max}.Delay(n)
 }

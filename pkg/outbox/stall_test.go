@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -256,6 +257,8 @@ func TestNotTheMessagesFault(t *testing.T) {
 		cfg := quietConfig(t)
 		cfg.MaxAttempts = 2
 		cfg.RetryBaseDelay, cfg.RetryMaxDelay = 5*time.Millisecond, 50*time.Millisecond
+		logger, logs := testinfra.NewLogs(t)
+		cfg.Logger = logger
 		b.write(t, b.msg("a", 1), b.msg("b", 1))
 		r := b.startRelay(t, b.pool, pub, cfg)
 		testinfra.Eventually(t, waitFor, func() bool { return pub.callCount() >= 10 }, "refused again and again")
@@ -264,6 +267,12 @@ func TestNotTheMessagesFault(t *testing.T) {
 		require.Equal(t, 2, b.count(t, "last_error LIKE '%refused by the broker%'"))
 		refuse.Store(false)
 		testinfra.Eventually(t, waitFor, func() bool { return b.count(t, "published_at IS NULL") == 0 }, "published once accepted")
+		// The refusals are the broker's doing: said once when they start and once when they
+		// end, not once per message and cycle.
+		const what = "outbox relay: the broker refuses messages"
+		testinfra.Eventually(t, waitFor, func() bool { return logs.Count(slog.LevelInfo, what+": recovered") == 1 }, "the end of the refusals said")
+		require.Equal(t, 1, logs.Count(slog.LevelWarn, ""), "one warning for %d refusals\n%s", pub.callCount(), logs.String(slog.LevelInfo))
+		require.Equal(t, 1, logs.Count(slog.LevelWarn, what+": failing"))
 	})
 
 	t.Run("RowNeverSentCountsAttemptsAfterAStreak", func(t *testing.T) {

@@ -32,6 +32,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxshop/outboxshop/pkg/outbox"
+	"github.com/outboxshop/outboxshop/pkg/outbox/internal/retry"
 )
 
 // Publish error reasons, the values of the reason label.
@@ -238,7 +239,7 @@ type StatsConfig struct {
 	Interval time.Duration
 	// ConstLabels go on every metric.
 	ConstLabels prometheus.Labels
-	// Logger receives read errors. nil discards.
+	// Logger receives the lines of a streak of failed reads. nil discards.
 	Logger *slog.Logger
 }
 
@@ -287,27 +288,29 @@ func (s *Stats) Refresh(ctx context.Context) error {
 }
 
 // Run refreshes the metrics every interval until ctx is cancelled, then returns nil. A failed
-// read is logged once per failure streak and leaves the last values (the last-success
-// timestamp shows their age).
+// read leaves the last values (the last-success timestamp shows their age) and is retried
+// after the relay's outage backoff (outbox.DefaultOutageBaseDelay doubling to
+// outbox.DefaultOutageMaxDelay, jittered), never later than the interval; it is logged when
+// the failures start, at most every 30 seconds while they go on, and once when a read
+// succeeds again.
 func (s *Stats) Run(ctx context.Context) error {
-	t := time.NewTicker(s.interval)
-	defer t.Stop()
-	failing := false
+	failures := &retry.Streak{What: "outbox stats", Logger: s.log,
+		Backoff: retry.Backoff{Base: outbox.DefaultOutageBaseDelay, Max: outbox.DefaultOutageMaxDelay}}
 	for {
+		start := time.Now()
 		err := s.Refresh(ctx)
+		var wait time.Duration
 		switch {
 		case ctx.Err() != nil:
 			return nil
-		case err != nil && !failing:
-			s.log.WarnContext(ctx, "outbox stats unavailable", "error", err)
-		case err == nil && failing:
-			s.log.InfoContext(ctx, "outbox stats available again")
+		case err != nil:
+			wait = min(failures.Fail(ctx, err), s.interval)
+		default:
+			failures.Succeed(ctx)
+			wait = s.interval - time.Since(start)
 		}
-		failing = err != nil
-		select {
-		case <-ctx.Done():
+		if !retry.Sleep(ctx, wait) {
 			return nil
-		case <-t.C:
 		}
 	}
 }
