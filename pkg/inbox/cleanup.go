@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outboxshop/outboxshop/pkg/inbox/internal/retry"
 )
 
 // Execer runs single statements. *pgxpool.Pool, *pgx.Conn and pgx.Tx satisfy it.
@@ -33,6 +35,16 @@ const (
 	DefaultCleanupInterval  = 10 * time.Minute
 )
 
+// The outage backoff: how the package's background loop ([RunCleanup]) spaces its attempts
+// while the database is unavailable. It waits DefaultOutageBaseDelay after the first failed
+// attempt, twice as long after each further one up to DefaultOutageMaxDelay, each wait
+// jittered down to half of that; the first success ends it. The outbox package has the same
+// two, the defaults of its relay's OutageBaseDelay and OutageMaxDelay.
+const (
+	DefaultOutageBaseDelay = 100 * time.Millisecond
+	DefaultOutageMaxDelay  = 10 * time.Second
+)
+
 // CleanupConfig configures [Cleanup] and [RunCleanup]. The zero value of every field means
 // its default.
 type CleanupConfig struct {
@@ -50,8 +62,9 @@ type CleanupConfig struct {
 	// Interval is the time between two runs of RunCleanup. Default [DefaultCleanupInterval],
 	// 10 minutes.
 	Interval time.Duration
-	// Logger receives a line per run that deleted rows and per failed run (RunCleanup), and
-	// a debug line per batch. Nil discards.
+	// Logger receives a line per run that deleted rows and the lines of a failure streak
+	// (RunCleanup: one when runs start failing, at most one per 30 seconds while they go on,
+	// one when a run succeeds again), and a debug line per batch. Nil discards.
 	Logger *slog.Logger
 }
 
@@ -118,6 +131,8 @@ func (s *Store) Cleanup(ctx context.Context, db Execer, cfg CleanupConfig) (dele
 	if err := db.QueryRow(ctx, s.sql.cleanupCutoff, cfg.Retention.Seconds()).Scan(&cutoff); err != nil {
 		return 0, fmt.Errorf("inbox: cleanup: compute cutoff: %w", err)
 	}
+	// One batch after another, without a wait, until one comes back short; not a retry loop:
+	// an error ends the run (RunCleanup backs off before the next).
 	for {
 		tag, err := db.Exec(ctx, s.sql.cleanupBatch, cutoff, cfg.BatchSize)
 		if err != nil {
@@ -136,8 +151,10 @@ func (s *Store) Cleanup(ctx context.Context, db Execer, cfg CleanupConfig) (dele
 }
 
 // RunCleanup calls [Cleanup] at once and then every cfg.Interval until ctx is done, and then
-// returns nil. A failed run is logged and retried at the next interval. An invalid cfg
-// returns an error at once.
+// returns nil. A failed run is retried after the outage backoff ([DefaultOutageBaseDelay]
+// doubling to [DefaultOutageMaxDelay], jittered), but never later than the interval; it is
+// logged when the failures start, at most every 30 seconds while they go on, and once when a
+// run succeeds again. An invalid cfg returns an error at once.
 //
 // Run it in one or more processes per database; concurrent cleaners skip each other's rows.
 // It cleans the table of the default [Tables]; [Store.RunCleanup] another.
@@ -151,23 +168,28 @@ func (s *Store) RunCleanup(ctx context.Context, db Execer, cfg CleanupConfig) er
 	if err != nil {
 		return err
 	}
-	ticker := time.NewTicker(cfg.Interval)
-	defer ticker.Stop()
+	// The loop's wait: after a failure, the outage backoff capped at the interval; after a
+	// success, the interval.
+	failures := &retry.Streak{What: "inbox cleanup", Logger: cfg.Logger,
+		Backoff: retry.Backoff{Base: DefaultOutageBaseDelay, Max: DefaultOutageMaxDelay}}
 	for {
 		start := time.Now()
 		deleted, err := s.Cleanup(ctx, db, cfg)
+		var wait time.Duration
 		switch {
 		case ctx.Err() != nil:
 			return nil
-		case err != nil:
-			cfg.Logger.WarnContext(ctx, "inbox cleanup failed", slog.Int64("deleted", deleted), slog.Any("error", err))
-		case deleted > 0:
-			cfg.Logger.InfoContext(ctx, "inbox cleanup", slog.Int64("deleted", deleted), slog.Duration("took", time.Since(start)))
+		case err != nil: // the backoff from now: a run that timed out took long to fail
+			wait = min(failures.Fail(ctx, err), cfg.Interval)
+		default: // the interval from the run's start
+			failures.Succeed(ctx)
+			if deleted > 0 {
+				cfg.Logger.InfoContext(ctx, "inbox cleanup", slog.Int64("deleted", deleted), slog.Duration("took", time.Since(start)))
+			}
+			wait = cfg.Interval - time.Since(start)
 		}
-		select {
-		case <-ctx.Done():
+		if !retry.Sleep(ctx, wait) {
 			return nil
-		case <-ticker.C:
 		}
 	}
 }

@@ -4,15 +4,32 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxshop/outboxshop/pkg/inbox"
+	"github.com/outboxshop/outboxshop/pkg/inbox/internal/retry"
 	"github.com/outboxshop/outboxshop/pkg/inbox/internal/testinfra"
 )
+
+// countingExecer counts the runs of Cleanup on it: each run starts with one QueryRow (the
+// cutoff), whether or not the database answers.
+type countingExecer struct {
+	inbox.Execer
+	queries atomic.Int64
+}
+
+func (c *countingExecer) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	c.queries.Add(1)
+	return c.Execer.QueryRow(ctx, sql, args...)
+}
+
+func (c *countingExecer) runs() int { return int(c.queries.Load()) }
 
 // insertProcessed adds n inbox rows processed age ago, with ids prefix-0 … prefix-(n-1).
 func insertProcessed(t *testing.T, pool *pgxpool.Pool, prefix string, n int, age time.Duration) {
@@ -123,5 +140,57 @@ func TestCleanup(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatal("RunCleanup did not return after its context was cancelled")
 		}
+	})
+
+	// The database goes away under RunCleanup for a few seconds: it retries with the outage
+	// backoff, capped at the interval, logs the outage once when it starts and once when it
+	// ends, and goes back to its interval. A loop that retried at once would make thousands
+	// of runs in the cut, against the few dozen the backoff allows; one that logged every
+	// failed run would write a warning per run, against the one allowed.
+	t.Run("RunCleanupBacksOffThroughADatabaseOutage", func(t *testing.T) {
+		t.Parallel()
+		const (
+			// Short, so that the loop runs during the cut; longer than the first waits of the
+			// backoff, so that they show.
+			interval = 500 * time.Millisecond
+			cutFor   = 3 * time.Second
+		)
+		dbURL := testinfra.DatabaseURL(t)
+		proxy := testinfra.NewProxy(t, hostPort(t, dbURL))
+		pool, err := pgxpool.New(t.Context(), proxy.RewriteURL(t, dbURL))
+		require.NoError(t, err)
+		t.Cleanup(pool.Close)
+		require.NoError(t, inbox.Migrate(t.Context(), pool))
+		db := &countingExecer{Execer: pool}
+		logger, logs := testinfra.NewLogs(t)
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error, 1)
+		go func() { done <- inbox.RunCleanup(ctx, db, inbox.CleanupConfig{Interval: interval, Logger: logger}) }()
+		testinfra.Eventually(t, 10*time.Second, func() bool { return db.runs() >= 2 }, "RunCleanup did not run twice")
+		require.Zero(t, logs.Count(slog.LevelWarn, ""), "%s", logs.String(slog.LevelDebug))
+
+		before := db.runs()
+		cutAt := time.Now()
+		proxy.Cut()
+		testinfra.Eventually(t, 30*time.Second, func() bool {
+			return time.Since(cutAt) >= cutFor && logs.Count(slog.LevelWarn, "inbox cleanup: failing") == 1
+		}, "RunCleanup did not fail during the cut")
+		runs, cut := db.runs()-before, time.Since(cutAt)
+		proxy.Heal()
+		testinfra.Eventually(t, 30*time.Second, func() bool {
+			return logs.Count(slog.LevelInfo, "inbox cleanup: recovered") == 1
+		}, "RunCleanup did not recover after the cut")
+		cancel()
+		require.NoError(t, <-done)
+
+		// The waits after failures are the outage backoff's, each at most the interval.
+		backoff := retry.Backoff{Base: inbox.DefaultOutageBaseDelay, Max: min(inbox.DefaultOutageMaxDelay, interval)}
+		t.Logf("cut for %s: %d runs (at most %d), lines:\n%s", cut.Round(time.Millisecond), runs, backoff.MaxAttempts(cut),
+			logs.String(slog.LevelInfo))
+		require.Greater(t, runs, 1, "RunCleanup did not retry during the cut")
+		// Slack 1: the run under way when the proxy was cut.
+		require.LessOrEqual(t, runs, backoff.MaxAttempts(cut)+1, "more runs than the backoff allows")
+		require.LessOrEqual(t, logs.Count(slog.LevelWarn, ""), 1+int(cut/retry.DefaultLogInterval), "%s", logs.String(slog.LevelWarn))
+		require.Equal(t, 1, logs.Count(slog.LevelInfo, "recovered"), "%s", logs.String(slog.LevelInfo))
 	})
 }

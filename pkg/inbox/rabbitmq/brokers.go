@@ -98,6 +98,8 @@ type dialFunc func(url string, deadline time.Time) (*amqp.Connection, error)
 func (b *brokers) dial(deadline time.Time, perURL time.Duration, stop func() bool, dial dialFunc) (*amqp.Connection, int, error) {
 	n := len(b.urls)
 	var failed []string
+	// No wait between brokers: one attempt dials each at most once, and the caller backs off
+	// between attempts (Consumer.Run: ReconnectDelay to MaxReconnectDelay).
 	for k := range n {
 		i := b.take()
 		until := time.Now().Add(perURL)

@@ -373,7 +373,8 @@ type Config struct {
 	Setup func(ch *amqp.Channel) error
 
 	// ReconnectDelay is the wait before the first reconnect attempt; it doubles per failed
-	// attempt up to MaxReconnectDelay, jittered. An attempt tries each of URLs at most once
+	// attempt up to MaxReconnectDelay, each wait jittered down to half of that, and starts
+	// over once the consumer consumes again. An attempt tries each of URLs at most once
 	// (see "Several brokers" in the package documentation), starting after the node of the
 	// connection lost. Defaults 500ms and 30s
 	// ([DefaultReconnectDelay], [DefaultMaxReconnectDelay]).

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"net"
 	"strings"
 	"sync"
@@ -19,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxshop/outboxshop/pkg/inbox"
+	"github.com/outboxshop/outboxshop/pkg/inbox/internal/retry"
 )
 
 // dialTimeout bounds the TCP connect and the AMQP handshake of one connection attempt.
@@ -37,6 +37,14 @@ type Consumer struct {
 	running atomic.Bool
 	// held counts the deliveries held for an in-place retry.
 	held atomic.Int64
+	// holds is the failure streak of the deliveries held after transient failures, one per
+	// Run; holdsMu makes a change of held and the streak's record of it one step (see
+	// handle).
+	holdsMu sync.Mutex
+	holds   *retry.Streak
+	// logInterval is the LogInterval of the consumer's failure streaks; 0 means
+	// retry.DefaultLogInterval. Tests shorten it.
+	logInterval time.Duration
 
 	mu     sync.Mutex
 	status Status // Running, Connected, Since, LastError, SetupWarning; Held comes from held
@@ -149,8 +157,12 @@ func poolMax(db any) int {
 //
 // It connects to the broker, runs [Config].Setup, and consumes [Config].Queue with manual
 // acknowledgements. When the connection fails or the broker goes away, Run finishes the
-// messages in hand, reconnects with backoff and goes on; it logs each change between
-// connected and disconnected once, not each failed attempt.
+// messages in hand, reconnects with backoff ([Config].ReconnectDelay doubling per failed
+// attempt up to [Config].MaxReconnectDelay, jittered, from ReconnectDelay again once
+// consuming) and goes on. It logs a failure once: a warning when the connection is lost or
+// the first attempt fails, with the error; at most one more every 30 seconds while the
+// attempts go on failing, with how many did; and one line when it consumes again, with how
+// long it was down. Each failed attempt is logged at debug level only.
 //
 // When ctx ends, Run stops taking messages (those already prefetched are handed back to the
 // broker), hands back the messages it holds after transient failures at once, without the
@@ -165,10 +177,17 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	defer c.running.Store(false)
 
+	// The reconnect loop: the lost connection or the first failed attempt starts a streak;
+	// the streak's backoff spaces the attempts and its lines are the loop's only warnings.
+	reconnects := &retry.Streak{What: "rabbitmq consumer: broker connection", Logger: c.log, LogInterval: c.logInterval,
+		Backoff: retry.Backoff{Base: c.cfg.ReconnectDelay, Max: c.cfg.MaxReconnectDelay}}
+	// The handlers' goroutines read c.holds; they start after this.
+	c.holds = &retry.Streak{What: "rabbitmq consumer: held deliveries", Logger: c.log, LogInterval: c.logInterval,
+		Backoff: c.holdBackoff()}
 	var (
 		connected bool
 		broker    string // of the connection consumed on, or last lost
-		failures  int    // failed attempts since the last successful connection
+		attempts  int    // failed connection attempts since the last connection
 		downSince = time.Now()
 	)
 	c.setStatus(func(st *Status) { *st = Status{Running: true, Since: downSince} })
@@ -176,9 +195,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 		st.Running, st.Connected, st.Since, st.LastError = false, false, time.Now(), errors.New("the consumer stopped")
 	})
 	onConnected := func(name string) {
-		c.log.InfoContext(ctx, "consuming", slog.String("broker", name),
-			slog.Int("failed_attempts", failures), slog.Duration("down_for", time.Since(downSince).Round(time.Millisecond)))
-		connected, failures, broker = true, 0, name
+		reconnects.Succeed(ctx)
+		c.log.InfoContext(ctx, "consuming", slog.String("broker", name))
+		connected, broker, attempts = true, name, 0
 		c.setStatus(func(st *Status) { st.Connected, st.Since, st.LastError, st.Broker = true, time.Now(), nil, name })
 		c.hookConnected(true, nil, name)
 	}
@@ -191,24 +210,19 @@ func (c *Consumer) Run(ctx context.Context) error {
 			c.log.InfoContext(ctx, "consumer stopped")
 			return nil
 		}
+		cause := err
 		if connected {
 			downSince = time.Now()
 			c.setStatus(func(st *Status) { st.Connected, st.Since, st.LastError = false, downSince, err })
-		} else {
-			c.setStatus(func(st *Status) { st.LastError = err })
-		}
-		switch {
-		case connected:
-			c.log.WarnContext(ctx, "lost the broker connection; reconnecting", slog.String("broker", broker), slog.Any("error", err))
 			connected = false
 			c.hookConnected(false, err, broker)
-		case failures == 0:
-			c.log.WarnContext(ctx, "cannot consume; retrying with backoff", slog.Any("error", err))
-		default:
-			c.log.DebugContext(ctx, "connection attempt failed", slog.Int("attempt", failures+1), slog.Any("error", err))
+			cause = fmt.Errorf("lost the connection to %s: %w", broker, err)
+		} else {
+			c.setStatus(func(st *Status) { st.LastError = err })
+			attempts++
+			c.log.DebugContext(ctx, "connection attempt failed", slog.Int("attempt", attempts), slog.Any("error", err))
 		}
-		failures++
-		if !sleep(ctx, backoff(c.cfg.ReconnectDelay, c.cfg.MaxReconnectDelay, failures-1)) {
+		if !retry.Sleep(ctx, reconnects.Fail(ctx, cause)) {
 			c.log.InfoContext(ctx, "consumer stopped")
 			return nil
 		}
@@ -510,28 +524,4 @@ func consumerTag(name string) string {
 		name = name[:200]
 	}
 	return name + "-" + hex.EncodeToString(b)
-}
-
-// backoff returns base·2^n, at most limit, with equal jitter: between half and all of it.
-func backoff(base, limit time.Duration, n int) time.Duration {
-	d := limit
-	if n < 32 {
-		if b := base << n; b > 0 && b < limit {
-			d = b
-		}
-	}
-	half := d / 2
-	return half + rand.N(d-half+1)
-}
-
-// sleep waits for d or until ctx ends, and reports whether the whole wait passed.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }

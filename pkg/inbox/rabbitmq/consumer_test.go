@@ -434,8 +434,10 @@ func TestConsumer(t *testing.T) {
 		require.Equal(t, 1, b.effects(t, "before"))
 
 		// One line per state change, not one per failed attempt.
-		require.Len(t, b.logs.find("lost the broker connection; reconnecting"), 1)
-		require.Empty(t, b.logs.find("cannot consume; retrying with backoff"))
+		lost := b.logs.find("rabbitmq consumer: broker connection: failing; retrying with backoff")
+		require.Len(t, lost, 1)
+		require.ErrorContains(t, lost[0].attrs["error"].(error), "lost the connection to "+proxy.Addr())
+		require.Len(t, b.logs.find("rabbitmq consumer: broker connection: recovered"), 1)
 		require.Len(t, b.logs.find("consuming"), 2)
 	})
 
@@ -454,7 +456,7 @@ func TestConsumer(t *testing.T) {
 
 		proxy.Heal()
 		testinfra.Eventually(t, 30*time.Second, func() bool { return b.effects(t, "order-1") == 1 }, "not processed after the broker came")
-		require.Len(t, b.logs.find("cannot consume; retrying with backoff"), 1)
+		require.Len(t, b.logs.find("rabbitmq consumer: broker connection: failing; retrying with backoff"), 1)
 	})
 
 	t.Run("SetupDeclaresTopologyOnEveryConnect", func(t *testing.T) {

@@ -162,12 +162,17 @@
 // is not part of it: a consumer whose database is down holds its messages and loses none.
 //
 // Logs go to [Config].Logger (log/slog) with the attributes consumer, queue, message_id and
-// message_type. Reconnect attempts are logged once per change between connected and
-// disconnected; a hold once when it starts (retries in place at debug level), and once when
-// it ends. [Hooks] report processed messages, duplicates, errors, retries, dead letters,
-// holds, hand-backs and the connection state, for metrics (see package rabbitmqmetrics), and
-// [Hooks].Failpoint lets chaos tests kill the process at [FailpointBeforeCommit] and
-// [FailpointAfterCommit].
+// message_type. An outage is logged once, not per attempt, by each of two failure streaks:
+// "rabbitmq consumer: broker connection" (the connection lost, or attempts that fail) and
+// "rabbitmq consumer: held deliveries" (deliveries held after transient failures, the
+// database down, say). Each writes a warning when it starts, with the error; at most one
+// more every 30 seconds while it lasts, with how many attempts failed; and one line when it
+// ends (consuming again; a delivery settled and none held), with how long it lasted. A
+// delivery's own hold (its start, its retries in place, a hand-back at MaxHold, its end) is
+// logged at debug level, as is each failed connection attempt. [Hooks] report processed
+// messages, duplicates, errors, retries, dead letters, holds, hand-backs and the connection
+// state, for metrics (see package rabbitmqmetrics), and [Hooks].Failpoint lets chaos tests
+// kill the process at [FailpointBeforeCommit] and [FailpointAfterCommit].
 //
 // # Tracing
 //

@@ -21,6 +21,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxshop/outboxshop/pkg/inbox"
+	"github.com/outboxshop/outboxshop/pkg/inbox/internal/retry"
 )
 
 // maxReasonLen bounds the dead-reason header; error texts can be long.
@@ -69,10 +70,19 @@ var errInterrupted = errors.New("interrupted: the consumer is stopping or lost i
 // message unacknowledged for the broker to redeliver.
 //
 // A stage that fails transiently (the database unreachable, a deadlock, a failed publish) is
-// retried in place with backoff while the delivery stays unacknowledged, which the broker
-// does not count as a delivery. The hold ends when the stage succeeds, when MaxHold since
-// the delivery's arrival would be exceeded, or when the session ends; then the delivery is
-// handed back (see handBack).
+// retried in place with backoff (holdDelay) while the delivery stays unacknowledged, which the
+// broker does not count as a delivery. The hold ends when the stage succeeds, when MaxHold
+// since the delivery's arrival would be exceeded, or when the session ends; then the delivery
+// is handed back (see handBack).
+//
+// A hold is logged by the consumer's hold streak (c.holds), not per delivery: a warning when
+// the first delivery is held, with the error; at most one more per log interval while
+// deliveries are held, with how many attempts failed; one line once a delivery is settled
+// and none is held any more. A delivery's own lines (held, retried in place, processed after
+// the hold, handed back at MaxHold) are at debug level. During an outage every prefetched
+// delivery is held for the same cause: a warning per delivery would say Prefetch times what
+// the streak says once, and again after each MaxHold, as every hand-back's copy arrives and
+// starts a hold of its own.
 func (c *Consumer) handle(s *session, in inbound) {
 	m := &message{d: in.Delivery, del: newDelivery(in.Delivery), arrived: in.at, start: time.Now()}
 	m.retries = m.del.DeliveryCount - 1
@@ -103,13 +113,11 @@ func (c *Consumer) handle(s *session, in inbound) {
 		m.failures++
 		delay := c.holdDelay(m.failures)
 		m.heldEvent(err, delay)
-		if !m.held {
-			m.held, m.holdStart = true, time.Now()
-			c.held.Add(1)
+		if c.holdFailed(s.workCtx, m, err) {
 			if h := c.cfg.Hooks.Held; h != nil {
 				h(Hold{Consumer: c.cfg.Name, Type: m.d.Type, Held: true})
 			}
-			m.log.WarnContext(s.workCtx, "transient failure; holding the message and retrying in place",
+			m.log.DebugContext(s.workCtx, "transient failure; holding the message and retrying in place",
 				slog.Any("error", err), slog.Duration("retry_in", delay), slog.Duration("max_hold", c.cfg.MaxHold))
 		} else {
 			m.log.DebugContext(s.workCtx, "transient failure; still holding the message",
@@ -119,20 +127,54 @@ func (c *Consumer) handle(s *session, in inbound) {
 			c.handBack(s, m, err)
 			return
 		}
-		if !sleep(s.waitCtx, delay) {
+		if !retry.Sleep(s.waitCtx, delay) {
 			c.handBack(s, m, errInterrupted)
 			return
 		}
 	}
+	c.endHold(m)
+	c.settled(s.workCtx)
 }
 
-// holdDelay is the wait before the n-th retry in place: the retry backoff, at most a quarter
-// of MaxHold (and starting at most at an eighth), so that a hold retries several times
-// before its delivery is handed back, and a hand-back never follows its arrival at once.
-func (c *Consumer) holdDelay(n int) time.Duration {
-	limit := min(c.cfg.MaxRetryDelay, c.cfg.MaxHold/4)
-	return backoff(min(c.cfg.RetryDelay, c.cfg.MaxHold/8, limit), limit, n-1)
+// holdFailed records a transient failure of m in the consumer's hold streak, which logs it
+// as the streak's lines say, and starts m's hold unless it is held already; it reports
+// whether it started it. The streak's wait is not used: each held delivery backs off on its
+// own (holdDelay), and at most Concurrency of them are held at once.
+func (c *Consumer) holdFailed(ctx context.Context, m *message, err error) (started bool) {
+	c.holdsMu.Lock()
+	defer c.holdsMu.Unlock()
+	c.holds.Fail(ctx, err)
+	if m.held {
+		return false
+	}
+	m.held, m.holdStart = true, time.Now()
+	c.held.Add(1)
+	return true
 }
+
+// settled records that a delivery was settled (processed, retried or dead-lettered): when no
+// delivery is held any more, the hold streak, if there was one, is over. A hold that ends in
+// a hand-back does not end the streak: its copy comes back, and is held again while the
+// cause lasts.
+func (c *Consumer) settled(ctx context.Context) {
+	c.holdsMu.Lock()
+	defer c.holdsMu.Unlock()
+	if c.held.Load() == 0 {
+		c.holds.Succeed(ctx)
+	}
+}
+
+// holdBackoff spaces the retries in place of a held delivery: the retry backoff, at most a
+// quarter of MaxHold (and starting at most at an eighth), so that a hold retries several
+// times before its delivery is handed back, and a hand-back never follows its arrival at
+// once.
+func (c *Consumer) holdBackoff() retry.Backoff {
+	limit := min(c.cfg.MaxRetryDelay, c.cfg.MaxHold/4)
+	return retry.Backoff{Base: min(c.cfg.RetryDelay, c.cfg.MaxHold/8, limit), Max: limit}
+}
+
+// holdDelay is the wait before the n-th retry in place of a held delivery (n counts from 1).
+func (c *Consumer) holdDelay(n int) time.Duration { return c.holdBackoff().Delay(n) }
 
 // endHold ends m's hold, if it was held.
 func (c *Consumer) endHold(m *message) {
@@ -286,8 +328,8 @@ func (c *Consumer) processed(s *session, m *message, duplicate bool) {
 		h(ProcessedMessage{Consumer: c.cfg.Name, Type: m.d.Type, Duplicate: duplicate, Duration: time.Since(m.start), SpanContext: sc})
 	}
 	switch {
-	case m.held:
-		m.log.InfoContext(s.workCtx, "message processed after transient failures", slog.Bool("duplicate", duplicate),
+	case m.held: // the hold streak says it for every held delivery at once (see handle)
+		m.log.DebugContext(s.workCtx, "message processed after transient failures", slog.Bool("duplicate", duplicate),
 			slog.Int("failures", m.failures), slog.Duration("held_for", time.Since(m.holdStart).Round(time.Millisecond)))
 	case duplicate:
 		m.log.InfoContext(s.workCtx, "duplicate message skipped", slog.Bool("redelivered", m.d.Redelivered))
@@ -321,10 +363,12 @@ func (c *Consumer) failpoint(name string) {
 // retryStage waits the backoff of a counted failure, then publishes the retry copy.
 func (c *Consumer) retryStage(s *session, m *message, cause error) step {
 	return func() (step, error) {
-		delay := backoff(c.cfg.RetryDelay, c.cfg.MaxRetryDelay, m.del.DeliveryCount-1)
+		// One wait per counted attempt, at most MaxDeliveries per message: RetryDelay
+		// doubling to MaxRetryDelay, jittered.
+		delay := retry.Backoff{Base: c.cfg.RetryDelay, Max: c.cfg.MaxRetryDelay}.Delay(m.del.DeliveryCount)
 		m.log.WarnContext(s.workCtx, "handler failed; retrying",
 			slog.Any("error", cause), slog.Duration("retry_in", delay), slog.Int("max_deliveries", c.cfg.MaxDeliveries))
-		if !sleep(s.waitCtx, delay) {
+		if !retry.Sleep(s.waitCtx, delay) {
 			return nil, errInterrupted
 		}
 		m.cause = cause
@@ -435,7 +479,13 @@ func (c *Consumer) handBack(s *session, m *message, cause error) {
 			}
 			c.hookHandedBack(m.d.Type, reason)
 			m.endSpan(OutcomeHandedBack, cause)
-			m.log.WarnContext(s.workCtx, "message handed back to the queue without counting a delivery",
+			// At MaxHold a routine part of a hold, which the hold streak reports (see
+			// handle); on a stop, once per held delivery.
+			level := slog.LevelDebug
+			if stopping {
+				level = slog.LevelInfo
+			}
+			m.log.Log(s.workCtx, level, "message handed back to the queue without counting a delivery",
 				slog.String("reason", reason), slog.Any("error", cause), slog.Int("failures", m.failures),
 				slog.Duration("since_arrival", time.Since(m.arrived).Round(time.Millisecond)))
 			return
@@ -446,6 +496,8 @@ func (c *Consumer) handBack(s *session, m *message, cause error) {
 	}
 	c.hookHandedBack(m.d.Type, HandBackRequeued)
 	m.endSpan(OutcomeHandedBack, cause)
+	// A warning per delivery: each costs a delivery count. At most Prefetch of them per stop
+	// or lost connection, and a new connection comes only after the reconnect backoff.
 	m.log.WarnContext(s.workCtx, "message goes back to the queue; the broker counts a delivery",
 		slog.Any("error", cause), slog.Any("hand_back_error", err))
 }

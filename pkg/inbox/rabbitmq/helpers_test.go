@@ -107,10 +107,17 @@ func (b *bundle) start(t *testing.T, pool inbox.TxBeginner, cfg rabbitmq.Config)
 	t.Helper()
 	c, err := rabbitmq.NewConsumer(pool, cfg)
 	require.NoError(t, err)
+	return c, b.runConsumer(t, c)
+}
+
+// runConsumer runs c and returns a function that stops it and checks that Run returned nil.
+// The test's cleanup stops it too.
+func (b *bundle) runConsumer(t *testing.T, c *rabbitmq.Consumer) (stop func()) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
-	stop := sync.OnceFunc(func() {
+	stop = sync.OnceFunc(func() {
 		cancel()
 		select {
 		case err := <-done:
@@ -120,7 +127,7 @@ func (b *bundle) start(t *testing.T, pool inbox.TxBeginner, cfg rabbitmq.Config)
 		}
 	})
 	t.Cleanup(stop)
-	return c, stop
+	return stop
 }
 
 // quorumQueue declares a quorum queue with the given delivery limit whose broker dead letters

@@ -14,31 +14,6 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func TestBackoff(t *testing.T) {
-	t.Parallel()
-
-	t.Run("GrowsAndIsCapped", func(t *testing.T) {
-		t.Parallel()
-		for n, want := range []time.Duration{100, 200, 400, 800, 1000, 1000} {
-			want *= time.Millisecond
-			for range 50 {
-				got := backoff(100*time.Millisecond, time.Second, n)
-				require.GreaterOrEqual(t, got, want/2, "n=%d", n)
-				require.LessOrEqual(t, got, want, "n=%d", n)
-			}
-		}
-	})
-
-	t.Run("HugeExponentDoesNotOverflow", func(t *testing.T) {
-		t.Parallel()
-		for _, n := range []int{31, 32, 63, 64, 1 << 20} {
-			got := backoff(time.Second, time.Minute, n)
-			require.GreaterOrEqual(t, got, 30*time.Second)
-			require.LessOrEqual(t, got, time.Minute)
-		}
-	})
-}
-
 func TestIsJSON(t *testing.T) {
 	t.Parallel()
 	for ct, want := range map[string]bool{

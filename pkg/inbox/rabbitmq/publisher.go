@@ -40,7 +40,8 @@ func (p *publisher) open() error {
 
 // publish publishes msg with the mandatory flag and waits for the broker's confirm, at most
 // p.timeout. A channel that failed (a channel error such as a missing exchange closes it) is
-// reopened on the next publish.
+// reopened on the next publish. It makes one attempt: a failed publish is a transient
+// failure of its delivery's stage, which handle retries after the hold's backoff.
 func (p *publisher) publish(ctx context.Context, exchange, key string, msg amqp.Publishing) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -88,6 +89,8 @@ func (p *publisher) publish(ctx context.Context, exchange, key string, msg amqp.
 	return nil
 }
 
+// drainReturns discards the returns of earlier publishes. Not a retry loop: it never waits,
+// and ends when the channel is empty.
 func (p *publisher) drainReturns() {
 	for {
 		select {

@@ -109,7 +109,7 @@ func TestConsumerStatus(t *testing.T) {
 		}
 		c, _ := b.start(t, b.pool, cfg)
 		testinfra.Eventually(t, 30*time.Second, func() bool {
-			return len(b.logs.find("cannot consume; retrying with backoff")) == 1
+			return len(b.logs.find("rabbitmq consumer: broker connection: failing; retrying with backoff")) == 1
 		}, "the consumer did not report the missing queue")
 		st := c.Status()
 		require.False(t, st.Connected)
