@@ -539,6 +539,11 @@ func (c *Compose) HealNetwork(context.Context) error { return nil }
 // NetworkStats implements Target.
 func (c *Compose) NetworkStats() NetworkStats { return NetworkStats{} }
 
+// CPUTime implements Target: not supported (docker stats samples, it does not count).
+func (c *Compose) CPUTime(_ context.Context, svc Service) (ProcessCPU, error) {
+	return ProcessCPU{}, fmt.Errorf("CPU time of %s: %w", svc, ErrUnsupported)
+}
+
 // Logs implements Target: `docker compose logs`.
 func (c *Compose) Logs(ctx context.Context, svc Service) (string, error) {
 	out, err := c.compose(ctx, "logs", "--no-color", "--no-log-prefix", string(svc))

@@ -637,6 +637,15 @@ func (l *Local) NetworkStats() NetworkStats {
 	return NetworkStats{Cut: s.Cut - l.netBase.Cut, Refused: s.Refused - l.netBase.Refused, Delayed: s.Delayed - l.netBase.Delayed}
 }
 
+// CPUTime implements Target: utime and stime of /proc/<pid>/stat.
+func (l *Local) CPUTime(_ context.Context, svc Service) (ProcessCPU, error) {
+	p, err := l.proc(svc)
+	if err != nil {
+		return ProcessCPU{}, err
+	}
+	return p.cpuTime()
+}
+
 // Logs implements Target.
 func (l *Local) Logs(_ context.Context, svc Service) (string, error) {
 	p, err := l.proc(svc)

@@ -246,3 +246,35 @@ func lookBin(name string, dirs ...string) (string, error) {
 	}
 	return "", fmt.Errorf("%s not found on PATH nor in %v", name, dirs)
 }
+
+// userHZ is the unit of the CPU times in /proc: USER_HZ, 100 on every architecture Linux and
+// Go share (sysconf(_SC_CLK_TCK) would need cgo to ask).
+const userHZ = 100
+
+// procCPUTime returns the CPU time (user and system, every thread) process pid has used.
+func procCPUTime(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	return parseProcStat(string(b))
+}
+
+// parseProcStat reads utime and stime, fields 14 and 15 of /proc/<pid>/stat, counted after
+// the command name (field 2, in parentheses, which may hold spaces and parentheses).
+func parseProcStat(stat string) (time.Duration, error) {
+	i := strings.LastIndexByte(stat, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("/proc stat without a command name: %.40q", stat)
+	}
+	f := strings.Fields(stat[i+1:]) // f[0] is field 3, the state
+	if len(f) < 13 {
+		return 0, fmt.Errorf("/proc stat with %d fields after the command name", len(f))
+	}
+	utime, err1 := strconv.ParseInt(f[11], 10, 64)
+	stime, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return 0, fmt.Errorf("/proc stat: %w", err)
+	}
+	return time.Duration(utime+stime) * time.Second / userHZ, nil
+}

@@ -190,7 +190,8 @@ func runScenario(ctx context.Context, sc Scenario, opts Options, say func(phase,
 		return o
 	}
 
-	e := &Env{Target: t, Endpoints: eps, Rate: opts.Rate, Load: load, Probe: probe, progress: say}
+	e := &Env{Target: t, Endpoints: eps, Rate: opts.Rate, Load: load, Probe: probe, progress: say,
+		processes: spec.Processes()}
 	for _, kv := range unread {
 		e.Saw("%s is not read by its service: the scenario ran on that setting's default", kv)
 	}
@@ -319,6 +320,7 @@ func runScenario(ctx context.Context, sc Scenario, opts Options, say func(phase,
 	if o.Acknowledged == 0 {
 		fail("no order was acknowledged: the load never reached the shop")
 	}
+	o.LogBurst = checkLogBursts(ctx, e, e.processes)
 	e.mu.Lock()
 	o.Failures = append(o.Failures, e.failures...)
 	e.mu.Unlock()

@@ -67,6 +67,8 @@ type Env struct {
 	Audit  audit
 
 	progress func(phase, msg string)
+	// processes are the shop's processes (ShopSpec.Processes).
+	processes []Service
 
 	mu         sync.Mutex
 	faultAt    time.Time

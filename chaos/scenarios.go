@@ -144,6 +144,7 @@ func injectBrokerKill(ctx context.Context, e *Env) error {
 		return fmt.Errorf("kill the broker: %w", err)
 	}
 	e.Fault(time.Now(), "RabbitMQ SIGKILLed; its AMQP port is closed")
+	cpu := e.outageStarts(ctx, "the broker was down")
 	if !sleepCtx(ctx, 2*time.Second) {
 		return ctx.Err()
 	}
@@ -151,6 +152,7 @@ func injectBrokerKill(ctx context.Context, e *Env) error {
 	if err := e.Target.Restart(ctx, Broker); err != nil {
 		return fmt.Errorf("restart the broker: %w", err)
 	}
+	e.outageEnds(ctx, cpu)
 	e.Healed("RabbitMQ restarted on its data directory, answering after %.1fs", time.Since(start).Seconds())
 	return nil
 }
@@ -163,6 +165,7 @@ func injectNetwork(ctx context.Context, e *Env) error {
 		return fmt.Errorf("cut the network: %w", err)
 	}
 	e.Fault(time.Now(), "network to RabbitMQ cut: every connection dropped, new ones refused")
+	cpu := e.outageStarts(ctx, "the network to the broker was cut")
 	if !sleepCtx(ctx, 3*time.Second) {
 		return ctx.Err()
 	}
@@ -170,6 +173,7 @@ func injectNetwork(ctx context.Context, e *Env) error {
 	if err := e.Target.HealNetwork(ctx); err != nil {
 		return fmt.Errorf("heal the network: %w", err)
 	}
+	e.outageEnds(ctx, cpu)
 	e.Healed("network restored after 3s (%d connections dropped, %d refused meanwhile)", cut.Cut, cut.Refused)
 	if cut.Cut == 0 {
 		return fmt.Errorf("the cut dropped no connection: the services do not reach the broker through the proxy")
@@ -205,6 +209,7 @@ func injectOrdersDBKill(ctx context.Context, e *Env) error {
 	}
 	killedAt := time.Now()
 	e.Fault(killedAt, "orders PostgreSQL SIGKILLed (postmaster and backends)")
+	cpu := e.outageStarts(ctx, "the orders database was down")
 
 	// Sample the API while the database is down: it must say 503, not hang or 500.
 	codes := map[int]int{}
@@ -224,6 +229,7 @@ func injectOrdersDBKill(ctx context.Context, e *Env) error {
 	if err := e.Target.Restart(ctx, OrdersDB); err != nil {
 		return fmt.Errorf("restart the orders database: %w", err)
 	}
+	e.outageEnds(ctx, cpu)
 	e.Healed("orders PostgreSQL restarted after %.1fs (crash recovery)", time.Since(killedAt).Seconds())
 	// The API recovers by itself: its pool reconnects.
 	back := time.Now()

@@ -369,6 +369,7 @@ func (k *nodeKill) killAndRecover(ctx context.Context, e *Env, conn *pgx.Conn, n
 	}
 	killedAt := time.Now()
 	e.Fault(killedAt, "RabbitMQ node %s (%s) SIGKILLed", node, role)
+	cpu := e.outageStarts(ctx, "node "+node+" was down")
 
 	// Orders in flight at the kill may complete at once: the evidence is an order placed
 	// after it.
@@ -395,6 +396,7 @@ func (k *nodeKill) killAndRecover(ctx context.Context, e *Env, conn *pgx.Conn, n
 	if err := e.Target.RestartBrokerNode(ctx, node); err != nil {
 		return fmt.Errorf("restart broker node %s: %w", node, err)
 	}
+	e.outageEnds(ctx, cpu)
 	var taken int
 	if err := conn.QueryRow(ctx, ordersCreatedBetween, killedAt, restartAt).Scan(&taken); err != nil {
 		return fmt.Errorf("count the orders taken during the outage: %w", err)

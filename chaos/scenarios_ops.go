@@ -462,6 +462,7 @@ func injectBrokerAlarm(ctx context.Context, e *Env) error {
 		return fmt.Errorf("the watermark is 0 but the broker lists no memory alarm: %s", alarms)
 	}
 	e.Fault(raised, "memory alarm raised on RabbitMQ (set_vm_memory_high_watermark 0); its alarms: %s", alarms)
+	cpu := e.outageStarts(ctx, "the broker's memory alarm was raised")
 	if !sleepCtx(ctx, time.Until(raised.Add(alarmFor))) {
 		// Clear it anyway: the broker serves the scenarios after this one.
 		_ = clear(context.WithoutCancel(ctx))
@@ -472,6 +473,7 @@ func injectBrokerAlarm(ctx context.Context, e *Env) error {
 		return fmt.Errorf("clear the memory alarm: %w", err)
 	}
 	cleared := time.Now()
+	e.outageEnds(ctx, cpu)
 	alarms, err = e.Target.BrokerAlarms(ctx)
 	if err != nil {
 		return fmt.Errorf("read the broker's alarms: %w", err)
@@ -801,6 +803,7 @@ func injectWarehouseDBOutage(ctx context.Context, e *Env) error {
 	killedAt := time.Now()
 	e.Fault(killedAt, "warehouse PostgreSQL SIGKILLed for %s (delivery limit %d × retry delay %s = %s)",
 		outageFor, outageDeliveryLimit, outageRetryDelay, time.Duration(outageDeliveryLimit)*outageRetryDelay)
+	cpu := e.outageStarts(ctx, "the warehouse database was down")
 	if !sleepCtx(ctx, time.Until(killedAt.Add(outageFor))) {
 		_ = e.Target.Restart(context.WithoutCancel(ctx), WarehouseDB)
 		return ctx.Err()
@@ -812,6 +815,7 @@ func injectWarehouseDBOutage(ctx context.Context, e *Env) error {
 	if err := e.Target.Restart(ctx, WarehouseDB); err != nil {
 		return fmt.Errorf("restart the warehouse database: %w", err)
 	}
+	e.outageEnds(ctx, cpu)
 	e.Healed("warehouse PostgreSQL restarted after %.1fs (crash recovery)", time.Since(killedAt).Seconds())
 	return nil
 }

@@ -267,6 +267,7 @@ func (f *failover) inject(ctx context.Context, e *Env) error {
 	if err := resume(); err != nil {
 		return fmt.Errorf("resume %s: %w", OrdersRelay, err)
 	}
+	cpu := e.outageStarts(ctx, "only the orders standby was up")
 
 	// Only the standby is up: nothing may write, and the API must say so (503).
 	codes := map[int]int{}
@@ -293,6 +294,7 @@ func (f *failover) inject(ctx context.Context, e *Env) error {
 	if err := e.Target.Promote(ctx, OrdersDB); err != nil {
 		return fmt.Errorf("promote the standby: %w", err)
 	}
+	e.outageEnds(ctx, cpu)
 	promotedAt := time.Now()
 	e.Healed("standby promoted (pg_ctl promote) %.1fs after the kill; API answers while only the standby was up: %s",
 		promotedAt.Sub(killedAt).Seconds(), alone)

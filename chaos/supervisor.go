@@ -275,3 +275,15 @@ func (p *process) signal(sig syscall.Signal) error {
 	}
 	return signalGroup(cmd.Process.Pid, sig)
 }
+
+// cpuTime reads the current incarnation's CPU time from /proc.
+func (p *process) cpuTime() (ProcessCPU, error) {
+	p.mu.Lock()
+	cmd, incarnation := p.cmd, p.incarnation
+	p.mu.Unlock()
+	if cmd == nil {
+		return ProcessCPU{}, fmt.Errorf("%s is not running", p.spec.service)
+	}
+	used, err := procCPUTime(cmd.Process.Pid)
+	return ProcessCPU{Incarnation: incarnation, Used: used}, err
+}

@@ -30,6 +30,9 @@ type Outcome struct {
 	// Recovery is the time from the fault to the moment every invariant held again (0 when
 	// there was no fault or the shop never drained).
 	Recovery time.Duration
+	// LogBurst is the busiest second of warnings and errors of any of the shop's processes
+	// (Lines 0 when none logged one).
+	LogBurst LogBurst
 	// Elapsed is the scenario's whole running time.
 	Elapsed time.Duration
 	// Injected says what the fault was and when; Seen what the runner observed.
@@ -54,7 +57,8 @@ func (o Outcome) Result() string {
 // tableHeader is the header of the summary table.
 var tableHeader = []string{
 	"scenario", "orders placed / acked", "RESERVED / REJECTED / CANCELLED",
-	"duplicates published / absorbed", "lost", "double-applied", "longest stall", "time to recover", "result",
+	"duplicates published / absorbed", "lost", "double-applied", "longest stall", "time to recover",
+	"busiest second (warn+error)", "result",
 }
 
 // Table renders outcomes as a Markdown table, one row per scenario.
@@ -70,6 +74,7 @@ func Table(outcomes []Outcome) string {
 			fmt.Sprint(o.DoubleApplied),
 			formatDuration(o.Stall),
 			formatDuration(o.Recovery),
+			formatBurst(o.LogBurst),
 			"**" + o.Result() + "**",
 		})
 	}
@@ -126,6 +131,14 @@ func Details(outcomes []Outcome) string {
 		b.WriteString("\n")
 	}
 	return b.String()
+}
+
+// formatBurst prints a busiest second as "orders-relay 12", "–" for none.
+func formatBurst(b LogBurst) string {
+	if b.Lines == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%s %d", b.Service, b.Lines)
 }
 
 // formatDuration prints d to a tenth of a second, "–" for zero.

@@ -16,6 +16,7 @@ func TestTable(t *testing.T) {
 			Scenario: "relay-after-publish", Placed: 320, Acknowledged: 318,
 			Statuses:            map[string]int{"RESERVED": 180, "REJECTED": 100, "CANCELLED": 38, "CANCELLING": 1},
 			DuplicatesPublished: 3, DuplicatesAbsorbed: 3, Stall: 2040 * time.Millisecond, Recovery: 6150 * time.Millisecond,
+			LogBurst: LogBurst{Service: OrdersRelay, Lines: 12},
 		},
 		{Scenario: "poison", Placed: 5, Acknowledged: 5, Lost: 1, DoubleApplied: 2, Failures: []string{"1 acknowledged orders lost"}},
 	}
@@ -34,9 +35,9 @@ func TestTable(t *testing.T) {
 	t.Run("Rows", func(t *testing.T) {
 		t.Parallel()
 		cells := splitRow(lines[2])
-		require.Equal(t, []string{"relay-after-publish", "320 / 318", "180 / 100 / 38", "3 / 3", "0", "0", "2.0s", "6.2s", "**PASS**"}, cells)
+		require.Equal(t, []string{"relay-after-publish", "320 / 318", "180 / 100 / 38", "3 / 3", "0", "0", "2.0s", "6.2s", "orders-relay 12", "**PASS**"}, cells)
 		cells = splitRow(lines[3])
-		require.Equal(t, []string{"poison", "5 / 5", "0 / 0 / 0", "0 / 0", "1", "2", "–", "–", "**FAIL**"}, cells)
+		require.Equal(t, []string{"poison", "5 / 5", "0 / 0 / 0", "0 / 0", "1", "2", "–", "–", "–", "**FAIL**"}, cells)
 	})
 
 	t.Run("ColumnsLineUp", func(t *testing.T) {

@@ -149,6 +149,14 @@ type Death struct {
 	Status string
 }
 
+// ProcessCPU is the CPU time (user and system) a service process has used since it started.
+type ProcessCPU struct {
+	// Incarnation counts the process's starts, from 1: readings of two incarnations cannot
+	// be compared.
+	Incarnation int
+	Used        time.Duration
+}
+
 // NetworkStats says what a network fault did.
 type NetworkStats struct {
 	// Cut counts broker connections dropped by cuts; Refused, connections refused meanwhile.
@@ -215,6 +223,9 @@ type Target interface {
 	// is in effect, or gone. BrokerAlarms lists the broker's alarms as it reports them.
 	BrokerAlarm(ctx context.Context, on bool) error
 	BrokerAlarms(ctx context.Context) (string, error)
+	// CPUTime says how much CPU svc's current incarnation has used so far; ErrUnsupported
+	// where the target cannot tell.
+	CPUTime(ctx context.Context, svc Service) (ProcessCPU, error)
 	// Logs returns everything svc wrote in the current shop, all incarnations.
 	Logs(ctx context.Context, svc Service) (string, error)
 	// ComponentLogs returns what a component (a database server, the broker) logged since
