@@ -190,8 +190,15 @@ func TestParseProcStat(t *testing.T) {
 	_, err = parseProcStat("4242 (orders) S 1 2 3")
 	require.Error(t, err)
 
-	// The runner's own process, read for real: it has used some CPU.
-	self, err := procCPUTime(os.Getpid())
-	require.NoError(t, err)
-	require.Positive(t, self)
+	// The test's own process, read for real: it counts the CPU this loop burns (a fresh
+	// process may not have used a whole clock tick yet).
+	deadline := time.Now().Add(10 * time.Second)
+	for sum := 0; ; sum++ {
+		self, err := procCPUTime(os.Getpid())
+		require.NoError(t, err)
+		if self > 0 {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "no CPU time counted after 10s of work (%d)", sum)
+	}
 }
