@@ -5,9 +5,12 @@
 //
 //   - lifecycle: a process is a service.Process (New, then Start on :0 in tests, Stop or
 //     Run), its long-running parts components of a service.Group; the periodic jobs run on
-//     service.Every; the wiring both services repeat (the relay and its cleanup, the inbox
+//     service.Every (service.AddJob); the wiring both services repeat (the relay and its cleanup, the inbox
 //     cleanup, the outbox stats, consumer hooks and settings, HTTP servers and listeners) is
 //     service's too;
+//   - outages: every background loop backs off while the database or the broker is away
+//     and logs the outage once, through retry.Backoff and retry.Streak (kept byte for byte
+//     in each library too);
 //   - configuration: a Config with the variable and its default in each field's tags, read
 //     and checked with envconfig (Load, Defaults, Checks, Section, Variables); the settings
 //     both services have (service.RelayEnv, ConsumerEnv, BrokerEnv) declared once, with

@@ -269,7 +269,10 @@ func (d *Declarer) Topology() Topology { return d.t }
 // Setup declares the topology, for the Setup of a pkg/inbox/rabbitmq consumer or a
 // pkg/outbox/rabbitmq publisher: it runs on their every (re)connect, so a broker that lost
 // the topology is repaired. It declares on a connection of its own and leaves the channel it
-// is given alone: a refused declaration would close that channel.
+// is given alone: a refused declaration would close that channel. Nothing here retries or
+// logs a failure: Setup returns it, and the caller's reconnect backoff spaces the next attempt
+// (the consumer's ReconnectDelay to MaxReconnectDelay, the relay's outage backoff), so a
+// broker that is away costs one connection attempt of the Declarer per attempt of theirs.
 func (d *Declarer) Setup(*amqp.Channel) error {
 	ctx, cancel := context.WithTimeout(context.Background(), d.dial)
 	defer cancel()

@@ -2,8 +2,9 @@
 //
 // [Open] creates the database when it does not exist, opens a pool, pings it and migrates
 // it. A server that is not there yet (a container still starting, a failover in progress)
-// is waited for: every step is retried with backoff and a log line per attempt, until the
-// context ends. Only a configuration error ends the wait early: a URL that does not parse, a
+// is waited for: every step is retried with backoff (internal/retry), until the context
+// ends, and the wait is logged once: a line when the first attempt fails, at most one per
+// [Config].LogInterval while it goes on, and "database ready" with how long it took. Only a configuration error ends the wait early: a URL that does not parse, a
 // server that refuses the credentials, a migration the server rejects. So a service can
 // start before its database, as it may in docker compose or Kubernetes, and exits only when
 // a human has to act.
@@ -20,7 +21,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"net"
 	"syscall"
 	"time"
@@ -30,6 +30,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxshop/outboxshop/internal/apperr"
+	"github.com/outboxshop/outboxshop/internal/retry"
 	"github.com/outboxshop/outboxshop/pkg/inbox"
 )
 
@@ -52,11 +53,17 @@ type Config struct {
 	// Optional.
 	Migrate func(ctx context.Context, pool *pgxpool.Pool) error
 	// RetryDelay is the wait after the first failed attempt; it doubles per attempt up to
-	// MaxRetryDelay, jittered. Defaults 250ms and 10s: at most one log line every 10s while
-	// the server is away.
+	// MaxRetryDelay, jittered (each wait between half and all of that: retry.Backoff).
+	// Defaults 250ms and 10s.
 	RetryDelay    time.Duration
 	MaxRetryDelay time.Duration
-	// Logger gets a line per failed attempt and one when the database is ready. nil discards.
+	// LogInterval is the least time between two lines about the same wait. Default
+	// retry.DefaultLogInterval (30s).
+	LogInterval time.Duration
+	// Logger gets the wait for the server (retry.Streak's lines, named "open database": one
+	// when the first attempt fails, with the error; at most one per LogInterval after that,
+	// with how many attempts failed) and "database ready" when the database is, with the
+	// attempts it took and how long it waited: the line that ends a wait. nil discards.
 	Logger *slog.Logger
 	// Tracer traces the pool's queries (internal/pgtrace). nil traces nothing.
 	Tracer pgx.QueryTracer
@@ -84,9 +91,10 @@ func Migrate(ctx context.Context, cfg Config, log *slog.Logger) error {
 }
 
 // Open creates the database of cfg.URL when it does not exist, opens a pool on it, pings it
-// and runs cfg.Migrate. While a step fails with a [Transient] error it logs the attempt and
-// tries again with backoff, until ctx ends (then it returns ctx's error, wrapping the last
-// failure). Any other failure is returned at once as a *ConfigError.
+// and runs cfg.Migrate. While a step fails with a [Transient] error it tries again with
+// backoff (see [Config].RetryDelay), logging the wait once (see [Config].Logger), until ctx
+// ends (then it returns ctx's error, wrapping the last failure). Any other failure is
+// returned at once as a *ConfigError.
 func Open(ctx context.Context, cfg Config) (*pgxpool.Pool, error) {
 	pcfg, err := pgxpool.ParseConfig(cfg.URL)
 	if err != nil {
@@ -101,8 +109,14 @@ func Open(ctx context.Context, cfg Config) (*pgxpool.Pool, error) {
 	}
 	log := cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)).With(
 		slog.String("database", pcfg.ConnConfig.Database), slog.String("host", pcfg.ConnConfig.Host))
+	// Backoff: RetryDelay (250ms) doubling to MaxRetryDelay (10s), jittered; the streak
+	// logs the first failure and then at most one line per LogInterval. Its recovery line is
+	// "database ready" below, so Succeed is never called.
 	base := cmp.Or(cfg.RetryDelay, DefaultRetryDelay)
-	ceiling := max(cmp.Or(cfg.MaxRetryDelay, DefaultMaxRetryDelay), base)
+	waiting := &retry.Streak{
+		What: "open database", Logger: log, LogInterval: cfg.LogInterval,
+		Backoff: retry.Backoff{Base: base, Max: max(cmp.Or(cfg.MaxRetryDelay, DefaultMaxRetryDelay), base)},
+	}
 
 	start := time.Now()
 	for attempt := 1; ; attempt++ {
@@ -118,15 +132,8 @@ func Open(ctx context.Context, cfg Config) (*pgxpool.Pool, error) {
 		if !Transient(err) {
 			return nil, &ConfigError{err}
 		}
-		delay := backoff(base, ceiling, attempt)
-		log.WarnContext(ctx, "database not available; retrying", slog.Int("attempt", attempt),
-			slog.Duration("retry_in", delay.Round(time.Millisecond)), slog.Any("error", err))
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !retry.Sleep(ctx, waiting.Fail(ctx, err)) {
 			return nil, fmt.Errorf("open database: gave up after %d attempts: %w (last: %w)", attempt, ctx.Err(), err)
-		case <-t.C:
 		}
 	}
 }
@@ -151,16 +158,6 @@ func open(ctx context.Context, pcfg *pgxpool.Config, migrate func(context.Contex
 		}
 	}
 	return pool, nil
-}
-
-// backoff is the wait after the attempt-th failure: base·2^(attempt-1), at most ceiling,
-// less up to a fifth at random, so that processes started together spread out.
-func backoff(base, ceiling time.Duration, attempt int) time.Duration {
-	d := ceiling
-	if attempt < 31 && base<<(attempt-1) < ceiling {
-		d = base << (attempt - 1)
-	}
-	return d - rand.N(d/5+1)
 }
 
 // EnsureDatabase connects to cfg's database and, when the server answers that it does not

@@ -21,6 +21,7 @@ import (
 
 	"github.com/outboxshop/outboxshop/internal/apperr"
 	"github.com/outboxshop/outboxshop/internal/pgdb"
+	"github.com/outboxshop/outboxshop/internal/retry"
 	"github.com/outboxshop/outboxshop/internal/testinfra"
 )
 
@@ -112,39 +113,50 @@ func freshDatabaseURL(t *testing.T, host string) string {
 func TestOpen(t *testing.T) {
 	t.Parallel()
 
+	// The server is away for cut from the start: Open's connection attempts through the
+	// proxy are held to what its backoff allows, its log to one line when the wait starts,
+	// one per LogInterval and "database ready" with the wait. A loop that retried without a
+	// delay would dial thousands of times.
 	t.Run("waits for a server that comes later, then creates and migrates the database", func(t *testing.T) {
 		t.Parallel()
+		const (
+			cut         = 3 * time.Second
+			logInterval = time.Second
+		)
+		backoff := retry.Backoff{Base: 100 * time.Millisecond, Max: time.Second}
 		u, err := url.Parse(testinfra.PostgresURL(t))
 		require.NoError(t, err)
 		proxy := testinfra.NewProxy(t, u.Host)
 		proxy.Cut()
-		logs := &logBuffer{}
+		logger, logs := testinfra.NewLogs(t)
 		migrated := 0
 		type result struct {
 			pool *pgxpool.Pool
 			err  error
 		}
 		done := make(chan result, 1)
+		dbURL := freshDatabaseURL(t, proxy.Addr())
 		go func() {
 			pool, err := pgdb.Open(context.Background(), pgdb.Config{
-				URL: freshDatabaseURL(t, proxy.Addr()), MaxConns: 3, ConnectTimeout: time.Second,
-				RetryDelay: 20 * time.Millisecond, MaxRetryDelay: 100 * time.Millisecond,
+				URL: dbURL, MaxConns: 3, ConnectTimeout: time.Second,
+				RetryDelay: backoff.Base, MaxRetryDelay: backoff.Max, LogInterval: logInterval,
 				Migrate: func(ctx context.Context, pool *pgxpool.Pool) error {
 					migrated++
 					_, err := pool.Exec(ctx, "CREATE TABLE IF NOT EXISTS t (id int)")
 					return err
 				},
-				Logger: slog.New(slog.NewTextHandler(logs, nil)),
+				Logger: logger,
 			})
 			done <- result{pool, err}
 		}()
-		testinfra.Eventually(t, 10*time.Second, func() bool { return logs.count("database not available; retrying") >= 3 },
-			"a log line per failed attempt")
+		testinfra.Eventually(t, 10*time.Second, func() bool { return proxy.Dials() > 0 }, "a first attempt")
+		<-time.After(cut) // the outage's length, not a synchronisation
 		select {
 		case r := <-done:
 			t.Fatalf("Open returned while the server was away: %v", r.err)
 		default:
 		}
+		dials := proxy.Dials()
 		proxy.Heal()
 		var r result
 		select {
@@ -157,8 +169,29 @@ func TestOpen(t *testing.T) {
 		require.Equal(t, 1, migrated)
 		_, err = r.pool.Exec(context.Background(), "INSERT INTO t VALUES (1)")
 		require.NoError(t, err, "the database exists and is migrated")
-		require.Equal(t, 1, logs.count("database ready"))
-		require.LessOrEqual(t, logs.count("level=ERROR"), 0)
+
+		// An attempt fails at its first step, the connection to the database, which dials
+		// twice: pgx follows a connection the server dropped with a cancel request on a
+		// connection of its own. +1 attempt for the one under way when the outage ended.
+		const dialsPerAttempt = 2
+		bound := dialsPerAttempt * (backoff.MaxAttempts(cut) + 1)
+		warns := logs.Count(slog.LevelWarn, "")
+		t.Logf("%d dials in a %s outage (at most %d), %d Warn lines", dials, cut, bound, warns)
+		require.LessOrEqual(t, dials, int64(bound), "dials in a %s outage", cut)
+		require.GreaterOrEqual(t, dials, int64(3), "Open retries")
+		require.Equal(t, 1, logs.Count(slog.LevelWarn, "open database: failing"), logs.String(slog.LevelDebug))
+		require.LessOrEqual(t, warns, 1+int(cut/logInterval), "Warn lines of a %s outage:\n%s", cut, logs.String(slog.LevelDebug))
+		require.Zero(t, logs.Count(slog.LevelError, ""))
+		require.Zero(t, logs.Count(slog.LevelInfo, "recovered"), "database ready is the line that ends the wait")
+		var ready []testinfra.LogRecord
+		for _, rec := range logs.Records() {
+			if rec.Msg == "database ready" {
+				ready = append(ready, rec)
+			}
+		}
+		require.Len(t, ready, 1)
+		require.Contains(t, ready[0].Attrs, "waited=")
+		require.NotContains(t, ready[0].Attrs, "attempts=1 ", "it took several attempts")
 	})
 
 	t.Run("gives up when the context ends", func(t *testing.T) {

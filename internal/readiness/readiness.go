@@ -18,6 +18,14 @@
 // a [Link], fed by the component's hooks, and checked with [Connection], which tolerates an
 // outage shorter than a grace period: a broker restart should not take every consumer out of
 // a load balancer at once, a consumer that cannot consume for minutes should.
+//
+// # What a failing probe costs
+//
+// Nothing here loops or retries: a probe runs the checks once, and the prober (a kubelet, a
+// load balancer) sets the pace. A [Connection] check reads its [Link] and dials nothing; a
+// [Ping] of the database asks the pool for a connection, so while the database is away each
+// probe makes one connection attempt, bounded by [Config].Timeout. The log gets a line per
+// change of readiness, not per probe.
 package readiness
 
 import (
@@ -61,7 +69,9 @@ type Config struct {
 	Timeout time.Duration
 	// RetryAfter is the Retry-After of a 503. Default 5s.
 	RetryAfter time.Duration
-	// Logger gets a line per change of readiness (not per probe). nil discards.
+	// Logger gets a line when the process becomes not ready, or other checks fail, with the
+	// reasons, and one when it is ready again, with how long it was not and how many probes
+	// failed: a line per change, not per probe. nil discards.
 	Logger *slog.Logger
 }
 
@@ -82,8 +92,10 @@ type handler struct {
 	retryAfter string
 	log        *slog.Logger
 
-	mu       sync.Mutex
-	notReady string // the last answer's reasons, "" when ready: to log changes only
+	mu      sync.Mutex
+	failing string    // the checks that failed the last probe, "" when ready: to log changes only
+	since   time.Time // when the process became not ready
+	probes  int       // the probes answered 503 since then
 }
 
 // result is the outcome of one check.
@@ -105,7 +117,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	wg.Wait()
 
 	checks := make(map[string]string, len(results))
-	var reasons []string
+	var reasons, failing []string
 	for _, res := range results {
 		if res.err == nil {
 			checks[res.name] = "up"
@@ -113,8 +125,9 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		checks[res.name] = "down: " + res.err.Error()
 		reasons = append(reasons, res.name+": "+res.err.Error())
+		failing = append(failing, res.name)
 	}
-	h.logChange(r.Context(), strings.Join(reasons, "; "))
+	h.logChange(r.Context(), strings.Join(failing, ","), strings.Join(reasons, "; "))
 	if len(reasons) == 0 {
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Cache-Control", "no-store")
@@ -153,15 +166,31 @@ func (h *handler) run(ctx context.Context, c Check) (err error) {
 	return err
 }
 
-func (h *handler) logChange(ctx context.Context, reasons string) {
+// logChange logs a change of the set of failing checks (failing, their names), not every
+// probe: the reasons of a failing check change from probe to probe ("down for 41s", "for
+// 42s"), so they are logged with the change but do not make one.
+// logChange logs a change of the set of failing checks (failing, their names), not every
+// probe: the reasons of a failing check change from probe to probe ("down for 41s", "for
+// 42s"), so they are logged with the change but do not make one. "ready again" says how long
+// the process was not ready and how many probes it failed.
+func (h *handler) logChange(ctx context.Context, failing, reasons string) {
 	h.mu.Lock()
-	prev := h.notReady
-	h.notReady = reasons
+	prev, since, probes := h.failing, h.since, h.probes
+	h.failing = failing
+	switch {
+	case failing == "":
+		h.probes = 0
+	case prev == "":
+		h.since, h.probes = time.Now(), 1
+	default:
+		h.probes++
+	}
 	h.mu.Unlock()
 	switch {
-	case reasons == prev:
-	case reasons == "":
-		h.log.InfoContext(ctx, "ready again")
+	case failing == prev:
+	case failing == "":
+		h.log.InfoContext(ctx, "ready again", slog.Duration("not_ready_for", time.Since(since).Round(time.Millisecond)),
+			slog.Int("failed_probes", probes))
 	default:
 		h.log.WarnContext(ctx, "not ready", slog.String("reasons", reasons))
 	}

@@ -5,10 +5,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -77,6 +79,44 @@ func TestHandler(t *testing.T) {
 			require.True(t, strings.HasPrefix(a.Checks["database"], "down: "))
 		}
 		require.Equal(t, 1, strings.Count(logs.String(), "not ready"), "a line per change, not per probe")
+	})
+
+	// A connection check's reason says for how long it has been down, so it changes from
+	// probe to probe: the log still gets one line when the process becomes not ready, one
+	// when other checks fail, and one when it is ready again.
+	t.Run("a line per change of the failing checks, not per probe", func(t *testing.T) {
+		t.Parallel()
+		logs := &bytes.Buffer{}
+		var probes, dbDown atomic.Int32
+		dbDown.Store(-1)
+		h := readiness.Handler(readiness.Config{
+			Logger: slog.New(slog.NewTextHandler(logs, nil)),
+			Checks: []readiness.Check{
+				{Name: "consumer", Check: func(context.Context) error {
+					if n := probes.Load(); n < 10 {
+						return fmt.Errorf("disconnected from the broker for %ds (more than 1s)", n+2)
+					}
+					return nil
+				}},
+				{Name: "database", Check: func(context.Context) error {
+					if probes.Load() == dbDown.Load() {
+						return errors.New("does not answer")
+					}
+					return nil
+				}},
+			}})
+		dbDown.Store(5)
+		for n := range 12 {
+			probes.Store(int32(n))
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+			require.Equal(t, n < 10, rec.Code == http.StatusServiceUnavailable, "probe %d", n)
+		}
+		out := logs.String()
+		require.Equal(t, 3, strings.Count(out, "not ready"), "consumer down; consumer and database; consumer again:\n%s", out)
+		require.Equal(t, 1, strings.Count(out, "ready again"), out)
+		require.Contains(t, out, "failed_probes=10")
+		require.Contains(t, out, "not_ready_for=")
 	})
 
 	t.Run("a check that does not answer in time is down", func(t *testing.T) {

@@ -1,5 +1,6 @@
 // Package service is the kit both services are wired on: one lifecycle for the long-running
-// parts of a process ([Group]), the "every interval until the context ends" loop ([Every]),
+// parts of a process ([Group]), the loop of the periodic jobs ([Every]: every interval
+// until the context ends, backing off after a failed run and logging a failure streak once),
 // and the pieces of wiring that are the same in both services (the metrics registry, the
 // outbox relay and its cleanup, the inbox cleanup: see wiring.go). A service's app package
 // only says which components its modes run, with which settings.
@@ -15,7 +16,10 @@
 //	err := g.Stop()                       // cancel, wait, release; the first failure
 //
 // The first component to fail (return an error, or return at all before it was asked to
-// stop) stops the others, and [Group.Stop] and [Group.Wait] return its error. Every component
+// stop) stops the others, and [Group.Stop] and [Group.Wait] return its error. A Group never
+// restarts a component: each one that depends on the database or the broker (the relay, the
+// consumer, the cleanups, the stats, the periodic jobs) backs off and retries by itself
+// while they are away, and logs the outage once (internal/retry). Every component
 // bounds its own graceful stop (the HTTP server's and the consumer's shutdown timeouts), so
 // Stop returns within the longest of them.
 package service

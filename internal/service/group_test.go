@@ -109,48 +109,6 @@ func TestGroup(t *testing.T) {
 	})
 }
 
-func TestEvery(t *testing.T) {
-	t.Parallel()
-
-	t.Run("CallsAtOnceThenEveryInterval", func(t *testing.T) {
-		t.Parallel()
-		ctx, cancel := context.WithCancel(context.Background())
-		var calls atomic.Int32
-		done := make(chan error, 1)
-		go func() {
-			done <- service.Every(ctx, time.Millisecond, func(context.Context) {
-				if calls.Add(1) == 3 {
-					cancel()
-				}
-			})
-		}()
-		select {
-		case err := <-done:
-			require.NoError(t, err)
-		case <-time.After(10 * time.Second):
-			t.Fatal("Every did not return after ctx ended")
-		}
-		require.Equal(t, int32(3), calls.Load())
-	})
-
-	t.Run("FirstCallIsImmediate", func(t *testing.T) {
-		t.Parallel()
-		ctx, cancel := context.WithCancel(context.Background())
-		called := make(chan struct{})
-		done := make(chan error, 1)
-		go func() {
-			done <- service.Every(ctx, time.Hour, func(context.Context) { close(called) })
-		}()
-		select {
-		case <-called:
-		case <-time.After(10 * time.Second):
-			t.Fatal("the first call waited for the interval")
-		}
-		cancel()
-		require.NoError(t, <-done)
-	})
-}
-
 func TestRedeliveryWindow(t *testing.T) {
 	t.Parallel()
 	retries := func(n int, delay, maxDelay time.Duration) service.ConsumerSettings {

@@ -302,7 +302,9 @@ type RelayConfig struct {
 // AddRelay adds the outbox relay ("outbox relay") on p's pool and the cleanup of published
 // rows ("outbox cleanup") to p's group, with the relay's metrics and p's crash points, and
 // returns the relay's readiness check for /readyz. An idle relay does not try the broker, so
-// its check notices an outage with the next message it has to publish.
+// its check notices an outage with the next message it has to publish. The relay, the
+// publisher and the cleanup get p's log; each backs off and logs an outage once by itself
+// (pkg/outbox's outage backoff), and nothing here retries them.
 func AddRelay(p *Process, cfg RelayConfig) (readiness.Check, error) {
 	metrics, err := outboxmetrics.NewRelay(p.Registry, p.ConstLabels())
 	if err != nil {
@@ -356,16 +358,25 @@ func AddRelay(p *Process, cfg RelayConfig) (readiness.Check, error) {
 }
 
 // AddInboxCleanup adds the cleanup of p's processed inbox rows ("inbox cleanup") to its group
-// (inbox.RunCleanup; an interval of 0 takes its default).
+// (inbox.RunCleanup, with p's log: it backs off and logs an outage once by itself; an
+// interval of 0 takes its default).
 func AddInboxCleanup(p *Process, retention, interval time.Duration) {
 	p.Group.Add("inbox cleanup", func(ctx context.Context) error {
 		return inbox.RunCleanup(ctx, p.Pool(), inbox.CleanupConfig{Retention: retention, Interval: interval, Logger: p.Log})
 	})
 }
 
+// AddJob adds the periodic job to p's group under job.Name, run by [Every] (which backs off
+// after a failed run and logs a failure streak once), with p's log unless job has a Logger.
+func AddJob(p *Process, job Job) {
+	job.Logger = cmp.Or(job.Logger, p.Log)
+	p.Group.Add(job.Name, func(ctx context.Context) error { return Every(ctx, job) })
+}
+
 // AddOutboxStats adds the outbox backlog metrics of p's database ("outbox stats") to its
 // group. The API process reads them, not the relay, so that the backlog stays visible while
-// the relay is down.
+// the relay is down. The stats loop gets p's log, and backs off and logs an outage once by
+// itself (pkg/outbox/metrics).
 func AddOutboxStats(p *Process) error {
 	stats, err := outboxmetrics.NewStats(p.Registry, p.Pool(), outboxmetrics.StatsConfig{ConstLabels: p.ConstLabels(), Logger: p.Log})
 	if err != nil {

@@ -206,8 +206,10 @@ func (a *App) addAPI() error {
 	service.AddServer(a.Process, "http server", a.apiLn, api, a.cfg.HTTPShutdownTimeout)
 	a.Group.Add("stock consumer", consumer.Run)
 	service.AddInboxCleanup(a.Process, a.cfg.InboxRetention, a.cfg.InboxCleanupInterval)
-	a.Group.Add("idempotency key cleanup", func(ctx context.Context) error {
-		return service.Every(ctx, a.cfg.IdempotencyKeyCleanupInterval, a.cleanupIdempotencyKeys)
+	// Every ORDERS_IDEMPOTENCY_KEY_CLEANUP_INTERVAL; after a failed run it backs off from
+	// 100ms to 10s (never longer than the interval) and logs the failure once (service.Every).
+	service.AddJob(a.Process, service.Job{
+		Name: "idempotency key cleanup", Interval: a.cfg.IdempotencyKeyCleanupInterval, Run: a.cleanupIdempotencyKeys,
 	})
 	return nil
 }
@@ -236,16 +238,14 @@ func (a *App) addRelay() error {
 	return nil
 }
 
-// cleanupIdempotencyKeys deletes a batch of expired idempotency keys, logging what it did.
-func (a *App) cleanupIdempotencyKeys(ctx context.Context) {
+// cleanupIdempotencyKeys deletes the expired idempotency keys, in batches of 1000, logging
+// how many; it returns a failure for service.Every to log and back off from.
+func (a *App) cleanupIdempotencyKeys(ctx context.Context) error {
 	n, err := a.store.CleanupIdempotencyKeys(ctx, a.cfg.IdempotencyKeyRetention, 1000)
-	switch {
-	case ctx.Err() != nil:
-	case err != nil:
-		a.Log.WarnContext(ctx, "idempotency key cleanup failed", "error", err)
-	case n > 0:
+	if n > 0 {
 		a.Log.InfoContext(ctx, "idempotency keys deleted", "deleted", n)
 	}
+	return err
 }
 
 // Addr is the API's address ("127.0.0.1:port"), or "" when the mode serves no API.

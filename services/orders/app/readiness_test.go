@@ -158,7 +158,7 @@ func addOutboxRow(t *testing.T, dbURL, exchange string) {
 }
 
 // TestAppWaitsForTheDatabase starts the service while its database cannot be reached: it
-// waits, logging each attempt, and starts once the database is there.
+// waits, logging the wait once, and starts once the database is there.
 func TestAppWaitsForTheDatabase(t *testing.T) {
 	t.Parallel()
 	cfg := testConfig(t)
@@ -171,8 +171,10 @@ func TestAppWaitsForTheDatabase(t *testing.T) {
 	go func() { started <- a.Start(context.Background()) }()
 	t.Cleanup(func() { require.NoError(t, a.Stop()) })
 
-	testinfra.Eventually(t, 20*time.Second, func() bool { return logs.count("database not available; retrying") >= 3 },
-		"a log line per attempt")
+	// Several attempts (each dials twice: the connection and pgx's cancel request), and
+	// one line about them.
+	testinfra.Eventually(t, 20*time.Second, func() bool { return db.Dials() >= 6 }, "Start keeps trying")
+	require.Equal(t, 1, logs.count("open database: failing"), "the wait is logged once")
 	select {
 	case err := <-started:
 		t.Fatalf("Start returned while the database was away: %v", err)
@@ -202,7 +204,7 @@ func TestAppStopWhileWaitingForTheDatabase(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx) }()
-	testinfra.Eventually(t, 20*time.Second, func() bool { return logs.count("database not available; retrying") >= 1 },
+	testinfra.Eventually(t, 20*time.Second, func() bool { return logs.count("open database: failing") >= 1 },
 		"waiting for the database")
 	cancel()
 	select {

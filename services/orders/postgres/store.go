@@ -314,6 +314,9 @@ func (s *Store) ApplyStockUpdate(ctx context.Context, tx pgx.Tx, u orders.StockU
 // order.
 func (s *Store) CleanupIdempotencyKeys(ctx context.Context, retention time.Duration, batch int) (int64, error) {
 	var total int64
+	// Not a retry loop: the first error returns (the periodic job, service.Every, backs off
+	// and logs it). It goes round while a batch comes back full, so it ends once the expired
+	// keys are gone.
 	for {
 		tag, err := s.pool.Exec(ctx, deleteIdempotencyKeys, retention, batch)
 		if err != nil {

@@ -155,9 +155,9 @@ func (a *App) Start(ctx context.Context) (err error) {
 		if err := service.AddOutboxStats(a.Process); err != nil {
 			return err
 		}
-		a.Group.Add("stock metrics", func(ctx context.Context) error {
-			return service.Every(ctx, StockMetricsInterval, svc.stockGauge(a.store, a.Log))
-		})
+		// Every StockMetricsInterval; after a failed read it backs off from 100ms to 10s
+		// (never longer than the interval) and logs the failure once (service.Every).
+		service.AddJob(a.Process, service.Job{Name: "stock metrics", Interval: StockMetricsInterval, Run: svc.stockGauge(a.store)})
 	}
 	service.AddServer(a.Process, "http server", a.ln, warehousehttp.NewRouter(httpCfg), a.cfg.ShutdownTimeout)
 	a.Launch(ctx, slog.String("http_addr", a.HTTPAddr()), slog.Bool("api", api), slog.Bool("consumer", consumer), slog.Bool("relay", relay))

@@ -2,7 +2,6 @@ package app
 
 import (
 	"context"
-	"log/slog"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -68,34 +67,27 @@ type stockReader interface {
 }
 
 // stockGauge returns the job that sets warehouse_stock_available from the stock table, run
-// every StockMetricsInterval (service.Every). Only the SKUs of the catalogue are exported: PUT
-// /stock/{sku} can create any SKU, and a label value per SKU a client invents would be
-// unbounded. A failed read is logged once per failure streak and leaves the last values.
-func (m *serviceMetrics) stockGauge(db stockReader, log *slog.Logger) func(ctx context.Context) {
+// every StockMetricsInterval (service.Every, which logs a failure streak once and backs off).
+// Only the SKUs of the catalogue are exported: PUT /stock/{sku} can create any SKU, and a
+// label value per SKU a client invents would be unbounded. A failed read leaves the last
+// values.
+func (m *serviceMetrics) stockGauge(db stockReader) func(ctx context.Context) error {
 	skus := make([]string, len(warehouse.Catalogue))
 	for i, c := range warehouse.Catalogue {
 		skus[i] = c.SKU
 	}
-	failing := false
-	return func(ctx context.Context) {
+	return func(ctx context.Context) error {
 		levels, err := db.Available(ctx, skus)
-		switch {
-		case ctx.Err() != nil:
-			return
-		case err != nil && !failing:
-			log.WarnContext(ctx, "stock metrics unavailable", slog.Any("error", err))
-		case err == nil && failing:
-			log.InfoContext(ctx, "stock metrics available again")
+		if err != nil {
+			return err
 		}
-		failing = err != nil
-		if err == nil {
-			for _, sku := range skus {
-				if n, ok := levels[sku]; ok {
-					m.stock.WithLabelValues(sku).Set(float64(n))
-				} else {
-					m.stock.DeleteLabelValues(sku) // not in the table (any more)
-				}
+		for _, sku := range skus {
+			if n, ok := levels[sku]; ok {
+				m.stock.WithLabelValues(sku).Set(float64(n))
+			} else {
+				m.stock.DeleteLabelValues(sku) // not in the table (any more)
 			}
 		}
+		return nil
 	}
 }

@@ -100,6 +100,10 @@ func (s *Store) SetStock(ctx context.Context, sku, name string, available int64)
 func (s *Store) SetStockIf(ctx context.Context, sku, name string, available int64, pre warehouse.Precondition) (item warehouse.StockItem, created bool, err error) {
 	now := s.now()
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		// Not a retry loop: every error returns at once (the request answers 503 when it
+		// is transient). It goes round again only when another request created the SKU
+		// between the lock and the insert, and then finds the row: at most twice, since
+		// stock rows are never deleted.
 		for {
 			var (
 				oldName      string
