@@ -115,6 +115,12 @@ ON CONFLICT (consumer, message_id) DO NOTHING`
 // nil error. The caller acknowledges the message to its broker in both cases, and only after
 // Process returned a nil error.
 //
+// Both commits are [CommitReplicated]: on a primary with synchronous standbys, a nil error
+// means that the effect, or for a duplicate the inbox row that records it, is on the
+// standbys, and survives a failover. A duplicate found on the primary alone (the first
+// delivery's commit waited for the standby and was cut short) is not acknowledged until the
+// standby has it.
+//
 // When fn returns an error, the whole transaction is rolled back, the inbox row included, so a
 // redelivery of the message tries again; the error is returned wrapped (errors.Is, errors.As,
 // [Classify] and [IsPermanent] see through the wrapping). A nil fn records the message without
@@ -138,7 +144,9 @@ ON CONFLICT (consumer, message_id) DO NOTHING`
 //     (connection lost, table missing, permission revoked, read-only standby) is the
 //     infrastructure's and must not use up the message's attempts.
 //   - fn's error and a failed commit are returned as they are, for [Classify] to judge: a
-//     deadlock or a lost connection is transient, a constraint violation is not.
+//     deadlock or a lost connection is transient, a constraint violation is not. A commit
+//     whose wait for the synchronous standby ended with ctx ([ErrCommitUnknown]), and a
+//     duplicate that could not be confirmed on the standbys, are [Transient].
 //
 // # Concurrent deliveries
 //
@@ -194,15 +202,24 @@ func (s *Store) Process(ctx context.Context, db TxBeginner, consumer string, msg
 		return false, Transient(err)
 	}
 	if tag.RowsAffected() == 0 {
+		// Processed before, as far as this server knows. The inbox row may be on the primary
+		// alone (its commit's wait for the standby was cancelled, and Process returned an
+		// error), so the duplicate is confirmed like a commit before it is acknowledged.
 		markDuplicate(ctx)
-		return true, nil // processed before; the deferred rollback ends the empty transaction
+		if err := CommitReplicated(ctx, tx); err != nil {
+			return false, Transient(fmt.Errorf("inbox: confirm duplicate message %q: %w", msg.ID, err))
+		}
+		return true, nil
 	}
 	if fn != nil {
 		if err := fn(ctx, tx); err != nil {
 			return false, fmt.Errorf("inbox: handle message %q: %w", msg.ID, err)
 		}
 	}
-	if err := tx.Commit(ctx); err != nil {
+	if err := CommitReplicated(ctx, tx); err != nil {
+		if errors.Is(err, ErrCommitUnknown) {
+			err = Transient(err)
+		}
 		return false, fmt.Errorf("inbox: commit message %q: %w", msg.ID, err)
 	}
 	return false, nil

@@ -60,10 +60,15 @@ FOR UPDATE OF o SKIP LOCKED`
 // 100,000 pending rows that estimate crosses PostgreSQL's jit_above_cost, and every claim
 // then compiled itself for about 6 ms to run for 1.5 ms (EXPLAIN ANALYZE on 200,000 rows),
 // which made PostgreSQL the relay's bottleneck on a long backlog.
+//
+// It returns what the relay needs to know of the server for the batch: whether it has
+// synchronous standbys, and its start time (see awaitReplication).
 const claimSettings = `
 SELECT set_config('idle_in_transaction_session_timeout', $1, true),
        set_config('statement_timeout', $2, true),
-       set_config('jit', 'off', true)`
+       set_config('jit', 'off', true),
+       current_setting('synchronous_standby_names') <> '',
+       pg_postmaster_start_time()`
 
 // markPublished marks exactly the confirmed rows. clock_timestamp, not now(): now() is when
 // the claim began.
@@ -278,7 +283,8 @@ func (r *Relay) claimNext(ctx context.Context) (_ *batch, err error) {
 		}
 	}()
 
-	b.msgs, b.unreadable, err = r.claim(claimCtx, tx)
+	var srv server
+	b.msgs, b.unreadable, srv, err = r.claim(claimCtx, tx)
 	if err != nil {
 		return nil, databaseError{fmt.Errorf("claim outbox batch: %w", err)}
 	}
@@ -287,6 +293,11 @@ func (r *Relay) claimNext(ctx context.Context) (_ *batch, err error) {
 	}
 	if len(b.msgs) == 0 {
 		return nil, nil
+	}
+	if srv.synchronous {
+		if err := r.awaitReplication(claimCtx, srv); err != nil {
+			return nil, databaseError{fmt.Errorf("claim outbox batch: wait until the claimed rows are on the synchronous standbys: %w", err)}
+		}
 	}
 	b.publishBy = time.Now().Add(r.cfg.PublishTimeout)
 	handedOver = true
@@ -628,14 +639,15 @@ func (r *Relay) publish(ctx context.Context, deadline time.Time, msgs []Message,
 
 // claim locks and reads a batch. A row whose headers are not a JSON object of strings (written
 // by hand, say) is returned in unreadable, so that it ends dead instead of failing every claim.
-func (r *Relay) claim(ctx context.Context, tx pgx.Tx) (msgs []Message, unreadable map[int]error, err error) {
+func (r *Relay) claim(ctx context.Context, tx pgx.Tx) (msgs []Message, unreadable map[int]error, srv server, err error) {
 	ms := strconv.FormatInt(r.cfg.ClaimTimeout.Milliseconds(), 10)
-	if _, err := tx.Exec(ctx, claimSettings, ms, ms); err != nil {
-		return nil, nil, fmt.Errorf("set timeouts: %w", err)
+	var ignored string
+	if err := tx.QueryRow(ctx, claimSettings, ms, ms).Scan(&ignored, &ignored, &ignored, &srv.synchronous, &srv.started); err != nil {
+		return nil, nil, srv, fmt.Errorf("set timeouts: %w", err)
 	}
 	rows, err := tx.Query(ctx, r.sql.claimBatch, r.cfg.BatchSize)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, srv, err
 	}
 	defer rows.Close()
 	msgs = make([]Message, 0, r.cfg.BatchSize)
@@ -647,7 +659,7 @@ func (r *Relay) claim(ctx context.Context, tx pgx.Tx) (msgs []Message, unreadabl
 		)
 		if err := rows.Scan(&m.ID, &m.Exchange, &m.RoutingKey, &m.Type, &m.AggregateType, &m.AggregateID,
 			&payload, &headers, &m.CreatedAt, &m.Attempts); err != nil {
-			return nil, nil, err
+			return nil, nil, srv, err
 		}
 		m.Payload = payload
 		if len(headers) > 2 { // "{}" is the common case
@@ -660,7 +672,49 @@ func (r *Relay) claim(ctx context.Context, tx pgx.Tx) (msgs []Message, unreadabl
 		}
 		msgs = append(msgs, m)
 	}
-	return msgs, unreadable, rows.Err()
+	return msgs, unreadable, srv, rows.Err()
+}
+
+// server is what a claim learnt of the server it ran on.
+type server struct {
+	synchronous bool      // synchronous_standby_names is set
+	started     time.Time // pg_postmaster_start_time(): tells one server from another
+}
+
+// awaitReplication returns once the rows claimed on srv are on its synchronous standbys, so
+// that a failover cannot take back a row the relay has published. The claim only reads
+// them, and a row committed on the primary alone is visible there all the same: its
+// writer's wait for the standby was cancelled (a client's timeout, statement_timeout), or
+// the primary crashed and replayed it at restart. The claim transaction stays open until
+// the rows are published, so its own commit cannot wait for them; a transaction of its own,
+// on another connection, does (see replicationBarrier): it began after the claim saw the
+// rows, so its commit record comes after theirs in the WAL, and the standby has them once
+// it has that record. It must have run on the claim's server: a connection the pool opened
+// to a promoted standby in between would prove nothing.
+//
+// It waits at most until ctx ends: with a single synchronous standby that is down, the
+// relay reports the database unavailable and backs off, holding nothing meanwhile.
+func (r *Relay) awaitReplication(ctx context.Context, srv server) error {
+	tx, err := r.db.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	defer rollback(ctx, tx)
+	var ignored any
+	var started time.Time
+	if err := tx.QueryRow(ctx, replicationBarrier).Scan(&ignored, &ignored, &started); err != nil {
+		return err
+	}
+	if !started.Equal(srv.started) {
+		return fmt.Errorf("the barrier ran on another server (started %s) than the claim (started %s): a failover", started, srv.started)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("%w (%w)", ErrCommitUnknown, err)
+	}
+	return nil
 }
 
 func logFailure(ctx context.Context, cfg Config, m Message, err error, dead bool) {

@@ -110,6 +110,10 @@ func TestQueryExecModes(t *testing.T) {
 			deleted, err := outbox.Cleanup(ctx, pool, outbox.CleanupConfig{})
 			require.NoError(t, err)
 			require.EqualValues(t, len(all), deleted)
+
+			tx, err := pool.Begin(ctx)
+			require.NoError(t, err)
+			require.NoError(t, outbox.CommitReplicated(ctx, tx))
 		})
 	}
 }

@@ -58,6 +58,7 @@ type PostgresServer struct {
 	pgid    int
 	exited  chan struct{}
 	logPath string
+	args    []string // the start's extra arguments, for a restart
 }
 
 // StartPostgresPair initialises a primary, starts it, clones the standby from it with
@@ -260,6 +261,42 @@ func (p *PostgresPair) KillPrimary(t testing.TB) {
 	}
 }
 
+// KillStandby SIGKILLs the standby and returns once it is gone. A primary that names it as
+// its synchronous standby then takes commits without returning them: each waits until the
+// standby is back ([PostgresPair.StartStandby]) or its client gives up, and one whose wait
+// is cancelled stays committed on the primary alone.
+func (p *PostgresPair) KillStandby(t testing.TB) {
+	t.Helper()
+	if err := p.Standby.kill(); err != nil {
+		t.Fatalf("kill the standby: %v", err)
+	}
+}
+
+// StartStandby starts the standby again after [PostgresPair.KillStandby]; it resumes
+// streaming from the primary if the primary is up. It returns once the standby accepts
+// (read-only) connections, not once it has caught up.
+func (p *PostgresPair) StartStandby(t testing.TB) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := p.Standby.start(ctx, p.Standby.args...); err != nil {
+		t.Fatalf("start the standby: %v", err)
+	}
+}
+
+// RestartPrimary SIGKILLs the primary and starts it again, as a crash and a supervisor's
+// restart would: crash recovery replays its WAL, so what it committed locally, replicated or
+// not, is visible again. It returns once the primary accepts connections.
+func (p *PostgresPair) RestartPrimary(t testing.TB) {
+	t.Helper()
+	p.KillPrimary(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := p.Primary.start(ctx, p.Primary.args...); err != nil {
+		t.Fatalf("restart the primary: %v", err)
+	}
+}
+
 // Promote makes the standby a primary (pg_ctl promote, waiting until it accepts writes).
 func (p *PostgresPair) Promote(t testing.TB) {
 	t.Helper()
@@ -279,6 +316,7 @@ func (s *PostgresServer) URL(db string) string {
 // kill processes, never the machine, and what a killed server wrote is in the page cache.
 func (s *PostgresServer) start(ctx context.Context, extra ...string) error {
 	p := s.pair
+	s.args = extra
 	logf, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return err
