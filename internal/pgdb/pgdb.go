@@ -12,6 +12,10 @@
 // [Transient] is the one classification of PostgreSQL errors the services use: worth
 // retrying (the server is unreachable, shutting down or out of resources; a deadlock or a
 // serialization failure) or not (the statement or its data is at fault).
+//
+// [InTx] is the one way the services run a transaction whose outcome they answer a client
+// with: it commits with pkg/outbox's CommitReplicated, so that nothing is acknowledged that
+// is on the primary alone and could be lost in a failover (docs/failover.md).
 package pgdb
 
 import (
@@ -32,6 +36,7 @@ import (
 	"github.com/outboxshop/outboxshop/internal/apperr"
 	"github.com/outboxshop/outboxshop/internal/retry"
 	"github.com/outboxshop/outboxshop/pkg/inbox"
+	"github.com/outboxshop/outboxshop/pkg/outbox"
 )
 
 // Defaults of [Config].
@@ -204,11 +209,16 @@ func hasCode(err error, code string) bool {
 // idle-in-transaction and transaction timeouts), so that the APIs, the start-up and the
 // consumers agree; everything else (22 data exception, 23 integrity violation, 42 syntax or
 // access rule, 28 invalid authorization, …) is not. Without a SQLSTATE: a connection that
-// could not be made or was lost, a timeout and a cancelled context are transient. The HTTP
-// APIs answer a transient error with 503 and Retry-After.
+// could not be made or was lost, a timeout and a cancelled context are transient, and so is
+// a commit whose outcome is unknown (outbox.ErrCommitUnknown: [InTx]'s wait for the
+// synchronous standby ended with its context). The HTTP APIs answer a transient error with
+// 503 and Retry-After.
 func Transient(err error) bool {
 	if err == nil {
 		return false
+	}
+	if errors.Is(err, outbox.ErrCommitUnknown) {
+		return true
 	}
 	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok {
 		return inbox.ClassifySQLState(pgErr.Code) == inbox.ClassTransient
@@ -247,6 +257,54 @@ func Wrap(op string, err error) error {
 		return apperr.Wrap(apperr.CodeUnavailable, wrapped, UnavailableMessage)
 	}
 	return wrapped
+}
+
+// TxBeginner begins a transaction; *pgxpool.Pool and *pgx.Conn implement it.
+type TxBeginner interface {
+	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
+}
+
+var (
+	_ TxBeginner = (*pgxpool.Pool)(nil)
+	_ TxBeginner = (*pgx.Conn)(nil)
+)
+
+// InTx runs fn in a transaction begun on db with opts and, when fn returns nil, commits with
+// outbox.CommitReplicated; when fn returns an error (or panics) it rolls back and returns
+// fn's error as it is, for the caller to [Wrap].
+//
+// Use it for every transaction whose outcome a service answers a client with, a read as
+// much as a write: when it returns nil, what the transaction wrote and what it read is on
+// the synchronous standbys (when the server has any) and survives a failover to one of
+// them. A plain Commit of a transaction that only read waits for no standby, yet what it
+// read may be on the primary alone: a commit whose wait for the standby was cut short is
+// visible there at once, and so is whatever a primary restarted after a crash replays.
+// Answering 201 or 200 from such a read tells the client of something the failover will
+// undo.
+//
+// A commit that ctx ended while it waited for the standby returns an error (wrapping
+// outbox.ErrCommitUnknown when the commit itself returned; [Transient] either way: 503, the
+// client retries); with a single synchronous standby that is down, every InTx waits for it
+// until ctx ends. Without synchronous standbys it costs one cheap statement more than a
+// plain commit (docs/benchmarks.md).
+func InTx(ctx context.Context, db TxBeginner, opts pgx.TxOptions, fn func(tx pgx.Tx) error) error {
+	tx, err := db.BeginTx(ctx, opts)
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	defer rollback(ctx, tx) // after a commit it does nothing
+	if err := fn(tx); err != nil {
+		return err
+	}
+	return outbox.CommitReplicated(ctx, tx)
+}
+
+// rollback ends tx, also when ctx has ended, within a few seconds; pgx closes the
+// connection itself when the rollback fails. After a commit it returns at once.
+func rollback(ctx context.Context, tx pgx.Tx) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	_ = tx.Rollback(ctx)
 }
 
 // DBTX is what a service adapter's queries need, the same in both services: pgx.Tx,

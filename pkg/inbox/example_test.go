@@ -133,6 +133,34 @@ func ExampleCleanup() {
 	// Output: deleted: 1
 }
 
+// CommitReplicated is how Process commits, for the transactions of your own whose outcome
+// you acknowledge: here an API's answer read back from a row. It returns once the row is on
+// the synchronous standbys, if the server has any.
+func ExampleCommitReplicated() {
+	ctx := context.Background()
+	pool, drop := exampleDatabase(ctx)
+	defer drop()
+	if _, err := pool.Exec(ctx, `CREATE TABLE stock (sku text PRIMARY KEY, on_hand int NOT NULL);
+		INSERT INTO stock VALUES ('BOOK-1', 7)`); err != nil {
+		panic(err)
+	}
+
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		panic(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // after a commit it does nothing
+	var onHand int
+	if err := tx.QueryRow(ctx, "SELECT on_hand FROM stock WHERE sku = $1", "BOOK-1").Scan(&onHand); err != nil {
+		panic(err)
+	}
+	if err := inbox.CommitReplicated(ctx, tx); err != nil {
+		panic(err) // the outcome is unknown: answer 503, and let the client retry
+	}
+	fmt.Println("on hand:", onHand)
+	// Output: on hand: 7
+}
+
 // A handler marks errors that no retry can fix as permanent; consumers dead-letter those at
 // once.
 func ExamplePermanent() {

@@ -180,6 +180,35 @@ func ExampleCleanup() {
 	// deleted 0
 }
 
+// ExampleCommitReplicated answers an idempotent request's replay from what a transaction
+// only read: committed with CommitReplicated, the answer is given only once the row it
+// comes from is on the synchronous standbys, if the server has any.
+func ExampleCommitReplicated() {
+	ctx := context.Background()
+	pool, _, cleanup := exampleEnv()
+	defer cleanup()
+	if _, err := pool.Exec(ctx, `CREATE TABLE answers (key text PRIMARY KEY, body text NOT NULL);
+		INSERT INTO answers VALUES ('order-42', '{"id":42}')`); err != nil {
+		log.Fatal(err)
+	}
+
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // after a commit it does nothing
+	var body string
+	if err := tx.QueryRow(ctx, "SELECT body FROM answers WHERE key = $1", "order-42").Scan(&body); err != nil {
+		log.Fatal(err)
+	}
+	if err := outbox.CommitReplicated(ctx, tx); err != nil {
+		log.Fatal(err) // the outcome is unknown: answer 503, and let the client retry
+	}
+	fmt.Println("201", body)
+	// Output:
+	// 201 {"id":42}
+}
+
 // exampleEnv gives an example a fresh database and the broker URL.
 func exampleEnv() (pool *pgxpool.Pool, amqpURL string, cleanup func()) {
 	ctx := context.Background()

@@ -30,7 +30,9 @@ type StoreConfig struct {
 }
 
 // Store is the orders repository. Every method that changes an order writes the order, its
-// history row and its event (outbox.Add) in one transaction.
+// history row and its event (outbox.Add) in one transaction. Every method whose result the
+// API answers commits through pgdb.InTx (outbox.CommitReplicated), reads included: a nil
+// error means the result is on the synchronous standbys, if the server has any.
 type Store struct {
 	pool     DB
 	exchange string
@@ -77,6 +79,15 @@ func (s *Store) Ping(ctx context.Context) error {
 // is written: the stored answer is returned with Replayed set, or CodeIdempotencyReuse when the
 // request differs from the first one.
 //
+// Both the creation and the replay commit through pgdb.InTx (outbox.CommitReplicated), and
+// only a nil error may be answered 201. The replay above all: it only reads, so a plain
+// commit would wait for no standby, and the key it read may be on the primary alone (the
+// first request's commit waited for the standby, its client's timeout cut the wait short,
+// and that request was answered 503), to be lost with the order in a failover. So a replay
+// is answered once the standby has the key and its order; while the standby cannot confirm
+// it, the request times out into CodeUnavailable (503) and the client retries. A refusal
+// (CodeIdempotencyReuse, CodeValidation) acknowledges nothing and rolls back.
+//
 // A SKU that is not in the catalogue is CodeValidation with one field error per such line.
 func (s *Store) CreateOrder(ctx context.Context, in orders.CreateOrderInput) (orders.CreateOrderResult, error) {
 	if in.Idempotency != nil && in.Render == nil {
@@ -87,13 +98,13 @@ func (s *Store) CreateOrder(ctx context.Context, in orders.CreateOrderInput) (or
 		return orders.CreateOrderResult{}, fmt.Errorf("create order: new id: %w", err)
 	}
 	var res orders.CreateOrderResult
-	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	err = pgdb.InTx(ctx, s.pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
 		res = orders.CreateOrderResult{}
 		if in.Idempotency != nil {
 			replay, err := claimIdempotencyKey(ctx, tx, in.Idempotency)
 			if err != nil || replay != nil {
 				if replay != nil {
-					res = *replay
+					res = *replay // answered only once InTx confirmed it on the standby
 				}
 				return err
 			}
@@ -223,9 +234,16 @@ func checkCatalogue(ctx context.Context, tx pgx.Tx, items []orders.Item) error {
 }
 
 // Order returns the order with its lines and history, or CodeNotFound.
+//
+// The read commits through pgdb.InTx (outbox.CommitReplicated) before the order is returned:
+// a client takes GET /orders/{id}'s 200 as proof that its order exists (after a 503, say),
+// and the order, or its last status change, may be on the primary alone (a commit whose wait
+// for the synchronous standby was cut short, or the replay of a primary restarted after a
+// crash). While the standby cannot confirm it, the read times out into CodeUnavailable. A
+// CodeNotFound is answered at once: what the primary lacks, its standby lacks too.
 func (s *Store) Order(ctx context.Context, id uuid.UUID) (*orders.Order, error) {
 	var order *orders.Order
-	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+	err := pgdb.InTx(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		var err error
 		order, err = loadOrder(ctx, tx, id)
 		return err
@@ -240,9 +258,14 @@ func (s *Store) Order(ctx context.Context, id uuid.UUID) (*orders.Order, error) 
 // CANCELLING and an OrderCancelled event is written, in one transaction that holds the
 // order's row lock; a CANCELLING or CANCELLED order is returned as it is (cancelling is
 // idempotent); a REJECTED one is CodeConflict; an unknown one CodeNotFound.
+//
+// It commits through pgdb.InTx (outbox.CommitReplicated), whether it wrote or not: the 200
+// of an order already CANCELLING or CANCELLED comes from a read, whose plain commit would
+// wait for no standby, and tells the client its cancellation is under way. A refusal
+// (CodeConflict, CodeNotFound) writes nothing and promises nothing; it rolls back.
 func (s *Store) CancelOrder(ctx context.Context, id uuid.UUID, meta orders.EventMeta) (*orders.Order, error) {
 	var order *orders.Order
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	err := pgdb.InTx(ctx, s.pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
 		var status orders.Status
 		err := tx.QueryRow(ctx, selectOrderStatusForUpdate, id).Scan(&status)
 		if errors.Is(err, pgx.ErrNoRows) {

@@ -10,11 +10,19 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxshop/outboxshop/internal/pgdb"
 	"github.com/outboxshop/outboxshop/services/warehouse"
 )
 
 // Store is the warehouse's PostgreSQL store for the HTTP API and the seed command. Every method
 // returns a *warehouse.Error with CodeUnavailable when the database cannot be reached.
+//
+// Every method whose result the API answers (or the seed command prints) runs in a
+// transaction committed through pgdb.InTx (outbox.CommitReplicated), reads included, as the
+// orders service's do: a nil error means the result is on the synchronous standbys, if the
+// server has any, and survives a failover (docs/failover.md). A plain commit of a read waits
+// for no standby, yet it may read a stock level or a version (the ETag a client sends back
+// in If-Match) committed on the primary alone. Available, read for a gauge, answers nobody.
 type Store struct {
 	pool *pgxpool.Pool
 	now  func() time.Time
@@ -25,6 +33,9 @@ func NewStore(pool *pgxpool.Pool) *Store {
 	return &Store{pool: pool, now: func() time.Time { return time.Now().UTC() }}
 }
 
+// readOnly are the options of the transactions that only read for an answer.
+var readOnly = pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}
+
 // Ping checks that the database answers.
 func (s *Store) Ping(ctx context.Context) error {
 	return dbError("ping", s.pool.Ping(ctx))
@@ -33,11 +44,15 @@ func (s *Store) Ping(ctx context.Context) error {
 // ListStock returns up to limit SKUs that sort after the SKU after ("" for the first page),
 // in SKU order, with what is reserved of each.
 func (s *Store) ListStock(ctx context.Context, after string, limit int) ([]warehouse.StockItem, error) {
-	rows, err := s.pool.Query(ctx, selectStockPageSQL, after, limit)
-	if err != nil {
-		return nil, dbError("list stock", err)
-	}
-	items, err := pgx.CollectRows(rows, pgx.RowToStructByPos[warehouse.StockItem])
+	var items []warehouse.StockItem
+	err := pgdb.InTx(ctx, s.pool, readOnly, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, selectStockPageSQL, after, limit)
+		if err != nil {
+			return err
+		}
+		items, err = pgx.CollectRows(rows, pgx.RowToStructByPos[warehouse.StockItem])
+		return err
+	})
 	if err != nil {
 		return nil, dbError("list stock", err)
 	}
@@ -45,7 +60,8 @@ func (s *Store) ListStock(ctx context.Context, after string, limit int) ([]wareh
 }
 
 // Available returns the available stock of those of skus that exist, by SKU: one cheap
-// query, without locks, for the stock gauge.
+// query, without locks, for the stock gauge. It answers no client, so it does not wait for
+// the synchronous standby: a gauge may show a level that a failover then undoes.
 func (s *Store) Available(ctx context.Context, skus []string) (map[string]int64, error) {
 	rows, err := s.pool.Query(ctx, selectAvailableSQL, skus)
 	if err != nil {
@@ -65,9 +81,19 @@ func (s *Store) Available(ctx context.Context, skus []string) (map[string]int64,
 	return out, nil
 }
 
-// GetStock returns one SKU, or an error with CodeNotFound.
+// GetStock returns one SKU, or an error with CodeNotFound, once the standby has it (its
+// version is the ETag of GET /stock/{sku}).
 func (s *Store) GetStock(ctx context.Context, sku string) (warehouse.StockItem, error) {
-	return getStock(ctx, s.pool, sku)
+	var item warehouse.StockItem
+	err := pgdb.InTx(ctx, s.pool, readOnly, func(tx pgx.Tx) error {
+		var err error
+		item, err = getStock(ctx, tx, sku)
+		return err
+	})
+	if err != nil {
+		return warehouse.StockItem{}, dbError("get stock", err)
+	}
+	return item, nil
 }
 
 func getStock(ctx context.Context, db DBTX, sku string) (warehouse.StockItem, error) {
@@ -97,65 +123,85 @@ func (s *Store) SetStock(ctx context.Context, sku, name string, available int64)
 // checked, so a reservation cannot slip in between. name, when not empty, renames the SKU; a
 // new SKU without a name is named after itself. It reports whether the SKU was created. The
 // caller has validated sku, name and available.
+//
+// The SKU it returns (the answer and its ETag) is read in the same transaction, which
+// commits through pgdb.InTx: it is returned only once the standby has it.
 func (s *Store) SetStockIf(ctx context.Context, sku, name string, available int64, pre warehouse.Precondition) (item warehouse.StockItem, created bool, err error) {
 	now := s.now()
-	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		// Not a retry loop: every error returns at once (the request answers 503 when it
-		// is transient). It goes round again only when another request created the SKU
-		// between the lock and the insert, and then finds the row: at most twice, since
-		// stock rows are never deleted.
-		for {
-			var (
-				oldName      string
-				old, version int64
-			)
-			err := tx.QueryRow(ctx, lockOneStockSQL, sku).Scan(&oldName, &old, &version)
-			if errors.Is(err, pgx.ErrNoRows) {
-				if err := pre.Check(sku, false, 0); err != nil {
-					return err
-				}
-				newName := name
-				if newName == "" {
-					newName = sku
-				}
-				tag, err := tx.Exec(ctx, insertStockSQL, sku, newName, available, now)
-				if err != nil {
-					return dbError("insert stock", err)
-				}
-				if tag.RowsAffected() == 0 {
-					continue // created meanwhile by another request: lock it and check again
-				}
-				created = true
-				_, err = tx.Exec(ctx, insertMovementSQL, sku, available, kindSet, now)
-				return dbError("insert stock movement", err)
-			}
-			if err != nil {
-				return dbError("lock stock", err)
-			}
-			if err := pre.Check(sku, true, version); err != nil {
-				return err
-			}
-			if name == "" {
-				name = oldName
-			}
-			if _, err := tx.Exec(ctx, updateStockSQL, sku, name, available, now); err != nil {
-				return dbError("update stock", err)
-			}
-			_, err = tx.Exec(ctx, insertMovementSQL, sku, available-old, kindSet, now)
-			return dbError("insert stock movement", err)
+	err = pgdb.InTx(ctx, s.pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
+		var err error
+		if created, err = setStock(ctx, tx, sku, name, available, pre, now); err != nil {
+			return err
 		}
+		item, err = getStock(ctx, tx, sku)
+		return err
 	})
 	if err != nil {
 		return warehouse.StockItem{}, false, dbError("set stock", err)
 	}
-	item, err = s.GetStock(ctx, sku)
-	return item, created, err
+	return item, created, nil
+}
+
+// setStock is SetStockIf's write, in tx; it reports whether it created the SKU.
+func setStock(ctx context.Context, tx pgx.Tx, sku, name string, available int64, pre warehouse.Precondition, now time.Time) (created bool, err error) {
+	// Not a retry loop: every error returns at once (the request answers 503 when it is
+	// transient). It goes round again only when another request created the SKU between the
+	// lock and the insert, and then finds the row: at most twice, since stock rows are never
+	// deleted.
+	for {
+		var (
+			oldName      string
+			old, version int64
+		)
+		err := tx.QueryRow(ctx, lockOneStockSQL, sku).Scan(&oldName, &old, &version)
+		if errors.Is(err, pgx.ErrNoRows) {
+			if err := pre.Check(sku, false, 0); err != nil {
+				return false, err
+			}
+			newName := name
+			if newName == "" {
+				newName = sku
+			}
+			tag, err := tx.Exec(ctx, insertStockSQL, sku, newName, available, now)
+			if err != nil {
+				return false, dbError("insert stock", err)
+			}
+			if tag.RowsAffected() == 0 {
+				continue // created meanwhile by another request: lock it and check again
+			}
+			_, err = tx.Exec(ctx, insertMovementSQL, sku, available, kindSet, now)
+			return true, dbError("insert stock movement", err)
+		}
+		if err != nil {
+			return false, dbError("lock stock", err)
+		}
+		if err := pre.Check(sku, true, version); err != nil {
+			return false, err
+		}
+		if name == "" {
+			name = oldName
+		}
+		if _, err := tx.Exec(ctx, updateStockSQL, sku, name, available, now); err != nil {
+			return false, dbError("update stock", err)
+		}
+		_, err = tx.Exec(ctx, insertMovementSQL, sku, available-old, kindSet, now)
+		return false, dbError("insert stock movement", err)
+	}
 }
 
 // GetReservation returns the reservation of an order with its lines, or an error with
-// CodeNotFound.
+// CodeNotFound, once the standby has it.
 func (s *Store) GetReservation(ctx context.Context, orderID uuid.UUID) (warehouse.Reservation, error) {
-	return GetReservation(ctx, s.pool, orderID)
+	var r warehouse.Reservation
+	err := pgdb.InTx(ctx, s.pool, readOnly, func(tx pgx.Tx) error {
+		var err error
+		r, err = GetReservation(ctx, tx, orderID)
+		return err
+	})
+	if err != nil {
+		return warehouse.Reservation{}, dbError("get reservation", err)
+	}
+	return r, nil
 }
 
 // SeedChange is one SKU the seed changed.
@@ -179,7 +225,7 @@ func (s *Store) Seed(ctx context.Context, force bool) ([]SeedChange, error) {
 		target[c.SKU] = c.Available
 	}
 	var changes []SeedChange
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	err := pgdb.InTx(ctx, s.pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
 		changes = nil
 		if _, err := tx.Exec(ctx, insertMissingStockSQL, skus, names, now); err != nil {
 			return dbError("create catalogue SKUs", err)

@@ -277,9 +277,7 @@ func (p *PostgresPair) KillStandby(t testing.TB) {
 // (read-only) connections, not once it has caught up.
 func (p *PostgresPair) StartStandby(t testing.TB) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	if err := p.Standby.start(ctx, p.Standby.args...); err != nil {
+	if err := p.Standby.restart(); err != nil {
 		t.Fatalf("start the standby: %v", err)
 	}
 }
@@ -290,10 +288,24 @@ func (p *PostgresPair) StartStandby(t testing.TB) {
 func (p *PostgresPair) RestartPrimary(t testing.TB) {
 	t.Helper()
 	p.KillPrimary(t)
+	if err := p.Primary.restart(); err != nil {
+		t.Fatalf("restart the primary: %v", err)
+	}
+}
+
+// restart starts a killed server again with the arguments of its first start. Its old
+// backends may still hold its shared memory for a moment (each is in a session of its own,
+// which the postmaster's SIGKILL does not reach: they exit when they see the postmaster
+// gone), and a postmaster that finds it in use refuses to start: it is tried again.
+func (s *PostgresServer) restart() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	if err := p.Primary.start(ctx, p.Primary.args...); err != nil {
-		t.Fatalf("restart the primary: %v", err)
+	for {
+		err := s.start(ctx, s.args...)
+		if err == nil || !strings.Contains(err.Error(), "pre-existing shared memory block") || ctx.Err() != nil {
+			return err
+		}
+		time.Sleep(100 * time.Millisecond) // until the old backends have exited
 	}
 }
 
