@@ -16,7 +16,7 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // TestScenarios runs every scenario against the local target, as `make chaos` does: private
-// PostgreSQL servers (a primary and its standby for pg-failover) and a private RabbitMQ node
+// PostgreSQL servers (a primary and its standby for pg-failover and pg-flap-failover) and a private RabbitMQ node
 // (a three-node cluster for broker-node-kill), the service binaries built fresh, about ten
 // minutes in all. Without initdb or rabbitmq-server it skips, saying so; under CI=true that
 // is a failure instead. -short skips it.

@@ -288,6 +288,14 @@ func TestComposeOperations(t *testing.T) {
 		require.ErrorIs(t, b.target.Kill(ctx, WarehouseDB), ErrUnsupported)
 	})
 
+	t.Run("TheStandbyIsLocalOnly", func(t *testing.T) {
+		t.Parallel()
+		b := setupCompose(t, nil)
+		require.ErrorIs(t, b.target.Kill(ctx, OrdersDBStandby), ErrUnsupported)
+		require.ErrorIs(t, b.target.Restart(ctx, OrdersDBStandby), ErrUnsupported)
+		require.ErrorIs(t, b.target.Promote(ctx, OrdersDB), ErrUnsupported)
+	})
+
 	t.Run("TheBrokerClusterIsLocalOnly", func(t *testing.T) {
 		t.Parallel()
 		b := setupCompose(t, nil)

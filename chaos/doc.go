@@ -6,7 +6,8 @@
 // cut or slowed, poison messages published; or an operation's fault: bad rows written into an
 // outbox by hand, every process deployed again, the broker's memory alarm, a relay frozen
 // with SIGSTOP, a database away for longer than the queues' delivery limit; or the orders
-// database's primary killed and its synchronous standby promoted — while the load
+// database's primary killed and its synchronous standby promoted, also after the standby
+// was away and the primary crash-restarted — while the load
 // generator (loadgen) places orders at a steady rate with Idempotency-Keys, retrying through
 // outages. Then the fault is healed, the shop drains, and e2e/verify checks every invariant
 // from both databases. A

@@ -493,6 +493,10 @@ func (l *Local) Kill(ctx context.Context, c Component) error {
 			return pair.primary.kill(ctx)
 		}
 		return l.ordersPG.kill(ctx)
+	case OrdersDBStandby:
+		if pair := l.ordersPair(); pair != nil {
+			return pair.standby.kill(ctx)
+		}
 	case WarehouseDB:
 		return l.warehouse.kill(ctx)
 	}
@@ -505,11 +509,18 @@ func (l *Local) Restart(ctx context.Context, c Component) error {
 	case Broker:
 		return l.rabbit.start(ctx)
 	case OrdersDB:
-		if l.ordersPair() != nil {
-			// The old primary would come back as a second primary: a split brain.
-			return fmt.Errorf("restart %s: %w: it has a standby; promote it instead", c, ErrUnsupported)
+		if pair := l.ordersPair(); pair != nil {
+			if pair.promoted.Load() {
+				// The old primary would come back as a second primary: a split brain.
+				return fmt.Errorf("restart %s: %w: its standby was promoted in its place", c, ErrUnsupported)
+			}
+			return pair.primary.start(ctx)
 		}
 		return l.ordersPG.start(ctx)
+	case OrdersDBStandby:
+		if pair := l.ordersPair(); pair != nil {
+			return pair.standby.start(ctx)
+		}
 	case WarehouseDB:
 		return l.warehouse.start(ctx)
 	}

@@ -34,3 +34,13 @@ func TestSettingsAreReadByTheServices(t *testing.T) {
 		})
 	}
 }
+
+// TestStandbyNeedsAPair: without a shop whose orders database has a standby, the standby
+// cannot be killed, restarted or promoted.
+func TestStandbyNeedsAPair(t *testing.T) {
+	t.Parallel()
+	l := NewLocal(LocalConfig{})
+	require.ErrorIs(t, l.Kill(t.Context(), OrdersDBStandby), ErrUnsupported)
+	require.ErrorIs(t, l.Restart(t.Context(), OrdersDBStandby), ErrUnsupported)
+	require.ErrorIs(t, l.Promote(t.Context(), OrdersDB), ErrUnsupported)
+}

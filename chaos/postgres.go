@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -127,15 +128,30 @@ func (s *pgServer) start(ctx context.Context) error {
 
 // kill SIGKILLs the postmaster and all its backends at once, as a crash would, and returns
 // once they are gone. Killing only the postmaster would leave backends holding its shared
-// memory, and the next start would refuse to run.
+// memory, and the next start would refuse to run ("pre-existing shared memory block is
+// still in use"). The backends are the postmaster's children, each in a process group of
+// its own: the signal to the postmaster's group does not reach them, so each gets its own.
 func (s *pgServer) kill(ctx context.Context) error {
 	if s.proc == nil {
 		return nil
 	}
+	backends := childPIDs(s.proc.pid)
 	if err := signalGroup(s.proc.pid, syscall.SIGKILL); err != nil {
 		return err
 	}
-	return s.waitGone(ctx)
+	for _, pid := range backends {
+		_ = syscall.Kill(pid, syscall.SIGKILL) // one that exited already is not an error
+	}
+	if err := s.waitGone(ctx); err != nil {
+		return err
+	}
+	err := poll(ctx, 20*time.Millisecond, func() (bool, error) {
+		return !slices.ContainsFunc(backends, func(pid int) bool { return !pidGone(pid) }), nil
+	})
+	if err != nil {
+		return fmt.Errorf("%s: backends of the killed postmaster did not exit: %w", s.name, err)
+	}
+	return nil
 }
 
 // stop shuts the server down fast (SIGINT: active sessions are ended), then kills it if it

@@ -214,6 +214,12 @@ func runScenario(ctx context.Context, sc Scenario, opts Options, say func(phase,
 		CancelFraction: 0.1, DuplicateFraction: 0.05, RetryFor: opts.RetryFor,
 		KeyPrefix: sc.Name + "-", Seed: seed(sc.Name), Logger: opts.Logger,
 	}
+	if sc.RecordAnswers {
+		e.Answers = &answerLog{}
+		client := e.Answers.client(lcfg.Concurrency)
+		defer client.CloseIdleConnections()
+		lcfg.Client = client
+	}
 	if opts.Verbose {
 		lcfg.Progress = prefixWriter{w: opts.Progress, prefix: "           " + fmt.Sprintf("%-22s %-15s ", sc.Name, "load")}
 	}

@@ -43,6 +43,9 @@ type Scenario struct {
 	OrdersStandby bool
 	// BrokerCluster runs the broker as a three-node cluster (see [ShopSpec].BrokerCluster).
 	BrokerCluster bool
+	// RecordAnswers records every POST /orders of the load generator, with its key and
+	// answer, in [Env].Answers: what each client was told, and when.
+	RecordAnswers bool
 }
 
 // Env is what a scenario's Inject and Check work with.
@@ -65,6 +68,9 @@ type Env struct {
 	}
 	Counts DeliveryCounts
 	Audit  audit
+	// Answers holds every POST /orders of the load, when the scenario asked for them
+	// ([Scenario].RecordAnswers); nil otherwise.
+	Answers *answerLog
 
 	progress func(phase, msg string)
 	// processes are the shop's processes (ShopSpec.Processes).

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -27,6 +28,8 @@ const standbyName = "orders-standby"
 type pgPair struct {
 	dir              string
 	primary, standby *pgServer
+	// promoted is set once the standby was promoted: the old primary may not start again.
+	promoted atomic.Bool
 }
 
 // startPGPair makes the primary a copy of template (pg_basebackup, without -R: a server of
@@ -144,6 +147,11 @@ func (l *Local) Promote(ctx context.Context, c Component) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
+	if pair.primary.running() {
+		// Two primaries would split the brain: the old one must be gone first.
+		return fmt.Errorf("promote the standby of %s: the primary is running", c)
+	}
+	pair.promoted.Store(true)
 	return pair.standby.run(ctx, "pg_ctl", "promote", "-w", "-t", "60", "-D", filepath.Join(pair.standby.dir, "data"))
 }
 

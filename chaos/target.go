@@ -43,6 +43,11 @@ const (
 	// WarehouseDB is the warehouse's PostgreSQL (local target only: docker compose runs one
 	// server for both services, so it cannot take the warehouse's down alone).
 	WarehouseDB Component = "warehouse-db"
+	// OrdersDBStandby is the synchronous standby of the orders database, when it has one
+	// (ShopSpec.OrdersStandby; local target only): Kill takes it away, and the primary's
+	// commits then wait for it; Restart starts it again as a standby, streaming from the
+	// primary if it can reach one.
+	OrdersDBStandby Component = "orders-db-standby"
 )
 
 // Replica names the n-th process of svc when a shop runs more than one (n from 2):
@@ -190,7 +195,9 @@ type Target interface {
 	Deaths() []Death
 	// Kill kills a component without warning (SIGKILL) and returns once it is gone.
 	Kill(ctx context.Context, c Component) error
-	// Restart starts a killed component again and returns once it answers.
+	// Restart starts a killed component again and returns once it answers: after a crash,
+	// PostgreSQL recovers what its WAL holds. The primary of a database with a standby may
+	// be restarted only until the standby is promoted (two primaries would split the brain).
 	Restart(ctx context.Context, c Component) error
 	// Promote makes the standby of a database component its primary (pg_ctl promote) and
 	// returns once it takes writes.
