@@ -379,6 +379,13 @@ func (f *failover) check(ctx context.Context, e *Env, o *Outcome) {
 	if published != len(pending) {
 		fail("%d of the %d outbox rows pending at the failover were not published from the new primary", len(pending)-published, len(pending))
 	}
+	checkFollowedFailover(ctx, e, conn, fail)
+}
+
+// checkFollowedFailover fails the scenario unless the orders API and its relay have
+// sessions on the new primary (conn), the relay exactly one LISTENing, and no process of the
+// shop ended during the failover.
+func checkFollowedFailover(ctx context.Context, e *Env, conn *pgx.Conn, fail func(format string, args ...any)) {
 	for _, svc := range []Service{OrdersAPI, OrdersRelay} {
 		var n, listening int
 		if err := conn.QueryRow(ctx, sessionsOf, string(svc)).Scan(&n, &listening); err != nil {

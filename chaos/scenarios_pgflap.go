@@ -335,27 +335,7 @@ func (f *flap) check(ctx context.Context, e *Env, o *Outcome) {
 			len(loss.Orphaned), strings.Join(abbreviateIDs(loss.Orphaned, 5), ", "))
 	}
 
-	for _, svc := range []Service{OrdersAPI, OrdersRelay} {
-		var n, listening int
-		if err := conn.QueryRow(ctx, sessionsOf, string(svc)).Scan(&n, &listening); err != nil {
-			fail("read pg_stat_activity: %v", err)
-			return
-		}
-		e.Saw("%s has %d sessions on the new primary (%d listening)", svc, n, listening)
-		if n == 0 {
-			fail("%s has no session on the new primary", svc)
-		}
-		if svc == OrdersRelay && listening != 1 {
-			fail("%s listens on the new primary with %d sessions, want 1: its LISTEN connection did not follow the failover", svc, listening)
-		}
-	}
-	var died []string
-	for _, d := range e.Target.Deaths() {
-		died = append(died, fmt.Sprintf("%s (%s)", d.Service, d.Status))
-	}
-	if len(died) > 0 {
-		fail("processes ended during the failover: %s; they must ride it out", strings.Join(died, ", "))
-	}
+	checkFollowedFailover(ctx, e, conn, fail)
 }
 
 // abbreviateIDs keeps the first n of items, and says how many more there were.
