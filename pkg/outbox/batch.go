@@ -429,12 +429,14 @@ func (r *Relay) finish(b *batch, prev *batch) (res cycleResult, err error) {
 		logFailure(ctx, r.cfg, m, err, dead)
 	}
 	res.settled = len(published) + len(failed.ids)
-	switch {
-	case refused != nil:
-		// Each refused row waits its own retry delay: the streak only logs.
+	if refused != nil {
+		// Each refused row waits its own retry delay: the streak only logs. It ends in
+		// endRefusals.
+		r.lastRefusal.Store(time.Now().UnixNano())
 		r.refusals.Fail(ctx, refused)
-	case len(published) > 0:
-		r.refusals.Succeed(ctx)
+	}
+	if len(published) > 0 {
+		r.lastAccepted.Store(time.Now().UnixNano())
 	}
 
 	if len(published) > 0 {
@@ -577,11 +579,27 @@ func (r *Relay) maintainPass(ctx context.Context) error {
 	return nil
 }
 
+// endRefusals ends the refusals' streak, if there is one, once the broker has accepted a
+// message since the last refusal and refused nothing for refusalsOver: not at the first
+// accepted batch, since a queue at its length limit accepts some batches and refuses others,
+// and a streak that each accepted batch ended would say so once per batch. Run calls it after
+// every cycle that did not fail, idle ones included.
+func (r *Relay) endRefusals(ctx context.Context) {
+	last := r.lastRefusal.Load()
+	if last == 0 || r.lastAccepted.Load() < last || time.Since(time.Unix(0, last)) < refusalsOver {
+		return
+	}
+	r.refusals.Succeed(ctx)
+}
+
 // requestRepair asks the next maintenance pass to run repairWaiting, and to run at once. It
 // never waits: a cycle calls it with its transaction open.
 func (r *Relay) requestRepair() { r.repairNow.Store(true) }
 
 const (
+	// refusalsOver is how long the broker must accept what the relay publishes, refusing
+	// nothing, before a streak of refusals is over.
+	refusalsOver = time.Second
 	// markWaitingLimit bounds the rows one markWaiting pass marks.
 	markWaitingLimit = 5000
 	// markWaitingWindow bounds the rows one markWaiting pass looks at: the oldest claimable

@@ -356,10 +356,13 @@ type Relay struct {
 
 	// The failure streaks of the relay's loops: each spaces its loop's attempts with the
 	// outage backoff and logs a failure once (package retry).
-	cycles      *retry.Streak // the cycles: the database or the broker is away
-	refusals    *retry.Streak // cycles in which the broker refused messages
-	listening   *retry.Streak // the LISTEN connection
-	maintenance *retry.Streak // the maintenance passes
+	cycles   *retry.Streak // the cycles: the database or the broker is away
+	refusals *retry.Streak // cycles in which the broker refused messages
+	// Unix nanoseconds of the last refusal, and of the last batch of which the broker
+	// accepted a message (see endRefusals).
+	lastRefusal, lastAccepted atomic.Int64
+	listening                 *retry.Streak // the LISTEN connection
+	maintenance               *retry.Streak // the maintenance passes
 }
 
 // RelayDB is what a relay needs of the database: transactions and statements for its
@@ -543,6 +546,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		var wait time.Duration
 		if err == nil {
 			r.cycles.Succeed(ctx)
+			r.endRefusals(ctx)
 			r.setState(StateRunning, nil)
 		}
 		switch {

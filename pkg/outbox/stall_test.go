@@ -237,6 +237,23 @@ func TestHotAggregate(t *testing.T) {
 	})
 }
 
+// alternating refuses every message of every other call, and publishes the others.
+type alternating struct {
+	*recorder
+	calls *atomic.Int64
+}
+
+func (p *alternating) Publish(ctx context.Context, msgs []outbox.Message) []error {
+	if p.calls.Add(1)%2 == 0 {
+		errs := make([]error, len(msgs))
+		for i := range errs {
+			errs[i] = fmt.Errorf("queue full: %w", outbox.ErrRefused)
+		}
+		return errs
+	}
+	return p.recorder.Publish(ctx, msgs)
+}
+
 // TestNotTheMessagesFault covers the outcomes that must cost a row no attempt, and what keeps
 // each of them from looping.
 func TestNotTheMessagesFault(t *testing.T) {
@@ -273,6 +290,31 @@ func TestNotTheMessagesFault(t *testing.T) {
 		testinfra.Eventually(t, waitFor, func() bool { return logs.Count(slog.LevelInfo, what+": recovered") == 1 }, "the end of the refusals said")
 		require.Equal(t, 1, logs.Count(slog.LevelWarn, ""), "one warning for %d refusals\n%s", pub.callCount(), logs.String(slog.LevelInfo))
 		require.Equal(t, 1, logs.Count(slog.LevelWarn, what+": failing"))
+	})
+
+	t.Run("RefusalsOfSomeBatchesAreSaidOnce", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		// A queue at its length limit: the broker accepts one batch and refuses the next.
+		var calls atomic.Int64
+		pub := &alternating{recorder: &recorder{}, calls: &calls}
+		cfg := quietConfig(t)
+		cfg.BatchSize = 5
+		cfg.RetryBaseDelay, cfg.RetryMaxDelay = time.Millisecond, 5*time.Millisecond
+		logger, logs := testinfra.NewLogs(t)
+		cfg.Logger = logger
+		var msgs []outbox.Message
+		for i := range 200 {
+			msgs = append(msgs, b.msg(fmt.Sprintf("agg-%d", i), 0))
+		}
+		b.write(t, msgs...)
+		b.startRelay(t, b.pool, pub, cfg)
+		testinfra.Eventually(t, waitFor, func() bool { return b.count(t, "published_at IS NULL") == 0 }, "every row published between the refusals")
+		require.Greater(t, calls.Load(), int64(40), "batches alternately accepted and refused")
+		const what = "outbox relay: the broker refuses messages"
+		testinfra.Eventually(t, waitFor, func() bool { return logs.Count(slog.LevelInfo, what+": recovered") == 1 }, "the end of the refusals said")
+		require.Equal(t, 1, logs.Count(slog.LevelWarn, what+": failing"), "%d batches, half refused: one streak\n%s", calls.Load(), logs.String(slog.LevelInfo))
+		require.Equal(t, 1, logs.Count(slog.LevelInfo, what+": recovered"))
 	})
 
 	t.Run("RowNeverSentCountsAttemptsAfterAStreak", func(t *testing.T) {
