@@ -295,7 +295,7 @@ func (r *Relay) claimNext(ctx context.Context) (_ *batch, err error) {
 		return nil, nil
 	}
 	if srv.synchronous {
-		if err := r.awaitReplication(claimCtx, srv); err != nil {
+		if err := r.awaitReplication(claimCtx, tx, srv); err != nil {
 			return nil, databaseError{fmt.Errorf("claim outbox batch: wait until the claimed rows are on the synchronous standbys: %w", err)}
 		}
 	}
@@ -699,32 +699,43 @@ type server struct {
 	started     time.Time // pg_postmaster_start_time(): tells one server from another
 }
 
-// awaitReplication returns once the rows claimed on srv are on its synchronous standbys, so
-// that a failover cannot take back a row the relay has published. The claim only reads
-// them, and a row committed on the primary alone is visible there all the same: its
-// writer's wait for the standby was cancelled (a client's timeout, statement_timeout), or
-// the primary crashed and replayed it at restart. The claim transaction stays open until
-// the rows are published, so its own commit cannot wait for them; a transaction of its own,
-// on another connection, does (see replicationBarrier): it began after the claim saw the
-// rows, so its commit record comes after theirs in the WAL, and the standby has them once
-// it has that record. It must have run on the claim's server: a connection the pool opened
-// to a promoted standby in between would prove nothing.
+// awaitReplication returns once the rows claimed in claim, on srv, are on its synchronous
+// standbys, so that a failover cannot take back a row the relay has published. The claim
+// only reads them, and a row committed on the primary alone is visible there all the same:
+// its writer's wait for the standby was cut short (its backend cancelled), or the primary
+// crashed and replayed it at restart. (A commit still waiting for the standby is not
+// visible: the claim cannot see it.) The claim transaction stays open until the rows are
+// published, so its own commit cannot wait for them; a transaction of its own, on another
+// connection, does (see replicationBarrier): it began after the claim saw the rows, so its
+// commit record comes after theirs in the WAL, and the standby has them once it has that
+// record. Then a statement on the claim transaction proves that the claim's session is still
+// alive, so that the barrier ran on the same server in the same life (a crash-restart or a
+// failover in between ends the session, and the relay publishes nothing); it also resets
+// the claim's idle_in_transaction_session_timeout, which must cover the publish alone. The
+// barrier's server start time must be the claim's too: a connection the pool opened to
+// another server in between would prove nothing.
 //
 // It waits at most until ctx ends: with a single synchronous standby that is down, the
-// relay reports the database unavailable and backs off, holding nothing meanwhile.
-func (r *Relay) awaitReplication(ctx context.Context, srv server) error {
+// relay reports the database unavailable and backs off, holding nothing meanwhile. The
+// barrier needs a connection of the pool besides the claim's: on a server with synchronous
+// standbys a pool of one connection stalls (see [PoolSize]).
+func (r *Relay) awaitReplication(ctx context.Context, claim pgx.Tx, srv server) error {
 	tx, err := r.db.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("begin: %w", err)
 	}
 	defer rollback(ctx, tx)
-	var ignored any
+	var emitted *string // the logical message's LSN: NULL if it was not written
+	var ignored string
 	var started time.Time
-	if err := tx.QueryRow(ctx, replicationBarrier).Scan(&ignored, &ignored, &started); err != nil {
+	if err := tx.QueryRow(ctx, replicationBarrier).Scan(&emitted, &ignored, &started); err != nil {
 		return err
 	}
 	if !started.Equal(srv.started) {
 		return fmt.Errorf("the barrier ran on another server (started %s) than the claim (started %s): a failover", started, srv.started)
+	}
+	if emitted == nil { // synchronous_standby_names was emptied since the claim
+		return errors.New("the server has no synchronous standby any more: the barrier would wait for nothing")
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("commit: %w", err)
@@ -732,8 +743,15 @@ func (r *Relay) awaitReplication(ctx context.Context, srv server) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("%w (%w)", ErrCommitUnknown, err)
 	}
+	if _, err := claim.Exec(ctx, confirmClaim); err != nil {
+		return fmt.Errorf("the claim's session after the barrier: %w", err)
+	}
 	return nil
 }
+
+// confirmClaim is what the claim transaction runs after the barrier: anything that reaches
+// the server.
+const confirmClaim = `SELECT 1`
 
 func logFailure(ctx context.Context, cfg Config, m Message, err error, dead bool) {
 	attrs := []any{"message_id", m.ID, "message_type", m.Type, "aggregate_id", m.AggregateID,

@@ -430,7 +430,10 @@ func NewRelay(pool RelayDB, pub Publisher, cfg Config) (*Relay, error) {
 // The inbox's RabbitMQ consumer reports the same for its handlers.
 type PoolSize struct {
 	// Needed is how many connections of the pool the relay may hold at once: one for each
-	// batch in flight ([Config].InFlightBatches) and one now and then for its maintenance. The connection it keeps for LISTEN
+	// batch in flight ([Config].InFlightBatches) and one now and then for its maintenance.
+	// On a server with synchronous standbys a claim also commits a short barrier on a
+	// connection of its own before it publishes (see [CommitReplicated]): give the pool one
+	// more, and never run a relay on a pool of one there. The connection it keeps for LISTEN
 	// (unless DisableNotify is set) is taken out of the pool, so it is not counted here: the
 	// relay's share of max_connections is Needed plus that one.
 	Needed int

@@ -57,9 +57,11 @@ SELECT CASE WHEN current_setting('synchronous_standby_names') <> ''
 // primary alone (a commit whose wait for the standby was cancelled, or the replay of a
 // crashed and restarted primary) would be acknowledged and then lost in the failover.
 //
-// It costs one statement more than tx.Commit; without synchronous standbys nothing else. With
-// them, a transaction that only read pays a WAL record, a commit record and the standby's
-// round trip.
+// It costs one statement more than tx.Commit; without synchronous standbys nothing else
+// (but a session whose synchronous_commit is off or local now flushes that commit). With
+// them, a transaction that only read pays a WAL record, a transaction id, a local flush and
+// the standby's round trip. Call it on the outermost transaction: on a nested one (a
+// savepoint) the commit only releases the savepoint, and proves nothing.
 //
 // An error means the outcome is unknown, as with any failed commit: when ctx ends while
 // the commit waits for the standby (pgx then closes the connection; the server goes on

@@ -240,7 +240,8 @@ func checkCatalogue(ctx context.Context, tx pgx.Tx, items []orders.Item) error {
 // and the order, or its last status change, may be on the primary alone (a commit whose wait
 // for the synchronous standby was cut short, or the replay of a primary restarted after a
 // crash). While the standby cannot confirm it, the read times out into CodeUnavailable. A
-// CodeNotFound is answered at once: what the primary lacks, its standby lacks too.
+// CodeNotFound is answered at once: it promises nothing a failover could undo (an order
+// whose commit still waits for the standby is not found yet, on either server).
 func (s *Store) Order(ctx context.Context, id uuid.UUID) (*orders.Order, error) {
 	var order *orders.Order
 	err := pgdb.InTx(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
