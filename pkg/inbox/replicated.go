@@ -29,11 +29,13 @@ var ErrCommitUnknown = errors.New("commit outcome unknown: the wait for the sync
 //     any wal_level, from any role, also in a read-only transaction), so that its COMMIT
 //     writes a commit record later in the WAL than every commit it saw, and waits for it;
 //     only when synchronous_standby_names is set, since without synchronous standbys there
-//     is nothing to wait for and the record would cost a WAL flush. A logical decoder sees
+//     is nothing to wait for and the record would cost a WAL flush, and not on a standby
+//     (a hot standby that shares the primary's settings), which writes no WAL and has only
+//     what it was sent. A logical decoder sees
 //     the message under the prefix "inbox.replicated" and may skip it;
 //   - synchronous_commit is at least on (off and local do not wait for the standby).
 const replicationBarrier = `
-SELECT CASE WHEN current_setting('synchronous_standby_names') <> ''
+SELECT CASE WHEN current_setting('synchronous_standby_names') <> '' AND NOT pg_is_in_recovery()
             THEN pg_logical_emit_message(true, 'inbox.replicated', '') END,
        set_config('synchronous_commit',
                   CASE WHEN current_setting('synchronous_commit') IN ('off', 'local') THEN 'on'

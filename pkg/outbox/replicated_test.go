@@ -146,6 +146,15 @@ func TestAcknowledgeOnlyReplicated(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, exists(ctx, tx, first))
 	require.NoError(t, outbox.CommitReplicated(ctx, tx))
+	// On the hot standby itself, which writes no WAL, a read commits as it is.
+	pair.WaitReplayed(t)
+	standby, err := pgx.Connect(ctx, pair.Standby.URL("outbox_replicated"))
+	require.NoError(t, err)
+	tx, err = standby.Begin(ctx)
+	require.NoError(t, err)
+	require.True(t, exists(ctx, tx, first))
+	require.NoError(t, outbox.CommitReplicated(ctx, tx), "on a standby")
+	require.NoError(t, standby.Close(ctx))
 
 	// A row the standby never gets is lost in a failover to it, and was never published.
 	pair.KillStandby(t)
