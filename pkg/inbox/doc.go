@@ -137,6 +137,14 @@
 // name and processes the message once. Keep the names stable: renaming a consumer forgets
 // what it processed. Several replicas of the same handler share one name.
 //
+// # Synchronous standbys
+//
+// On a primary with synchronous standbys, a commit whose wait for the standby was cut short,
+// and whatever a crash-restarted primary replays, is visible on the primary alone, and a
+// failover to the standby loses it. [Process] commits with [CommitReplicated], for a
+// duplicate too, so that a message is acknowledged only once its effect, or the inbox row
+// that records it, is on the standby. Commit your own acknowledged transactions with it.
+//
 // # Your own table names and schema
 //
 // The package-level functions work on the default [Tables]: inbox_messages, with its

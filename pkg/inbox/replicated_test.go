@@ -33,16 +33,11 @@ func recordLocalOnly(t *testing.T, pool *pgxpool.Pool, consumer string, msg inbo
 	require.NoError(t, err)
 	committed := make(chan error, 1)
 	go func() { committed <- tx.Commit(ctx) }()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	testinfra.Eventually(t, waitFor, func() bool {
 		var waiting bool
 		require.NoError(t, pool.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE pid = $1 AND wait_event = 'SyncRep')", pid).Scan(&waiting))
-		if waiting {
-			break
-		}
-		require.True(t, time.Now().Before(deadline), "the commit never waited for the standby")
-		time.Sleep(10 * time.Millisecond) // polling the server's view of the backend
-	}
+		return waiting
+	}, "the commit waits for the standby")
 	_, err = pool.Exec(ctx, "SELECT pg_cancel_backend($1)", pid)
 	require.NoError(t, err)
 	require.NoError(t, <-committed, "PostgreSQL answers a cancelled wait for the standby with success and a warning")
@@ -112,14 +107,10 @@ func TestDuplicateAcknowledgedOnlyReplicated(t *testing.T) {
 	pair.KillPrimary(t)
 	pair.StartStandby(t)
 	pair.Promote(t)
-	deadline := time.Now().Add(waitFor)
-	for {
+	testinfra.Eventually(t, waitFor, func() bool { // the pool finds the promoted standby
 		dup, err = process(5*time.Second, lost)
-		if err == nil || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(100 * time.Millisecond) // the pool finds the promoted standby
-	}
+		return err == nil
+	}, "processed on the promoted standby")
 	require.NoError(t, err)
 	require.False(t, dup, "the inbox row was lost with the old primary")
 	require.Equal(t, 1, applied["lost"])

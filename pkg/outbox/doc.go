@@ -199,6 +199,15 @@
 // ([FailpointBeforePublish], [FailpointAfterPublish], [FailpointAfterMark]) used by chaos
 // tests.
 //
+// # Synchronous standbys
+//
+// On a primary with synchronous standbys, a commit whose wait for the standby was cut short,
+// and whatever a crash-restarted primary replays, is visible on the primary alone, and a
+// failover to the standby loses it. The relay therefore publishes a claimed batch only once
+// a barrier transaction on the claim's server has waited for the standby. Commit your own
+// transactions whose outcome you acknowledge (above all those that only read, such as the
+// replay of an idempotent request) with [CommitReplicated].
+//
 // # Your own table names and schema
 //
 // The package-level functions work on the default [Tables]: outbox_messages, with its
