@@ -1,11 +1,19 @@
-// Package httpapi is the HTTP edge both services' routers share: the request id, the input
-// policy of internal/input applied to request bodies and headers, and the Allow header of a
-// 405. Refusals are *input.Error values, which each service answers as a problem document
-// with its own error codes.
+// Package httpapi is the HTTP edge both services' routers share, one concern per file:
+//
+//   - [Edge] (edge.go): the router with the middleware below in order, the operations routes
+//     (/healthz, /readyz, /metrics) and the problem documents of errors, 404 and 405;
+//   - [WithRequestID] (requestid.go): the request id, echoed and put in the context;
+//   - [Edge.AccessLog] (accesslog.go): one log line per answered request;
+//   - [Edge.Tracing] (tracing.go): a server span per routed request;
+//   - [Edge.Recoverer] (recoverer.go): a panic answered as a 500 problem;
+//   - [ReadJSON], [DecodeJSON], [Token] and [SetAllow] (this file): the input policy of
+//     internal/input applied to request bodies and headers, and the Allow header of a 405.
+//
+// Refusals are *input.Error values, which each service answers as a problem document with its
+// own error codes.
 package httpapi
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -14,46 +22,9 @@ import (
 	"strings"
 
 	"github.com/go-chi/chi/v5"
-	"github.com/google/uuid"
 
 	"github.com/outboxshop/outboxshop/internal/input"
 )
-
-// HeaderRequestID carries the request id in both directions; it becomes the correlation id of
-// the events a request writes.
-const HeaderRequestID = "X-Request-ID"
-
-// MaxRequestIDBytes bounds a client's X-Request-ID; a longer or odd one is replaced.
-const MaxRequestIDBytes = 128
-
-type requestIDKey struct{}
-
-// RequestID returns the request id that [WithRequestID] stored in ctx, or "".
-func RequestID(ctx context.Context) string {
-	id, _ := ctx.Value(requestIDKey{}).(string)
-	return id
-}
-
-// WithRequestID takes the client's X-Request-ID when it is 1 to MaxRequestIDBytes bytes of
-// visible ASCII and makes a new one (a UUIDv7) otherwise, stores it in the request's context
-// and echoes it in the answer.
-func WithRequestID(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		id := r.Header.Get(HeaderRequestID)
-		if !input.VisibleASCII(id, MaxRequestIDBytes) {
-			id = newRequestID()
-		}
-		w.Header().Set(HeaderRequestID, id)
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), requestIDKey{}, id)))
-	})
-}
-
-func newRequestID() string {
-	if id, err := uuid.NewV7(); err == nil {
-		return id.String()
-	}
-	return uuid.NewString()
-}
 
 // ReadJSON reads the body of a request that must carry JSON. It refuses, with an
 // *input.Error, a Content-Type other than application/json or a charset other than utf-8

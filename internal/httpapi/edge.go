@@ -2,12 +2,10 @@ package httpapi
 
 import (
 	"cmp"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
-	"runtime/debug"
 	"strconv"
 	"time"
 
@@ -15,10 +13,7 @@ import (
 	"github.com/go-chi/chi/v5/middleware"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
-	metricnoop "go.opentelemetry.io/otel/metric/noop"
 	"go.opentelemetry.io/otel/propagation"
-	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxshop/outboxshop/internal/apperr"
@@ -141,99 +136,4 @@ func (e Edge) Error(w http.ResponseWriter, r *http.Request, err error) {
 		e.log().DebugContext(r.Context(), "request refused", attrs...)
 	}
 	problem.Write(w, r, d)
-}
-
-// AccessLog logs one line per request, once it is answered: method, route pattern, path,
-// status, duration, bytes, request id, the route parameters of Params, and the Location of a
-// created resource. Probes and metrics scrapes (/healthz, /readyz, /metrics) are logged at
-// debug level, the rest at info.
-func (e Edge) AccessLog(next http.Handler) http.Handler {
-	log := e.log()
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		start := time.Now()
-		ww := middleware.NewWrapResponseWriter(w, r.ProtoMajor)
-		defer func() {
-			route := "unmatched"
-			if rc := chi.RouteContext(r.Context()); rc != nil && rc.RoutePattern() != "" {
-				route = rc.RoutePattern()
-			}
-			status := cmp.Or(ww.Status(), http.StatusOK)
-			attrs := append(e.attrs(r), slog.String("route", route), slog.Int("status", status),
-				slog.Duration("duration", time.Since(start)), slog.Int("bytes", ww.BytesWritten()))
-			if loc := ww.Header().Get("Location"); loc != "" {
-				attrs = append(attrs, slog.String("location", loc))
-			}
-			level := slog.LevelInfo
-			if isOps(r.URL.Path) {
-				level = slog.LevelDebug
-			}
-			log.Log(r.Context(), level, "http request", attrs...)
-		}()
-		next.ServeHTTP(ww, r)
-	})
-}
-
-// Tracing runs each request under an OpenTelemetry server span (otelhttp, with e's
-// TracerProvider and Propagator), a child of the trace context the request's traceparent
-// carries. The span is named after the chi route pattern once the request is routed
-// ("POST /orders", "GET /orders/{id}", with http.route), never after its path; a request no
-// route matched keeps the method alone ("GET"). The operations routes, /healthz, /readyz
-// and /metrics, get no span: probes and scrapes every few seconds would bury the requests.
-// otelhttp's own metrics are not recorded (a no-op MeterProvider): the request metrics are
-// the Metrics middleware's.
-func (e Edge) Tracing(next http.Handler) http.Handler {
-	named := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		next.ServeHTTP(w, r)
-		if rc := chi.RouteContext(r.Context()); rc != nil && rc.RoutePattern() != "" {
-			span := trace.SpanFromContext(r.Context())
-			span.SetName(r.Method + " " + rc.RoutePattern())
-			span.SetAttributes(semconv.HTTPRoute(rc.RoutePattern()))
-		}
-	})
-	prop := e.Propagator
-	if prop == nil {
-		prop = defaultPropagator
-	}
-	return otelhttp.NewHandler(named, "",
-		otelhttp.WithTracerProvider(e.TracerProvider),
-		otelhttp.WithPropagators(prop),
-		otelhttp.WithMeterProvider(metricnoop.NewMeterProvider()),
-		otelhttp.WithFilter(func(r *http.Request) bool { return !isOps(r.URL.Path) }),
-		otelhttp.WithSpanNameFormatter(func(_ string, r *http.Request) string { return r.Method }),
-	)
-}
-
-// defaultPropagator is the W3C TraceContext and Baggage propagator.
-var defaultPropagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
-
-// isOps reports whether path is an operations route: /healthz, /readyz, /metrics.
-func isOps(path string) bool {
-	switch path {
-	case "/healthz", "/readyz", "/metrics":
-		return true
-	}
-	return false
-}
-
-// Recoverer turns a panic in a handler into a logged 500 problem instead of a dropped
-// connection, unless the answer was already started. http.ErrAbortHandler passes through.
-func (e Edge) Recoverer(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		defer func() {
-			v := recover()
-			if v == nil {
-				return
-			}
-			if err, ok := v.(error); ok && errors.Is(err, http.ErrAbortHandler) {
-				panic(v)
-			}
-			e.log().ErrorContext(r.Context(), "panic in handler", append(e.attrs(r),
-				slog.String("panic", fmt.Sprint(v)), slog.String("stack", string(debug.Stack())))...)
-			if ww, ok := w.(middleware.WrapResponseWriter); ok && ww.Status() != 0 {
-				return
-			}
-			e.Error(w, r, apperr.Wrap(apperr.CodeInternal, fmt.Errorf("panic: %v", v), apperr.InternalMessage))
-		}()
-		next.ServeHTTP(w, r)
-	})
 }
