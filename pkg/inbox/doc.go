@@ -164,10 +164,11 @@
 //
 // A message is deduplicated per table (and, within it, per consumer name): inboxes of
 // different tables know nothing of each other's messages, and [Store.Cleanup] cleans its own
-// table. The index and the advisory lock key of migrations are derived from the names. Names
-// are quoted in every statement, so upper case, spaces and quotes are kept as written;
-// [Tables.Validate] says what is refused ([ErrInvalidTables]). The default tables keep the
-// names and lock key of earlier versions, so existing databases need no change.
+// table. The index, the check constraints and the advisory lock key of migrations are derived
+// from the names. Names are quoted in every statement, so upper case, spaces and quotes are
+// kept as written; [Tables.Validate] says what is refused ([ErrInvalidTables]). The default
+// tables keep the names and lock key of earlier versions, so existing databases need no
+// change.
 //
 // A Store renders its statements once, when it is made: make one per set of tables at
 // start-up and share it. The package-level functions are the methods of the default Tables'

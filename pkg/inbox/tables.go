@@ -13,8 +13,13 @@ import (
 // Tables names the tables of one inbox. The zero value is the default: inbox_messages and
 // inbox_migrations, unqualified, so that PostgreSQL finds them through the connection's search_path.
 // Set Schema to keep them in a schema of their own (a schema per tenant, say), and Messages to
-// keep several inboxes in one database; everything else the inbox creates (indexes,
-// functions, triggers, lock keys, channels) is named after Messages and Schema.
+// keep several inboxes in one database. Everything else the inbox creates is named after
+// them: the index and check constraints of the Messages table ("<Messages>_processed_at_idx",
+// "<Messages>_consumer_not_empty", "<Messages>_message_id_not_empty"; PostgreSQL names the
+// primary key "<Messages>_pkey"), in its schema, and the advisory lock key that serialises
+// concurrent migrations of these tables ([Migrate], [Store.Migrate]): for the default Tables
+// the key earlier versions used, otherwise one derived from Schema and Messages. The inbox
+// has no triggers, functions or notification channels.
 type Tables struct {
 	// Schema holds the tables. Empty: unqualified names, resolved through search_path.
 	Schema string
@@ -32,8 +37,8 @@ type Tables struct {
 // DefaultMessagesTable is the inbox table's name when [Tables.Messages] is empty.
 const DefaultMessagesTable = "inbox_messages"
 
-// MaxTableBytes is the longest [Tables.Messages] may be: names derived from it add up to 22
-// bytes, and PostgreSQL cuts identifiers at 63.
+// MaxTableBytes is the longest [Tables.Messages] may be: the longest name derived from it,
+// "<Messages>_message_id_not_empty", adds 21 bytes, and PostgreSQL cuts identifiers at 63.
 const MaxTableBytes = 40
 
 // ErrInvalidTables is wrapped by [Tables.Validate]'s errors.
@@ -123,12 +128,12 @@ type sqlNames struct {
 }
 
 // Local returns the quoted, unqualified name of an object derived from the inbox table (an
-// index or a trigger: PostgreSQL puts them in the table's schema): "<Messages>_<suffix>".
+// index or a constraint: PostgreSQL puts them in the table's schema): "<Messages>_<suffix>".
 func (n sqlNames) Local(suffix string) string {
 	return pgx.Identifier{n.t.Messages + "_" + suffix}.Sanitize()
 }
 
-// Qualified returns the same name, schema-qualified (a function, or DROP INDEX).
+// Qualified returns the same name, schema-qualified, as DROP INDEX needs it.
 func (n sqlNames) Qualified(suffix string) string {
 	return n.t.qualified(n.t.Messages + "_" + suffix)
 }

@@ -232,40 +232,12 @@ func (c *Consumer) Run(ctx context.Context) error {
 // session is one connection's life: connect, consume until ctx ends or the connection fails,
 // then wind down. It calls onConnected once consuming.
 func (c *Consumer) session(ctx context.Context, onConnected func(broker string)) error {
-	conn, i, err := c.brokers.dial(time.Time{}, dialTimeout, func() bool { return ctx.Err() != nil },
-		func(url string, deadline time.Time) (*amqp.Connection, error) { return c.dial(ctx, url, deadline) })
+	l, err := c.connect(ctx)
 	if err != nil {
-		return fmt.Errorf("connect: %w", err)
-	}
-	// The user-id property the broker lets this connection publish: its login.
-	uri, _ := amqp.ParseURI(c.brokers.urls[i]) // checked by withDefaults
-	defer func() { _ = conn.CloseDeadline(time.Now().Add(5 * time.Second)) }()
-	connClosed := conn.NotifyClose(make(chan *amqp.Error, 1))
-
-	ch, err := conn.Channel()
-	if err != nil {
-		return fmt.Errorf("open channel: %w", err)
-	}
-	chClosed := ch.NotifyClose(make(chan *amqp.Error, 1))
-	if c.cfg.Setup != nil {
-		if ch, chClosed, err = c.setup(ctx, conn, ch, chClosed); err != nil {
-			return err
-		}
-	}
-	if err := ch.Qos(c.cfg.Prefetch, 0, false); err != nil {
-		return fmt.Errorf("set prefetch: %w", err)
-	}
-	// The publisher's channel closes with the connection.
-	pub := &publisher{conn: conn, timeout: c.cfg.PublishTimeout}
-	if err := pub.open(); err != nil {
 		return err
 	}
-	tag := consumerTag(c.cfg.Name)
-	deliveries, err := ch.Consume(c.cfg.Queue, tag, false, false, false, false, nil)
-	if err != nil {
-		return fmt.Errorf("consume %q: %w", c.cfg.Queue, err)
-	}
-	onConnected(c.brokers.names[i])
+	defer func() { _ = l.conn.CloseDeadline(time.Now().Add(5 * time.Second)) }()
+	onConnected(l.broker)
 
 	// waitCtx ends on stop or connection loss and interrupts retry backoffs. workCtx
 	// outlives ctx: handlers, commits and confirms in flight when ctx ends may finish, until
@@ -274,8 +246,82 @@ func (c *Consumer) session(ctx context.Context, onConnected func(broker string))
 	defer cancelWait()
 	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
-	s := &session{pub: pub, user: uri.Username, runCtx: ctx, waitCtx: waitCtx, workCtx: workCtx, cancelled: make(chan struct{})}
+	s := &session{pub: l.pub, user: l.user, runCtx: ctx, waitCtx: waitCtx, workCtx: workCtx, cancelled: make(chan struct{})}
 
+	workersDone := c.startWorkers(s, l.deliveries)
+	var cancelling sync.WaitGroup
+	result := c.awaitEnd(ctx, l, s, workersDone, &cancelling)
+	cancelWait()
+	c.windDown(ctx, l.conn, workersDone, cancelWork)
+	_ = l.conn.CloseDeadline(time.Now().Add(5 * time.Second))
+	cancelling.Wait()
+	return result
+}
+
+// link is a connection set up for consuming: a channel consuming the queue with the
+// prefetch set, and the publisher of the same connection.
+type link struct {
+	conn *amqp.Connection
+	// broker names the broker connected to, for logs and hooks; user is the connection's
+	// login, the only user-id property the broker lets it publish.
+	broker, user string
+	ch           *amqp.Channel
+	// connClosed and chClosed receive the close of the connection and of ch.
+	connClosed, chClosed chan *amqp.Error
+	pub                  *publisher
+	// tag is the consumer tag of the subscription, deliveries its delivery channel.
+	tag        string
+	deliveries <-chan amqp.Delivery
+}
+
+// connect dials the brokers in turn until one answers and sets up consuming on its
+// connection. When the set-up fails it closes the connection.
+func (c *Consumer) connect(ctx context.Context) (*link, error) {
+	conn, i, err := c.brokers.dial(time.Time{}, dialTimeout, func() bool { return ctx.Err() != nil },
+		func(url string, deadline time.Time) (*amqp.Connection, error) { return c.dial(ctx, url, deadline) })
+	if err != nil {
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	uri, _ := amqp.ParseURI(c.brokers.urls[i]) // checked by withDefaults
+	l := &link{conn: conn, broker: c.brokers.names[i], user: uri.Username, connClosed: conn.NotifyClose(make(chan *amqp.Error, 1))}
+	if err := c.consume(ctx, l); err != nil {
+		_ = conn.CloseDeadline(time.Now().Add(5 * time.Second))
+		return nil, err
+	}
+	return l, nil
+}
+
+// consume opens l's channel, runs Setup on it, sets the prefetch, opens the publisher and
+// subscribes to the queue.
+func (c *Consumer) consume(ctx context.Context, l *link) error {
+	var err error
+	if l.ch, err = l.conn.Channel(); err != nil {
+		return fmt.Errorf("open channel: %w", err)
+	}
+	l.chClosed = l.ch.NotifyClose(make(chan *amqp.Error, 1))
+	if c.cfg.Setup != nil {
+		if l.ch, l.chClosed, err = c.setup(ctx, l.conn, l.ch, l.chClosed); err != nil {
+			return err
+		}
+	}
+	if err := l.ch.Qos(c.cfg.Prefetch, 0, false); err != nil {
+		return fmt.Errorf("set prefetch: %w", err)
+	}
+	// The publisher's channel closes with the connection.
+	l.pub = &publisher{conn: l.conn, timeout: c.cfg.PublishTimeout}
+	if err := l.pub.open(); err != nil {
+		return err
+	}
+	l.tag = consumerTag(c.cfg.Name)
+	if l.deliveries, err = l.ch.Consume(c.cfg.Queue, l.tag, false, false, false, false, nil); err != nil {
+		return fmt.Errorf("consume %q: %w", c.cfg.Queue, err)
+	}
+	return nil
+}
+
+// startWorkers starts Concurrency workers on deliveries and returns a channel closed once
+// they all returned, which they do when the delivery channel closes.
+func (c *Consumer) startWorkers(s *session, deliveries <-chan amqp.Delivery) <-chan struct{} {
 	// Stamp each delivery with its arrival: a delivery's hold is bounded from when the
 	// broker handed it over (its consumer_timeout clock), not from when a worker took it.
 	// At most Prefetch deliveries are unacknowledged, so the buffer never fills; the
@@ -296,36 +342,46 @@ func (c *Consumer) session(ctx context.Context, onConnected func(broker string))
 		workers.Wait()
 		close(workersDone)
 	}()
+	return workersDone
+}
 
-	var (
-		result     error
-		cancelling sync.WaitGroup
-	)
+// awaitEnd waits for the end of the session: ctx ending (a stop), the connection or the
+// channel closing, or the broker ending the subscription, which closes the delivery channel
+// and so ends the workers. It closes s.cancelled once the subscription is over, and returns
+// why the session ended, nil for a stop.
+//
+// On a stop it asks the broker to end the subscription. Cancel is an RPC: it runs in a
+// goroutine that cancelling tracks, so that a silent broker cannot hold up the shutdown
+// beyond ShutdownTimeout (closing the connection ends it). The delivery channel closes once
+// the workers have handed back what was prefetched.
+func (c *Consumer) awaitEnd(ctx context.Context, l *link, s *session, workersDone <-chan struct{}, cancelling *sync.WaitGroup) error {
 	select {
 	case <-ctx.Done():
 		s.stopping.Store(true)
-		// Ask the broker to stop delivering. The delivery channel closes once the workers
-		// have handed back what was prefetched. Cancel is an RPC: in its own goroutine, so a
-		// silent broker cannot hold up the shutdown beyond ShutdownTimeout (closing the
-		// connection ends it).
 		cancelling.Go(func() {
 			defer close(s.cancelled)
-			if err := ch.Cancel(tag, false); err != nil {
+			if err := l.ch.Cancel(l.tag, false); err != nil {
 				c.log.DebugContext(ctx, "cancel subscription failed", slog.Any("error", err))
 			}
 		})
-	case amqpErr := <-connClosed:
-		result = fmt.Errorf("connection closed: %w", closeErr(amqpErr))
+		return nil
+	case amqpErr := <-l.connClosed:
 		close(s.cancelled) // the subscription ended with the connection
-	case amqpErr := <-chClosed:
-		result = fmt.Errorf("channel closed: %w", closeErr(amqpErr))
+		return fmt.Errorf("connection closed: %w", closeErr(amqpErr))
+	case amqpErr := <-l.chClosed:
 		close(s.cancelled)
+		return fmt.Errorf("channel closed: %w", closeErr(amqpErr))
 	case <-workersDone:
-		result = errors.New("the broker cancelled the consumer (queue deleted?)")
 		close(s.cancelled)
+		return errors.New("the broker cancelled the consumer (queue deleted?)")
 	}
-	cancelWait()
+}
 
+// windDown gives the messages in hand ShutdownTimeout to finish. Then it cancels their work
+// (their transactions roll back) and closes the connection, which closes the delivery
+// channel and hands every unacknowledged message back to the broker, and waits for the
+// workers.
+func (c *Consumer) windDown(ctx context.Context, conn *amqp.Connection, workersDone <-chan struct{}, cancelWork context.CancelFunc) {
 	timer := time.NewTimer(c.cfg.ShutdownTimeout)
 	defer timer.Stop()
 	select {
@@ -334,14 +390,9 @@ func (c *Consumer) session(ctx context.Context, onConnected func(broker string))
 		c.log.WarnContext(ctx, "messages in hand did not finish in time; cancelling them",
 			slog.Duration("shutdown_timeout", c.cfg.ShutdownTimeout))
 		cancelWork()
-		// Closing the connection closes the delivery channel and hands every unacknowledged
-		// message back to the broker.
 		_ = conn.CloseDeadline(time.Now().Add(time.Second))
 		<-workersDone
 	}
-	_ = conn.CloseDeadline(time.Now().Add(5 * time.Second))
-	cancelling.Wait()
-	return result
 }
 
 // session is the state shared by the workers of one connection.
@@ -492,18 +543,6 @@ func (c *Consumer) dial(ctx context.Context, url string, deadline time.Time) (*a
 			return conn, nil
 		},
 	})
-}
-
-func (c *Consumer) hookHandedBack(msgType, reason string) {
-	if h := c.cfg.Hooks.HandedBack; h != nil {
-		h(HandBack{Consumer: c.cfg.Name, Type: msgType, Reason: reason})
-	}
-}
-
-func (c *Consumer) hookConnected(up bool, err error, broker string) {
-	if h := c.cfg.Hooks.Connected; h != nil {
-		h(ConnectionChange{Consumer: c.cfg.Name, Up: up, Err: err, Broker: broker})
-	}
 }
 
 // closeErr turns a close notification into an error; a nil *amqp.Error (a clean close)

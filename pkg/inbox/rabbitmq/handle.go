@@ -2,18 +2,11 @@ package rabbitmq
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
-	"mime"
 	"runtime/debug"
-	"slices"
-	"strconv"
-	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -23,14 +16,6 @@ import (
 	"github.com/outboxshop/outboxshop/pkg/inbox"
 	"github.com/outboxshop/outboxshop/pkg/inbox/internal/retry"
 )
-
-// maxReasonLen bounds the dead-reason header; error texts can be long.
-const maxReasonLen = 4096
-
-// headerDeliveryCount is the header in which a quorum queue tells how often it delivered a
-// message before. The consumer strips it from the copies it publishes to the queue, which
-// the broker counts from zero.
-const headerDeliveryCount = "x-delivery-count"
 
 // message is one delivery on its way through the consumer.
 type message struct {
@@ -110,20 +95,8 @@ func (c *Consumer) handle(s *session, in inbound) {
 		if next == nil {
 			next = stage
 		}
-		m.failures++
-		delay := c.holdDelay(m.failures)
-		m.heldEvent(err, delay)
-		if c.holdFailed(s.workCtx, m, err) {
-			if h := c.cfg.Hooks.Held; h != nil {
-				h(Hold{Consumer: c.cfg.Name, Type: m.d.Type, Held: true})
-			}
-			m.log.DebugContext(s.workCtx, "transient failure; holding the message and retrying in place",
-				slog.Any("error", err), slog.Duration("retry_in", delay), slog.Duration("max_hold", c.cfg.MaxHold))
-		} else {
-			m.log.DebugContext(s.workCtx, "transient failure; still holding the message",
-				slog.Any("error", err), slog.Int("failures", m.failures), slog.Duration("retry_in", delay))
-		}
-		if time.Since(m.arrived)+delay > c.cfg.MaxHold {
+		delay := c.hold(s, m, err)
+		if outlastsHold(time.Since(m.arrived), delay, c.cfg.MaxHold) {
 			c.handBack(s, m, err)
 			return
 		}
@@ -134,6 +107,23 @@ func (c *Consumer) handle(s *session, in inbound) {
 	}
 	c.endHold(m)
 	c.settled(s.workCtx)
+}
+
+// hold records a transient failure of m's current stage: it starts m's hold, or counts one
+// more failure of it, and returns the wait before the stage's next attempt.
+func (c *Consumer) hold(s *session, m *message, err error) (delay time.Duration) {
+	m.failures++
+	delay = c.holdDelay(m.failures)
+	m.heldEvent(err, delay)
+	if c.holdFailed(s.workCtx, m, err) {
+		c.hookHeld(m.d.Type, true)
+		m.log.DebugContext(s.workCtx, "transient failure; holding the message and retrying in place",
+			slog.Any("error", err), slog.Duration("retry_in", delay), slog.Duration("max_hold", c.cfg.MaxHold))
+	} else {
+		m.log.DebugContext(s.workCtx, "transient failure; still holding the message",
+			slog.Any("error", err), slog.Int("failures", m.failures), slog.Duration("retry_in", delay))
+	}
+	return delay
 }
 
 // holdFailed records a transient failure of m in the consumer's hold streak, which logs it
@@ -164,18 +154,6 @@ func (c *Consumer) settled(ctx context.Context) {
 	}
 }
 
-// holdBackoff spaces the retries in place of a held delivery: the retry backoff, at most a
-// quarter of MaxHold (and starting at most at an eighth), so that a hold retries several
-// times before its delivery is handed back, and a hand-back never follows its arrival at
-// once.
-func (c *Consumer) holdBackoff() retry.Backoff {
-	limit := min(c.cfg.MaxRetryDelay, c.cfg.MaxHold/4)
-	return retry.Backoff{Base: min(c.cfg.RetryDelay, c.cfg.MaxHold/8, limit), Max: limit}
-}
-
-// holdDelay is the wait before the n-th retry in place of a held delivery (n counts from 1).
-func (c *Consumer) holdDelay(n int) time.Duration { return c.holdBackoff().Delay(n) }
-
 // endHold ends m's hold, if it was held.
 func (c *Consumer) endHold(m *message) {
 	if !m.held {
@@ -183,9 +161,7 @@ func (c *Consumer) endHold(m *message) {
 	}
 	m.held = false
 	c.held.Add(-1)
-	if h := c.cfg.Hooks.Held; h != nil {
-		h(Hold{Consumer: c.cfg.Name, Type: m.d.Type, Held: false})
-	}
+	c.hookHeld(m.d.Type, false)
 }
 
 // check returns the first stage for m: dead-lettering when the message can never succeed,
@@ -195,58 +171,6 @@ func (c *Consumer) check(s *session, m *message) step {
 		return c.deadLetterStage(s, m, reason, detail)
 	}
 	return c.processStage(s, m)
-}
-
-// Refusal returns why the consumer built from c dead-letters d before its handler runs (one
-// of the Reason* constants, with details), or "" when it would run the handler on d. It
-// applies the same defaults as [NewConsumer] (MaxBodyBytes) and needs nothing else of c:
-// rabbitmqtest uses it to reach the consumer's outcome without a broker.
-func (c Config) Refusal(d Delivery) (reason, detail string) {
-	if c.MaxBodyBytes <= 0 {
-		c.MaxBodyBytes = DefaultMaxBodyBytes
-	}
-	contentTypes := make([]string, 0, len(c.ContentTypes))
-	for _, ct := range c.ContentTypes {
-		contentTypes = append(contentTypes, mediaType(ct))
-	}
-	c.ContentTypes = contentTypes
-	return refusal(c, d)
-}
-
-// refusal is [Config.Refusal] for a cfg with its defaults. The checks run in the order of
-// [Reasons]; the body is parsed only when it is small enough.
-func refusal(cfg Config, d Delivery) (reason, detail string) {
-	if d.ID == "" {
-		return ReasonMissingMessageID, "the message has no message-id property, so the inbox cannot deduplicate it"
-	}
-	if err := (inbox.Message{ID: d.ID, Type: d.Type}).Validate(); err != nil {
-		if errors.Is(err, inbox.ErrInvalidMessageType) {
-			return ReasonInvalidMessageType, err.Error()
-		}
-		return ReasonInvalidMessageID, err.Error()
-	}
-	if len(d.Body) > cfg.MaxBodyBytes {
-		return ReasonBodyTooLarge, fmt.Sprintf("the body has %d bytes, more than the %d accepted", len(d.Body), cfg.MaxBodyBytes)
-	}
-	mt := mediaType(d.ContentType)
-	if len(cfg.ContentTypes) > 0 && !slices.Contains(cfg.ContentTypes, mt) {
-		return ReasonUnsupportedContentType, fmt.Sprintf("content type %q is not one of %q", d.ContentType, cfg.ContentTypes)
-	}
-	jsonBody := isJSON(mt)
-	if jsonBody {
-		if cs := charset(d.ContentType); cs != "" && !strings.EqualFold(cs, "utf-8") && !strings.EqualFold(cs, "utf8") {
-			return ReasonUnsupportedContentType, fmt.Sprintf("content type %q: JSON must be UTF-8", d.ContentType)
-		}
-	}
-	if len(cfg.Types) > 0 && !slices.Contains(cfg.Types, d.Type) {
-		return ReasonUnknownType, fmt.Sprintf("type %q is not one of %q", d.Type, cfg.Types)
-	}
-	if jsonBody {
-		if err := checkJSON(d.Body); err != nil {
-			return ReasonMalformedJSON, err.Error()
-		}
-	}
-	return "", ""
 }
 
 // processStage runs the inbox transaction: the inbox row, the handler's writes and the
@@ -277,26 +201,23 @@ func (c *Consumer) processStage(s *session, m *message) step {
 		if h := c.cfg.Hooks.HandlerError; h != nil {
 			h(HandlerFailure{Consumer: c.cfg.Name, Type: m.d.Type, Err: err})
 		}
-		if ctx.Err() != nil {
-			// A stop or a lost connection cut the attempt short; it rolled back. Not the
-			// message's fault.
-			return self, fmt.Errorf("%w: %w", errInterrupted, err)
-		}
 		// After a failed commit the effect may have happened; the next attempt finds out
 		// through the inbox.
 		cause := err
 		if handlerErr != nil {
 			cause = handlerErr
 		}
-		class := inbox.Classify(err)
-		switch {
-		case class == inbox.ClassTransient:
+		switch then, reason := afterFailure(ctx.Err() != nil, inbox.Classify(err), m.del.DeliveryCount, c.cfg.MaxDeliveries); then {
+		case failInterrupted:
+			return self, fmt.Errorf("%w: %w", errInterrupted, err)
+		case failHold:
 			return self, err
-		case class == inbox.ClassPermanent:
-			return c.deadLetterStage(s, m, ReasonPermanent, cause.Error()), nil
-		case m.del.DeliveryCount >= c.cfg.MaxDeliveries:
-			return c.deadLetterStage(s, m, ReasonMaxDeliveries,
-				fmt.Sprintf("failed on all %d attempts; last error: %v", m.del.DeliveryCount, cause)), nil
+		case failDeadLetter:
+			detail := cause.Error()
+			if reason == ReasonMaxDeliveries {
+				detail = fmt.Sprintf("failed on all %d attempts; last error: %v", m.del.DeliveryCount, cause)
+			}
+			return c.deadLetterStage(s, m, reason, detail), nil
 		default:
 			m.retries = m.del.DeliveryCount
 			return c.retryStage(s, m, cause), nil
@@ -354,18 +275,10 @@ func (c *Consumer) callHandler(ctx context.Context, tx pgx.Tx, d Delivery, log *
 	return c.cfg.Handler(ctx, tx, d)
 }
 
-func (c *Consumer) failpoint(name string) {
-	if f := c.cfg.Hooks.Failpoint; f != nil {
-		f(FailpointHit{Name: name})
-	}
-}
-
 // retryStage waits the backoff of a counted failure, then publishes the retry copy.
 func (c *Consumer) retryStage(s *session, m *message, cause error) step {
 	return func() (step, error) {
-		// One wait per counted attempt, at most MaxDeliveries per message: RetryDelay
-		// doubling to MaxRetryDelay, jittered.
-		delay := retry.Backoff{Base: c.cfg.RetryDelay, Max: c.cfg.MaxRetryDelay}.Delay(m.del.DeliveryCount)
+		delay := c.retryDelay(m.del.DeliveryCount)
 		m.log.WarnContext(s.workCtx, "handler failed; retrying",
 			slog.Any("error", cause), slog.Duration("retry_in", delay), slog.Int("max_deliveries", c.cfg.MaxDeliveries))
 		if !retry.Sleep(s.waitCtx, delay) {
@@ -381,7 +294,7 @@ func (c *Consumer) retryStage(s *session, m *message, cause error) step {
 func (c *Consumer) publishRetryStage(s *session, m *message) step {
 	var self step
 	self = func() (step, error) {
-		copied := c.copyOf(m.d, m.del, s.user)
+		copied := copyOf(m.d, m.del, s.user)
 		forQueue(&copied, m.del.DeliveryCount)
 		// The copy is confirmed before the original is acknowledged, so the message exists
 		// in the broker at every moment. If the process dies in between, the broker
@@ -407,22 +320,11 @@ func (c *Consumer) publishRetryStage(s *session, m *message) step {
 // reason, and acknowledges the original only after the broker confirmed the copy. When the
 // publish fails the message is held and the publish retried: a message is never lost.
 func (c *Consumer) deadLetterStage(s *session, m *message, reason, detail string) step {
-	text := reason + ": " + detail
-	if len(text) > maxReasonLen {
-		text = strings.ToValidUTF8(text[:maxReasonLen], "")
-	}
+	text := deadReasonText(reason, detail)
 	var self step
 	self = func() (step, error) {
-		copied := c.copyOf(m.d, m.del, s.user)
-		copied.Headers[HeaderDeadReason] = text
-		copied.Headers[HeaderOriginalQueue] = c.cfg.Queue
-		// A dead letter must outlive a broker restart and must not expire before someone
-		// looks.
-		copied.DeliveryMode = amqp.Persistent
-		if copied.Expiration != "" {
-			copied.Headers[HeaderOriginalExpiration] = copied.Expiration
-			copied.Expiration = ""
-		}
+		copied := copyOf(m.d, m.del, s.user)
+		asDeadLetter(&copied, text, c.cfg.Queue)
 		if err := s.pub.publish(s.workCtx, c.cfg.DeadLetterExchange, c.cfg.DeadLetterRoutingKey, copied); err != nil {
 			return self, fmt.Errorf("dead-lettering failed (%s): %w", text, err)
 		}
@@ -458,19 +360,18 @@ func (c *Consumer) deadLetterStage(s *session, m *message, reason, detail string
 // closed; then the broker counts a delivery. A message is never dropped: until the ack,
 // both the original and the copy may exist, and the inbox absorbs whichever is second.
 func (c *Consumer) handBack(s *session, m *message, cause error) {
-	reason := HandBackHoldLimit
 	stopping := s.stopRequested()
 	if stopping {
-		reason = HandBackShutdown
 		select {
 		case <-s.cancelled:
 		case <-s.workCtx.Done():
 		}
 	}
-	// After a lost connection (the session ended without a stop) nothing can be published.
+	// An uncounted copy, unless the connection is lost (nothing can be published on it) or
+	// the shutdown timed out.
 	err := errInterrupted
-	if s.workCtx.Err() == nil && (stopping || !s.stopped()) {
-		copied := c.copyOf(m.d, m.del, s.user)
+	if reason := handBackWay(stopping, s.stopped(), s.workCtx.Err() != nil); reason != HandBackRequeued {
+		copied := copyOf(m.d, m.del, s.user)
 		forQueue(&copied, m.retries)
 		if err = s.pub.publish(s.workCtx, "", c.cfg.Queue, copied); err == nil {
 			if err := m.d.Ack(false); err != nil {
@@ -500,149 +401,4 @@ func (c *Consumer) handBack(s *session, m *message, cause error) {
 	// or lost connection, and a new connection comes only after the reconnect backoff.
 	m.log.WarnContext(s.workCtx, "message goes back to the queue; the broker counts a delivery",
 		slog.Any("error", cause), slog.Any("hand_back_error", err))
-}
-
-// forQueue prepares a copy for the consumer's own queue: it carries retries as its retry
-// count, and none of the dead-letter or broker headers of its original.
-func forQueue(p *amqp.Publishing, retries int) {
-	delete(p.Headers, HeaderDeadReason) // a replayed dead letter starts over; its copies do not
-	delete(p.Headers, HeaderOriginalQueue)
-	delete(p.Headers, headerDeliveryCount)
-	if retries > 0 {
-		p.Headers[HeaderRetries] = int32(retries)
-	} else {
-		delete(p.Headers, HeaderRetries)
-	}
-}
-
-// copyOf returns a publishing with the delivery's body and properties, and its headers plus
-// the original exchange and routing key. user is the connection's login: a user-id property
-// naming anyone else moves to HeaderOriginalUserID.
-func (c *Consumer) copyOf(d amqp.Delivery, del Delivery, user string) amqp.Publishing {
-	headers := make(amqp.Table, len(d.Headers)+6)
-	maps.Copy(headers, d.Headers)
-	headers[HeaderOriginalExchange] = del.Exchange
-	headers[HeaderOriginalRoutingKey] = del.RoutingKey
-	userID := d.UserId
-	if userID != "" && userID != user {
-		headers[HeaderOriginalUserID] = userID
-		userID = ""
-	}
-	return amqp.Publishing{
-		Headers:         headers,
-		ContentType:     d.ContentType,
-		ContentEncoding: d.ContentEncoding,
-		DeliveryMode:    d.DeliveryMode,
-		Priority:        d.Priority,
-		CorrelationId:   d.CorrelationId,
-		ReplyTo:         d.ReplyTo,
-		Expiration:      d.Expiration,
-		MessageId:       d.MessageId,
-		Timestamp:       d.Timestamp,
-		Type:            d.Type,
-		UserId:          userID,
-		AppId:           d.AppId,
-		Body:            d.Body,
-	}
-}
-
-// newDelivery is the handler's view of d: the original exchange and routing key also on a
-// retry copy, and the attempt number.
-func newDelivery(d amqp.Delivery) Delivery {
-	exchange, routingKey := d.Exchange, d.RoutingKey
-	if rk, ok := d.Headers[HeaderOriginalRoutingKey].(string); ok {
-		routingKey = rk
-		if ex, ok := d.Headers[HeaderOriginalExchange].(string); ok {
-			exchange = ex
-		}
-	}
-	retries := headerInt(d.Headers[HeaderRetries])
-	if _, replayed := d.Headers[HeaderDeadReason]; replayed {
-		retries = 0 // a dead letter put back into the queue gets a fresh set of attempts
-	}
-	return Delivery{
-		ID:            d.MessageId,
-		Type:          d.Type,
-		Exchange:      exchange,
-		RoutingKey:    routingKey,
-		Headers:       maps.Clone(d.Headers), // the handler may change its copy
-		ContentType:   d.ContentType,
-		CorrelationID: d.CorrelationId,
-		Timestamp:     d.Timestamp,
-		Body:          d.Body,
-		Redelivered:   d.Redelivered,
-		DeliveryCount: retries + 1,
-	}
-}
-
-// headerInt reads a non-negative count from a header value of any AMQP integer type (or a
-// decimal string); anything else counts as 0.
-func headerInt(v any) int {
-	var n int64
-	switch v := v.(type) {
-	case int:
-		n = int64(v)
-	case int8:
-		n = int64(v)
-	case int16:
-		n = int64(v)
-	case int32:
-		n = int64(v)
-	case int64:
-		n = v
-	case uint8:
-		n = int64(v)
-	case uint16:
-		n = int64(v)
-	case uint32:
-		n = int64(v)
-	case string:
-		n, _ = strconv.ParseInt(v, 10, 64)
-	}
-	return int(max(0, min(n, 1<<20)))
-}
-
-// isJSON reports whether a body of this content type must be JSON: application/json, any
-// +json type, or no content type at all.
-func isJSON(contentType string) bool {
-	mt := mediaType(contentType)
-	return mt == "" || mt == "application/json" || strings.HasSuffix(mt, "+json")
-}
-
-// mediaType returns the media type of a content type, lower case and without parameters;
-// "" for an empty one.
-func mediaType(contentType string) string {
-	mt, _, err := mime.ParseMediaType(contentType)
-	if err != nil {
-		mt, _, _ = strings.Cut(contentType, ";")
-		mt = strings.ToLower(strings.TrimSpace(mt))
-	}
-	return mt
-}
-
-// charset returns the charset parameter of a content type, or "".
-func charset(contentType string) string {
-	_, params, err := mime.ParseMediaType(contentType)
-	if err != nil {
-		return ""
-	}
-	return params["charset"]
-}
-
-// checkJSON returns why body is not valid JSON, or nil. JSON exchanged between systems is
-// UTF-8 (RFC 8259): encoding/json would silently turn invalid bytes inside strings into
-// U+FFFD, so they are refused here.
-func checkJSON(body []byte) error {
-	if json.Valid(body) {
-		if !utf8.Valid(body) {
-			return errors.New("body is not valid UTF-8")
-		}
-		return nil
-	}
-	var raw json.RawMessage
-	err := json.Unmarshal(body, &raw)
-	if err == nil {
-		err = errors.New("invalid JSON")
-	}
-	return fmt.Errorf("body is not valid JSON: %w", err)
 }

@@ -121,6 +121,9 @@ func TestTransientHandlerErrors(t *testing.T) {
 			calls   = map[string][]int{}
 			locked  sync.WaitGroup // both first attempts hold their first row
 			orderOf = map[string][2]string{"order-ab": {"a", "b"}, "order-ba": {"b", "a"}}
+			// bothHeld is closed once an attempt holds both rows: the deadlock's survivor.
+			bothHeld     = make(chan struct{})
+			bothHeldOnce sync.Once
 		)
 		locked.Add(2)
 		lock := func(ctx context.Context, tx pgx.Tx, sku string) error {
@@ -133,6 +136,16 @@ func TestTransientHandlerErrors(t *testing.T) {
 			first := len(calls[d.ID]) == 1
 			mu.Unlock()
 			order := orderOf[d.ID]
+			if !first {
+				// The victim's retry in place waits for the survivor to hold both rows. On a
+				// loaded machine it could otherwise take its first row before the survivor,
+				// woken by the victim's rollback, takes it, and deadlock with it again.
+				select {
+				case <-bothHeld:
+				case <-time.After(20 * time.Second):
+					t.Error("the deadlock's survivor never held both rows")
+				}
+			}
 			if err := lock(ctx, tx, order[0]); err != nil {
 				return err
 			}
@@ -143,6 +156,7 @@ func TestTransientHandlerErrors(t *testing.T) {
 			if err := lock(ctx, tx, order[1]); err != nil {
 				return fmt.Errorf("lock %s: %w", order[1], err)
 			}
+			bothHeldOnce.Do(func() { close(bothHeld) })
 			return recordEffect(ctx, tx, d)
 		}))
 
