@@ -9,9 +9,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgtype"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // claimBatch locks up to $1 due rows, oldest first, skipping rows another relay holds.
@@ -130,10 +129,11 @@ SELECT (SELECT count(*) FROM head), (SELECT count(*) FROM released)`
 
 // markWaiting takes up to $1 rows out of the claim's index that cannot be claimed because an
 // older row of their aggregate is pending, among the $2 oldest claimable rows, which is where
-// the claim walks and a hot aggregate's backlog sits. It is one statement, so it holds its locks for milliseconds;
-// it never waits for a lock (SKIP LOCKED everywhere). A row is marked only while the older
-// row it waits for is locked FOR KEY SHARE here, which a relay publishing that older row
-// (holding it FOR UPDATE) prevents: see releaseNext.
+// the claim walks and a hot aggregate's backlog sits (see maintenance, which runs it). It is
+// one statement, so it holds its locks for milliseconds; it never waits for a lock (SKIP
+// LOCKED everywhere). A row is marked only while the older row it waits for is locked FOR
+// KEY SHARE here, which a relay publishing that older row (holding it FOR UPDATE) prevents:
+// see releaseNext.
 const markWaiting = `
 WITH candidate AS MATERIALIZED (
     SELECT c.id
@@ -246,6 +246,7 @@ func (b *batch) release() {
 	b.endSend(nil)
 }
 
+// cycle is the serial relay's cycle, and PublishBatch's: claim a batch, then finish it.
 func (r *Relay) cycle(ctx context.Context) (cycleResult, error) {
 	b, err := r.claimNext(ctx)
 	if err != nil || b == nil {
@@ -259,8 +260,8 @@ func (r *Relay) cycle(ctx context.Context) (cycleResult, error) {
 // claimNext claims the next batch in a transaction of its own. It returns nil, and no
 // error, when no row is due.
 func (r *Relay) claimNext(ctx context.Context) (_ *batch, err error) {
-	if !r.maintaining.Load() { // Run maintains on a goroutine of its own
-		r.maybeMaintain(ctx)
+	if !r.maint.inRun.Load() { // Run maintains on a goroutine of its own
+		r.maint.maybeRun(ctx)
 	}
 
 	// Until rows are claimed, cancelling ctx may abort the cycle: nothing is held yet.
@@ -306,7 +307,7 @@ func (r *Relay) claimNext(ctx context.Context) (_ *batch, err error) {
 
 // finish publishes a claimed batch, after prev (the batch claimed before it, still in
 // flight; nil if none) was sent, then marks the outcome and commits. It releases b whatever
-// happens.
+// happens. Its phases: send, settle (the decisions, pure), report, mark, commit.
 func (r *Relay) finish(b *batch, prev *batch) (res cycleResult, err error) {
 	defer b.release()
 	ctx, msgs := b.ctx, b.msgs
@@ -316,152 +317,21 @@ func (r *Relay) finish(b *batch, prev *batch) (res cycleResult, err error) {
 	var confirmedAt time.Time
 	defer func() { spans.end(confirmedAt, err) }()
 
-	var outcomes []error
-	if skip := r.waitForPrevious(b, prev); skip != nil {
-		outcomes = make([]error, len(msgs))
-		for i := range outcomes {
-			outcomes[i] = skip
-		}
-		b.endSend(skip)
-	} else {
-		outcomes = r.publish(ctx, b.publishBy, msgs, b.unreadable, spans)
-		confirmedAt = time.Now()
-		var down error
-		for _, err := range outcomes {
-			if errors.Is(err, ErrUnavailable) {
-				down = err
-				break
-			}
-		}
-		b.endSend(down)
+	outcomes, answeredAt, sent := r.send(b, prev, spans)
+	confirmedAt = answeredAt
+	if sent {
 		r.failpoint(FailpointAfterPublish)
 	}
-	if confirmedAt.IsZero() {
-		confirmedAt = time.Now()
-	}
 
-	var (
-		result    = BatchResult{ConfirmedAt: confirmedAt}
-		published []pgtype.UUID
-		failed    struct {
-			ids    []pgtype.UUID
-			errs   []string
-			delays []int64
-			dead   []bool
-		}
-		deferred struct {
-			ids    []pgtype.UUID
-			errs   []string
-			delays []int64
-		}
-		// The aggregates whose head is no longer pending after this cycle.
-		doneAggTypes, doneAggIDs []string
-		unavailable              error
-		refused                  error // the first refusal of the batch
-	)
-	for i, err := range outcomes {
-		m := msgs[i]
-		streak := 0
-		if err != nil && !errors.Is(err, ErrUnavailable) {
-			streak = r.streak(m.ID, errors.Is(err, ErrNotSent) || errors.Is(err, ErrRefused))
-		} else {
-			r.streak(m.ID, false)
-		}
-		switch {
-		case err == nil:
-			spans.outcome(i, OutcomePublished, nil)
-			published = append(published, pgUUID(m.ID))
-			result.Published = append(result.Published, m)
-			result.PublishedSpans = spans.appendSampled(result.PublishedSpans, i, len(result.Published))
-			doneAggTypes, doneAggIDs = append(doneAggTypes, m.AggregateType), append(doneAggIDs, m.AggregateID)
-			continue
-		case errors.Is(err, ErrUnavailable):
-			// The broker, not the message: no attempt is counted, and the relay pauses.
-			result.Untouched++
-			spans.outcome(i, OutcomeUntouched, err)
-			if unavailable == nil {
-				unavailable = err
-			}
-			continue
-		case errors.Is(err, ErrNotSent) && streak < maxNotSentStreak:
-			// Not sent through no fault of its own: as it was, for the next cycle.
-			result.Untouched++
-			spans.outcome(i, OutcomeUntouched, err)
-			continue
-		case errors.Is(err, ErrRefused):
-			// The broker refused it for a reason of its own: later, no attempt counted.
-			deferred.ids = append(deferred.ids, pgUUID(m.ID))
-			deferred.errs = append(deferred.errs, err.Error())
-			deferred.delays = append(deferred.delays, backoff(streak, r.cfg.RetryBaseDelay, r.cfg.RetryMaxDelay).Milliseconds())
-			result.Deferred++
-			spans.outcome(i, OutcomeDeferred, err)
-			// The broker's doing, not the message's: the refusals' streak says it once per
-			// cycle, below; each message at debug level.
-			r.cfg.Logger.DebugContext(ctx, "outbox message refused by the broker; will retry without counting an attempt",
-				"message_id", m.ID, "message_type", m.Type, "aggregate_id", m.AggregateID, "error", err)
-			if refused == nil {
-				refused = fmt.Errorf("message %s: %w", m.ID, err)
-			}
-			continue
-		case errors.Is(err, ErrNotSent):
-			err = fmt.Errorf("not sent %d times in a row: %w", streak, err)
-			r.streak(m.ID, false)
-		}
-		permanent := IsPermanent(err)
-		dead := permanent || m.Attempts+1 >= r.cfg.MaxAttempts
-		lastError := err.Error()
-		if permanent {
-			lastError = "permanent: " + lastError
-		}
-		failed.ids = append(failed.ids, pgUUID(m.ID))
-		failed.errs = append(failed.errs, lastError)
-		failed.delays = append(failed.delays, backoff(m.Attempts+1, r.cfg.RetryBaseDelay, r.cfg.RetryMaxDelay).Milliseconds())
-		failed.dead = append(failed.dead, dead)
-		result.Failed = append(result.Failed, Failure{Message: m, Err: err, Dead: dead})
-		if dead {
-			spans.outcome(i, OutcomeDead, err)
-		} else {
-			spans.outcome(i, OutcomeFailed, err)
-		}
-		if dead {
-			doneAggTypes, doneAggIDs = append(doneAggTypes, m.AggregateType), append(doneAggIDs, m.AggregateID)
-		}
-		logFailure(ctx, r.cfg, m, err, dead)
-	}
-	res.settled = len(published) + len(failed.ids)
-	if refused != nil {
-		// Each refused row waits its own retry delay: the streak only logs. It ends in
-		// endRefusals.
-		r.lastRefusal.Store(time.Now().UnixNano())
-		r.refusals.Fail(ctx, refused)
-	}
-	if len(published) > 0 {
-		r.lastAccepted.Store(time.Now().UnixNano())
-	}
+	s := settle(msgs, outcomes, r.rowStreaks.of(msgs), r.rules)
+	r.rowStreaks.set(msgs, s.streaks)
+	result := s.result
+	result.ConfirmedAt = confirmedAt
+	result.PublishedSpans = r.report(ctx, msgs, &s, spans)
+	res.settled = s.settled()
 
-	if len(published) > 0 {
-		if _, err := b.tx.Exec(ctx, r.sql.markPublished, published); err != nil {
-			return res, databaseError{fmt.Errorf("mark %d outbox rows published: %w", len(published), err)}
-		}
-	}
-	if len(failed.ids) > 0 {
-		if _, err := b.tx.Exec(ctx, r.sql.markFailed, failed.ids, failed.errs, failed.delays, failed.dead); err != nil {
-			return res, databaseError{fmt.Errorf("mark %d outbox rows failed: %w", len(failed.ids), err)}
-		}
-	}
-	if len(deferred.ids) > 0 {
-		if _, err := b.tx.Exec(ctx, r.sql.markDeferred, deferred.ids, deferred.errs, deferred.delays); err != nil {
-			return res, databaseError{fmt.Errorf("defer %d outbox rows: %w", len(deferred.ids), err)}
-		}
-	}
-	if len(doneAggTypes) > 0 {
-		var heads, released int
-		if err := b.tx.QueryRow(ctx, r.sql.releaseNext, doneAggTypes, doneAggIDs).Scan(&heads, &released); err != nil {
-			return res, databaseError{fmt.Errorf("release the next rows of %d aggregates: %w", len(doneAggTypes), err)}
-		}
-		if released < heads {
-			r.requestRepair()
-		}
+	if err := r.mark(ctx, b.tx, &s.marks); err != nil {
+		return res, err
 	}
 	r.failpoint(FailpointAfterMark)
 	if err := b.tx.Commit(ctx); err != nil {
@@ -471,147 +341,107 @@ func (r *Relay) finish(b *batch, prev *batch) (res cycleResult, err error) {
 	if h := r.cfg.Hooks.BatchDone; h != nil {
 		r.hook(func() { h(result) })
 	}
-	if unavailable != nil {
-		return res, brokerError{fmt.Errorf("publish outbox batch: %w", unavailable)}
+	if s.unavailable != nil {
+		return res, brokerError{fmt.Errorf("publish outbox batch: %w", s.unavailable)}
 	}
 	return res, nil
 }
 
-// maxNotSentStreak is how many cycles in a row a row may come back [ErrNotSent] before the
-// relay counts an attempt against it: a publisher that never sends one message, whatever the
-// reason, must not hold its aggregate for ever.
-const maxNotSentStreak = 5
-
-// streak counts the consecutive cycles in which the row came back unsent or refused, and
-// returns the count including this one; keep false resets it.
-func (r *Relay) streak(id uuid.UUID, keep bool) int {
-	r.streakMu.Lock()
-	defer r.streakMu.Unlock()
-	if !keep {
-		delete(r.streaks, id)
-		return 0
+// send publishes b's messages once prev allows it (see waitForPrevious), and tells the
+// batch after b whether the broker was found unavailable. It returns one outcome per
+// message, when the answers came, and whether the batch went to the publisher at all: a
+// batch that may not be sent has, for each message, the error that says why (wrapping
+// [ErrUnavailable]: no attempt is counted).
+func (r *Relay) send(b, prev *batch, spans *batchSpans) (outcomes []error, answeredAt time.Time, sent bool) {
+	if skip := r.waitForPrevious(b, prev); skip != nil {
+		outcomes = make([]error, len(b.msgs))
+		for i := range outcomes {
+			outcomes[i] = skip
+		}
+		b.endSend(skip)
+		return outcomes, time.Now(), false
 	}
-	if r.streaks == nil || len(r.streaks) > 100_000 { // rows another relay finished stay here
-		r.streaks = map[uuid.UUID]int{}
-	}
-	r.streaks[id]++
-	return r.streaks[id]
+	outcomes = r.publish(b.ctx, b.publishBy, b.msgs, b.unreadable, spans)
+	answeredAt = time.Now()
+	b.endSend(firstUnavailable(outcomes))
+	return outcomes, answeredAt, true
 }
 
-// maintain runs maybeMaintain until ctx ends, beside Run's cycles, so that a long pass never
-// delays a batch. A pass that marked rows held, for its few milliseconds, KEY SHARE locks on
-// the rows they wait for, and a claim meanwhile skipped those (SKIP LOCKED): so it wakes the
-// relay for another cycle. (The rows a pass locks but does not mark are not heads: a claim
-// that skips them loses nothing.)
-func (r *Relay) maintain(ctx context.Context, wake chan<- struct{}) {
-	t := time.NewTimer(0)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		r.maybeMaintain(ctx)
-		r.maintMu.Lock()
-		next := r.cfg.PollInterval
-		switch now := time.Now(); {
-		case now.Before(r.maintainAfter): // the last pass failed: its backoff
-			next = r.maintainAfter.Sub(now)
-		case r.maintainNow || r.repairNow.Load():
-			next = 0
-		}
-		if r.marked > 0 {
-			signal(wake)
-		}
-		r.maintMu.Unlock()
-		t.Reset(next)
-	}
-}
-
-// maybeMaintain runs markWaiting when it is due: after a pass that marked rows (to finish
-// taking a backlog out of the claim's way), else once per PollInterval; and repairWaiting
-// once per repairEvery passes. A failed pass is left to a later one, after the outage
-// backoff (whatever asks for a pass meanwhile) and logged once per failure streak: the claim
-// is correct without the passes, only slower.
-func (r *Relay) maybeMaintain(ctx context.Context) {
-	r.maintMu.Lock()
-	defer r.maintMu.Unlock()
-	now := time.Now()
-	if now.Before(r.maintainAfter) ||
-		!r.maintainNow && !r.repairNow.Load() && now.Sub(r.maintainedAt) < r.cfg.PollInterval {
-		return
-	}
-	r.maintainedAt = now
-	r.maintainPasses++
-	r.marked = 0
-	pctx, cancel := context.WithTimeout(ctx, r.cfg.ClaimTimeout)
-	defer cancel()
-	err := r.maintainPass(pctx)
-	switch {
-	case err == nil:
-		r.maintenance.Succeed(ctx)
-	case ctx.Err() == nil: // not the relay stopping
-		r.maintainAfter = time.Now().Add(r.maintenance.Fail(ctx, err))
-	}
-}
-
-// maintainPass is one pass of maybeMaintain: repairWaiting when it is due, then markWaiting.
-// A failed repair is due again at the next pass.
-func (r *Relay) maintainPass(ctx context.Context) error {
-	if r.repairNow.Swap(false) || r.maintainPasses%repairEvery == 0 {
-		if _, err := r.db.Exec(ctx, r.sql.repairWaiting); err != nil {
-			r.repairNow.Store(true)
-			r.maintainNow = false
-			return fmt.Errorf("repair waiting rows: %w", err)
+// firstUnavailable returns the first of outcomes that found the broker unavailable, or nil.
+func firstUnavailable(outcomes []error) error {
+	for _, err := range outcomes {
+		if errors.Is(err, ErrUnavailable) {
+			return err
 		}
 	}
-	tag, err := r.db.Exec(ctx, r.sql.markWaiting, markWaitingLimit, markWaitingWindow)
-	if err != nil {
-		r.maintainNow = false
-		return fmt.Errorf("mark waiting rows: %w", err)
-	}
-	r.marked = tag.RowsAffected()
-	// Only a full pass says that more rows are waiting to be marked: going again at once
-	// after every pass that marked one row would run passes back to back while a busy
-	// aggregate is being written.
-	r.maintainNow = r.marked >= markWaitingLimit
 	return nil
 }
 
-// endRefusals ends the refusals' streak, if there is one, once the broker has accepted a
-// message since the last refusal and refused nothing for refusalsOver: not at the first
-// accepted batch, since a queue at its length limit accepts some batches and refuses others,
-// and a streak that each accepted batch ended would say so once per batch. Run calls it after
-// every cycle that did not fail, idle ones included.
-func (r *Relay) endRefusals(ctx context.Context) {
-	last := r.lastRefusal.Load()
-	if last == 0 || r.lastAccepted.Load() < last || time.Since(time.Unix(0, last)) < refusalsOver {
-		return
+// report tells what settle decided for msgs: each publish span's outcome, a log line for
+// each failed row (and, at debug level, each refused one), and the refusals' streak, which
+// says the broker's refusals once per streak rather than once per row. It returns the span
+// contexts of the published rows, for [BatchResult].PublishedSpans.
+func (r *Relay) report(ctx context.Context, msgs []Message, s *settlement, spans *batchSpans) []trace.SpanContext {
+	var scs []trace.SpanContext
+	published := 0
+	for i, f := range s.fates {
+		m := msgs[i]
+		spans.outcome(i, f.outcome, f.err)
+		switch f.outcome {
+		case OutcomePublished:
+			published++
+			scs = spans.appendSampled(scs, i, published)
+		case OutcomeDeferred:
+			r.cfg.Logger.DebugContext(ctx, "outbox message refused by the broker; will retry without counting an attempt",
+				"message_id", m.ID, "message_type", m.Type, "aggregate_id", m.AggregateID, "error", f.err)
+		case OutcomeFailed, OutcomeDead:
+			logFailure(ctx, r.cfg, m, f.err, f.outcome == OutcomeDead)
+		}
 	}
-	r.refusals.Succeed(ctx)
+	if s.refused != nil {
+		// Each refused row waits its own retry delay: the streak only logs. It ends in
+		// endRefusals.
+		r.lastRefusal.Store(time.Now().UnixNano())
+		r.refusals.Fail(ctx, s.refused)
+	}
+	if len(s.marks.published) > 0 {
+		r.lastAccepted.Store(time.Now().UnixNano())
+	}
+	return scs
 }
 
-// requestRepair asks the next maintenance pass to run repairWaiting, and to run at once. It
-// never waits: a cycle calls it with its transaction open.
-func (r *Relay) requestRepair() { r.repairNow.Store(true) }
-
-const (
-	// refusalsOver is how long the broker must accept what the relay publishes, refusing
-	// nothing, before a streak of refusals is over.
-	refusalsOver = time.Second
-	// markWaitingLimit bounds the rows one markWaiting pass marks.
-	markWaitingLimit = 5000
-	// markWaitingWindow bounds the rows one markWaiting pass looks at: the oldest claimable
-	// ones, where the claim walks. A backlog of heads alone (every row its aggregate's only
-	// one) has nothing to mark, and a pass over all of it, once per PollInterval, cost
-	// PostgreSQL about 600 ms on 200,000 rows. Rows further back are looked at as they come
-	// to the front. Twice the limit, so that a hot aggregate's backlog still fills a pass,
-	// and the next pass runs at once.
-	markWaitingWindow = 2 * markWaitingLimit
-	// repairEvery is how many markWaiting passes there are to one repairWaiting.
-	repairEvery = 60
-)
+// mark runs the statements that record a batch's marks in its claim transaction tx: the
+// rows published, failed and deferred, then releaseNext for the aggregates whose head is no
+// longer pending (it must run after the marks). A head that releaseNext could not release,
+// because another transaction holds it, is left to the maintenance's repair, which it asks
+// for at once.
+func (r *Relay) mark(ctx context.Context, tx pgx.Tx, m *marks) error {
+	if len(m.published) > 0 {
+		if _, err := tx.Exec(ctx, r.sql.markPublished, m.published); err != nil {
+			return databaseError{fmt.Errorf("mark %d outbox rows published: %w", len(m.published), err)}
+		}
+	}
+	if f := &m.failed; len(f.ids) > 0 {
+		if _, err := tx.Exec(ctx, r.sql.markFailed, f.ids, f.errs, f.delays, f.dead); err != nil {
+			return databaseError{fmt.Errorf("mark %d outbox rows failed: %w", len(f.ids), err)}
+		}
+	}
+	if d := &m.deferred; len(d.ids) > 0 {
+		if _, err := tx.Exec(ctx, r.sql.markDeferred, d.ids, d.errs, d.delays); err != nil {
+			return databaseError{fmt.Errorf("defer %d outbox rows: %w", len(d.ids), err)}
+		}
+	}
+	if len(m.doneTypes) > 0 {
+		var heads, released int
+		if err := tx.QueryRow(ctx, r.sql.releaseNext, m.doneTypes, m.doneIDs).Scan(&heads, &released); err != nil {
+			return databaseError{fmt.Errorf("release the next rows of %d aggregates: %w", len(m.doneTypes), err)}
+		}
+		if released < heads {
+			r.maint.requestRepair()
+		}
+	}
+	return nil
+}
 
 // publish sends the messages that can be sent, within deadline, and returns one outcome per
 // message.

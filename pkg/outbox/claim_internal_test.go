@@ -10,9 +10,10 @@ import (
 	"github.com/outboxshop/outboxshop/pkg/outbox/internal/testinfra"
 )
 
-// TestClaimCost holds the claim's cost on a long backlog to what batch.go says of it: the
-// claim transaction compiles nothing, whatever the planner estimates, and a maintenance pass
-// looks at the oldest markWaitingWindow claimable rows only.
+// TestClaimCost holds the claim's cost on a long backlog to what batch.go and
+// maintenance.go say of it: the claim transaction compiles nothing, whatever the planner
+// estimates, and a maintenance pass looks at the oldest markWaitingWindow claimable rows
+// only.
 func TestClaimCost(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

@@ -79,7 +79,7 @@ type Message struct {
 // and why, in an error wrapping [ErrInvalidMessage]. [Add] calls it for every message before
 // writing any. The RabbitMQ publisher checks every row it is given with it again (rows
 // written by hand or by older code), but for the payload's JSON syntax and the two
-// aggregate headers (see its package documentation): a message that fails is never sent,
+// aggregate headers (see its Publish documentation): a message that fails is never sent,
 // and its row is marked dead with the reason.
 //
 // The rules are what PostgreSQL cannot store and what the broker would refuse, by closing the

@@ -55,7 +55,7 @@ func pipelineSetup(t *testing.T, pub Publisher) (*pgxpool.Pool, *Relay, func(agg
 		PublishTimeout: 5 * time.Second,
 	})
 	require.NoError(t, err)
-	r.maintaining.Store(true) // no maintenance pass in the way of the claims under test
+	r.maint.inRun.Store(true) // no maintenance pass in the way of the claims under test
 	write := func(agg string, n int) {
 		require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			return Add(ctx, tx, Message{Exchange: "x", RoutingKey: "k", Type: fmt.Sprintf("E%d", n),

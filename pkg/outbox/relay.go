@@ -11,7 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -113,10 +112,10 @@ type Config struct {
 	DisableNotify bool
 	// NotifyRecheck is how long after a cycle started by a notification the relay looks
 	// again, for rows of transactions that committed during that notifier's commit and so
-	// did not notify themselves (see the trigger in migrations/001_outbox.sql). A re-check
-	// that finds rows is followed by another; an empty one doubles the delay until it
-	// reaches PollInterval. Default 3ms ([DefaultNotifyRecheck]); at PollInterval or above,
-	// there are no re-checks.
+	// did not notify themselves (see the trigger in
+	// migrations/templates/001_outbox.sql.tmpl). A re-check that finds rows is followed by
+	// another; an empty one doubles the delay until it reaches PollInterval. Default 3ms
+	// ([DefaultNotifyRecheck]); at PollInterval or above, there are no re-checks.
 	NotifyRecheck time.Duration
 	// MaxAttempts is how many failed publish attempts make a row dead. Default 10
 	// ([DefaultMaxAttempts]).
@@ -342,17 +341,13 @@ type Relay struct {
 	state   State
 	hookMu  sync.Mutex // held while a hook runs: hooks run one at a time
 
-	streakMu sync.Mutex
-	streaks  map[uuid.UUID]int // consecutive cycles a row came back unsent or refused
+	// rules are what settle applies to each batch's answers, and rowStreaks the streaks of
+	// the rows that came back unsent or refused, from one cycle to the next.
+	rules      settleRules
+	rowStreaks rowStreaks
 
-	maintaining    atomic.Bool // Run's maintenance goroutine is running
-	maintMu        sync.Mutex
-	maintainedAt   time.Time
-	maintainNow    bool        // the last markWaiting pass was full: run the next one at once
-	repairNow      atomic.Bool // a cycle could not release a head: run repairWaiting at once
-	marked         int64       // rows the last markWaiting pass marked
-	maintainPasses int
-	maintainAfter  time.Time // a pass failed: none before then, whatever asks for one
+	// maint takes rows that wait behind their aggregate's head out of the claim's way.
+	maint *maintenance
 
 	// The failure streaks of the relay's loops: each spaces its loop's attempts with the
 	// outage backoff and logs a failure once (package retry).
@@ -362,7 +357,6 @@ type Relay struct {
 	// accepted a message (see endRefusals).
 	lastRefusal, lastAccepted atomic.Int64
 	listening                 *retry.Streak // the LISTEN connection
-	maintenance               *retry.Streak // the maintenance passes
 }
 
 // RelayDB is what a relay needs of the database: transactions and statements for its
@@ -414,7 +408,11 @@ func NewRelay(pool RelayDB, pub Publisher, cfg Config) (*Relay, error) {
 	r.cycles = streak("outbox relay")
 	r.refusals = streak("outbox relay: the broker refuses messages")
 	r.listening = streak("outbox relay: LISTEN connection (polling meanwhile)")
-	r.maintenance = streak("outbox relay: maintenance pass")
+	r.maint = newMaintenance(pool, store.sql, cfg, streak("outbox relay: maintenance pass"))
+	r.rules = settleRules{
+		maxAttempts: cfg.MaxAttempts,
+		retryDelay:  retry.Backoff{Base: cfg.RetryBaseDelay, Max: cfg.RetryMaxDelay}.Delay,
+	}
 	if cp, ok := pub.(ConcurrentPublisher); ok {
 		r.concurrentSends = cp.ConcurrentPublishes() > 1
 	}
@@ -498,41 +496,13 @@ func (r *Relay) Run(ctx context.Context) error {
 	defer r.running.Store(false)
 
 	wake := make(chan struct{}, 1)
-	lctx, stopListening := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	defer func() {
-		stopListening()
-		wg.Wait()
-	}()
-	if !r.cfg.DisableNotify {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r.listen(lctx, wake)
-		}()
-	}
-	r.maintaining.Store(true)
-	defer r.maintaining.Store(false)
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		r.maintain(lctx, wake)
-	}()
+	defer r.startBackground(ctx, wake)()
 	p := &pipeline{r: r, limit: r.cfg.InFlightBatches}
 	defer p.abandon() // a panic unwinding Run: the batches in flight still end
 
+	pace := r.newPacer()
 	timer := time.NewTimer(0)
 	defer timer.Stop()
-	idle := 0 // consecutive cycles that claimed rows but sent none of them
-	// After a cycle that found rows or that a notification started, the relay looks again
-	// NotifyRecheck later: for rows behind the ones it just published (the next row of an
-	// aggregate becomes claimable only once its predecessor's mark committed), and for rows of
-	// writers that skipped their NOTIFY (see the trigger) and may have become visible only
-	// after the claim. A re-check that finds rows is followed by another; an empty one doubles
-	// the delay, until it reaches PollInterval and polling takes over. So a skipped row waits
-	// about as long again as its commit took, not a poll interval.
-	var recheck time.Duration // delay of the next re-check; 0: none due
-	notified := false         // a notification started this cycle
 	for {
 		if ctx.Err() != nil {
 			p.drain()
@@ -543,62 +513,73 @@ func (r *Relay) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			continue // stopping: an error caused by the cancellation is no outage
 		}
-		// Only step's pipelined continuation (c.more) leaves batches in flight: every wait
-		// below starts with none, so a pause never holds a claim.
-		wakeUp := wake
-		var wait time.Duration
-		if err == nil {
+		if err != nil {
+			r.setState(stateFor(err), err)
+		} else {
 			r.cycles.Succeed(ctx)
 			r.endRefusals(ctx)
 			r.setState(StateRunning, nil)
 		}
-		switch {
-		case err != nil:
-			// An outage: the outage backoff, and one line when it starts, one per
-			// retry.DefaultLogInterval while it lasts, one when it ends.
-			r.setState(stateFor(err), err)
-			wait = r.cycles.Fail(ctx, err)
-			wakeUp = nil // a notification must not cut an outage backoff short
-			recheck = 0
-		case c.more:
-			// A full batch is on its way: more rows are likely waiting; claim them now.
-			idle = 0
+		next := pace.after(c, err != nil)
+		if next.now {
 			continue
-		case c.claimed > 0 && c.settled == 0:
-			// Rows were claimed but none was published or failed: the publisher sent
-			// nothing, or the broker refused everything. Not an outage, but going round again
-			// at once would only repeat it: the outage backoff too.
-			idle++
-			wait = r.cycles.Backoff.Delay(idle)
+		}
+		wait, wakeUp := next.wait, wake
+		if next.outage {
+			// The outage backoff, and one line when it starts, one per
+			// retry.DefaultLogInterval while it lasts, one when it ends.
+			wait = r.cycles.Fail(ctx, err)
+		}
+		if !next.wakeable {
 			wakeUp = nil
-			recheck = 0
-		case c.last == r.cfg.BatchSize:
-			idle = 0
-			continue // a full batch: more rows are likely waiting
-		default:
-			idle = 0
-			switch {
-			case notified || c.claimed > 0 || c.last > 0:
-				recheck = r.cfg.NotifyRecheck
-			case recheck > 0:
-				recheck *= 2
-			}
-			wait = r.cfg.PollInterval
-			if recheck > 0 && recheck < r.cfg.PollInterval {
-				wait = recheck
-			} else {
-				recheck = 0
-			}
 		}
 		timer.Reset(wait)
-		notified = false
 		select {
 		case <-ctx.Done():
 		case <-wakeUp:
-			notified = true
+			pace.woken()
 		case <-timer.C:
 		}
 	}
+}
+
+// startBackground starts Run's goroutines beside its cycles: the LISTEN connection, which
+// turns notifications into wake-ups (unless DisableNotify is set), and the maintenance
+// passes. It returns the function that stops them and waits for them to end.
+func (r *Relay) startBackground(ctx context.Context, wake chan<- struct{}) (stop func()) {
+	bctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	if !r.cfg.DisableNotify {
+		wg.Go(func() { r.listen(bctx, wake) })
+	}
+	r.maint.inRun.Store(true)
+	wg.Go(func() { r.maint.loop(bctx, wake) })
+	return func() {
+		cancel()
+		wg.Wait()
+		r.maint.inRun.Store(false)
+	}
+}
+
+// endRefusals ends the refusals' streak, if there is one, once refusalsEnded says so. Run
+// calls it after every cycle that did not fail, idle ones included.
+func (r *Relay) endRefusals(ctx context.Context) {
+	if refusalsEnded(r.lastRefusal.Load(), r.lastAccepted.Load(), time.Now()) {
+		r.refusals.Succeed(ctx)
+	}
+}
+
+// refusalsOver is how long the broker must accept what the relay publishes, refusing
+// nothing, before a streak of refusals is over.
+const refusalsOver = time.Second
+
+// refusalsEnded reports whether, at now, a streak of refusals is over: the broker has
+// accepted a message since the last refusal (lastAccepted and lastRefusal in Unix
+// nanoseconds; 0: never) and refused nothing for refusalsOver. Not at the first accepted
+// batch, since a queue at its length limit accepts some batches and refuses others, and a
+// streak that each accepted batch ended would say so once per batch.
+func refusalsEnded(lastRefusal, lastAccepted int64, now time.Time) bool {
+	return lastRefusal != 0 && lastAccepted >= lastRefusal && now.Sub(time.Unix(0, lastRefusal)) >= refusalsOver
 }
 
 // Errors that decide the relay's state.
@@ -688,10 +669,4 @@ func signal(c chan<- struct{}) {
 	case c <- struct{}{}:
 	default:
 	}
-}
-
-// backoff returns the n-th (from 1) exponential delay from base, capped at max, with "equal
-// jitter": between half and all of it, so that many rows do not retry in step.
-func backoff(n int, base, max time.Duration) time.Duration {
-	return retry.Backoff{Base: base, Max: max}.Delay(n)
 }
