@@ -9,8 +9,8 @@
 //     cleanup, the outbox stats, consumer hooks and settings, HTTP servers and listeners) is
 //     service's too;
 //   - outages: every background loop backs off while the database or the broker is away
-//     and logs the outage once, through retry.Backoff and retry.Streak (kept byte for byte
-//     in each library too);
+//     and logs the outage once, through retry.Backoff and retry.Streak (generated into each
+//     library too);
 //   - configuration: a Config with the variable and its default in each field's tags, read
 //     and checked with envconfig (Load, Defaults, Checks, Section, Variables); the settings
 //     both services have (service.RelayEnv, ConsumerEnv, BrokerEnv) declared once, with

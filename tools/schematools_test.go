@@ -26,9 +26,9 @@ import (
 	"github.com/outboxshop/outboxshop/pkg/outbox"
 )
 
-// describeSQL is the catalog query the libraries' own tests compare schemas with (both keep
-// the same copy; TestMigrationRunnerCopiesInStep checks that).
-const describeSQL = "../pkg/outbox/internal/pgmigrate/describe.sql"
+// describeSQL is the catalog query the libraries' own tests compare schemas with: the source
+// of the copy each keeps in its internal/pgmigrate (tools/copies).
+const describeSQL = "../internal/pgmigrate/describe.sql"
 
 // Version tables, left out when schemas are compared: each way records its versions in its
 // own table. The tools get a table per library, as the libraries' READMEs advise, since the

@@ -10,8 +10,8 @@
 //     attempts failed so far, for how long, and the last error;
 //   - one Info line when it succeeds again, with how long it was down.
 //
-// The same package is kept, byte for byte, in each module that runs such loops (each library
-// must stay copyable alone); a test in the repository's tools fails when the copies drift.
+// This is the source of the copies in each library's internal/retry (each library must stay
+// copyable alone): edit it here and run go generate; a test in tools fails when a copy drifts.
 package retry
 
 import (

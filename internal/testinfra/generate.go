@@ -1,4 +1,5 @@
 package testinfra
 
-// Copy this package into the libraries (see the package documentation).
-//go:generate go run ../../tools/cmd/gentestinfra -root ../..
+// Write the libraries' copies of this package, and every other generated copy (see the
+// package documentation and tools/copies).
+//go:generate go run ../../tools/cmd/gencopies

@@ -7,7 +7,6 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -79,30 +78,44 @@ func StartPostgresPair(t testing.TB) *PostgresPair {
 	return p
 }
 
+// startPostgresPair makes the pair: its directories, the primary, the standby cloned from
+// it, and the wait until the standby is synchronous. It returns the pair as far as it got,
+// for its cleanup, with the error that stopped it.
 func startPostgresPair() (*PostgresPair, error) {
-	binDir := ""
+	binDir, err := postgresBinDir()
+	if err != nil {
+		return nil, err
+	}
+	cred, err := rootlessCredential("postgres") // initdb and postgres refuse to run as root
+	if err != nil {
+		return nil, err
+	}
+	p, err := newPostgresPair(binDir, cred)
+	if err != nil {
+		return p, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := p.startServers(ctx); err != nil {
+		return p, err
+	}
+	return p, p.waitSynchronous(ctx)
+}
+
+// postgresBinDir finds the server binaries among postgresBinDirs.
+func postgresBinDir() (string, error) {
 	for _, d := range postgresBinDirs {
 		if st, err := os.Stat(filepath.Join(d, "pg_basebackup")); err == nil && !st.IsDir() {
-			binDir = d
-			break
+			return d, nil
 		}
 	}
-	if binDir == "" {
-		return nil, &missingError{fmt.Errorf("pg_basebackup not found in %v", postgresBinDirs)}
-	}
-	var cred *syscall.Credential
-	if os.Geteuid() == 0 { // initdb and postgres refuse to run as root
-		u, err := user.Lookup("postgres")
-		if err != nil {
-			return nil, &missingError{fmt.Errorf("running as root, the postgres user is needed: %w", err)}
-		}
-		uid, err1 := strconv.Atoi(u.Uid)
-		gid, err2 := strconv.Atoi(u.Gid)
-		if err := errors.Join(err1, err2); err != nil {
-			return nil, err
-		}
-		cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
-	}
+	return "", &missingError{fmt.Errorf("pg_basebackup not found in %v", postgresBinDirs)}
+}
+
+// newPostgresPair lays out the pair's directory: a data directory and a port for each
+// server, and the socket directory. It returns the pair once its directory exists, so that
+// a failure after that still removes it.
+func newPostgresPair(binDir string, cred *syscall.Credential) (*PostgresPair, error) {
 	dir, err := os.MkdirTemp("", "outbox-pgpair-")
 	if err != nil {
 		return nil, err
@@ -130,44 +143,45 @@ func startPostgresPair() (*PostgresPair, error) {
 			p.Standby = s
 		}
 	}
-	sockets := filepath.Join(dir, "sockets")
-	if err := p.mkdir(sockets, 0o755); err != nil {
-		return p, err
-	}
+	return p, p.mkdir(filepath.Join(dir, "sockets"), 0o755)
+}
 
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
+// startServers initialises the primary and starts it, clones the standby from it with
+// pg_basebackup -R, and starts the standby.
+func (p *PostgresPair) startServers(ctx context.Context) error {
 	if out, err := p.run(ctx, "initdb", "-D", p.Primary.data, "-U", "postgres", "--auth=trust",
 		"-E", "UTF8", "--no-locale", "--no-sync"); err != nil {
-		return p, fmt.Errorf("initdb: %w\n%s", err, out)
+		return fmt.Errorf("initdb: %w\n%s", err, out)
 	}
 	// Only the primary's command line names the synchronous standby: once promoted, the
 	// standby has none to wait for, and its commits return at once.
 	if err := p.Primary.start(ctx, "-c", "synchronous_standby_names=FIRST 1 ("+standbyName+")"); err != nil {
-		return p, err
+		return err
 	}
 	if out, err := p.run(ctx, "pg_basebackup", "-h", "127.0.0.1", "-p", strconv.Itoa(p.Primary.Port),
 		"-U", "postgres", "-D", p.Standby.data, "-R", "-X", "stream", "--no-sync"); err != nil {
-		return p, fmt.Errorf("pg_basebackup: %w\n%s", err, out)
+		return fmt.Errorf("pg_basebackup: %w\n%s", err, out)
 	}
-	if err := p.Standby.start(ctx); err != nil {
-		return p, err
-	}
-	// Wait until the primary streams to the standby synchronously: before that, commits
-	// would wait for it anyway, but a test must not start with a standby still catching up.
+	return p.Standby.start(ctx)
+}
+
+// waitSynchronous waits until the primary streams to the standby synchronously: before
+// that, commits would wait for it anyway, but a test must not start with a standby still
+// catching up.
+func (p *PostgresPair) waitSynchronous(ctx context.Context) error {
 	conn, err := pgx.Connect(ctx, p.Primary.URL("postgres"))
 	if err != nil {
-		return p, fmt.Errorf("connect to the primary: %w", err)
+		return fmt.Errorf("connect to the primary: %w", err)
 	}
 	defer conn.Close(ctx)
 	for {
 		var state string
 		err := conn.QueryRow(ctx, `SELECT sync_state FROM pg_stat_replication WHERE application_name = $1`, standbyName).Scan(&state)
 		if err == nil && state == "sync" {
-			return p, nil
+			return nil
 		}
 		if ctx.Err() != nil {
-			return p, fmt.Errorf("the standby never became synchronous (%v): %s", err, p.Standby.logTail())
+			return fmt.Errorf("the standby never became synchronous (%v): %s", err, p.Standby.logTail())
 		}
 		time.Sleep(50 * time.Millisecond) // polling a server that is starting to stream
 	}

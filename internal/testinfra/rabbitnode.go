@@ -86,28 +86,13 @@ func startRabbitNode(conf []string) (*RabbitNode, error) {
 // A node with a cookie takes it as its Erlang cookie (the nodes of a cluster share one);
 // without, it gets one of its own when it starts.
 func newRabbitNode(conf []string, cookie string) (*RabbitNode, error) {
-	binDir := ""
-	for _, d := range rabbitBinDirs {
-		if st, err := os.Stat(filepath.Join(d, "rabbitmq-server")); err == nil && !st.IsDir() {
-			binDir = d
-			break
-		}
+	binDir, err := rabbitBinDir()
+	if err != nil {
+		return nil, err
 	}
-	if binDir == "" {
-		return nil, &missingError{fmt.Errorf("rabbitmq-server not found in %v", rabbitBinDirs)}
-	}
-	var cred *syscall.Credential
-	if os.Geteuid() == 0 { // rabbitmq-server refuses to run as root
-		u, err := user.Lookup("rabbitmq")
-		if err != nil {
-			return nil, &missingError{fmt.Errorf("running as root, the rabbitmq user is needed: %w", err)}
-		}
-		uid, err1 := strconv.Atoi(u.Uid)
-		gid, err2 := strconv.Atoi(u.Gid)
-		if err := errors.Join(err1, err2); err != nil {
-			return nil, err
-		}
-		cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+	cred, err := rootlessCredential("rabbitmq") // rabbitmq-server refuses to run as root
+	if err != nil {
+		return nil, err
 	}
 	port, err := freePort()
 	if err != nil {
@@ -133,8 +118,25 @@ func newRabbitNode(conf []string, cookie string) (*RabbitNode, error) {
 		distPort: distPort,
 		logPath:  filepath.Join(dir, "server.log"),
 	}
+	return n, n.writeFiles(conf, cookie)
+}
+
+// rabbitBinDir finds the rabbitmq-server script among rabbitBinDirs.
+func rabbitBinDir() (string, error) {
+	for _, d := range rabbitBinDirs {
+		if st, err := os.Stat(filepath.Join(d, "rabbitmq-server")); err == nil && !st.IsDir() {
+			return d, nil
+		}
+	}
+	return "", &missingError{fmt.Errorf("rabbitmq-server not found in %v", rabbitBinDirs)}
+}
+
+// writeFiles writes the node's configuration with the extra rabbitmq.conf lines conf, makes
+// its directories, owned by the node's user, and writes cookie as its Erlang cookie unless
+// it is empty.
+func (n *RabbitNode) writeFiles(conf []string, cookie string) error {
 	config := fmt.Sprintf("listeners.tcp.1 = 127.0.0.1:%d\nloopback_users = none\nlog.console = true\n"+
-		"log.console.level = warning\nlog.file = false\n%s\n", port, strings.Join(conf, "\n"))
+		"log.console.level = warning\nlog.file = false\n%s\n", n.port, strings.Join(conf, "\n"))
 	files := map[string]string{
 		"enabled_plugins": "[].\n",
 		"rabbitmq.conf":   config,
@@ -142,33 +144,54 @@ func newRabbitNode(conf []string, cookie string) (*RabbitNode, error) {
 		"rabbitmq-env.conf": "ERL_EPMD_ADDRESS=127.0.0.1\n",
 	}
 	for name, content := range files {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
-			return n, err
+		if err := os.WriteFile(filepath.Join(n.dir, name), []byte(content), 0o644); err != nil {
+			return err
 		}
 	}
 	for _, sub := range []string{"", "mnesia", "log"} {
-		p := filepath.Join(dir, sub)
+		p := filepath.Join(n.dir, sub)
 		if err := os.MkdirAll(p, 0o755); err != nil {
-			return n, err
+			return err
 		}
-		if cred != nil {
-			if err := os.Chown(p, int(cred.Uid), int(cred.Gid)); err != nil {
-				return n, err
-			}
+		if err := n.chown(p); err != nil {
+			return err
 		}
 	}
-	if cookie != "" {
-		p := filepath.Join(dir, ".erlang.cookie")
-		if err := os.WriteFile(p, []byte(cookie), 0o400); err != nil {
-			return n, err
-		}
-		if cred != nil {
-			if err := os.Chown(p, int(cred.Uid), int(cred.Gid)); err != nil {
-				return n, err
-			}
-		}
+	if cookie == "" {
+		return nil
 	}
-	return n, nil
+	p := filepath.Join(n.dir, ".erlang.cookie")
+	if err := os.WriteFile(p, []byte(cookie), 0o400); err != nil {
+		return err
+	}
+	return n.chown(p)
+}
+
+// chown gives path to the node's user, when the tests run as root.
+func (n *RabbitNode) chown(path string) error {
+	if n.cred == nil {
+		return nil
+	}
+	return os.Chown(path, int(n.cred.Uid), int(n.cred.Gid))
+}
+
+// rootlessCredential is the credential of the user a server runs as when the tests run as
+// root, which the servers refuse: the user named name. Under any other user it is nil, and
+// the server runs as the tests do.
+func rootlessCredential(name string) (*syscall.Credential, error) {
+	if os.Geteuid() != 0 {
+		return nil, nil
+	}
+	u, err := user.Lookup(name)
+	if err != nil {
+		return nil, &missingError{fmt.Errorf("running as root, the %s user is needed: %w", name, err)}
+	}
+	uid, err1 := strconv.Atoi(u.Uid)
+	gid, err2 := strconv.Atoi(u.Gid)
+	if err := errors.Join(err1, err2); err != nil {
+		return nil, err
+	}
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
 }
 
 // launch starts the node's process, in the background.
