@@ -458,24 +458,6 @@ func (r *Relay) PoolSize() PoolSize {
 	return PoolSize{Needed: r.cfg.InFlightBatches + 1, Max: poolMax(r.db)}
 }
 
-// poolStater is implemented by a pool that tells its size, as *pgxpool.Pool does. A
-// [RelayDB] need not implement it; the relay then cannot check the pool's size.
-type poolStater interface {
-	Stat() *pgxpool.Stat
-}
-
-func poolMax(db any) int {
-	if p, ok := db.(*pgxpool.Pool); ok && p == nil { // a placeholder that is never used
-		return 0
-	}
-	if p, ok := db.(poolStater); ok {
-		if st := p.Stat(); st != nil {
-			return int(st.MaxConns())
-		}
-	}
-	return 0
-}
-
 // State reports what the relay is doing now.
 func (r *Relay) State() State {
 	r.mu.Lock()

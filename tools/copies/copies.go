@@ -96,6 +96,17 @@ var Sets = []Set{
 		Copies:  []string{"pkg/inbox/snippets_test.go"},
 		Package: "inbox_test",
 	},
+	{
+		// How a client picks the next node of its list of brokers.
+		Source: "pkg/outbox/rabbitmq/brokers.go",
+		Copies: []string{"pkg/inbox/rabbitmq/brokers.go"},
+	},
+	{
+		// How a component reads its pool's size, for its PoolSize.
+		Source:  "pkg/outbox/poolmax.go",
+		Copies:  []string{"pkg/inbox/rabbitmq/poolmax.go"},
+		Package: "rabbitmq",
+	},
 }
 
 // Generator is the command named in the copies' headers.

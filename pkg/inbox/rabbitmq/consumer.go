@@ -13,7 +13,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/trace"
 
@@ -133,24 +132,6 @@ func (s PoolSize) Shortfall() int {
 // its own connections on top.
 func (c *Consumer) PoolSize() PoolSize {
 	return PoolSize{Needed: c.cfg.Concurrency, Max: poolMax(c.pool)}
-}
-
-// poolStater is implemented by a pool that tells its size, as *pgxpool.Pool does. The pool
-// passed to [NewConsumer] need not implement it; the consumer then cannot check its size.
-type poolStater interface {
-	Stat() *pgxpool.Stat
-}
-
-func poolMax(db any) int {
-	if p, ok := db.(*pgxpool.Pool); ok && p == nil { // a placeholder that is never used
-		return 0
-	}
-	if p, ok := db.(poolStater); ok {
-		if st := p.Stat(); st != nil {
-			return int(st.MaxConns())
-		}
-	}
-	return 0
 }
 
 // Run consumes until ctx is done, then stops gracefully and returns nil.

@@ -21,7 +21,8 @@ import (
 // cluster rather than all landing on its first node. Every later attempt, after a failed
 // dial or a lost connection, takes the next URL in the list: a dead node costs one failed
 // dial (a refused connection takes milliseconds), and every other node is tried before the
-// dead one again. The package inbox/rabbitmq connects its consumers the same way.
+// dead one again. The outbox's publisher and the inbox's consumer connect the same way: this
+// file is the outbox's, and tools/cmd/gencopies copies it into pkg/inbox/rabbitmq.
 type brokers struct {
 	urls []string
 	// names are host:port/vhost, for logs, errors and hooks: never the credentials.
@@ -98,6 +99,8 @@ type dialFunc func(url string, deadline time.Time) (*amqp.Connection, error)
 func (b *brokers) dial(deadline time.Time, perURL time.Duration, stop func() bool, dial dialFunc) (*amqp.Connection, int, error) {
 	n := len(b.urls)
 	var failed []string
+	// No wait between brokers: one attempt dials each at most once, and the caller backs off
+	// between attempts (its outage backoff).
 	for k := range n {
 		i := b.take()
 		until := time.Now().Add(perURL)
