@@ -174,7 +174,10 @@ func (e *env) newLatencyRig(ctx context.Context) (*latencyRig, error) {
 	if err := warehousepg.Migrate(ctx, wh); err != nil {
 		return nil, fmt.Errorf("migrate warehouse: %w", err)
 	}
-	repo := warehousepg.NewStore(wh)
+	repo, err := warehousepg.NewStore(wh, warehousepg.StoreConfig{Exchange: e.amqpName("events")})
+	if err != nil {
+		return nil, err
+	}
 	for _, sku := range skus {
 		if _, _, err := repo.SetStock(ctx, sku, "", 1_000_000_000); err != nil {
 			return nil, fmt.Errorf("stock %s: %w", sku, err)
@@ -186,7 +189,7 @@ func (e *env) newLatencyRig(ctx context.Context) (*latencyRig, error) {
 		Queue: e.amqpName("warehouse"), DeadLetterQueue: e.amqpName("warehouse.dead"), DeliveryLimit: 20,
 	}
 	e.deleteLater([]string{rig.top.Exchange, rig.top.DeadLetterExchange}, []string{rig.top.Queue, rig.top.DeadLetterQueue})
-	handler := warehouseamqp.NewHandler(rig.top.Exchange, e.log)
+	handler := warehouseamqp.NewHandler(repo, e.log)
 	connected := make(chan struct{})
 	var once sync.Once
 	consumer, err := inboxrabbitmq.NewConsumer(timedBeginner{pool: wh, sw: &rig.sw}, inboxrabbitmq.Config{
@@ -200,7 +203,7 @@ func (e *env) newLatencyRig(ctx context.Context) (*latencyRig, error) {
 					sw.mark(sw.handled, d.ID, time.Now())
 				}
 			}
-			return handler.Handle(ctx, tx, d)
+			return handler(ctx, tx, d)
 		},
 		Prefetch:             32,
 		Concurrency:          concurrency,

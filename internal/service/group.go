@@ -2,8 +2,9 @@
 // parts of a process ([Group]), the loop of the periodic jobs ([Every]: every interval
 // until the context ends, backing off after a failed run and logging a failure streak once),
 // and the pieces of wiring that are the same in both services (the metrics registry, the
-// outbox relay and its cleanup, the inbox cleanup: see wiring.go). A service's app package
-// only says which components its modes run, with which settings.
+// outbox relay and its cleanup, the inbox cleanup: see wiring.go), and the command line of
+// both binaries ([Command]: their subcommands, configuration, log, crash points and traces).
+// A service's app package only says which components its modes run, with which settings.
 //
 // # Lifecycle
 //

@@ -1,11 +1,14 @@
 package orders
 
 import (
+	"errors"
+	"fmt"
 	"time"
 
 	"github.com/google/uuid"
 
 	"github.com/outboxshop/outboxshop/internal/events"
+	"github.com/outboxshop/outboxshop/internal/input"
 )
 
 // Event types (the AMQP type property) and their routing keys, as in docs/events.md.
@@ -28,8 +31,9 @@ const (
 const EventVersion = events.Version
 
 // AggregateType is the outbox aggregate type of the order events: the relay publishes the
-// events of one order in the order they were written.
-const AggregateType = "order"
+// events of one order in the order they were written (internal/events, the same in both
+// services).
+const AggregateType = events.AggregateType
 
 // EventItem is an order line in an event.
 type EventItem struct {
@@ -53,20 +57,56 @@ type OrderCancelled struct {
 	CancelledAt time.Time `json:"cancelled_at"`
 }
 
-// StockEvent is the part of StockReserved, StockRejected and StockReleased this service reads.
-// Unknown fields are ignored (adding a field is not a new version).
+// StockEvent is a StockReserved, StockRejected or StockReleased as this service reads it
+// ([DecodeStockEvent]): the part it uses.
 type StockEvent struct {
-	Version int    `json:"version"`
-	OrderID string `json:"order_id"`
+	// Event is the event's type: EventStockReserved, EventStockRejected or EventStockReleased.
+	Event   string
+	OrderID uuid.UUID
 	// Reason is StockRejected's reason (insufficient_stock, unknown_sku, order_cancelled).
-	Reason string `json:"reason,omitempty"`
+	Reason string
 }
 
-// EventMeta is what an event carries besides its body: the correlation id of the saga (the
-// HTTP request id) and the id of the message that caused it. The trace context (W3C
-// traceparent, tracestate, baggage) is not part of it: outbox.Add records the one of the
-// writing ctx in the event's headers.
-type EventMeta struct {
-	CorrelationID string
-	CausationID   string
+// errNotStockEvent is the cause of every refusal of DecodeStockEvent.
+var errNotStockEvent = errors.New("not a stock event")
+
+// DecodeStockEvent reads the body of a message of type typ as a stock event of a version this
+// service understands: typ is EventStockReserved, EventStockRejected or EventStockReleased;
+// the body holds one JSON object under the input policy of internal/input (valid UTF-8, no
+// duplicate members, field names spelled exactly; fields added in a later release of the
+// warehouse are ignored: adding one is not a new version), its version is EventVersion, its
+// order_id a UUID in its canonical form and its reason, if any, an identifier
+// (input.IdentifierProblem). Every refusal says why: the consumer dead-letters the message
+// with it.
+func DecodeStockEvent(typ string, body []byte) (StockEvent, error) {
+	switch typ {
+	case EventStockReserved, EventStockRejected, EventStockReleased:
+	default:
+		return StockEvent{}, fmt.Errorf("%w: unknown event type %q", errNotStockEvent, typ)
+	}
+	var raw struct {
+		Version int    `json:"version"`
+		OrderID string `json:"order_id"`
+		Reason  string `json:"reason"`
+	}
+	if err := input.DecodeJSON(body, &raw, input.DecodeOptions{AllowUnknownFields: true}); err != nil {
+		return StockEvent{}, fmt.Errorf("%w: decode %s: %w", errNotStockEvent, typ, err)
+	}
+	if raw.Version != EventVersion {
+		return StockEvent{}, fmt.Errorf("%w: unsupported version %d of %s (want %d)", errNotStockEvent, raw.Version, typ, EventVersion)
+	}
+	id, ok := input.ParseID(raw.OrderID)
+	if !ok {
+		return StockEvent{}, fmt.Errorf("%w: %s: order_id %q is not a lowercase UUID", errNotStockEvent, typ, raw.OrderID)
+	}
+	if p := input.IdentifierProblem(raw.Reason); p != "" {
+		return StockEvent{}, fmt.Errorf("%w: %s: reason %s", errNotStockEvent, typ, p)
+	}
+	return StockEvent{Event: typ, OrderID: id, Reason: raw.Reason}, nil
 }
+
+// EventMeta is what an event carries besides its body (internal/events, the same in both
+// services): the correlation id of the saga (the HTTP request id) and the id of the message
+// that caused it. The trace context is not part of it: outbox.Add records the one of the
+// writing ctx in the event's headers.
+type EventMeta = events.Meta

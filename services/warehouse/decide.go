@@ -1,6 +1,10 @@
 package warehouse
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/google/uuid"
+)
 
 // Action is what a message does to an order's reservation.
 type Action string
@@ -106,6 +110,16 @@ func DecideCancelled(existing *Reservation) Decision {
 		return Decision{Action: ActionIgnore, Why: fmt.Sprintf(
 			"the cancellation was already answered (reservation %s, OrderCancelled message %q)", existing.Status, existing.CancelledMessageID)}
 	}
+}
+
+// OrderOutcome is what applying an OrderCreated or an OrderCancelled did.
+type OrderOutcome struct {
+	Decision Decision
+	// Released is what an OrderCancelled gave back to stock (none unless ActionRelease).
+	Released []Line
+	// AnswerID is the id of the answer written to the outbox (StockReserved, StockRejected
+	// or StockReleased); uuid.Nil for ActionIgnore, which is answered by nothing.
+	AnswerID uuid.UUID
 }
 
 // String describes a decision for logs.

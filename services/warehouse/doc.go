@@ -17,7 +17,14 @@
 // Anything else (a second OrderCreated for a decided order, a second OrderCancelled) changes
 // nothing and emits nothing: [ActionIgnore].
 //
-// The adapters live in sub-packages named after what they adapt: postgres (the Store and
-// migrations), amqp (topology and message handlers), http (the HTTP API) and app (the
-// wiring that cmd/warehouse starts).
+// Decoding and validating the events it consumes is the domain's too ([DecodeOrderCreated],
+// [DecodeOrderCancelled]); it knows nothing of HTTP or AMQP.
+//
+// The adapters live in sub-packages named after what they adapt, and reach each other only
+// through the domain and small interfaces declared where they are used: postgres (the Store:
+// the stock, the reservations, the answers written to the outbox, and the migrations), http
+// (the HTTP API, on the Store), amqp (the topology, and the handler of the orders' events,
+// which decodes a delivery here and applies it through OrderApplier, the Store as it sees
+// it). The app package wires them; cmd/warehouse runs app.Command, the command line both
+// services share (internal/service).
 package warehouse

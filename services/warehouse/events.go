@@ -32,8 +32,9 @@ const (
 	RoutingKeyStockReleased  = "stock.released"
 )
 
-// AggregateType is the outbox aggregate of every event: the saga is per order.
-const AggregateType = "order"
+// AggregateType is the outbox aggregate of every event: the saga is per order
+// (internal/events, the same in both services).
+const AggregateType = events.AggregateType
 
 // Bounds of an OrderCreated the warehouse accepts. An order beyond them breaks the contract
 // and is dead-lettered instead of answered.
@@ -80,6 +81,12 @@ type StockReleased struct {
 	Items      []Line    `json:"items"`
 	ReleasedAt time.Time `json:"released_at"`
 }
+
+// EventMeta is what an answer carries besides its body (internal/events, the same in both
+// services): the correlation id of the saga (the consumed message's) and the id of the
+// message that caused it, the consumed one. The trace context is not part of it: outbox.Add
+// records the one of the writing ctx, the consumer's process span, in the answer's headers.
+type EventMeta = events.Meta
 
 // decodeEvent reads an event body under the input policy of internal/input (valid UTF-8, one
 // JSON object, no duplicate members, no lone surrogate escapes, field names spelled exactly;

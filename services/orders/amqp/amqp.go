@@ -5,7 +5,6 @@ package amqp
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 
@@ -13,7 +12,6 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxshop/outboxshop/internal/amqptopo"
-	"github.com/outboxshop/outboxshop/internal/input"
 	"github.com/outboxshop/outboxshop/pkg/inbox"
 	"github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
 	"github.com/outboxshop/outboxshop/services/orders"
@@ -57,26 +55,30 @@ func (t Topology) Shared() amqptopo.Topology {
 // Declare): for tests and tools that own the broker.
 func (t Topology) Declare(ch *amqp.Channel) error { return t.Shared().Declare(ch) }
 
-// StockApplier applies a stock event to its order inside the inbox transaction.
-// *postgres.Store implements it.
+// StockApplier applies a stock event to its order inside the inbox transaction: the store as
+// the handler sees it (the app wraps *postgres.Store to count the outcomes).
 type StockApplier interface {
 	ApplyStockUpdate(ctx context.Context, tx pgx.Tx, u orders.StockUpdate) (orders.StockOutcome, error)
 }
 
-// NewHandler returns the inbox handler of the stock events: StockReserved, StockRejected and
+// NewHandler returns the inbox handler of the stock events: it decodes a delivery
+// (orders.DecodeStockEvent) and applies it through store. StockReserved, StockRejected and
 // StockReleased move their order per the saga; an illegal transition or an unknown order is
 // logged and acknowledged; an unknown event type, an unsupported version or a body that is not
-// such an event is dead-lettered (inbox.Permanent) with the reason.
+// such an event is dead-lettered (inbox.Permanent) with the reason. Any other error (the
+// database, a deadlock) is returned as it is: the transaction rolls back and the consumer
+// retries the message.
 func NewHandler(store StockApplier, log *slog.Logger) rabbitmq.Handler {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	return func(ctx context.Context, tx pgx.Tx, d rabbitmq.Delivery) error {
-		u, err := decodeStockEvent(d)
+		ev, err := orders.DecodeStockEvent(d.Type, d.Body)
 		if err != nil {
 			log.WarnContext(ctx, "stock event dead-lettered", "message_id", d.ID, "event", d.Type, "error", err)
 			return inbox.Permanent(err)
 		}
+		u := orders.StockUpdate{Event: ev.Event, OrderID: ev.OrderID, Reason: ev.Reason, MessageID: d.ID}
 		attrs := []any{"order_id", u.OrderID, "message_id", d.ID, "event", u.Event, "correlation_id", d.CorrelationID}
 		out, err := store.ApplyStockUpdate(ctx, tx, u)
 		switch {
@@ -91,33 +93,4 @@ func NewHandler(store StockApplier, log *slog.Logger) rabbitmq.Handler {
 		}
 		return nil
 	}
-}
-
-var errNotStockEvent = errors.New("not a stock event")
-
-// decodeStockEvent reads a delivery as a stock event of a version this service understands.
-func decodeStockEvent(d rabbitmq.Delivery) (orders.StockUpdate, error) {
-	switch d.Type {
-	case orders.EventStockReserved, orders.EventStockRejected, orders.EventStockReleased:
-	default:
-		return orders.StockUpdate{}, fmt.Errorf("%w: unknown event type %q", errNotStockEvent, d.Type)
-	}
-	// The input policy of the HTTP API holds for events too (internal/input): valid UTF-8, no
-	// duplicate members, field names spelled exactly; fields added in a later release of the
-	// warehouse are ignored.
-	var ev orders.StockEvent
-	if err := input.DecodeJSON(d.Body, &ev, input.DecodeOptions{AllowUnknownFields: true}); err != nil {
-		return orders.StockUpdate{}, fmt.Errorf("%w: decode %s: %w", errNotStockEvent, d.Type, err)
-	}
-	if ev.Version != orders.EventVersion {
-		return orders.StockUpdate{}, fmt.Errorf("%w: unsupported version %d of %s (want %d)", errNotStockEvent, ev.Version, d.Type, orders.EventVersion)
-	}
-	id, ok := input.ParseID(ev.OrderID)
-	if !ok {
-		return orders.StockUpdate{}, fmt.Errorf("%w: %s: order_id %q is not a lowercase UUID", errNotStockEvent, d.Type, ev.OrderID)
-	}
-	if p := input.IdentifierProblem(ev.Reason); p != "" {
-		return orders.StockUpdate{}, fmt.Errorf("%w: %s: reason %s", errNotStockEvent, d.Type, p)
-	}
-	return orders.StockUpdate{Event: d.Type, OrderID: id, Reason: ev.Reason, MessageID: d.ID}, nil
 }

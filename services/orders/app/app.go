@@ -2,8 +2,9 @@
 // database), declares the RabbitMQ topology, and runs the API, the stock-event consumer and the
 // outbox relay, in the combinations of the binary's subcommands (Mode), and registers the
 // metrics of docs/metrics.md for what the mode runs (service="orders"). The lifecycle is
-// internal/service's (an App is a service.Process); this package says which components a mode
-// runs, with which settings.
+// internal/service's (an App is a service.Process), and so is the command line: cmd/orders
+// runs [Command], which parses the configuration and hands off to [App.Run]. This package
+// says which components a mode runs, with which settings.
 //
 // Tests start an App on 127.0.0.1:0 in-process:
 //
@@ -50,6 +51,9 @@ const (
 // FailpointAfterCommit is the API's crash point: the POST /orders transaction committed, the
 // answer is not written yet.
 const FailpointAfterCommit = "api.after-commit"
+
+// The store is what the consumer's handler needs of it.
+var _ ordersamqp.StockApplier = (*postgres.Store)(nil)
 
 // Options are the parts of an App that do not come from the environment (internal/service).
 type Options = service.Options

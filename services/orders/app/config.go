@@ -63,8 +63,14 @@ type Config struct {
 	LogLevel  string `env:"ORDERS_LOG_LEVEL" envDefault:"info"`
 }
 
-// LoadConfig reads the configuration from the process environment and validates it.
-func LoadConfig() (Config, error) { return envconfig.LoadValid[Config](nil) }
+// LoadConfig is LoadConfigFrom(nil): the process environment.
+func LoadConfig() (Config, error) { return LoadConfigFrom(nil) }
+
+// LoadConfigFrom reads the variables of environ over the defaults (an unset or empty one
+// keeps its default) and validates the result; cmd/orders's tests pass their own.
+func LoadConfigFrom(environ map[string]string) (Config, error) {
+	return envconfig.LoadValid[Config](environ)
+}
 
 // DefaultConfig returns the configuration with every default and nothing from the
 // environment, for tests and embedding.

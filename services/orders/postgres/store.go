@@ -3,7 +3,6 @@ package postgres
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -14,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/propagation"
 
+	"github.com/outboxshop/outboxshop/internal/events"
 	"github.com/outboxshop/outboxshop/internal/pgdb"
 	"github.com/outboxshop/outboxshop/pkg/outbox"
 	"github.com/outboxshop/outboxshop/services/orders"
@@ -134,7 +134,7 @@ func (s *Store) CreateOrder(ctx context.Context, in orders.CreateOrderInput) (or
 		for i, l := range order.Lines {
 			items[i] = orders.EventItem{SKU: l.SKU, Quantity: l.Quantity}
 		}
-		msg, err := s.event(order.ID, orders.EventOrderCreated, orders.RoutingKeyOrderCreated, in.Meta, orders.OrderCreated{
+		msg, err := events.Message(s.exchange, orders.RoutingKeyOrderCreated, orders.EventOrderCreated, order.ID, in.Meta, orders.OrderCreated{
 			Version: orders.EventVersion, OrderID: order.ID, CustomerID: order.CustomerID,
 			Items: items, CreatedAt: order.CreatedAt.UTC(),
 		})
@@ -287,7 +287,7 @@ func (s *Store) CancelOrder(ctx context.Context, id uuid.UUID, meta orders.Event
 			if _, err := tx.Exec(ctx, insertHistory, id, status, next, orders.EventOrderCancelled, "", ""); err != nil {
 				return fmt.Errorf("insert history: %w", err)
 			}
-			msg, err := s.event(id, orders.EventOrderCancelled, orders.RoutingKeyOrderCancelled, meta, orders.OrderCancelled{
+			msg, err := events.Message(s.exchange, orders.RoutingKeyOrderCancelled, orders.EventOrderCancelled, id, meta, orders.OrderCancelled{
 				Version: orders.EventVersion, OrderID: id, CancelledAt: at.UTC(),
 			})
 			if err != nil {
@@ -351,26 +351,6 @@ func (s *Store) CleanupIdempotencyKeys(ctx context.Context, retention time.Durat
 			return total, nil
 		}
 	}
-}
-
-// event builds an outbox message for an order event.
-func (s *Store) event(orderID uuid.UUID, typ, routingKey string, meta orders.EventMeta, payload any) (outbox.Message, error) {
-	body, err := json.Marshal(payload)
-	if err != nil {
-		return outbox.Message{}, fmt.Errorf("encode %s: %w", typ, err)
-	}
-	headers := map[string]string{}
-	if meta.CorrelationID != "" {
-		headers[outbox.HeaderCorrelationID] = meta.CorrelationID
-	}
-	if meta.CausationID != "" {
-		headers[outbox.HeaderCausationID] = meta.CausationID
-	}
-	return outbox.Message{
-		Exchange: s.exchange, RoutingKey: routingKey, Type: typ,
-		AggregateType: orders.AggregateType, AggregateID: orderID.String(),
-		Payload: body, Headers: headers,
-	}, nil
 }
 
 // loadOrder reads an order, its lines and its history through q.

@@ -1,6 +1,7 @@
 package amqp
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -13,7 +14,6 @@ import (
 	"github.com/outboxshop/outboxshop/internal/service"
 	"github.com/outboxshop/outboxshop/pkg/inbox"
 	"github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
-	"github.com/outboxshop/outboxshop/services/warehouse"
 )
 
 // ConsumerName is the warehouse's inbox consumer name. Keep it stable: renaming it forgets
@@ -26,6 +26,8 @@ type ConsumerConfig struct {
 	// Required.
 	URLs     []string
 	Topology Topology
+	// Store applies the events ([NewHandler]). Required.
+	Store OrderApplier
 	// Declarer declares Topology on every connect. Default: one of its own; a process that
 	// runs the relay too shares one, so that it warns once about a queue that exists with
 	// other arguments.
@@ -37,21 +39,22 @@ type ConsumerConfig struct {
 	ShutdownTimeout time.Duration
 	Logger          *slog.Logger
 	Hooks           rabbitmq.Hooks
-	// Committed is the handler's [Handler].Committed: called with every decision that changed
-	// something, after its transaction committed. Optional.
-	Committed func(warehouse.Decision)
-	// TracerProvider makes the consumer's process spans; Propagator reads the trace context
-	// of a delivery and records the handler's in its answers (docs/tracing.md). nil: the
-	// global ones.
+	// TracerProvider makes the consumer's process spans, and Propagator reads the trace
+	// context of a delivery (docs/tracing.md); the Store records it in the answers with a
+	// propagator of its own (postgres.StoreConfig). nil: the global ones.
 	TracerProvider trace.TracerProvider
 	Propagator     propagation.TextMapPropagator
 }
 
 // NewConsumer returns the inbox consumer of the warehouse queue: it declares cfg.Topology
-// on every connect (amqptopo), applies each message with a [Handler] in the inbox transaction on pool,
-// and dead-letters to the topology's dead-letter exchange with the queue name as routing
-// key. Its transactions run the handler's Committed after they committed (aftercommit).
+// on every connect (amqptopo), applies each message with [NewHandler] on cfg.Store in the
+// inbox transaction on pool, and dead-letters to the topology's dead-letter exchange with the
+// queue name as routing key. Its transactions run the callbacks registered on them with
+// aftercommit.Register once they committed (the app counts the decisions so).
 func NewConsumer(pool inbox.TxBeginner, cfg ConsumerConfig) (*rabbitmq.Consumer, error) {
+	if cfg.Store == nil {
+		return nil, errors.New("new consumer: Store is required")
+	}
 	if cfg.Declarer == nil {
 		d, err := amqptopo.NewDeclarer(cfg.URLs, cfg.Topology.Shared(), cfg.Logger)
 		if err != nil {
@@ -59,14 +62,11 @@ func NewConsumer(pool inbox.TxBeginner, cfg ConsumerConfig) (*rabbitmq.Consumer,
 		}
 		cfg.Declarer = d
 	}
-	h := NewHandler(cfg.Topology.Exchange, cfg.Logger)
-	h.Committed = cfg.Committed
-	h.outbox = h.outbox.WithPropagator(cfg.Propagator)
 	c, err := rabbitmq.NewConsumer(aftercommit.Wrap(pool), cfg.ConsumerSettings.Apply(rabbitmq.Config{
 		URLs:                 cfg.URLs,
 		Queue:                cfg.Topology.Queue,
 		Name:                 ConsumerName,
-		Handler:              h.Handle,
+		Handler:              NewHandler(cfg.Store, cfg.Logger),
 		DeadLetterExchange:   cfg.Topology.DeadLetterExchange,
 		DeadLetterRoutingKey: cfg.Topology.Queue,
 		Setup:                cfg.Declarer.Setup,

@@ -30,7 +30,7 @@ func TestHandlerConcurrentOrders(t *testing.T) {
 	ctx := context.Background()
 	_, _, err := b.store.SetStock(ctx, "HOT-1", "Hot item", 10)
 	require.NoError(t, err)
-	h := warehouseamqp.NewHandler(b.top.Exchange, testLogger(t))
+	h := warehouseamqp.NewHandler(b.store, testLogger(t))
 
 	msgs := make([]message, 50)
 	for i := range msgs {
@@ -41,7 +41,7 @@ func TestHandlerConcurrentOrders(t *testing.T) {
 		wg.Go(func() {
 			_, err := inbox.Process(ctx, b.pool, warehouseamqp.ConsumerName, inbox.Message{ID: m.ID, Type: m.Type},
 				func(ctx context.Context, tx pgx.Tx) error {
-					return h.Handle(ctx, tx, rabbitmq.Delivery{ID: m.ID, Type: m.Type, Body: m.Body, DeliveryCount: 1})
+					return h(ctx, tx, rabbitmq.Delivery{ID: m.ID, Type: m.Type, Body: m.Body, DeliveryCount: 1})
 				})
 			assert.NoError(t, err) // not require: this is not the test's goroutine
 		})

@@ -41,7 +41,6 @@ func setup(t *testing.T) *bundle {
 	require.NoError(t, postgres.Migrate(ctx, pool))
 	b := &bundle{
 		pool:    pool,
-		store:   postgres.NewStore(pool),
 		amqpURL: testinfra.AMQPURL(t),
 		top: warehouseamqp.Topology{
 			Exchange:           testinfra.UniqueName(t, "ex"),
@@ -51,6 +50,11 @@ func setup(t *testing.T) *bundle {
 			DeliveryLimit:      20,
 		},
 	}
+	// The store records the trace context of the consumer's process span in the answers, as
+	// the app's does.
+	var err error
+	b.store, err = postgres.NewStore(pool, postgres.StoreConfig{Exchange: b.top.Exchange, Propagator: telemetry.Propagator()})
+	require.NoError(t, err)
 	conn, err := amqp091.Dial(b.amqpURL)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })
@@ -84,6 +88,7 @@ func (b *bundle) startConsumer(t *testing.T, concurrency int) {
 	c, err := warehouseamqp.NewConsumer(b.pool, warehouseamqp.ConsumerConfig{
 		URLs:     []string{b.amqpURL},
 		Topology: b.top,
+		Store:    b.store,
 		ConsumerSettings: service.ConsumerSettings{
 			Prefetch: max(concurrency, 16), Concurrency: concurrency, MaxDeliveries: 3, RetryDelay: 50 * time.Millisecond,
 		},

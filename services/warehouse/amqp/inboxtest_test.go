@@ -32,8 +32,10 @@ func TestHandlerWithoutBroker(t *testing.T) {
 		t.Helper()
 		pool := testinfra.NewPool(t)
 		require.NoError(t, postgres.Migrate(ctx, pool))
-		h := warehouseamqp.NewHandler(exchange, testLogger(t))
-		return pool, rabbitmq.Config{Name: warehouseamqp.ConsumerName, Handler: h.Handle, MaxDeliveries: 3}
+		store, err := postgres.NewStore(pool, postgres.StoreConfig{Exchange: exchange})
+		require.NoError(t, err)
+		h := warehouseamqp.NewHandler(store, testLogger(t))
+		return pool, rabbitmq.Config{Name: warehouseamqp.ConsumerName, Handler: h, MaxDeliveries: 3}
 	}
 	delivery := func(m message) rabbitmq.Delivery {
 		return rabbitmq.Delivery{ID: m.ID, Type: m.Type, Body: m.Body, CorrelationID: "req-7", DeliveryCount: 1}

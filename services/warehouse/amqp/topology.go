@@ -1,12 +1,14 @@
 // Package amqp is the warehouse's RabbitMQ adapter: the topology it declares at start-up
-// ([Topology]), the handler of the orders service's events ([Handler]), and the constructor
-// of the inbox consumer that uses them. The outbox relay and its publisher are wired by
-// internal/service (AddRelay), the same in both services.
+// ([Topology]), the handler of the orders service's events ([NewHandler]), and the
+// constructor of the inbox consumer that runs it ([NewConsumer]). The outbox relay and its
+// publisher are wired by internal/service (AddRelay), the same in both services.
 //
-// Messages come in through pkg/inbox/rabbitmq: each is applied in one transaction together
-// with its inbox row, and its answer (StockReserved, StockRejected, StockReleased) is
-// written to the warehouse's outbox in that same transaction, so an answer exists if and
-// only if the effect does. The relay publishes the answers later.
+// Messages come in through pkg/inbox/rabbitmq. The handler maps a delivery to the domain: it
+// decodes the event (package warehouse) and applies it through [OrderApplier], the store as
+// the handler sees it, in one transaction together with the message's inbox row; the store
+// writes the answer (StockReserved, StockRejected, StockReleased) to the warehouse's outbox
+// in that same transaction, so an answer exists if and only if the effect does. The relay
+// publishes the answers later.
 package amqp
 
 import (

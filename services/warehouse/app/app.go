@@ -1,9 +1,9 @@
 // Package app wires the warehouse: configuration, database, broker, HTTP, consumer and relay,
 // and the metrics of docs/metrics.md for what each mode runs (service="warehouse"). The
-// lifecycle is internal/service's: an [App] is a service.Process, and cmd/warehouse parses the
-// configuration and hands off to [App.Run]. Tests start an App on 127.0.0.1:0 with [New] and
-// [App.Start], read the address from [App.HTTPAddr], and stop it with Stop (or by cancelling
-// the context); see the example.
+// lifecycle is internal/service's: an [App] is a service.Process; and so is the command line:
+// cmd/warehouse runs [Command], which parses the configuration and hands off to [App.Run].
+// Tests start an App on 127.0.0.1:0 with [New] and [App.Start], read the address from
+// [App.HTTPAddr], and stop it with Stop (or by cancelling the context); see the example.
 package app
 
 import (
@@ -50,7 +50,11 @@ func (m Mode) serves() (api, consumer, relay bool) {
 	return false, false, false
 }
 
-var _ warehousehttp.Store = (*postgres.Store)(nil)
+// The store is what the HTTP API and the consumer's handler need of it.
+var (
+	_ warehousehttp.Store        = (*postgres.Store)(nil)
+	_ warehouseamqp.OrderApplier = (*postgres.Store)(nil)
+)
 
 // Options are the parts of an App that do not come from the environment (internal/service).
 type Options = service.Options
@@ -95,7 +99,9 @@ func (a *App) Start(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	a.store = postgres.NewStore(pool)
+	if a.store, err = postgres.NewStore(pool, postgres.StoreConfig{Exchange: a.cfg.Topology().Exchange, Propagator: a.Propagator}); err != nil {
+		return err
+	}
 	httpMetrics, err := warehousehttp.NewMetrics(a.Registry, a.ConstLabels())
 	if err != nil {
 		return fmt.Errorf("register HTTP metrics: %w", err)
@@ -174,12 +180,12 @@ func (a *App) addConsumer(declarer *amqptopo.Declarer, svc *serviceMetrics) erro
 	c, err := warehouseamqp.NewConsumer(a.Pool(), warehouseamqp.ConsumerConfig{
 		URLs:             a.cfg.AMQPURLs(),
 		Topology:         a.cfg.Topology(),
+		Store:            countingApplier{OrderApplier: a.store, committed: svc.committed},
 		Declarer:         declarer,
 		ConsumerSettings: consumer,
 		ShutdownTimeout:  a.cfg.ShutdownTimeout,
 		Logger:           a.Log,
 		Hooks:            consumerMetrics.Hooks(),
-		Committed:        svc.committed,
 		TracerProvider:   a.TracerProvider,
 		Propagator:       a.Propagator,
 	})
@@ -227,5 +233,9 @@ func Seed(ctx context.Context, cfg Config, force bool, log *slog.Logger) ([]post
 		return nil, err
 	}
 	defer pool.Close()
-	return postgres.NewStore(pool).Seed(ctx, force)
+	store, err := postgres.NewStore(pool, postgres.StoreConfig{Exchange: cfg.Topology().Exchange})
+	if err != nil {
+		return nil, err
+	}
+	return store.Seed(ctx, force)
 }

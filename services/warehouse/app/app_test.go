@@ -332,13 +332,11 @@ func TestConfig(t *testing.T) {
 			"WAREHOUSE_HTTP_ADDR":            ":1234",
 			"WAREHOUSE_CONSUMER_RETRY_DELAY": "2s",
 			"WAREHOUSE_QUEUE":                "wh.q",
-			"CHAOS_FAILPOINTS":               "relay.after-publish=kill@3",
 		})
 		require.NoError(t, err)
 		require.Equal(t, ":1234", cfg.HTTPAddr)
 		require.Equal(t, 2*time.Second, cfg.ConsumerRetryDelay)
 		require.Equal(t, "wh.q", cfg.Topology().Queue)
-		require.Equal(t, "relay.after-publish=kill@3", cfg.Failpoints)
 	})
 
 	t.Run("bad values are refused with the variable's name", func(t *testing.T) {

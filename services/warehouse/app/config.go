@@ -53,10 +53,6 @@ type Config struct {
 	// LogFormat is json or text; LogLevel debug, info, warn or error.
 	LogFormat string `env:"WAREHOUSE_LOG_FORMAT" envDefault:"json"`
 	LogLevel  string `env:"WAREHOUSE_LOG_LEVEL" envDefault:"info"`
-
-	// Failpoints arms crash points for chaos tests (internal/failpoint), e.g.
-	// "relay.after-publish=kill@25,consumer.after-commit=kill". Empty arms none.
-	Failpoints string `env:"CHAOS_FAILPOINTS"`
 }
 
 // DefaultConfig is the configuration of the tags' defaults alone (envconfig.Defaults).

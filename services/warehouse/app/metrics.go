@@ -4,10 +4,13 @@ import (
 	"context"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/outboxshop/outboxshop/internal/aftercommit"
 	"github.com/outboxshop/outboxshop/internal/service"
 	"github.com/outboxshop/outboxshop/services/warehouse"
+	warehouseamqp "github.com/outboxshop/outboxshop/services/warehouse/amqp"
 )
 
 // ServiceName is the value of the service label on every metric of the service's own and of
@@ -48,8 +51,7 @@ func newServiceMetrics(p *service.Process) (*serviceMetrics, error) {
 }
 
 // committed counts a decision of the consumer once the transaction that applied it
-// committed (the handler's Committed hook): a duplicate never reaches the handler, and a
-// transaction that rolled back reports nothing, so no decision is counted twice.
+// committed (countingApplier).
 func (m *serviceMetrics) committed(d warehouse.Decision) {
 	switch d.Action {
 	case warehouse.ActionReserve:
@@ -58,6 +60,35 @@ func (m *serviceMetrics) committed(d warehouse.Decision) {
 		m.reservations.WithLabelValues(resultRejected).Inc()
 	case warehouse.ActionRelease:
 		m.releases.Inc()
+	}
+}
+
+// countingApplier is the store as the consumer's handler sees it: every decision that
+// changed something (not ActionIgnore) is reported to committed once the inbox transaction
+// that applied it has committed. It needs that transaction to come from an
+// aftercommit.Wrap'ped pool, as warehouseamqp.NewConsumer's do; with another, committed is
+// not called. A duplicate never reaches the handler (the inbox skips it), and a transaction
+// that rolls back runs nothing, so no decision is counted twice.
+type countingApplier struct {
+	warehouseamqp.OrderApplier
+	committed func(warehouse.Decision)
+}
+
+func (c countingApplier) ApplyOrderCreated(ctx context.Context, tx pgx.Tx, ev warehouse.OrderCreated, meta warehouse.EventMeta) (warehouse.OrderOutcome, error) {
+	out, err := c.OrderApplier.ApplyOrderCreated(ctx, tx, ev, meta)
+	c.count(tx, out, err)
+	return out, err
+}
+
+func (c countingApplier) ApplyOrderCancelled(ctx context.Context, tx pgx.Tx, ev warehouse.OrderCancelled, meta warehouse.EventMeta) (warehouse.OrderOutcome, error) {
+	out, err := c.OrderApplier.ApplyOrderCancelled(ctx, tx, ev, meta)
+	c.count(tx, out, err)
+	return out, err
+}
+
+func (c countingApplier) count(tx pgx.Tx, out warehouse.OrderOutcome, err error) {
+	if err == nil && out.Decision.Action != warehouse.ActionIgnore {
+		aftercommit.Register(tx, func() { c.committed(out.Decision) })
 	}
 }
 

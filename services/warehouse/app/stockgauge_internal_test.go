@@ -54,7 +54,9 @@ func TestStockGaugeBacksOff(t *testing.T) {
 	t.Cleanup(pool.Close)
 	svc, err := newServiceMetrics(service.NewProcess(ServiceName, "api", service.Options{}))
 	require.NoError(t, err)
-	reader := &countingReader{stockReader: postgres.NewStore(pool)}
+	store, err := postgres.NewStore(pool, postgres.StoreConfig{Exchange: "test.events"})
+	require.NoError(t, err)
+	reader := &countingReader{stockReader: store}
 
 	logger, logs := testinfra.NewLogs(t)
 	ctx, cancel := context.WithCancel(context.Background())

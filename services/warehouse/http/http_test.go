@@ -73,7 +73,7 @@ func setup(t *testing.T) *bundle {
 func setupOn(t *testing.T, pool *pgxpool.Pool, cfg warehousehttp.Config) *bundle {
 	t.Helper()
 	require.NoError(t, postgres.Migrate(context.Background(), pool))
-	repo := postgres.NewStore(pool)
+	repo := newStore(t, pool)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector())
 	if cfg.Store == nil {
@@ -83,6 +83,14 @@ func setupOn(t *testing.T, pool *pgxpool.Pool, cfg warehousehttp.Config) *bundle
 	logs := &logBuffer{}
 	cfg.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	return &bundle{pool: pool, repo: repo, handler: warehousehttp.NewRouter(cfg), logs: logs}
+}
+
+// newStore is the store on pool; the API writes no events, so the exchange is a name only.
+func newStore(t *testing.T, pool *pgxpool.Pool) *postgres.Store {
+	t.Helper()
+	store, err := postgres.NewStore(pool, postgres.StoreConfig{Exchange: "test.events"})
+	require.NoError(t, err)
+	return store
 }
 
 type request struct {
@@ -412,7 +420,7 @@ func (panicStore) ListStock(context.Context, string, int) ([]warehouse.StockItem
 func TestPanicIsA500Problem(t *testing.T) {
 	t.Parallel()
 	pool := testinfra.NewPool(t)
-	b := setupOn(t, pool, warehousehttp.Config{Store: panicStore{postgres.NewStore(pool)}})
+	b := setupOn(t, pool, warehousehttp.Config{Store: panicStore{newStore(t, pool)}})
 	p := requireProblem(t, b.do(t, request{method: http.MethodGet, path: "/stock"}), http.StatusInternalServerError)
 	require.NotContains(t, p.Detail, "boom")
 }

@@ -25,7 +25,9 @@ func setup(t testing.TB) *bundle {
 	t.Helper()
 	pool := testinfra.NewPool(t)
 	require.NoError(t, postgres.Migrate(context.Background(), pool))
-	return &bundle{pool: pool, store: postgres.NewStore(pool)}
+	store, err := postgres.NewStore(pool, postgres.StoreConfig{Exchange: "test.events"})
+	require.NoError(t, err)
+	return &bundle{pool: pool, store: store}
 }
 
 // setStock sets the stock of skus (creating them).

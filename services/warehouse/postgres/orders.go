@@ -9,13 +9,78 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outboxshop/outboxshop/internal/events"
 	"github.com/outboxshop/outboxshop/internal/pgdb"
+	"github.com/outboxshop/outboxshop/pkg/outbox"
 	"github.com/outboxshop/outboxshop/services/warehouse"
 )
 
 // DBTX is what the queries of this package need (internal/pgdb DBTX): pgx.Tx, *pgx.Conn
 // and *pgxpool.Pool satisfy it.
 type DBTX = pgdb.DBTX
+
+// ApplyOrderCreated applies an OrderCreated inside tx, the consumer's inbox transaction: it
+// reserves with [Reserve] and writes the answer, StockReserved or StockRejected, to the
+// outbox in the same transaction, so that the answer exists if and only if the reservation
+// does. meta.CausationID is the consumed message's id, recorded with the reservation. An
+// ActionIgnore writes nothing and is answered by nothing. A failure is returned as it is, for
+// the consumer to roll back and retry.
+func (s *Store) ApplyOrderCreated(ctx context.Context, tx pgx.Tx, ev warehouse.OrderCreated, meta warehouse.EventMeta) (warehouse.OrderOutcome, error) {
+	now := s.now()
+	d, err := Reserve(ctx, tx, ev.OrderID, ev.Items, meta.CausationID, now)
+	if err != nil {
+		return warehouse.OrderOutcome{}, fmt.Errorf("reserve order %s: %w", ev.OrderID, err)
+	}
+	var msg outbox.Message
+	switch d.Action {
+	case warehouse.ActionIgnore:
+		return warehouse.OrderOutcome{Decision: d}, nil
+	case warehouse.ActionReserve:
+		msg, err = events.Message(s.exchange, warehouse.RoutingKeyStockReserved, warehouse.TypeStockReserved, ev.OrderID, meta,
+			warehouse.NewStockReserved(ev.OrderID, ev.Items, now))
+	case warehouse.ActionReject:
+		msg, err = events.Message(s.exchange, warehouse.RoutingKeyStockRejected, warehouse.TypeStockRejected, ev.OrderID, meta,
+			warehouse.NewStockRejected(ev.OrderID, d.Reason, d.Shortages, now))
+	default:
+		return warehouse.OrderOutcome{}, fmt.Errorf("order %s: unexpected decision %s", ev.OrderID, d)
+	}
+	if err != nil {
+		return warehouse.OrderOutcome{}, err
+	}
+	if err := s.outbox.Add(ctx, tx, msg); err != nil {
+		return warehouse.OrderOutcome{}, fmt.Errorf("order %s: write %s to the outbox: %w", ev.OrderID, msg.Type, err)
+	}
+	return warehouse.OrderOutcome{Decision: d, AnswerID: msg.ID}, nil
+}
+
+// ApplyOrderCancelled applies an OrderCancelled inside tx, the consumer's inbox transaction:
+// it releases with [Release] and writes the answer, StockReleased with what was given back,
+// to the outbox in the same transaction. meta.CausationID is the consumed message's id,
+// recorded with the reservation. An ActionIgnore writes nothing and is answered by nothing.
+// A failure is returned as it is, for the consumer to roll back and retry.
+func (s *Store) ApplyOrderCancelled(ctx context.Context, tx pgx.Tx, ev warehouse.OrderCancelled, meta warehouse.EventMeta) (warehouse.OrderOutcome, error) {
+	now := s.now()
+	d, released, err := Release(ctx, tx, ev.OrderID, meta.CausationID, now)
+	if err != nil {
+		return warehouse.OrderOutcome{}, fmt.Errorf("release order %s: %w", ev.OrderID, err)
+	}
+	switch d.Action {
+	case warehouse.ActionIgnore:
+		return warehouse.OrderOutcome{Decision: d}, nil
+	case warehouse.ActionRelease, warehouse.ActionTombstone, warehouse.ActionAcknowledgeCancel:
+	default:
+		return warehouse.OrderOutcome{}, fmt.Errorf("order %s: unexpected decision %s", ev.OrderID, d)
+	}
+	msg, err := events.Message(s.exchange, warehouse.RoutingKeyStockReleased, warehouse.TypeStockReleased, ev.OrderID, meta,
+		warehouse.NewStockReleased(ev.OrderID, released, now))
+	if err != nil {
+		return warehouse.OrderOutcome{}, err
+	}
+	if err := s.outbox.Add(ctx, tx, msg); err != nil {
+		return warehouse.OrderOutcome{}, fmt.Errorf("order %s: write %s to the outbox: %w", ev.OrderID, msg.Type, err)
+	}
+	return warehouse.OrderOutcome{Decision: d, Released: released, AnswerID: msg.ID}, nil
+}
 
 // Reserve applies an OrderCreated inside tx, the consumer's inbox transaction: it locks the
 // order, decides with [warehouse.DecideCreated] and [warehouse.CheckStock], and records the
@@ -27,7 +92,7 @@ type DBTX = pgdb.DBTX
 //     tombstone, stays CANCELLED and records the late order.
 //   - ActionIgnore: nothing is written.
 //
-// The caller writes the answer to the outbox in the same transaction.
+// [Store.ApplyOrderCreated] writes the answer to the outbox in the same transaction.
 func Reserve(ctx context.Context, tx pgx.Tx, orderID uuid.UUID, lines []warehouse.Line, messageID string, now time.Time) (warehouse.Decision, error) {
 	if err := lockOrder(ctx, tx, orderID); err != nil {
 		return warehouse.Decision{}, err
@@ -163,6 +228,8 @@ func negated(lines []warehouse.Line) []int64 {
 //     reserves nothing.
 //   - ActionAcknowledgeCancel: the rejected reservation records the cancellation.
 //   - ActionIgnore: nothing is written.
+//
+// [Store.ApplyOrderCancelled] writes the answer to the outbox in the same transaction.
 func Release(ctx context.Context, tx pgx.Tx, orderID uuid.UUID, messageID string, now time.Time) (warehouse.Decision, []warehouse.Line, error) {
 	if err := lockOrder(ctx, tx, orderID); err != nil {
 		return warehouse.Decision{}, nil, err

@@ -1,7 +1,9 @@
 // Package postgres is the warehouse's PostgreSQL adapter: the schema (embedded, numbered
-// migrations), the store behind the HTTP API ([Store]), and the reservation rules applied
-// inside a consumer's transaction ([Reserve], [Release]). Connecting (and creating the
-// database on first start) is internal/pgdb's, shared with the orders service.
+// migrations) and the [Store], which serves the HTTP API and applies the orders' events
+// inside the consumer's transaction ([Store.ApplyOrderCreated], [Store.ApplyOrderCancelled]:
+// the reservation rules of [Reserve] and [Release], and the answer written through pkg/outbox
+// in the same transaction). Connecting (and creating the database on first start) is
+// internal/pgdb's, shared with the orders service.
 //
 // # Locking
 //
@@ -35,11 +37,14 @@ var migrations embed.FS
 // the warehouse schema ("whouse" in ASCII).
 const migrationLock int64 = 0x77686f757365
 
-// Migrate brings the database up to date: the warehouse's own migrations/*.sql that have not
-// been applied yet, in name order, inside one transaction under an advisory lock, so that
-// processes starting at the same time apply each migration once (recorded in
-// warehouse_schema_migrations); then the outbox and inbox tables (pkg/outbox and pkg/inbox),
-// with internal/pgmigrate Service.
+// Migrate brings the database up to date: the warehouse's own migrations/NNN_name.sql
+// (numbered without a gap; NNN is the version) that have not been applied yet, in order,
+// inside one transaction under an advisory lock, so that processes starting at the same time
+// apply each migration once (versions recorded in warehouse_schema_version; a database
+// migrated before recorded the applied files in warehouse_schema_migrations, which the first
+// run takes over); then the outbox and inbox tables (pkg/outbox and pkg/inbox), with
+// internal/pgmigrate Service and the libraries' runner (a bounded lock_timeout, retries, and
+// no lock when the schema is current).
 func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	return pgmigrate.Service(ctx, pool, "warehouse", migrations, migrationLock)
 }

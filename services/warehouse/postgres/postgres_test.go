@@ -3,12 +3,18 @@ package postgres_test
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxshop/outboxshop/internal/testinfra"
 	"github.com/outboxshop/outboxshop/services/warehouse"
 	"github.com/outboxshop/outboxshop/services/warehouse/postgres"
 )
@@ -49,9 +55,36 @@ func TestMigrate(t *testing.T) {
 			require.NoError(t, err)
 		}
 		require.Equal(t, int64(7), b.available(t, "BOOK-1"))
-		var versions int
-		require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT count(*) FROM warehouse_schema_migrations`).Scan(&versions))
-		require.Equal(t, 3, versions)
+		require.Equal(t, []int{1, 2, 3}, schemaVersions(t, b.pool))
+	})
+
+	// A database the runner before migrated (files applied and their names recorded in
+	// warehouse_schema_migrations; here all but the last): its record is taken over, and only
+	// the files after it are applied.
+	t.Run("takes over the record of the runner before", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		pool := testinfra.NewPool(t)
+		_, err := pool.Exec(ctx, `CREATE TABLE warehouse_schema_migrations (version text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())`)
+		require.NoError(t, err)
+		files, err := filepath.Glob("migrations/*.sql")
+		require.NoError(t, err)
+		require.Len(t, files, 3)
+		for _, file := range files[:len(files)-1] {
+			sql, err := os.ReadFile(file)
+			require.NoError(t, err)
+			_, err = pool.Exec(ctx, string(sql))
+			require.NoError(t, err)
+			_, err = pool.Exec(ctx, `INSERT INTO warehouse_schema_migrations (version) VALUES ($1)`, strings.TrimSuffix(filepath.Base(file), ".sql"))
+			require.NoError(t, err)
+		}
+		require.NoError(t, postgres.Migrate(ctx, pool), "001_schema.sql again would fail: its tables exist")
+		require.Equal(t, []int{1, 2, 3}, schemaVersions(t, pool))
+		var version int64
+		require.NoError(t, pool.QueryRow(ctx, `SELECT version FROM stock WHERE sku = 'BOOK-1'`).Scan(&version), "003_stock_version.sql applied")
+		var restocks int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM stock_movements WHERE kind = 'restock'`).Scan(&restocks))
+		require.Equal(t, len(warehouse.Catalogue), restocks, "the catalogue seeded once")
 	})
 
 	t.Run("stock can never go negative", func(t *testing.T) {
@@ -62,4 +95,14 @@ func TestMigrate(t *testing.T) {
 		require.True(t, ok, "want a check violation, got %v", err)
 		require.Equal(t, "23514", pgErr.Code)
 	})
+}
+
+// schemaVersions returns the versions warehouse_schema_version records, in order.
+func schemaVersions(t *testing.T, pool *pgxpool.Pool) []int {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `SELECT version FROM warehouse_schema_version ORDER BY version`)
+	require.NoError(t, err)
+	versions, err := pgx.CollectRows(rows, pgx.RowTo[int])
+	require.NoError(t, err)
+	return versions
 }

@@ -9,13 +9,28 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/outboxshop/outboxshop/internal/pgdb"
+	"github.com/outboxshop/outboxshop/pkg/outbox"
 	"github.com/outboxshop/outboxshop/services/warehouse"
 )
 
-// Store is the warehouse's PostgreSQL store for the HTTP API and the seed command. Every method
-// returns a *warehouse.Error with CodeUnavailable when the database cannot be reached.
+// StoreConfig configures a Store.
+type StoreConfig struct {
+	// Exchange is the events exchange the outbox publishes the answers (StockReserved,
+	// StockRejected, StockReleased) to. Required.
+	Exchange string
+	// Propagator records the trace context of the writing ctx in each answer's headers
+	// (outbox.Store.WithPropagator); give the relay the same one. nil: the global one.
+	Propagator propagation.TextMapPropagator
+}
+
+// Store is the warehouse's PostgreSQL store: the stock behind the HTTP API and the seed
+// command, and the orders' events applied inside the consumer's transaction
+// ([Store.ApplyOrderCreated], [Store.ApplyOrderCancelled]), which write the stock change and
+// its answer (outbox.Add) in that one transaction. Every method returns a *warehouse.Error
+// with CodeUnavailable when the database cannot be reached.
 //
 // Every method whose result the API answers (or the seed command prints) runs in a
 // transaction committed through pgdb.InTx (outbox.CommitReplicated), reads included, as the
@@ -24,13 +39,25 @@ import (
 // for no standby, yet it may read a stock level or a version (the ETag a client sends back
 // in If-Match) committed on the primary alone. Available, read for a gauge, answers nobody.
 type Store struct {
-	pool *pgxpool.Pool
-	now  func() time.Time
+	pool     *pgxpool.Pool
+	now      func() time.Time
+	exchange string
+	outbox   *outbox.Store
 }
 
-// NewStore returns the store on pool.
-func NewStore(pool *pgxpool.Pool) *Store {
-	return &Store{pool: pool, now: func() time.Time { return time.Now().UTC() }}
+// NewStore returns the store on pool, which must be migrated (Migrate).
+func NewStore(pool *pgxpool.Pool, cfg StoreConfig) (*Store, error) {
+	if cfg.Exchange == "" {
+		return nil, errors.New("postgres store: Exchange is required")
+	}
+	ob, err := outbox.NewStore(outbox.Tables{})
+	if err != nil {
+		return nil, fmt.Errorf("postgres store: %w", err)
+	}
+	return &Store{
+		pool: pool, now: func() time.Time { return time.Now().UTC() },
+		exchange: cfg.Exchange, outbox: ob.WithPropagator(cfg.Propagator),
+	}, nil
 }
 
 // readOnly are the options of the transactions that only read for an answer.

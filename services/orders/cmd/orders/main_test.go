@@ -1,33 +1,126 @@
 package main
 
 import (
+	"bytes"
+	"context"
+	"strings"
+	"sync"
 	"testing"
+	"time"
 
+	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
+
+	"github.com/outboxshop/outboxshop/internal/testinfra"
+	"github.com/outboxshop/outboxshop/services/orders/app"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { testinfra.Main(m) }
 
-func TestRunArguments(t *testing.T) {
+// run is the binary's main with the test's arguments, environment and output.
+func run(ctx context.Context, args []string, environ map[string]string, stdout, stderr *syncBuffer) int {
+	return app.Command().Run(ctx, args, environ, stdout, stderr)
+}
+
+// syncBuffer is a bytes.Buffer safe for the logger's and the test's goroutines.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// environ is a configuration on a database and broker names of the test's own.
+func environ(t *testing.T) map[string]string {
+	t.Helper()
+	return map[string]string{
+		"ORDERS_DATABASE_URL":         testinfra.DatabaseURL(t),
+		"ORDERS_AMQP_URL":             testinfra.AMQPURL(t),
+		"ORDERS_HTTP_ADDR":            "127.0.0.1:0",
+		"ORDERS_RELAY_HTTP_ADDR":      "127.0.0.1:0",
+		"ORDERS_EVENTS_EXCHANGE":      testinfra.UniqueName(t, "ex"),
+		"ORDERS_DEAD_LETTER_EXCHANGE": testinfra.UniqueName(t, "dlx"),
+		"ORDERS_QUEUE":                testinfra.UniqueName(t, "q"),
+		"ORDERS_DEAD_LETTER_QUEUE":    testinfra.UniqueName(t, "dlq"),
+		"ORDERS_LOG_FORMAT":           "text",
+	}
+}
+
+func TestRun(t *testing.T) {
 	t.Parallel()
-	for name, tc := range map[string]struct {
-		args    []string
-		wantErr string
+
+	for _, tc := range []struct {
+		name   string
+		args   []string
+		env    map[string]string
+		code   int
+		stdout string
+		stderr string
 	}{
-		"NoCommand":      {nil, "want exactly one command"},
-		"TwoCommands":    {[]string{"api", "relay"}, "want exactly one command"},
-		"UnknownCommand": {[]string{"deploy"}, `unknown command "deploy"`},
-		"Help":           {[]string{"help"}, ""},
+		{name: "no command is a usage error", args: nil, code: 2, stderr: "usage: orders"},
+		{name: "help prints the usage", args: []string{"help"}, code: 0, stdout: "migrate"},
+		{name: "an unknown command is a usage error", args: []string{"deploy"}, code: 2, stderr: `unknown command "deploy"`},
+		{name: "a command that takes no arguments refuses some", args: []string{"api", "relay"}, code: 2, stderr: "takes no arguments"},
+		{name: "a bad variable fails with its name", args: []string{"migrate"}, env: map[string]string{"ORDERS_LOG_LEVEL": "loud"}, code: 1, stderr: "loud"},
+		{name: "an invalid setting fails", args: []string{"api"}, env: map[string]string{"ORDERS_CONSUMER_CONCURRENCY": "0"}, code: 1, stderr: "ORDERS_CONSUMER_CONCURRENCY"},
+		{name: "bad crash points fail with their variable", args: []string{"api"}, env: map[string]string{"CHAOS_FAILPOINTS": "x=boom"}, code: 1, stdout: "CHAOS_FAILPOINTS"},
 	} {
-		t.Run(name, func(t *testing.T) {
+		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			err := run(tc.args)
-			if tc.wantErr == "" {
-				require.NoError(t, err)
-				return
-			}
-			require.ErrorContains(t, err, tc.wantErr)
+			var stdout, stderr syncBuffer
+			require.Equal(t, tc.code, run(context.Background(), tc.args, tc.env, &stdout, &stderr))
+			require.Contains(t, stdout.String(), tc.stdout)
+			require.Contains(t, stderr.String(), tc.stderr)
 		})
+	}
+
+	t.Run("migrate creates and migrates the database", func(t *testing.T) {
+		t.Parallel()
+		env := environ(t)
+		var stdout, stderr syncBuffer
+		require.Equal(t, 0, run(context.Background(), []string{"migrate"}, env, &stdout, &stderr), stderr.String())
+		require.Contains(t, stdout.String(), "database migrated")
+	})
+
+	t.Run("all runs until its context ends, then exits 0", func(t *testing.T) {
+		t.Parallel()
+		env := environ(t)
+		t.Cleanup(func() { deleteTopology(t, env) })
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		var stdout, stderr syncBuffer
+		done := make(chan int, 1)
+		go func() { done <- run(ctx, []string{"all"}, env, &stdout, &stderr) }()
+		testinfra.Eventually(t, 30*time.Second, func() bool { return strings.Contains(stdout.String(), "consuming") },
+			"the consumer started; output so far:\n%s", &stdout)
+		cancel()
+		require.Equal(t, 0, <-done, stderr.String())
+		require.Contains(t, stdout.String(), "orders stopped")
+	})
+}
+
+// deleteTopology removes the queues and exchanges named in env.
+func deleteTopology(t *testing.T, env map[string]string) {
+	conn, err := amqp091.Dial(env["ORDERS_AMQP_URL"])
+	require.NoError(t, err)
+	defer conn.Close()
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	for _, q := range []string{env["ORDERS_QUEUE"], env["ORDERS_DEAD_LETTER_QUEUE"]} {
+		_, err := ch.QueueDelete(q, false, false, false)
+		require.NoError(t, err)
+	}
+	for _, ex := range []string{env["ORDERS_EVENTS_EXCHANGE"], env["ORDERS_DEAD_LETTER_EXCHANGE"]} {
+		require.NoError(t, ch.ExchangeDelete(ex, false, false))
 	}
 }

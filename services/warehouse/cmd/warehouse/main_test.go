@@ -13,9 +13,15 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxshop/outboxshop/internal/testinfra"
+	"github.com/outboxshop/outboxshop/services/warehouse/app"
 )
 
 func TestMain(m *testing.M) { testinfra.Main(m) }
+
+// run is the binary's main with the test's arguments, environment and output.
+func run(ctx context.Context, args []string, environ map[string]string, stdout, stderr *syncBuffer) int {
+	return app.Command().Run(ctx, args, environ, stdout, stderr)
+}
 
 // syncBuffer is a bytes.Buffer safe for the logger's and the test's goroutines.
 type syncBuffer struct {
@@ -65,9 +71,11 @@ func TestRun(t *testing.T) {
 		{name: "no command is a usage error", args: nil, code: 2, stderr: "usage: warehouse"},
 		{name: "help prints the usage", args: []string{"help"}, code: 0, stdout: "seed [--force]"},
 		{name: "an unknown command is a usage error", args: []string{"dance"}, code: 2, stderr: `unknown command "dance"`},
+		{name: "a command that takes no arguments refuses some", args: []string{"api", "relay"}, code: 2, stderr: "takes no arguments"},
 		{name: "a bad variable fails with its name", args: []string{"migrate"}, env: map[string]string{"WAREHOUSE_LOG_LEVEL": "loud"}, code: 1, stderr: "loud"},
 		{name: "an invalid setting fails", args: []string{"api"}, env: map[string]string{"WAREHOUSE_CONSUMER_CONCURRENCY": "0"}, code: 1, stderr: "WAREHOUSE_CONSUMER_CONCURRENCY"},
 		{name: "an unknown seed flag is a usage error", args: []string{"seed", "--bogus"}, code: 2, stderr: "flag provided but not defined"},
+		{name: "bad crash points fail with their variable", args: []string{"api"}, env: map[string]string{"CHAOS_FAILPOINTS": "x=boom"}, code: 1, stdout: "CHAOS_FAILPOINTS"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
