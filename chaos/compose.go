@@ -305,6 +305,12 @@ func parsePS(out []byte) ([]containerState, error) {
 // Exit code 137 is 128+SIGKILL: what a crash point does.
 func (c *Compose) WaitDeath(ctx context.Context, svc Service) (Death, error) {
 	var d Death
+	c.mu.Lock()
+	var crashPoints []string
+	if c.shop != nil {
+		crashPoints = crashPointNames(c.shop.Failpoints[svc]) // until Heal recreates svc without them
+	}
+	c.mu.Unlock()
 	err := poll(ctx, 200*time.Millisecond, func() (bool, error) {
 		out, err := c.compose(ctx, "ps", "-a", "--format", "json", string(svc))
 		if err != nil {
@@ -317,7 +323,7 @@ func (c *Compose) WaitDeath(ctx context.Context, svc Service) (Death, error) {
 		for _, s := range states {
 			if s.Service == string(svc) && s.State == "exited" {
 				d = Death{Service: svc, Incarnation: 1, At: time.Now(), Killed: s.ExitCode == 137,
-					Status: fmt.Sprintf("exit code %d (%s)", s.ExitCode, s.Status)}
+					Status: fmt.Sprintf("exit code %d (%s)", s.ExitCode, s.Status), CrashPoints: crashPoints}
 				return true, nil
 			}
 		}

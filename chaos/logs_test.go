@@ -13,7 +13,7 @@ func TestLastOrderBeforeCrash(t *testing.T) {
 {"time":"…","level":"INFO","msg":"order created","order_id":"o-1"}
 {"time":"…","level":"INFO","msg":"request","status":201}
 {"time":"…","level":"INFO","msg":"order created","order_id":"o-2"}
-### chaos: orders-api incarnation 1 ended by itself 2026-11-29T10:00:02Z (signal: killed); restarting in 500ms
+### chaos: orders-api incarnation 1 ended 2026-11-29T10:00:02Z: killed by its crash point api.after-commit (signal: killed); restarting in 500ms
 ### chaos: orders-api incarnation 2 started 2026-11-29T10:00:03Z failpoints=""
 {"time":"…","level":"INFO","msg":"order created","order_id":"o-3"}
 `

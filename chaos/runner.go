@@ -39,7 +39,9 @@ type Options struct {
 	DrainTimeout time.Duration
 	// Progress receives a line per phase of each scenario. nil discards.
 	Progress io.Writer
-	// Verbose adds the load generator's progress and each scenario's details to Progress.
+	// Verbose adds the load generator's progress to Progress, and tells Run that the caller
+	// prints every scenario's details ([Details]) with the table. Without it, Progress gets
+	// the details of a scenario that failed, as it ends: either way they are printed once.
 	Verbose bool
 	// Logger receives debug lines of the runner and the load generator. nil discards.
 	Logger *slog.Logger
@@ -87,7 +89,7 @@ func Run(ctx context.Context, scenarios []Scenario, opts Options) (outcomes []Ou
 		}
 		o := runScenario(ctx, sc, opts, func(phase, msg string) { say(sc.Name, phase, msg) })
 		say(sc.Name, o.Result(), fmt.Sprintf("in %s", formatDuration(o.Elapsed)))
-		if opts.Verbose || !o.Passed() {
+		if !opts.Verbose && !o.Passed() {
 			fmt.Fprint(opts.Progress, indent(Details([]Outcome{o})))
 		}
 		outcomes = append(outcomes, o)
@@ -250,8 +252,9 @@ func runScenario(ctx context.Context, sc Scenario, opts Options, say func(phase,
 		return o
 	}
 	o.Placed, o.Acknowledged = result.Placed, len(result.Acknowledged)
-	say("load", fmt.Sprintf("stopped: %d placed, %d acknowledged, %d retries, %d replays, %d cancelled; errors %s",
-		result.Placed, len(result.Acknowledged), result.Retries, result.Replays, result.Cancelled, formatErrors(result.Errors)))
+	say("load", fmt.Sprintf("stopped: %d placed, %d acknowledged, %s, %s, %d cancelled; errors %s",
+		result.Placed, len(result.Acknowledged), plural(result.Retries, "retry", "retries"), plural(result.Replays, "replay", "replays"),
+		result.Cancelled, formatErrors(result.Errors)))
 	if injectErr != nil {
 		fail("fault not injected: %v", injectErr)
 	} else if sc.Inject != nil && e.FaultAt().IsZero() {
@@ -288,7 +291,8 @@ func runScenario(ctx context.Context, sc Scenario, opts Options, say func(phase,
 	}
 	e.Counts = obs.counts.Counts()
 	if n := obs.redelivered.Load(); n > 0 {
-		e.Saw("%d deliveries to the observer were redeliveries by the broker (its queue's leader changed), not publishes", n)
+		e.Saw("%s by the broker (its queue's leader changed), not publishes",
+			plural(int(n), "delivery to the observer was a redelivery", "deliveries to the observer were redeliveries"))
 	}
 	scr.stop(ctx)
 	e.Result.Retries, e.Result.Replays, e.Result.Duplicates, e.Result.Acknowledged = result.Retries, result.Replays, result.Duplicates, acked
@@ -303,25 +307,25 @@ func runScenario(ctx context.Context, sc Scenario, opts Options, say func(phase,
 	o.Lost = e.Audit.Missing + countAcked(report.Stuck, acked)
 	o.DoubleApplied = e.Audit.DoubleApplied() + result.Errors["mismatch"]
 
-	e.Saw("%d events published, %d distinct; %d published twice or more%s", e.Counts.Total, e.Counts.Distinct, e.Counts.Duplicates,
-		sampleIDs(e.Counts.DuplicateIDs))
-	e.Saw("%d duplicate deliveries absorbed by the inboxes (counted from %s)", o.DuplicatesAbsorbed, o.AbsorbedFrom)
-	e.Saw("final statuses %v; %d orders in all, %d acknowledged (probe included), %d no client was told about",
-		report.ByStatus, report.Orders, len(acked), e.Audit.Orphans)
+	e.Saw("%s published, %d distinct, %s%s", plural(e.Counts.Total, "event", "events"), e.Counts.Distinct,
+		plural(e.Counts.Duplicates, "repeat of an earlier one", "repeats of earlier ones"), sampleIDs(e.Counts.DuplicateIDs))
+	e.Saw("%s absorbed by the inboxes (counted from %s)", plural(o.DuplicatesAbsorbed, "duplicate delivery", "duplicate deliveries"), o.AbsorbedFrom)
+	e.Saw("final statuses %s; %s in all, %d acknowledged to their clients (probe included), %d unacknowledged (committed, but no client was told)",
+		formatCounts(report.ByStatus), plural(report.Orders, "order", "orders"), len(acked), e.Audit.Orphans)
 	for _, d := range t.Deaths() {
-		e.Saw("%s incarnation %d ended by itself at %.1fs into the load: %s", d.Service, d.Incarnation, d.At.Sub(e.LoadStart).Seconds(), d.Status)
+		e.Saw("%s incarnation %d %s, %.1fs into the load", d.Service, d.Incarnation, d.Cause(), d.At.Sub(e.LoadStart).Seconds())
 	}
 	if n := result.Errors["mismatch"]; n > 0 {
-		fail("%d replays differed from their first answer", n)
+		fail("%s", plural(n, "replay differed from its first answer", "replays differed from their first answer"))
 	}
 	if !report.OK() {
 		fail("invariants still broken %s after the load: %s", opts.DrainTimeout, abbreviateProblems(report.Problems))
 	}
 	if o.Lost > 0 {
-		fail("%d acknowledged orders lost (missing or never final)", o.Lost)
+		fail("%s lost (missing or never final)", plural(o.Lost, "acknowledged order", "acknowledged orders"))
 	}
-	for what, n := range e.Audit.Twice {
-		fail("applied twice: %d %s", n, what)
+	for _, what := range slices.Sorted(maps.Keys(e.Audit.Twice)) {
+		fail("applied twice: %d %s", e.Audit.Twice[what], what)
 	}
 	if o.Acknowledged == 0 {
 		fail("no order was acknowledged: the load never reached the shop")

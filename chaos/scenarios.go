@@ -291,7 +291,7 @@ func formatCodes(codes map[int]int) string {
 // a client that retried with its key got the order its first attempt created.
 func checkNoOrphans(_ context.Context, e *Env, o *Outcome) {
 	if e.Audit.Orphans > 0 {
-		o.Failures = append(o.Failures, fmt.Sprintf("%d orders exist that no client was told about", e.Audit.Orphans))
+		o.Failures = append(o.Failures, plural(e.Audit.Orphans, "order exists", "orders exist")+" that no client was told about")
 	}
 }
 
@@ -478,7 +478,7 @@ func lastOrderBeforeCrash(logs string) string {
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
-		if strings.HasPrefix(line, "### chaos:") && strings.Contains(line, "ended by itself") {
+		if isDeathLine(line) {
 			return id
 		}
 		if !strings.Contains(line, logOrderCreated) {

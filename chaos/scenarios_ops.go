@@ -107,8 +107,8 @@ func checks(cs ...func(context.Context, *Env, *Outcome)) func(context.Context, *
 // none of these faults may kill a process.
 func checkNoDeaths(_ context.Context, e *Env, o *Outcome) {
 	for _, d := range e.Target.Deaths() {
-		o.Failures = append(o.Failures, fmt.Sprintf("%s incarnation %d ended by itself %.1fs into the load (%s): no process may die of this fault",
-			d.Service, d.Incarnation, d.At.Sub(e.LoadStart).Seconds(), d.Status))
+		o.Failures = append(o.Failures, fmt.Sprintf("%s incarnation %d %s, %.1fs into the load: no process may die of this fault",
+			d.Service, d.Incarnation, d.Cause(), d.At.Sub(e.LoadStart).Seconds()))
 	}
 }
 

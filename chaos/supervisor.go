@@ -89,7 +89,7 @@ func (p *process) startLocked() error {
 	p.exited = exited
 	p.notifyLocked()
 	incarnation := p.incarnation
-	go p.wait(cmd, incarnation, exited)
+	go p.wait(cmd, incarnation, crashPointNames(fp), exited)
 	return nil
 }
 
@@ -98,9 +98,9 @@ func (p *process) notifyLocked() {
 	p.changed = make(chan struct{})
 }
 
-// wait records the end of one incarnation and restarts the process if the runner still
-// wants it.
-func (p *process) wait(cmd *exec.Cmd, incarnation int, exited chan struct{}) {
+// wait records the end of one incarnation, which ran with crashPoints armed, and restarts
+// the process if the runner still wants it.
+func (p *process) wait(cmd *exec.Cmd, incarnation int, crashPoints []string, exited chan struct{}) {
 	err := cmd.Wait()
 	now := time.Now()
 	status := "exit status 0"
@@ -123,10 +123,11 @@ func (p *process) wait(cmd *exec.Cmd, incarnation int, exited chan struct{}) {
 		p.notifyLocked()
 		return // stopped by the runner
 	}
-	p.deaths = append(p.deaths, Death{Service: p.spec.service, Incarnation: incarnation, At: now, Killed: killed, Status: status})
+	d := Death{Service: p.spec.service, Incarnation: incarnation, At: now, Killed: killed, Status: status, CrashPoints: crashPoints}
+	p.deaths = append(p.deaths, d)
 	if logf, err := os.OpenFile(p.spec.logPath, os.O_WRONLY|os.O_APPEND, 0o644); err == nil {
-		fmt.Fprintf(logf, "### chaos: %s incarnation %d ended by itself %s (%s); restarting in %s\n",
-			p.spec.service, incarnation, now.Format(time.RFC3339Nano), status, p.restartDelay)
+		fmt.Fprintf(logf, "### chaos: %s incarnation %d ended %s: %s; restarting in %s\n",
+			p.spec.service, incarnation, now.Format(time.RFC3339Nano), d.Cause(), p.restartDelay)
 		_ = logf.Close()
 	}
 	p.notifyLocked()
@@ -146,6 +147,13 @@ func (p *process) wait(cmd *exec.Cmd, incarnation int, exited chan struct{}) {
 			p.notifyLocked()
 		}
 	}()
+}
+
+// isDeathLine reports whether line is the one wait writes into the service's log when an
+// incarnation ended without the runner asking: "### chaos: orders-api incarnation 1 ended
+// <time>: killed by its crash point api.after-commit (signal: killed); restarting in 500ms".
+func isDeathLine(line string) bool {
+	return strings.HasPrefix(line, "### chaos: ") && strings.Contains(line, " incarnation ") && strings.Contains(line, " ended ")
 }
 
 // waitDeath waits for the first death of the process by itself.

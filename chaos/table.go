@@ -2,6 +2,8 @@ package chaos
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 )
@@ -147,4 +149,25 @@ func formatDuration(d time.Duration) string {
 		return "–"
 	}
 	return fmt.Sprintf("%.1fs", d.Seconds())
+}
+
+// plural writes a count with its noun, or the phrase that starts with it, in the number
+// the count takes: plural(1, "retry", "retries") is "1 retry", 0 and 2 take "retries".
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return fmt.Sprintf("%d %s", n, many)
+}
+
+// formatCounts writes counts by name sorted by name, "CANCELLED=3, RESERVED=17", or "none".
+func formatCounts(counts map[string]int) string {
+	if len(counts) == 0 {
+		return "none"
+	}
+	parts := make([]string, 0, len(counts))
+	for _, k := range slices.Sorted(maps.Keys(counts)) {
+		parts = append(parts, fmt.Sprintf("%s=%d", k, counts[k]))
+	}
+	return strings.Join(parts, ", ")
 }

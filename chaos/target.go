@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -152,6 +153,39 @@ type Death struct {
 	Killed bool
 	// Status is the exit status or signal as text ("signal: killed", "exit status 1").
 	Status string
+	// CrashPoints are the names of the crash points armed in the incarnation
+	// (CHAOS_FAILPOINTS); none in an incarnation after a restart.
+	CrashPoints []string
+}
+
+// Cause says how the process ended, as a report shows it: "killed by its crash point
+// relay.after-publish (signal: killed)", "ended by itself (exit status 1)". A crash point
+// kills its process with SIGKILL and writes nothing first, so a SIGKILL of an incarnation with
+// crash points armed is taken for theirs: nothing else of a run SIGKILLs a process it wants
+// up.
+func (d Death) Cause() string {
+	switch {
+	case d.Killed && len(d.CrashPoints) == 1:
+		return fmt.Sprintf("killed by its crash point %s (%s)", d.CrashPoints[0], d.Status)
+	case d.Killed && len(d.CrashPoints) > 1:
+		return fmt.Sprintf("killed by one of its crash points %s (%s)", strings.Join(d.CrashPoints, ", "), d.Status)
+	case d.Killed:
+		return fmt.Sprintf("killed by a SIGKILL, no crash point armed (%s)", d.Status)
+	default:
+		return fmt.Sprintf("ended by itself (%s)", d.Status)
+	}
+}
+
+// crashPointNames returns the names of the crash points of a CHAOS_FAILPOINTS value
+// ("relay.after-publish=kill@30,relay.after-mark=kill" gives both names), none for "".
+func crashPointNames(spec string) []string {
+	var names []string
+	for entry := range strings.SplitSeq(spec, ",") {
+		if name, _, _ := strings.Cut(strings.TrimSpace(entry), "="); name != "" {
+			names = append(names, name)
+		}
+	}
+	return names
 }
 
 // ProcessCPU is the CPU time (user and system) a service process has used since it started.

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"log/slog"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/trace"
@@ -44,4 +46,52 @@ func TestTraceIDs(t *testing.T) {
 		require.NotContains(t, l["req"], "trace_id")
 		require.NotContains(t, l, "trace_id")
 	}
+}
+
+// lastDown is a slog.LogValuer that resolves to a duration, as a type of a caller might.
+type lastDown time.Duration
+
+func (d lastDown) LogValue() slog.Value { return slog.DurationValue(time.Duration(d)) }
+
+func TestDurations(t *testing.T) {
+	t.Parallel()
+
+	// logLine logs one line with durations in every way a caller passes them: an attribute
+	// of the record, of the logger (With), inside a group, through slog.Any and through a
+	// LogValuer, next to a number that is no duration.
+	logLine := func(t *testing.T, format string) *bytes.Buffer {
+		t.Helper()
+		var buf bytes.Buffer
+		log, err := logging.New(&buf, format, "info", "warehouse")
+		require.NoError(t, err)
+		log.With(slog.Duration("shutdown_timeout", 20*time.Second)).Info("database ready",
+			slog.Duration("waited", 13*time.Millisecond),
+			slog.Any("backoff", 1500*time.Millisecond),
+			slog.Group("streak", slog.Duration("down_for", 90*time.Second), slog.Int("attempts", 3)),
+			slog.Any("last_down", lastDown(0)),
+		)
+		return &buf
+	}
+
+	t.Run("JSONWritesTheirString", func(t *testing.T) {
+		t.Parallel()
+		var line map[string]any
+		require.NoError(t, json.Unmarshal(logLine(t, "json").Bytes(), &line))
+		require.Equal(t, "13ms", line["waited"], "not a number of nanoseconds")
+		require.Equal(t, "1.5s", line["backoff"])
+		require.Equal(t, "20s", line["shutdown_timeout"], "an attribute of the logger")
+		require.Equal(t, map[string]any{"down_for": "1m30s", "attempts": float64(3)}, line["streak"],
+			"inside a group; a number stays a number")
+		require.Equal(t, "0s", line["last_down"], "a LogValuer's duration")
+	})
+
+	t.Run("TextWritesTheSame", func(t *testing.T) {
+		t.Parallel()
+		line := logLine(t, "text").String()
+		for _, want := range []string{
+			" shutdown_timeout=20s ", " waited=13ms ", " backoff=1.5s ", " streak.down_for=1m30s ", " streak.attempts=3 ", " last_down=0s\n",
+		} {
+			require.Contains(t, line, want)
+		}
+	})
 }

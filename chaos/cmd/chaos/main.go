@@ -131,6 +131,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	})
 	if len(outcomes) > 0 {
 		fmt.Fprintf(stdout, "\n%s\n", chaos.Table(outcomes))
+		// With -v the details of every scenario follow the table; without it, Run printed
+		// those of a failed scenario on stderr as it ended.
 		if *verbose {
 			fmt.Fprint(stdout, chaos.Details(outcomes))
 		}
