@@ -17,8 +17,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
-
-	"github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq"
 )
 
 // env is what every phase shares: the servers, the run id that names everything the run
@@ -156,8 +154,8 @@ func (e *env) dial(name string) (*amqp.Connection, error) {
 	return e.dialSocket(name, false)
 }
 
-// dialSocket is dial, with a socket that batches its writes (rabbitmq.BatchWrites) if
-// batched.
+// dialSocket is dial, with a socket that batches its writes if batched: the outbox
+// publisher's own (batchedConn, generated from pkg/outbox/rabbitmq).
 func (e *env) dialSocket(name string, batched bool) (*amqp.Connection, error) {
 	cfg := amqp.Config{
 		Heartbeat:  10 * time.Second,
@@ -169,7 +167,7 @@ func (e *env) dialSocket(name string, batched bool) (*amqp.Connection, error) {
 			if err != nil {
 				return nil, err
 			}
-			return rabbitmq.BatchWrites(c), nil
+			return newBatchedConn(c), nil
 		}
 	}
 	conn, err := amqp.DialConfig(e.cfg.AMQPURL, cfg)

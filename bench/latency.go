@@ -210,7 +210,7 @@ func (e *env) newLatencyRig(ctx context.Context) (*latencyRig, error) {
 		DeadLetterExchange:   rig.top.DeadLetterExchange,
 		DeadLetterRoutingKey: rig.top.Queue,
 		Setup:                rig.top.Declare,
-		RetryDelay:           50 * time.Millisecond,
+		RetryBaseDelay:       50 * time.Millisecond,
 		Logger:               e.log,
 		Hooks: inboxrabbitmq.Hooks{Connected: func(c inboxrabbitmq.ConnectionChange) {
 			if c.Up {

@@ -420,7 +420,7 @@ func startSplitShop(t *testing.T, ordersOpts ordersapp.Options, warehouseOpts wa
 	wcfg.EventsExchange, wcfg.DeadLetterExchange = exchange, dlx
 	wcfg.Queue, wcfg.DeadLetterQueue = warehouseQueue, warehouseQueue+".dead"
 	wcfg.RelayPollInterval = 100 * time.Millisecond
-	wcfg.ConsumerRetryDelay = 50 * time.Millisecond
+	wcfg.ConsumerRetryBaseDelay = 50 * time.Millisecond
 
 	ocfg := ordersapp.DefaultConfig()
 	ocfg.DatabaseURL, ocfg.AMQPURL = testinfra.DatabaseURL(t), s.amqpURL
@@ -428,7 +428,7 @@ func startSplitShop(t *testing.T, ordersOpts ordersapp.Options, warehouseOpts wa
 	ocfg.EventsExchange, ocfg.DeadLetterExchange = exchange, dlx
 	ocfg.Queue, ocfg.DeadLetterQueue = ordersQueue, ordersQueue+".dead"
 	ocfg.RelayPollInterval = 100 * time.Millisecond
-	ocfg.ConsumerRetryDelay = 50 * time.Millisecond
+	ocfg.ConsumerRetryBaseDelay = 50 * time.Millisecond
 	s.ordersCfg = ocfg
 	t.Cleanup(func() {
 		deleteTopology(t, s.amqpURL, []string{exchange, dlx}, wcfg.Queue, wcfg.DeadLetterQueue, ocfg.Queue, ocfg.DeadLetterQueue)

@@ -34,7 +34,7 @@ func startShop(t *testing.T) *shop {
 	wcfg.EventsExchange, wcfg.DeadLetterExchange = exchange, dlx
 	wcfg.Queue, wcfg.DeadLetterQueue = testinfra.UniqueName(t, "warehouse"), testinfra.UniqueName(t, "warehouse_dead")
 	wcfg.RelayPollInterval = 100 * time.Millisecond
-	wcfg.ConsumerRetryDelay = 50 * time.Millisecond
+	wcfg.ConsumerRetryBaseDelay = 50 * time.Millisecond
 
 	ocfg := ordersapp.DefaultConfig()
 	ocfg.DatabaseURL, ocfg.AMQPURL = testinfra.DatabaseURL(t), amqpURL
@@ -42,7 +42,7 @@ func startShop(t *testing.T) *shop {
 	ocfg.EventsExchange, ocfg.DeadLetterExchange = exchange, dlx
 	ocfg.Queue, ocfg.DeadLetterQueue = testinfra.UniqueName(t, "orders"), testinfra.UniqueName(t, "orders_dead")
 	ocfg.RelayPollInterval = 100 * time.Millisecond
-	ocfg.ConsumerRetryDelay = 50 * time.Millisecond
+	ocfg.ConsumerRetryBaseDelay = 50 * time.Millisecond
 	t.Cleanup(func() {
 		deleteTopology(t, amqpURL, []string{exchange, dlx}, wcfg.Queue, wcfg.DeadLetterQueue, ocfg.Queue, ocfg.DeadLetterQueue)
 	})

@@ -271,7 +271,7 @@ func (d *Declarer) Topology() Topology { return d.t }
 // the topology is repaired. It declares on a connection of its own and leaves the channel it
 // is given alone: a refused declaration would close that channel. Nothing here retries or
 // logs a failure: Setup returns it, and the caller's reconnect backoff spaces the next attempt
-// (the consumer's ReconnectDelay to MaxReconnectDelay, the relay's outage backoff), so a
+// (the consumer's OutageBaseDelay to OutageMaxDelay, the relay's outage backoff), so a
 // broker that is away costs one connection attempt of the Declarer per attempt of theirs.
 func (d *Declarer) Setup(*amqp.Channel) error {
 	ctx, cancel := context.WithTimeout(context.Background(), d.dial)

@@ -14,18 +14,20 @@
 //	     "detail":"consumer: disconnected from the broker for 41s (more than 30s)",
 //	     "checks":{"database":"up","consumer":"down: disconnected from the broker for 41s (more than 30s)"}}
 //
-// A connection that comes and goes (a consumer's, a relay's way to the broker) is followed by
-// a [Link], fed by the component's hooks, and checked with [Connection], which tolerates an
-// outage shorter than a grace period: a broker restart should not take every consumer out of
-// a load balancer at once, a consumer that cannot consume for minutes should.
+// A connection that comes and goes (a consumer's way to the broker) is followed by a [Link],
+// fed by the component's hooks, and checked with [Connection], which tolerates an outage
+// shorter than a grace period: a broker restart should not take every consumer out of a load
+// balancer at once, a consumer that cannot consume for minutes should. A component that says
+// itself whether it can do its job (the outbox relay's Ready) is checked with [Ready], given
+// the same grace.
 //
 // # What a failing probe costs
 //
 // Nothing here loops or retries: a probe runs the checks once, and the prober (a kubelet, a
-// load balancer) sets the pace. A [Connection] check reads its [Link] and dials nothing; a
-// [Ping] of the database asks the pool for a connection, so while the database is away each
-// probe makes one connection attempt, bounded by [Config].Timeout. The log gets a line per
-// change of readiness, not per probe.
+// load balancer) sets the pace. A [Connection] check reads its [Link] and a [Ready] check its
+// component, dialling nothing; a [Ping] of the database asks the pool for a connection, so
+// while the database is away each probe makes one connection attempt, bounded by
+// [Config].Timeout. The log gets a line per change of readiness, not per probe.
 package readiness
 
 import (
@@ -43,7 +45,6 @@ import (
 
 	"github.com/outboxshop/outboxshop/internal/problem"
 	inboxrabbitmq "github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
-	"github.com/outboxshop/outboxshop/pkg/outbox"
 )
 
 // Check is one dependency of a process.
@@ -283,20 +284,9 @@ func ConsumerConnected(l *Link) func(inboxrabbitmq.ConnectionChange) {
 	}
 }
 
-// RelayState is a pkg/outbox Hooks.StateChanged that keeps l up to date: up while the relay
-// is starting or running; down while the broker or the database is unavailable to it, or
-// once it stopped, with its state and the cause as the reason.
-func RelayState(l *Link) func(outbox.StateChange) {
-	return func(c outbox.StateChange) {
-		switch to := c.To; to {
-		case outbox.StateStarting, outbox.StateRunning:
-			l.Set(true, "")
-		case outbox.StateBrokerUnavailable:
-			l.Set(false, "cannot publish to the broker")
-		case outbox.StateDatabaseUnavailable:
-			l.Set(false, "cannot reach the database")
-		default:
-			l.Set(false, string(to))
-		}
-	}
+// Ready returns a check of a component that reports its own readiness, as pkg/outbox's
+// Relay.Ready does: ready(grace) returns nil while the component can do its job, or has been
+// unable to for at most grace, and otherwise says what is down, since when, and why.
+func Ready(ready func(maxUnavailable time.Duration) error, grace time.Duration) func(ctx context.Context) error {
+	return func(context.Context) error { return ready(grace) }
 }

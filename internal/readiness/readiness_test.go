@@ -20,7 +20,6 @@ import (
 	"github.com/outboxshop/outboxshop/internal/problem"
 	"github.com/outboxshop/outboxshop/internal/readiness"
 	inboxrabbitmq "github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
-	"github.com/outboxshop/outboxshop/pkg/outbox"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -167,23 +166,25 @@ func TestHooks(t *testing.T) {
 	up, _, reason := consumer.LinkState()
 	require.False(t, up)
 	require.Equal(t, "disconnected from the broker", reason)
+}
 
-	relay := readiness.NewLink("starting")
-	changed := readiness.RelayState(relay)
-	for _, tc := range []struct {
-		to     outbox.State
-		up     bool
-		reason string
-	}{
-		{outbox.StateRunning, true, ""},
-		{outbox.StateBrokerUnavailable, false, "cannot publish to the broker"},
-		{outbox.StateDatabaseUnavailable, false, "cannot reach the database"},
-		{outbox.StateRunning, true, ""},
-		{outbox.StateStopped, false, "stopped"},
-	} {
-		changed(outbox.StateChange{From: outbox.StateStarting, To: tc.to, Err: errors.New("cause")})
-		up, _, reason := relay.LinkState()
-		require.Equal(t, tc.up, up, tc.to)
-		require.Equal(t, tc.reason, reason, tc.to)
-	}
+// TestReady: a component's own readiness, asked with the grace, is the check's answer.
+func TestReady(t *testing.T) {
+	t.Parallel()
+	var asked time.Duration
+	down := errors.New("cannot publish to the broker for 41s (since 2026-01-02T03:04:05Z): outbox: broker unavailable: dial: refused")
+	answer := error(nil)
+	check := readiness.Ready(func(maxUnavailable time.Duration) error {
+		asked = maxUnavailable
+		return answer
+	}, 30*time.Second)
+	require.NoError(t, check(context.Background()))
+	require.Equal(t, 30*time.Second, asked, "the grace is the component's to apply")
+	answer = down
+	require.Equal(t, down, check(context.Background()))
+
+	h := readiness.Handler(readiness.Config{Checks: []readiness.Check{{Name: "relay", Check: check}}})
+	rec, a := probe(t, h)
+	require.Equal(t, http.StatusServiceUnavailable, rec.Code)
+	require.Equal(t, "down: "+down.Error(), a.Checks["relay"])
 }

@@ -112,7 +112,7 @@ func TestGroup(t *testing.T) {
 func TestRedeliveryWindow(t *testing.T) {
 	t.Parallel()
 	retries := func(n int, delay, maxDelay time.Duration) service.ConsumerSettings {
-		return service.ConsumerSettings{MaxDeliveries: n, RetryDelay: delay, MaxRetryDelay: maxDelay}
+		return service.ConsumerSettings{MaxDeliveries: n, RetryBaseDelay: delay, RetryMaxDelay: maxDelay}
 	}
 	require.Equal(t, time.Duration(0), service.RedeliveryWindow(retries(1, time.Second, time.Second), 1), "one attempt each: no retry, no window")
 	require.Greater(t, service.RedeliveryWindow(retries(5, time.Second, 30*time.Second), 10),

@@ -160,11 +160,11 @@ func (e RelayEnv) Check(v *envconfig.Checks, prefix string) {
 // envconfig.Section(cfg, "Consumer") reads all of them into [ConsumerSettings], where the
 // fields are documented.
 type ConsumerEnv struct {
-	ConsumerPrefetch      int           `env:"CONSUMER_PREFETCH" envDefault:"32"`
-	ConsumerMaxDeliveries int           `env:"CONSUMER_MAX_DELIVERIES" envDefault:"5"`
-	ConsumerRetryDelay    time.Duration `env:"CONSUMER_RETRY_DELAY" envDefault:"1s"`
-	ConsumerMaxRetryDelay time.Duration `env:"CONSUMER_MAX_RETRY_DELAY" envDefault:"30s"`
-	ConsumerMaxHold       time.Duration `env:"CONSUMER_MAX_HOLD" envDefault:"15m"`
+	ConsumerPrefetch       int           `env:"CONSUMER_PREFETCH" envDefault:"32"`
+	ConsumerMaxDeliveries  int           `env:"CONSUMER_MAX_DELIVERIES" envDefault:"5"`
+	ConsumerRetryBaseDelay time.Duration `env:"CONSUMER_RETRY_DELAY" envDefault:"1s"`
+	ConsumerRetryMaxDelay  time.Duration `env:"CONSUMER_MAX_RETRY_DELAY" envDefault:"30s"`
+	ConsumerMaxHold        time.Duration `env:"CONSUMER_MAX_HOLD" envDefault:"15m"`
 }
 
 // Check records in v every consumer setting that cannot work, by its variable's name;
@@ -174,9 +174,9 @@ func (e ConsumerEnv) Check(v *envconfig.Checks, prefix string, concurrency int) 
 	v.Check(concurrency > 0 && concurrency <= e.ConsumerPrefetch, "%[1]sCONSUMER_CONCURRENCY (%[2]d) must be from 1 to %[1]sCONSUMER_PREFETCH (%[3]d)",
 		prefix, concurrency, e.ConsumerPrefetch)
 	v.Check(e.ConsumerMaxDeliveries > 0, "%sCONSUMER_MAX_DELIVERIES must be positive, is %d", prefix, e.ConsumerMaxDeliveries)
-	v.Check(e.ConsumerRetryDelay > 0, "%sCONSUMER_RETRY_DELAY must be positive, is %s", prefix, e.ConsumerRetryDelay)
-	v.Check(e.ConsumerMaxRetryDelay >= e.ConsumerRetryDelay, "%[1]sCONSUMER_MAX_RETRY_DELAY (%[2]s) must be at least %[1]sCONSUMER_RETRY_DELAY (%[3]s)",
-		prefix, e.ConsumerMaxRetryDelay, e.ConsumerRetryDelay)
+	v.Check(e.ConsumerRetryBaseDelay > 0, "%sCONSUMER_RETRY_DELAY must be positive, is %s", prefix, e.ConsumerRetryBaseDelay)
+	v.Check(e.ConsumerRetryMaxDelay >= e.ConsumerRetryBaseDelay, "%[1]sCONSUMER_MAX_RETRY_DELAY (%[2]s) must be at least %[1]sCONSUMER_RETRY_DELAY (%[3]s)",
+		prefix, e.ConsumerRetryMaxDelay, e.ConsumerRetryBaseDelay)
 	v.Check(e.ConsumerMaxHold > 0, "%sCONSUMER_MAX_HOLD must be positive, is %s", prefix, e.ConsumerMaxHold)
 }
 
@@ -208,21 +208,21 @@ type ConsumerSettings struct {
 	// Prefetch and Concurrency bound the messages in hand and in work.
 	Prefetch    int
 	Concurrency int
-	// MaxDeliveries is the attempts a message gets before it is dead-lettered; RetryDelay
-	// the first wait between them, doubling per attempt.
-	MaxDeliveries int
-	RetryDelay    time.Duration
-	// MaxRetryDelay caps the retry backoff, also between the in-place retries of a message
+	// MaxDeliveries is the attempts a message gets before it is dead-lettered;
+	// RetryBaseDelay the first wait between them, doubling per attempt.
+	MaxDeliveries  int
+	RetryBaseDelay time.Duration
+	// RetryMaxDelay caps the retry backoff, also between the in-place retries of a message
 	// held through a database outage; MaxHold is how long such a message is held before it
 	// is handed back to the queue (without counting a delivery).
-	MaxRetryDelay time.Duration
+	RetryMaxDelay time.Duration
 	MaxHold       time.Duration
 }
 
 // Apply returns c with the settings of s.
 func (s ConsumerSettings) Apply(c inboxrabbitmq.Config) inboxrabbitmq.Config {
 	c.Prefetch, c.Concurrency, c.MaxDeliveries = s.Prefetch, s.Concurrency, s.MaxDeliveries
-	c.RetryDelay, c.MaxRetryDelay, c.MaxHold = s.RetryDelay, s.MaxRetryDelay, s.MaxHold
+	c.RetryBaseDelay, c.RetryMaxDelay, c.MaxHold = s.RetryBaseDelay, s.RetryMaxDelay, s.MaxHold
 	return c
 }
 
@@ -234,15 +234,15 @@ func (s ConsumerSettings) Apply(c inboxrabbitmq.Config) inboxrabbitmq.Config {
 //	       + RetryWindow(<SERVICE>_RELAY_MAX_ATTEMPTS, 1s, 5m)
 //
 // The first term is the consumer's own retries: MaxDeliveries attempts, backing off
-// exponentially from RetryDelay up to MaxRetryDelay (or RetryDelay when larger). The second
-// is the producing relay's: a row whose publish failed is tried again up to relayMaxAttempts
-// times, backing off from [RelayRetryBaseDelay] to [RelayRetryMaxDelay], and a failed attempt
-// may have reached the broker, so each retry may deliver a duplicate. The producer is the
-// other service's relay, whose settings this process does not know: its own relay's (same
-// defaults) stand for them. RetryWindow sums the waits without their jitter, which only
-// shortens them.
+// exponentially from RetryBaseDelay up to RetryMaxDelay (or RetryBaseDelay when larger).
+// The second is the producing relay's: a row whose publish failed is tried again up to
+// relayMaxAttempts times, backing off from [RelayRetryBaseDelay] to [RelayRetryMaxDelay],
+// and a failed attempt may have reached the broker, so each retry may deliver a duplicate.
+// The producer is the other service's relay, whose settings this process does not know: its
+// own relay's (same defaults) stand for them. RetryWindow sums the waits without their
+// jitter, which only shortens them.
 func RedeliveryWindow(c ConsumerSettings, relayMaxAttempts int) time.Duration {
-	consumer := inboxmetrics.RetryWindow(c.MaxDeliveries, c.RetryDelay, max(c.MaxRetryDelay, c.RetryDelay))
+	consumer := inboxmetrics.RetryWindow(c.MaxDeliveries, c.RetryBaseDelay, max(c.RetryMaxDelay, c.RetryBaseDelay))
 	producer := inboxmetrics.RetryWindow(relayMaxAttempts, RelayRetryBaseDelay, RelayRetryMaxDelay)
 	return consumer + producer
 }
@@ -323,7 +323,6 @@ func AddRelay(p *Process, cfg RelayConfig) (readiness.Check, error) {
 	if err != nil {
 		return readiness.Check{}, fmt.Errorf("outbox publisher: %w", err)
 	}
-	link := readiness.NewLink("starting")
 	relay, err := outbox.NewRelay(p.Pool(), pub, outbox.Config{
 		BatchSize:       s.BatchSize,
 		PollInterval:    s.PollInterval,
@@ -338,8 +337,7 @@ func AddRelay(p *Process, cfg RelayConfig) (readiness.Check, error) {
 		TracerProvider:  p.TracerProvider,
 		Propagator:      p.Propagator,
 		Hooks: metrics.Hooks(outbox.Hooks{
-			Failpoint:    failpoint.Hook(p.Failpoints, func(h outbox.FailpointHit) string { return h.Name }),
-			StateChanged: readiness.RelayState(link),
+			Failpoint: failpoint.Hook(p.Failpoints, func(h outbox.FailpointHit) string { return h.Name }),
 		}),
 	})
 	if err != nil {
@@ -354,7 +352,7 @@ func AddRelay(p *Process, cfg RelayConfig) (readiness.Check, error) {
 			Retention: cfg.Retention, Interval: cfg.CleanupInterval, Logger: p.Log,
 		})
 	})
-	return readiness.Check{Name: "relay", Check: readiness.Connection(link, cfg.BrokerDownGrace)}, nil
+	return readiness.Check{Name: "relay", Check: readiness.Ready(relay.Ready, cfg.BrokerDownGrace)}, nil
 }
 
 // AddInboxCleanup adds the cleanup of p's processed inbox rows ("inbox cleanup") to its group

@@ -17,13 +17,10 @@ import (
 type Class int
 
 const (
-	// ClassFailed: the attempt failed and nothing says why. The message may be at fault, or
-	// the code handling it; a retry may succeed once something else changed (a row it
-	// refers to arrived, a concurrent insert committed). Runners count such an attempt and
-	// give up after a bounded number (the rabbitmq runner: MaxDeliveries, then dead-letter).
-	// SQLSTATE classes 22 (data exception), 23 (integrity constraint violation) and 42
-	// (syntax error or access rule violation) are in this class: the message's fault, or a
-	// bug, but never the infrastructure's.
+	// ClassFailed: the attempt failed and nothing says why (SQLSTATE classes 22, 23 and 42
+	// among others). The message may be at fault, or the code handling it; a retry may
+	// succeed once something else changed (a row it refers to arrived). Runners count such
+	// an attempt and give up after a bounded number (the rabbitmq runner: MaxDeliveries).
 	ClassFailed Class = iota
 	// ClassTransient: the infrastructure failed, not the message (the database is
 	// unreachable, restarting, out of connections or resources, the connection was lost),

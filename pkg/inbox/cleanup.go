@@ -22,24 +22,15 @@ type Execer interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// Defaults for [CleanupConfig]. The outbox package has the same three, named alike.
+// Defaults for [CleanupConfig], as the outbox's; each field's doc says what it means.
 const (
-	// DefaultCleanupRetention remembers processed messages for a week, the same default as
-	// the outbox's: far beyond every automatic redelivery (the broker's redeliveries, the
-	// consumer's retries and holds, a producer's relay retrying for its MaxAttempts, all
-	// minutes to hours), so that only a replay of week-old messages (dead letters, a
-	// restored backup) can arrive after the row is gone. Set Retention above the longest
-	// replay your operators may run.
 	DefaultCleanupRetention = 7 * 24 * time.Hour
 	DefaultCleanupBatchSize = 1000
 	DefaultCleanupInterval  = 10 * time.Minute
 )
 
-// The outage backoff: how the package's background loop ([RunCleanup]) spaces its attempts
-// while the database is unavailable. It waits DefaultOutageBaseDelay after the first failed
-// attempt, twice as long after each further one up to DefaultOutageMaxDelay, each wait
-// jittered down to half of that; the first success ends it. The outbox package has the same
-// two, the defaults of its relay's OutageBaseDelay and OutageMaxDelay.
+// The outage backoff of [RunCleanup] while the database is unavailable: DefaultOutageBaseDelay
+// after the first failed run, doubling up to DefaultOutageMaxDelay, jittered down to half.
 const (
 	DefaultOutageBaseDelay = 100 * time.Millisecond
 	DefaultOutageMaxDelay  = 10 * time.Second
@@ -48,28 +39,26 @@ const (
 // CleanupConfig configures [Cleanup] and [RunCleanup]. The zero value of every field means
 // its default.
 type CleanupConfig struct {
-	// Retention is how long a processed message is remembered. Default
-	// [DefaultCleanupRetention], 7 days.
-	//
-	// It must exceed the longest time in which the same message can still arrive again:
-	// broker redeliveries, retries, a producer's outbox republishing after a crash, a
-	// replay of dead letters. A duplicate that arrives after its row was deleted is not
-	// recognised and is applied a second time. Days, not minutes.
+	// Retention is how long a processed message is remembered. It must exceed the longest
+	// time in which the same message can still arrive again (broker redeliveries, retries, a
+	// producer's outbox republishing after a crash, a replay of dead letters): a duplicate
+	// that arrives after its row was deleted is applied a second time. Default 7 days, far
+	// beyond every automatic redelivery; set it above the longest replay you may run.
 	Retention time.Duration
 	// BatchSize is the most rows one DELETE statement removes, so that no statement holds
-	// locks for long. Default [DefaultCleanupBatchSize], 1000.
+	// locks for long. Default 1000.
 	BatchSize int
-	// Interval is the time between two runs of RunCleanup. Default [DefaultCleanupInterval],
-	// 10 minutes.
+	// Interval is the time between two runs of RunCleanup. Default 10 minutes.
 	Interval time.Duration
-	// Logger receives a line per run that deleted rows and the lines of a failure streak
-	// (RunCleanup: one when runs start failing, at most one per 30 seconds while they go on,
-	// one when a run succeeds again), and a debug line per batch. Nil discards.
+	// Logger receives a line per run that deleted rows, a debug line per batch, and a
+	// failure streak's lines (once when runs start failing, at most every 30 seconds while
+	// they go on, once when one succeeds again). Nil discards.
 	Logger *slog.Logger
 }
 
-// withDefaults checks c and fills in its defaults.
-func (c CleanupConfig) withDefaults() (CleanupConfig, error) {
+// WithDefaults returns c validated, with every default filled in: what [Cleanup] and
+// [RunCleanup] will use, which call it.
+func (c CleanupConfig) WithDefaults() (CleanupConfig, error) {
 	switch {
 	case c.Retention < 0:
 		return c, fmt.Errorf("inbox: cleanup retention must be >= 0 (0 means %s), got %s", DefaultCleanupRetention, c.Retention)
@@ -106,37 +95,31 @@ WHERE (consumer, message_id) IN (
 )
 
 // Cleanup deletes the inbox rows processed more than cfg.Retention ago and returns how many
-// it deleted. It deletes in batches of at most cfg.BatchSize rows, one short DELETE statement
-// each, until a batch comes back short, so it never holds many locks for long and can run
-// while consumers are busy.
-//
-// The retention must exceed the longest redelivery window: a duplicate arriving after its
-// inbox row was deleted would be applied twice. See [CleanupConfig].Retention.
-//
-// An invalid cfg (a negative field) returns an error without deleting anything. When ctx
-// ends between batches, Cleanup returns the rows deleted so far and ctx's error.
-//
-// Cleanup deletes from the table of the default [Tables]; [Store.Cleanup] from another.
+// it deleted: in batches of at most cfg.BatchSize rows, one short DELETE statement each,
+// until a batch comes back short, so that it can run while consumers are busy. An invalid cfg
+// returns an error without deleting anything; when ctx ends between batches, Cleanup returns
+// the rows deleted so far and ctx's error. It cleans the table of the default [Tables];
+// [Store.Cleanup] another.
 func Cleanup(ctx context.Context, db Execer, cfg CleanupConfig) (deleted int64, err error) {
 	return defaultStore.Cleanup(ctx, db, cfg)
 }
 
 // Cleanup is [Cleanup] for the store's table.
 func (s *Store) Cleanup(ctx context.Context, db Execer, cfg CleanupConfig) (deleted int64, err error) {
-	cfg, err = cfg.withDefaults()
+	cfg, err = cfg.WithDefaults()
 	if err != nil {
 		return 0, err
 	}
 	var cutoff time.Time
 	if err := db.QueryRow(ctx, s.sql.cleanupCutoff, cfg.Retention.Seconds()).Scan(&cutoff); err != nil {
-		return 0, fmt.Errorf("inbox: cleanup: compute cutoff: %w", err)
+		return 0, fmt.Errorf("cleanup: compute cutoff: %w", err)
 	}
 	// One batch after another, without a wait, until one comes back short; not a retry loop:
 	// an error ends the run (RunCleanup backs off before the next).
 	for {
 		tag, err := db.Exec(ctx, s.sql.cleanupBatch, cutoff, cfg.BatchSize)
 		if err != nil {
-			return deleted, fmt.Errorf("inbox: cleanup: delete batch: %w", err)
+			return deleted, fmt.Errorf("cleanup: delete batch: %w", err)
 		}
 		n := tag.RowsAffected()
 		deleted += n
@@ -145,26 +128,23 @@ func (s *Store) Cleanup(ctx context.Context, db Execer, cfg CleanupConfig) (dele
 			return deleted, nil
 		}
 		if err := ctx.Err(); err != nil {
-			return deleted, fmt.Errorf("inbox: cleanup: %w", err)
+			return deleted, fmt.Errorf("cleanup: %w", err)
 		}
 	}
 }
 
 // RunCleanup calls [Cleanup] at once and then every cfg.Interval until ctx is done, and then
-// returns nil. A failed run is retried after the outage backoff ([DefaultOutageBaseDelay]
-// doubling to [DefaultOutageMaxDelay], jittered), but never later than the interval; it is
-// logged when the failures start, at most every 30 seconds while they go on, and once when a
-// run succeeds again. An invalid cfg returns an error at once.
-//
-// Run it in one or more processes per database; concurrent cleaners skip each other's rows.
-// It cleans the table of the default [Tables]; [Store.RunCleanup] another.
+// returns nil; an invalid cfg returns an error at once. A failed run is retried after the
+// outage backoff ([DefaultOutageBaseDelay]), never later than the interval. Run it in one or
+// more processes per database: concurrent cleaners skip each other's rows. It cleans the
+// table of the default [Tables]; [Store.RunCleanup] another.
 func RunCleanup(ctx context.Context, db Execer, cfg CleanupConfig) error {
 	return defaultStore.RunCleanup(ctx, db, cfg)
 }
 
 // RunCleanup is [RunCleanup] for the store's table.
 func (s *Store) RunCleanup(ctx context.Context, db Execer, cfg CleanupConfig) error {
-	cfg, err := cfg.withDefaults()
+	cfg, err := cfg.WithDefaults()
 	if err != nil {
 		return err
 	}

@@ -33,10 +33,8 @@ type Message struct {
 	ReceivedAt time.Time
 }
 
-// Limits of what the inbox stores. PostgreSQL's text cannot hold a NUL byte or invalid UTF-8
-// (in a UTF8 database), and a key much longer than these would not fit into the primary
-// key's index. 255 bytes is also the most an AMQP 0-9-1 message-id or type property can
-// hold, so no RabbitMQ message exceeds them.
+// Limits of what the inbox stores, so that a key fits the primary key's index. 255 bytes is
+// also the most an AMQP 0-9-1 message-id or type property can hold.
 const (
 	MaxConsumerBytes    = 255
 	MaxMessageIDBytes   = 255
@@ -108,65 +106,37 @@ ON CONFLICT (consumer, message_id) DO NOTHING`
 
 // Process applies a message at most once per consumer and reports whether it was a duplicate.
 //
-// It begins a transaction on db and records (consumer, msg.ID) in inbox_messages. When the row
-// is new, it calls fn with the same transaction and commits, so the inbox row and everything fn
-// wrote become visible together. When the row already exists the message was processed
-// before: fn is not called, nothing is written, and Process returns duplicate == true with a
-// nil error. The caller acknowledges the message to its broker in both cases, and only after
-// Process returned a nil error.
+// It begins a transaction on db and records (consumer, msg.ID) in the inbox table. When the
+// row is new, it calls fn with the same transaction and commits, so the inbox row and
+// everything fn wrote become visible together. When the row exists the message was
+// processed before: fn is not called, nothing is written, and Process returns duplicate ==
+// true. Acknowledge the message to its broker in both cases, and only after Process returned
+// a nil error. Both commits are [CommitReplicated]: a nil error means that the effect, or
+// the inbox row that records it, survives a failover to a synchronous standby.
 //
-// Both commits are [CommitReplicated]: on a primary with synchronous standbys, a nil error
-// means that the effect, or for a duplicate the inbox row that records it, is on the
-// standbys, and survives a failover. A duplicate found on the primary alone (the first
-// delivery's commit waited for the standby and was cut short) is not acknowledged until the
-// standby has it.
+// When fn returns an error, everything is rolled back, the inbox row included, so that a
+// redelivery tries again; the error is returned wrapped. A nil fn records the message
+// without doing anything else. When the commit fails, the effect may or may not have
+// happened; a redelivery finds out through the inbox.
 //
-// When fn returns an error, the whole transaction is rolled back, the inbox row included, so a
-// redelivery of the message tries again; the error is returned wrapped (errors.Is, errors.As,
-// [Classify] and [IsPermanent] see through the wrapping). A nil fn records the message without
-// doing anything else. When the commit itself fails, Process returns that error: the effect
-// may or may not have happened, and a redelivery resolves it, because the inbox tells whether
-// the commit went through.
+// Process marks its own failures for [Classify], so that a runner tells the
+// infrastructure's fault from the message's: an invalid consumer name wraps
+// [ErrNoConsumer] or [ErrInvalidConsumer]; a message that fails [Message.Validate] returns
+// its [Permanent] error; a failed begin is [Transient]; a failed insert of the inbox row is
+// [Permanent] when PostgreSQL refused a value (SQLSTATE classes 22 and 54, say in a non-UTF8
+// database) and [Transient] otherwise, since the statement is fixed; fn's error and a failed
+// commit are returned for Classify to judge, but a commit of unknown outcome
+// ([ErrCommitUnknown]) and an unconfirmed duplicate are [Transient].
 //
-// # Errors
+// Two deliveries of the same message processed at once (a redelivery racing the original,
+// two replicas) serialise on the inbox row: at READ COMMITTED, the PostgreSQL default, the
+// second waits for the first, then reports a duplicate, or runs fn if the first rolled back;
+// under REPEATABLE READ or SERIALIZABLE it fails with a serialization error, and its
+// redelivery is a duplicate. Either way fn's effects are committed once.
 //
-// Process classifies its own failures for [Classify], so that a runner can tell the
-// infrastructure's fault from the message's:
-//
-//   - Input it refuses before touching the database: an invalid consumer name returns an
-//     error wrapping [ErrNoConsumer] or [ErrInvalidConsumer] (a configuration error); a
-//     message that fails [Message.Validate] returns its [Permanent] error.
-//   - A failed begin is marked [Transient]: no part of the message was sent yet.
-//   - A failed insert of the inbox row is marked [Permanent] when PostgreSQL refused a
-//     value (SQLSTATE class 22, data exception, or 54, program limit: an id or type
-//     [Message.Validate] let through but this database cannot store, say in a non-UTF8
-//     encoding), and [Transient] otherwise: the statement is fixed, so any other failure
-//     (connection lost, table missing, permission revoked, read-only standby) is the
-//     infrastructure's and must not use up the message's attempts.
-//   - fn's error and a failed commit are returned as they are, for [Classify] to judge: a
-//     deadlock or a lost connection is transient, a constraint violation is not. A commit
-//     whose wait for the synchronous standby ended with ctx ([ErrCommitUnknown]), and a
-//     duplicate that could not be confirmed on the standbys, are [Transient].
-//
-// # Concurrent deliveries
-//
-// Two deliveries of the same message may be processed at the same time (a redelivery racing
-// the original, or two replicas of a service). The INSERT … ON CONFLICT DO NOTHING of the
-// second transaction finds the first transaction's uncommitted index entry for the same key
-// and waits on its row lock. If the first commits, the second sees the conflict, inserts
-// nothing and reports a duplicate; if the first rolls back, the second inserts and runs fn.
-// Either way fn's effects are committed exactly once. This holds at READ COMMITTED, the
-// PostgreSQL default; under REPEATABLE READ or SERIALIZABLE the waiting transaction fails
-// with a serialization error instead, which Process returns, and a redelivery then finds the
-// row and reports a duplicate.
-//
-// Process records messages in the table of the default [Tables]; [Store.Process] in another.
-//
-// # Tracing
-//
-// Process makes no span of its own. When ctx carries a recording OpenTelemetry span (the
-// RabbitMQ consumer's process span, or one of yours), a duplicate sets [AttrDuplicate] on
-// it; fn gets ctx, so the spans fn makes nest under that span.
+// Process makes no span of its own: when ctx carries a recording OpenTelemetry span, a
+// duplicate sets [AttrDuplicate] on it, and fn's spans nest under it. It records messages in
+// the table of the default [Tables]; [Store.Process] in another.
 func Process(ctx context.Context, db TxBeginner, consumer string, msg Message, fn func(ctx context.Context, tx pgx.Tx) error) (duplicate bool, err error) {
 	return defaultStore.Process(ctx, db, consumer, msg, fn)
 }
@@ -187,7 +157,7 @@ func (s *Store) Process(ctx context.Context, db TxBeginner, consumer string, msg
 
 	tx, err := db.Begin(ctx)
 	if err != nil {
-		return false, Transient(fmt.Errorf("inbox: begin transaction for message %q: %w", msg.ID, err))
+		return false, Transient(fmt.Errorf("begin transaction for message %q: %w", msg.ID, err))
 	}
 	// Rolling back after a successful commit is a no-op. A cancelled ctx must not prevent the
 	// rollback, or the connection would go back to a pool inside a failed transaction.
@@ -195,7 +165,7 @@ func (s *Store) Process(ctx context.Context, db TxBeginner, consumer string, msg
 
 	tag, err := tx.Exec(ctx, s.sql.insertMessage, consumer, msg.ID, msg.Type, receivedAt)
 	if err != nil {
-		err = fmt.Errorf("inbox: record message %q: %w", msg.ID, err)
+		err = fmt.Errorf("record message %q: %w", msg.ID, err)
 		if isDataException(err) {
 			return false, Permanent(err)
 		}
@@ -207,20 +177,20 @@ func (s *Store) Process(ctx context.Context, db TxBeginner, consumer string, msg
 		// error), so the duplicate is confirmed like a commit before it is acknowledged.
 		markDuplicate(ctx)
 		if err := CommitReplicated(ctx, tx); err != nil {
-			return false, Transient(fmt.Errorf("inbox: confirm duplicate message %q: %w", msg.ID, err))
+			return false, Transient(fmt.Errorf("confirm duplicate message %q: %w", msg.ID, err))
 		}
 		return true, nil
 	}
 	if fn != nil {
 		if err := fn(ctx, tx); err != nil {
-			return false, fmt.Errorf("inbox: handle message %q: %w", msg.ID, err)
+			return false, fmt.Errorf("handle message %q: %w", msg.ID, err)
 		}
 	}
 	if err := CommitReplicated(ctx, tx); err != nil {
 		if errors.Is(err, ErrCommitUnknown) {
 			err = Transient(err)
 		}
-		return false, fmt.Errorf("inbox: commit message %q: %w", msg.ID, err)
+		return false, fmt.Errorf("commit message %q: %w", msg.ID, err)
 	}
 	return false, nil
 }

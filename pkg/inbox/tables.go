@@ -11,15 +11,11 @@ import (
 )
 
 // Tables names the tables of one inbox. The zero value is the default: inbox_messages and
-// inbox_migrations, unqualified, so that PostgreSQL finds them through the connection's search_path.
-// Set Schema to keep them in a schema of their own (a schema per tenant, say), and Messages to
-// keep several inboxes in one database. Everything else the inbox creates is named after
-// them: the index and check constraints of the Messages table ("<Messages>_processed_at_idx",
-// "<Messages>_consumer_not_empty", "<Messages>_message_id_not_empty"; PostgreSQL names the
-// primary key "<Messages>_pkey"), in its schema, and the advisory lock key that serialises
-// concurrent migrations of these tables ([Migrate], [Store.Migrate]): for the default Tables
-// the key earlier versions used, otherwise one derived from Schema and Messages. The inbox
-// has no triggers, functions or notification channels.
+// inbox_migrations, unqualified, found through the connection's search_path. Set Schema to
+// keep them in a schema of their own, and Messages to keep several inboxes in one database.
+// The index and constraints of the Messages table ("<Messages>_processed_at_idx", …) and the
+// advisory lock key of its migrations are derived from the names (the default Tables keep
+// those of earlier versions). The inbox has no triggers, functions or notification channels.
 type Tables struct {
 	// Schema holds the tables. Empty: unqualified names, resolved through search_path.
 	Schema string

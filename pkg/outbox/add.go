@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -34,29 +35,35 @@ const insertMessages = `
 INSERT INTO {{.Messages}} (id, exchange, routing_key, type, aggregate_type, aggregate_id, payload, headers)
 SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[]::json[], $8::text[]::jsonb[])`
 
-// ErrInvalidMessage is wrapped by the error Add returns for a message it refuses.
-var ErrInvalidMessage = errors.New("invalid outbox message")
+// ErrInvalidMessage is wrapped by the errors of [Message.Validate], and so of [Add] and
+// [AddSQL] for a message they refuse.
+var ErrInvalidMessage = errors.New("outbox: invalid message")
 
-// Add writes msgs to the outbox inside tx, the caller's transaction: the messages become
-// visible to the relay when, and only when, tx commits. Add never begins or commits a
-// transaction of its own, so a business change and its events are saved together or not
-// at all.
+// Add writes msgs to the outbox inside tx, the caller's transaction: they become visible to
+// the relay when, and only when, tx commits. Add never begins or commits a transaction.
 //
 // Add fills in msgs[i].ID when it is zero. It checks every message with [Message.Validate]
-// before writing any, and returns an error wrapping [ErrInvalidMessage], naming the message
-// and the field, for the first one that fails: nothing is written then, and tx is left
+// before writing any: for the first that fails it returns an error wrapping
+// [ErrInvalidMessage], naming the message and the field, writes nothing, and leaves tx
 // usable.
 //
 // Add records the trace context of ctx in each row's headers, through the global
-// OpenTelemetry propagator (otel.GetTextMapPropagator(); with the usual W3C propagators:
-// traceparent, tracestate and baggage), unless the message sets those headers itself. The
-// relay's publish span then joins the trace of the code that called Add, however much later
-// it runs. msgs[i].Headers is not changed. When ctx carries no span context and no baggage,
-// nothing is recorded and nothing is spent. See the package documentation's Tracing section.
+// OpenTelemetry propagator, unless the message sets those headers itself
+// (README.md#tracing); msgs[i].Headers is not changed.
 //
 // Add writes to the table of the default [Tables]; [Store.Add] to a table of your naming.
 func Add(ctx context.Context, tx DBTX, msgs ...Message) error {
 	return defaultStore.Add(ctx, tx, msgs...)
+}
+
+// AddSQL is [Add] for a database/sql transaction (pgx's stdlib driver, say): the same
+// checks, the same trace context, the same rows, written by the same statements. Several
+// messages take one statement, their columns bound as PostgreSQL array literals, which
+// every driver sends as text.
+//
+// AddSQL writes to the table of the default [Tables]; [Store.AddSQL] to another.
+func AddSQL(ctx context.Context, tx *sql.Tx, msgs ...Message) error {
+	return defaultStore.AddSQL(ctx, tx, msgs...)
 }
 
 // Add is [Add] for the store's table. It records the trace context through the store's
@@ -65,11 +72,66 @@ func (s *Store) Add(ctx context.Context, tx DBTX, msgs ...Message) error {
 	if len(msgs) == 0 {
 		return nil
 	}
+	c, err := s.columns(ctx, msgs)
+	if err != nil {
+		return err
+	}
+	if len(msgs) == 1 {
+		if _, err := tx.Exec(ctx, s.sql.insertMessage, c.ids[0], c.exchanges[0], c.keys[0], c.types[0], c.aggTypes[0], c.aggIDs[0], c.payloads[0], c.headers[0]); err != nil {
+			return fmt.Errorf("insert outbox message: %w", err)
+		}
+		return nil
+	}
+	if _, err := tx.Exec(ctx, s.sql.insertMessages, c.ids, c.exchanges, c.keys, c.types, c.aggTypes, c.aggIDs, c.payloads, c.headers); err != nil {
+		return fmt.Errorf("insert %d outbox messages: %w", len(msgs), err)
+	}
+	return nil
+}
+
+// AddSQL is [AddSQL] for the store's table, with the store's propagator.
+func (s *Store) AddSQL(ctx context.Context, tx *sql.Tx, msgs ...Message) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	c, err := s.columns(ctx, msgs)
+	if err != nil {
+		return err
+	}
+	ids := make([]string, len(msgs))
+	for i, id := range c.ids {
+		ids[i] = uuid.UUID(id.Bytes).String()
+	}
+	if len(msgs) == 1 {
+		if _, err := tx.ExecContext(ctx, s.sql.insertMessage, ids[0], c.exchanges[0], c.keys[0], c.types[0], c.aggTypes[0], c.aggIDs[0], c.payloads[0], c.headers[0]); err != nil {
+			return fmt.Errorf("insert outbox message: %w", err)
+		}
+		return nil
+	}
+	if _, err := tx.ExecContext(ctx, s.sql.insertMessages, textArray(ids), textArray(c.exchanges), textArray(c.keys), textArray(c.types),
+		textArray(c.aggTypes), textArray(c.aggIDs), textArray(c.payloads), textArray(c.headers)); err != nil {
+		return fmt.Errorf("insert %d outbox messages: %w", len(msgs), err)
+	}
+	return nil
+}
+
+// columns are the values of the rows Add writes, one slice per column, in the order of the
+// messages: the arguments of insertMessage and insertMessages.
+type columns struct {
+	ids                                 []pgtype.UUID
+	exchanges, keys, types              []string
+	aggTypes, aggIDs, payloads, headers []string
+}
+
+// columns checks msgs, fills in their missing ids and returns their rows' values, with the
+// trace context of ctx recorded in their headers.
+func (s *Store) columns(ctx context.Context, msgs []Message) (columns, error) {
 	n := len(msgs)
-	ids := make([]pgtype.UUID, n)
-	exchanges, keys, types := make([]string, n), make([]string, n), make([]string, n)
-	aggTypes, aggIDs := make([]string, n), make([]string, n)
-	payloads, headers := make([]string, n), make([]string, n)
+	c := columns{
+		ids:       make([]pgtype.UUID, n),
+		exchanges: make([]string, n), keys: make([]string, n), types: make([]string, n),
+		aggTypes: make([]string, n), aggIDs: make([]string, n),
+		payloads: make([]string, n), headers: make([]string, n),
+	}
 	for i := range msgs {
 		m := &msgs[i]
 		// The caller's trace context goes into the row now, when the message is written,
@@ -78,37 +140,54 @@ func (s *Store) Add(ctx context.Context, tx DBTX, msgs ...Message) error {
 		stored := *m
 		stored.Headers = hdrs
 		if err := stored.Validate(); err != nil {
-			return fmt.Errorf("add outbox message %d: %w", i, err)
+			return columns{}, fmt.Errorf("add outbox message %d: %w", i, err)
 		}
 		if m.ID == uuid.Nil {
 			id, err := uuid.NewV7()
 			if err != nil {
-				return fmt.Errorf("add outbox message: new id: %w", err)
+				return columns{}, fmt.Errorf("add outbox message: new id: %w", err)
 			}
 			m.ID = id
 		}
 		h, err := json.Marshal(hdrs)
 		if err != nil {
-			return fmt.Errorf("add outbox message %s: encode headers: %w", m.ID, err)
+			return columns{}, fmt.Errorf("add outbox message %s: encode headers: %w", m.ID, err)
 		}
 		if hdrs == nil {
 			h = []byte("{}")
 		}
-		ids[i] = pgUUID(m.ID)
-		exchanges[i], keys[i], types[i] = m.Exchange, m.RoutingKey, m.Type
-		aggTypes[i], aggIDs[i] = m.AggregateType, m.AggregateID
-		payloads[i], headers[i] = string(m.Payload), string(h)
+		c.ids[i] = pgUUID(m.ID)
+		c.exchanges[i], c.keys[i], c.types[i] = m.Exchange, m.RoutingKey, m.Type
+		c.aggTypes[i], c.aggIDs[i] = m.AggregateType, m.AggregateID
+		c.payloads[i], c.headers[i] = string(m.Payload), string(h)
 	}
-	if n == 1 {
-		if _, err := tx.Exec(ctx, s.sql.insertMessage, ids[0], exchanges[0], keys[0], types[0], aggTypes[0], aggIDs[0], payloads[0], headers[0]); err != nil {
-			return fmt.Errorf("insert outbox message: %w", err)
+	return c, nil
+}
+
+// textArray is ss as a PostgreSQL array literal, every element quoted, so that the server
+// reads each back as it was: inside double quotes only '"' and '\' need a backslash (ASCII
+// bytes, never part of a multi-byte UTF-8 sequence), and white space is kept.
+func textArray(ss []string) string {
+	size := 2
+	for _, s := range ss {
+		size += len(s) + 3
+	}
+	b := make([]byte, 0, size)
+	b = append(b, '{')
+	for i, s := range ss {
+		if i > 0 {
+			b = append(b, ',')
 		}
-		return nil
+		b = append(b, '"')
+		for j := 0; j < len(s); j++ {
+			if s[j] == '"' || s[j] == '\\' {
+				b = append(b, '\\')
+			}
+			b = append(b, s[j])
+		}
+		b = append(b, '"')
 	}
-	if _, err := tx.Exec(ctx, s.sql.insertMessages, ids, exchanges, keys, types, aggTypes, aggIDs, payloads, headers); err != nil {
-		return fmt.Errorf("insert %d outbox messages: %w", n, err)
-	}
-	return nil
+	return string(append(b, '}'))
 }
 
 // pgUUID is id as pgx encodes it without looking further: the 16 bytes in PostgreSQL's

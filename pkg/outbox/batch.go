@@ -176,16 +176,11 @@ FROM (
     ORDER BY aggregate_type, aggregate_id, seq) head
 WHERE m.id = head.id AND head.waiting`
 
-// PublishBatch runs one relay cycle: claim a batch of due rows, publish them, mark the
-// outcome, commit. It returns how many rows it claimed. [Relay.Run] calls it in a loop;
-// tests and benchmarks may call it directly.
-//
-// Once the rows are claimed the cycle finishes even if ctx is cancelled, so a stopping relay
-// leaves no row half-done. If the process dies anywhere in the cycle, the transaction rolls
-// back: every claimed row is pending again, and rows the broker had already confirmed are
-// published a second time (at-least-once; the inbox absorbs the duplicate). If the process
-// is paused or hung instead, PostgreSQL ends the claim transaction after
-// [Config].ClaimTimeout, with the same effect.
+// PublishBatch runs one relay cycle, as [Relay.Run] does in a loop: claim a batch of due
+// rows, publish them, mark the outcome, commit. It returns how many rows it claimed. Once
+// rows are claimed the cycle finishes even if ctx is cancelled; if the process dies, or hangs
+// past [Config].ClaimTimeout, the rows are pending again, and those the broker had are
+// published a second time (at least once).
 func (r *Relay) PublishBatch(ctx context.Context) (int, error) {
 	c, err := r.cycle(ctx)
 	return c.claimed, err

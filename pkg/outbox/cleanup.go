@@ -10,36 +10,33 @@ import (
 	"github.com/outboxshop/outboxshop/pkg/outbox/internal/retry"
 )
 
-// Defaults for [CleanupConfig]. The inbox package has the same three, named alike.
+// Defaults for [CleanupConfig]: each field says what they mean.
 const (
-	// DefaultCleanupRetention keeps published rows a week: long enough to look up what was
-	// sent when a consumer reports a problem, short enough to keep the table small. The relay
-	// needs no published row (it claims through the pending rows' index), so a shorter
-	// retention only loses history.
 	DefaultCleanupRetention = 7 * 24 * time.Hour
 	DefaultCleanupBatchSize = 1000
 	DefaultCleanupInterval  = time.Minute
 )
 
 // CleanupConfig configures [Cleanup] and [RunCleanup]. The zero value of every field means
-// its default.
+// its default; [CleanupConfig.WithDefaults] returns what they will use.
 type CleanupConfig struct {
-	// Retention is how long published rows are kept. Default [DefaultCleanupRetention], 7
-	// days. Pending and dead rows are never deleted.
+	// Retention is how long published rows are kept: long enough to look up what was sent
+	// when a consumer reports a problem (the relay needs none). Default 7 days
+	// ([DefaultCleanupRetention]). Pending and dead rows are never deleted.
 	Retention time.Duration
-	// BatchSize is the most rows one DELETE statement removes, so that no statement holds
-	// locks for long. Default [DefaultCleanupBatchSize], 1000.
+	// BatchSize is the most rows one DELETE statement removes, so that none holds locks for
+	// long. Default 1000 ([DefaultCleanupBatchSize]).
 	BatchSize int
-	// Interval is the time between two runs of RunCleanup. Default [DefaultCleanupInterval],
-	// 1 minute.
+	// Interval is the time between two runs of RunCleanup. Default 1m
+	// ([DefaultCleanupInterval]).
 	Interval time.Duration
 	// Logger receives a line per run that deleted rows and the lines of a failure streak
 	// (RunCleanup), and a debug line per batch. Nil discards.
 	Logger *slog.Logger
 }
 
-// withDefaults checks c and fills in its defaults.
-func (c CleanupConfig) withDefaults() (CleanupConfig, error) {
+// WithDefaults returns c with every default filled in, or an error for an invalid field.
+func (c CleanupConfig) WithDefaults() (CleanupConfig, error) {
 	switch {
 	case c.Retention < 0:
 		return c, fmt.Errorf("outbox: cleanup retention must be >= 0 (0 means %s), got %s", DefaultCleanupRetention, c.Retention)
@@ -72,33 +69,28 @@ WHERE id IN (
   LIMIT $2
   FOR UPDATE SKIP LOCKED)`
 
-// Cleanup deletes the rows published more than cfg.Retention ago and returns how many it
-// deleted. It deletes in batches of at most cfg.BatchSize rows, one short DELETE statement
-// each, until a batch comes back short, so it never holds many locks for long and can run
-// while relays are busy. Pending and dead rows stay.
-//
-// An invalid cfg (a negative field) returns an error without deleting anything. When ctx
-// ends between batches, Cleanup returns the rows deleted so far and ctx's error.
-//
-// Cleanup deletes from the table of the default [Tables]; [Store.Cleanup] from another.
+// Cleanup deletes the rows published more than cfg.Retention ago, in short DELETEs of at
+// most cfg.BatchSize rows, and returns how many it deleted; when ctx ends between batches,
+// it returns those and ctx's error. It deletes from the table of the default [Tables];
+// [Store.Cleanup] from another.
 func Cleanup(ctx context.Context, db DBTX, cfg CleanupConfig) (deleted int64, err error) {
 	return defaultStore.Cleanup(ctx, db, cfg)
 }
 
 // Cleanup is [Cleanup] for the store's table.
 func (s *Store) Cleanup(ctx context.Context, db DBTX, cfg CleanupConfig) (deleted int64, err error) {
-	cfg, err = cfg.withDefaults()
+	cfg, err = cfg.WithDefaults()
 	if err != nil {
 		return 0, err
 	}
 	var cutoff time.Time
 	if err := db.QueryRow(ctx, s.sql.cleanupCutoff, cfg.Retention.Seconds()).Scan(&cutoff); err != nil {
-		return 0, fmt.Errorf("outbox: cleanup: compute cutoff: %w", err)
+		return 0, fmt.Errorf("clean up outbox: compute cutoff: %w", err)
 	}
 	for {
 		tag, err := db.Exec(ctx, s.sql.deletePublished, cutoff, cfg.BatchSize)
 		if err != nil {
-			return deleted, fmt.Errorf("outbox: cleanup: delete batch: %w", err)
+			return deleted, fmt.Errorf("clean up outbox: delete batch: %w", err)
 		}
 		n := tag.RowsAffected()
 		deleted += n
@@ -107,26 +99,25 @@ func (s *Store) Cleanup(ctx context.Context, db DBTX, cfg CleanupConfig) (delete
 			return deleted, nil
 		}
 		if err := ctx.Err(); err != nil {
-			return deleted, fmt.Errorf("outbox: cleanup: %w", err)
+			return deleted, fmt.Errorf("clean up outbox: %w", err)
 		}
 	}
 }
 
 // RunCleanup calls [Cleanup] at once and then every cfg.Interval until ctx is done, and then
-// returns nil. A failed run is retried after the relay's outage backoff
-// ([DefaultOutageBaseDelay] doubling to [DefaultOutageMaxDelay], jittered), but never later
-// than the interval; it is logged when the failures start, at most every 30 seconds while
-// they go on, and once when a run succeeds again. An invalid cfg returns an error at once.
+// returns nil; an invalid cfg returns an error at once. A failed run is retried with the
+// outage backoff of [DefaultOutageBaseDelay] and [DefaultOutageMaxDelay], never later than
+// the interval, and logged once per failure streak (README.md#operations). Concurrent
+// cleaners skip each other's rows.
 //
-// Run it in one or more processes per database; concurrent cleaners skip each other's rows.
-// It cleans the table of the default [Tables]; [Store.RunCleanup] another.
+// RunCleanup cleans the table of the default [Tables]; [Store.RunCleanup] another.
 func RunCleanup(ctx context.Context, db DBTX, cfg CleanupConfig) error {
 	return defaultStore.RunCleanup(ctx, db, cfg)
 }
 
 // RunCleanup is [RunCleanup] for the store's table.
 func (s *Store) RunCleanup(ctx context.Context, db DBTX, cfg CleanupConfig) error {
-	cfg, err := cfg.withDefaults()
+	cfg, err := cfg.WithDefaults()
 	if err != nil {
 		return err
 	}

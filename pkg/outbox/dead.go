@@ -27,13 +27,9 @@ WHERE dead_at IS NOT NULL
 ORDER BY dead_at, seq
 LIMIT $1`
 
-// ListDead returns up to limit dead rows, the longest dead first.
-//
-// Rows die for being unreadable too, so ListDead reads whatever a row holds: a header whose
-// value is not a string (written by hand, or by other code) is returned as its JSON text, and
-// headers that are not a JSON object at all are returned under the key "" as they are.
-//
-// ListDead reads the table of the default [Tables]; [Store.ListDead] another.
+// ListDead returns up to limit dead rows, the longest dead first, whatever they hold: a
+// header that is not a string as its JSON text, headers that are not a JSON object under
+// the key "". It reads the table of the default [Tables]; [Store.ListDead] another.
 func ListDead(ctx context.Context, db DBTX, limit int) ([]DeadMessage, error) {
 	return defaultStore.ListDead(ctx, db, limit)
 }
@@ -98,12 +94,9 @@ WITH requeued AS (
 )
 SELECT count(*), pg_notify($2, '') FROM requeued`
 
-// Requeue makes the given dead rows pending again with a fresh set of attempts, so that an
-// operator can replay them after fixing the cause. Ids that are not dead are ignored; the
-// count of requeued rows is returned.
-//
-// A requeued row is published after rows of its aggregate that were written later and
-// already published: see "Ordering" in the package documentation.
+// Requeue makes the given dead rows pending again with a fresh set of attempts, and returns
+// how many it requeued; ids that are not dead are ignored. A requeued row is published after
+// the rows of its aggregate written after it (README.md#ordering).
 //
 // Requeue changes the table of the default [Tables]; [Store.Requeue] another.
 func Requeue(ctx context.Context, db DBTX, ids ...uuid.UUID) (int64, error) {

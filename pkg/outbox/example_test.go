@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxshop/outboxshop/pkg/outbox"
@@ -161,6 +162,49 @@ func ExampleStore() {
 	fmt.Println(payments.Tables(), "pending:", s.Pending)
 	// Output:
 	// "billing"."payments_outbox" pending: 0
+}
+
+// A service on database/sql (here through pgx's stdlib driver) writes its events with AddSQL
+// in its own transaction: the same rows as Add's, which the relay publishes alike.
+func ExampleAddSQL() {
+	ctx := context.Background()
+	pool, _, cleanup := exampleEnv()
+	defer cleanup()
+	if err := outbox.Migrate(ctx, pool); err != nil {
+		log.Fatal(err)
+	}
+	db := stdlib.OpenDBFromPool(pool) // or sql.Open("pgx", databaseURL)
+	defer db.Close()
+	if _, err := db.ExecContext(ctx, "CREATE TABLE invoices (id text PRIMARY KEY)"); err != nil {
+		log.Fatal(err)
+	}
+
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer tx.Rollback() //nolint:errcheck // after a commit it does nothing
+	if _, err := tx.ExecContext(ctx, "INSERT INTO invoices (id) VALUES ($1)", "inv-9"); err != nil {
+		log.Fatal(err)
+	}
+	err = outbox.AddSQL(ctx, tx, outbox.Message{
+		Exchange: "example.events", RoutingKey: "invoice.issued", Type: "InvoiceIssued",
+		AggregateType: "invoice", AggregateID: "inv-9", Payload: json.RawMessage(`{"invoice_id":"inv-9"}`),
+	})
+	if err != nil {
+		log.Fatal(err) // wraps outbox.ErrInvalidMessage for a message it refuses
+	}
+	if err := tx.Commit(); err != nil {
+		log.Fatal(err)
+	}
+
+	s, err := outbox.ReadStats(ctx, pool)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("pending:", s.Pending)
+	// Output:
+	// pending: 1
 }
 
 // Cleanup keeps the table small: published rows older than the retention go, in batches.

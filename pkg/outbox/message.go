@@ -10,17 +10,19 @@ import (
 	"github.com/google/uuid"
 )
 
-// Well-known header names. Add stores every header; the RabbitMQ publisher also copies
-// HeaderCorrelationID into the AMQP correlation-id property.
+// Well-known header names. The RabbitMQ publisher copies HeaderCorrelationID into the AMQP
+// correlation-id property; [Add] records the trace context as the last three (W3C trace
+// context and baggage).
 const (
 	HeaderCorrelationID = "correlation_id"
 	HeaderCausationID   = "causation_id"
 	HeaderTraceparent   = "traceparent"
+	HeaderTracestate    = "tracestate"
+	HeaderBaggage       = "baggage"
 )
 
-// Header names a message may not set itself (see [Message.Validate]). The publisher sets the
-// first two from the message's aggregate; RabbitMQ reads the last two as lists of extra
-// routing keys, which a string value cannot be.
+// Header names a message may not set itself: the publisher sets them from the message's
+// aggregate ([Message.Validate]).
 const (
 	HeaderAggregateType = "aggregate_type"
 	HeaderAggregateID   = "aggregate_id"
@@ -30,24 +32,16 @@ const (
 
 // Limits enforced by [Message.Validate].
 const (
-	// MaxShortString is the longest Exchange, RoutingKey, Type, header name and
-	// correlation id, in bytes: AMQP 0-9-1 carries them as short strings of at most 255
-	// bytes, and amqp091-go closes the whole connection on a longer one.
+	// MaxShortString is the longest Exchange, RoutingKey, Type, header name and correlation
+	// id, in bytes: AMQP carries them as short strings.
 	MaxShortString = 255
-	// MaxHeaderBytes bounds the headers as they travel: the AMQP field table of the
-	// message's Headers plus the aggregate_type and aggregate_id headers the publisher adds,
-	// encoded (see [Message.HeaderBytes]). The table rides in the message's content header,
-	// which must fit in one frame; RabbitMQ closes the connection (501 frame_too_large) when
-	// it does not. 64 KiB is half of RabbitMQ's default frame_max of 131072 bytes, leaving
-	// room for the other properties; a broker configured with a smaller frame_max is checked
-	// by the publisher against the size it negotiated.
+	// MaxHeaderBytes bounds the encoded headers ([Message.HeaderBytes]), which must fit in
+	// one AMQP frame: half of RabbitMQ's default frame_max, 128 KiB.
 	MaxHeaderBytes = 64 << 10
 )
 
-// Message is one event in the outbox.
-//
-// The fields up to Headers are written by [Add]. CreatedAt and Attempts are read back by the
-// relay for the [Publisher] and the [Hooks]; Add ignores them.
+// Message is one event in the outbox. [Add] writes the fields up to Headers; the relay reads
+// CreatedAt and Attempts back for the [Publisher] and the [Hooks].
 type Message struct {
 	// ID identifies the message for ever: the relay publishes it as the broker message id and
 	// consumers deduplicate on it. Add fills in a time-ordered UUIDv7 when it is zero.
@@ -63,10 +57,8 @@ type Message struct {
 	AggregateID   string
 	// Payload is the event body, JSON.
 	Payload json.RawMessage
-	// Headers travel with the message (HeaderCorrelationID, HeaderCausationID,
-	// HeaderTraceparent, …). [Add] stores them with the trace context of its ctx added
-	// (HeaderTraceparent, HeaderTracestate, HeaderBaggage) unless they set it; the relay
-	// publishes them with its publish span's context in place of the stored one.
+	// Headers travel with the message (HeaderCorrelationID, …); [Add] adds the trace
+	// context of its ctx unless they set it, and the relay sends its publish span's.
 	Headers map[string]string
 
 	// CreatedAt is when the row was inserted (the start of the writing transaction).
@@ -76,29 +68,15 @@ type Message struct {
 }
 
 // Validate reports whether m can be stored and published, and if not, which field is wrong
-// and why, in an error wrapping [ErrInvalidMessage]. [Add] calls it for every message before
-// writing any. The RabbitMQ publisher checks every row it is given with it again (rows
-// written by hand or by older code), but for the payload's JSON syntax and the two
-// aggregate headers (see its Publish documentation): a message that fails is never sent,
-// and its row is marked dead with the reason.
-//
-// The rules are what PostgreSQL cannot store and what the broker would refuse, by closing the
-// channel or the whole connection, which would otherwise look like a broker outage:
-//
-//   - Type, AggregateType and AggregateID are not empty, and Exchange or RoutingKey is set.
-//   - Every text field (Exchange, RoutingKey, Type, AggregateType, AggregateID, header names
-//     and values) is valid UTF-8 without NUL bytes: PostgreSQL's text and jsonb cannot hold
-//     NUL, and encoding invalid UTF-8 as JSON would silently replace it.
-//   - Exchange, RoutingKey, Type, each header name and the correlation_id header's value are
-//     at most [MaxShortString] bytes (AMQP short strings).
-//   - No header is named aggregate_type or aggregate_id (the publisher sets them from the
-//     aggregate), nor CC or BCC (RabbitMQ reads those as arrays of routing keys and closes
-//     the channel for a string: 406 "unacceptable_type_in_header").
-//   - The encoded headers ([Message.HeaderBytes]) are at most [MaxHeaderBytes].
-//   - Payload is valid JSON and valid UTF-8 (encoding/json alone accepts invalid UTF-8
-//     inside strings). The JSON escape \u0000 is valid JSON and is allowed.
-//
-// The payload's size is not checked here: [Config].MaxMessageBytes is the relay's limit.
+// and why, in an error wrapping [ErrInvalidMessage]. It refuses what PostgreSQL cannot store
+// and what the broker would refuse by closing the channel or the connection, which would
+// look like an outage (README.md#what-add-accepts says why): an empty Type, AggregateType or
+// AggregateID, or no Exchange nor RoutingKey; text that is not valid UTF-8 or holds a NUL
+// byte; Exchange, RoutingKey, Type, a header name or the correlation_id header over
+// [MaxShortString] bytes; a header named aggregate_type, aggregate_id, CC or BCC; headers
+// over [MaxHeaderBytes] encoded; a Payload that is not valid JSON in valid UTF-8 (the
+// \u0000 escape is fine). [Add] checks every message with it, the RabbitMQ publisher every
+// row again; the payload's size is [Config].MaxMessageBytes's business.
 func (m Message) Validate() error {
 	invalid := func(field, format string, args ...any) error {
 		return fmt.Errorf("%w: %s %s", ErrInvalidMessage, field, fmt.Sprintf(format, args...))
@@ -155,9 +133,8 @@ func (m Message) Validate() error {
 	return nil
 }
 
-// HeaderBytes returns the size of the AMQP field table that carries m's headers to the
-// broker: its Headers plus aggregate_type and aggregate_id, each entry encoded as a short
-// string name, a type byte and a long string value, after the table's 4-byte length.
+// HeaderBytes returns the size of the AMQP field table that carries m's headers, with the
+// aggregate_type and aggregate_id headers the publisher adds.
 func (m Message) HeaderBytes() int {
 	entry := func(k, v string) int { return 1 + len(k) + 1 + 4 + len(v) }
 	n := 4 + entry(HeaderAggregateType, m.AggregateType) + entry(HeaderAggregateID, m.AggregateID)

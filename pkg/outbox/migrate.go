@@ -21,19 +21,9 @@ import (
 var migrationTemplates embed.FS
 
 // Migrations holds the outbox schema of the default [Tables] for migration tools, generated
-// from the templates [Migrate] applies, so that either way makes the same schema:
-//
-//   - migrations/goose/NNN_name.sql for goose (-- +goose Up and Down annotations);
-//   - migrations/golang-migrate/NNN_name.up.sql and NNN_name.down.sql for golang-migrate.
-//
-// Give goose fs.Sub(Migrations, "migrations/goose") (goose.SetBaseFS, or goose.NewProvider),
-// golang-migrate iofs.New(Migrations, "migrations/golang-migrate"), each with a version table
-// of its own, since these versions are numbered on their own (goose.WithTableName(
-// "outbox_goose_db_version"), the driver's MigrationsTable "outbox_schema_migrations"); or copy the
-// files into your project's migrations, renumbered. The Down migrations drop what the Up ones
-// made, rows included, and take the versions they undo out of [Migrate]'s version table
-// (outbox_migrations) if there is one, so that Migrate, run afterwards, makes them again.
-// Tables with other names than the defaults are made by [Store.Migrate].
+// from the templates [Migrate] applies: migrations/goose for goose, migrations/golang-migrate
+// for golang-migrate (up and down files). Give each tool a version table of its own
+// (README.md#the-schema shows how); tables of other names are made by [Store.Migrate].
 //
 //go:embed migrations/goose migrations/golang-migrate
 var Migrations embed.FS
@@ -121,27 +111,11 @@ func migrate(ctx context.Context, db TxBeginner, t Tables) error {
 }
 
 // Migrate brings the outbox schema of the default [Tables] to the version this package
-// needs: the table, its indexes and its notify trigger. Versions are recorded in the
-// outbox_migrations table, and each version is applied once, in order, in one transaction.
-//
-// Migrate is safe on every start of every replica while relays and writers run at full load:
-//
-//   - When the schema is current (the common case) it reads the version table and returns:
-//     it takes no lock on outbox_messages, so it never waits for a relay nor makes a writer
-//     wait.
-//   - Otherwise it serialises with other migrating processes (an advisory lock) and applies
-//     what is missing with lock_timeout set, so that it never queues for long in front of
-//     writers; when a lock is not available in time it rolls back and tries again with
-//     backoff, up to ten times, then returns the error. Once it has a table's lock, writers
-//     wait for what the migration does with it (version 2 rewrites the table: milliseconds
-//     for a table that Cleanup keeps small).
-//   - A table made by a version of this package that recorded no versions, or by a
-//     migration tool from [Migrations], is taken to be at version 1; the versions after it
-//     may be applied again.
-//   - A version table that records versions while the outbox table is missing is an error,
-//     not a current schema: it belongs to other tables too, or the table was dropped.
-//
-// Users who manage their schema with goose or golang-migrate apply [Migrations] instead.
+// needs: the table, its indexes and its notify trigger, each missing version once, in order,
+// in one transaction, recorded in outbox_migrations. It is safe on every start of every
+// replica at full load: a current schema costs a read of the version table, and otherwise it
+// waits for locks briefly and tries again with backoff (README.md#the-schema). A table that a
+// migration tool or an older version made is taken to be at version 1.
 func Migrate(ctx context.Context, db TxBeginner) error {
 	return migrate(ctx, db, Tables{})
 }

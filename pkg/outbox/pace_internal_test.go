@@ -8,7 +8,7 @@ import (
 )
 
 // TestPacer plays sequences of cycles through Run's pacer and holds each pause to the
-// package documentation's Wake-ups: full batches claim again at once, a cycle that found
+// README.md#wake-ups: full batches claim again at once, a cycle that found
 // rows or that a notification started is re-checked NotifyRecheck later, then less and less
 // often until the poll takes over; an outage and a cycle that sent nothing back off, and no
 // notification cuts that short.

@@ -9,8 +9,8 @@ import (
 // pipeline keeps up to limit batches of one relay in flight. Run's goroutine claims the
 // batches, one after the other; each claimed batch then goes on on a goroutine of its own:
 // it waits until the batch claimed before it was sent, is published, and is marked and
-// committed as soon as its confirms are in. See the package documentation's Pipelining
-// section for what that guarantees.
+// committed as soon as its confirms are in. See README.md#batches-in-flight for what that
+// guarantees.
 //
 // Only Run's goroutine uses a pipeline.
 type pipeline struct {
@@ -155,7 +155,7 @@ func (r *Relay) waitForPrevious(b, prev *batch) error {
 		}
 	}
 	if prev.brokerDown != nil {
-		return fmt.Errorf("%w: not sent: the batch before it found the broker unavailable: %w", ErrUnavailable, prev.brokerDown)
+		return fmt.Errorf("not sent: the batch before it found the broker unavailable: %w", prev.brokerDown)
 	}
 	return nil
 }

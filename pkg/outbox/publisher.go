@@ -8,41 +8,31 @@ import (
 // Publisher sends messages to a broker and reports, for each one, whether the broker took
 // responsibility for it. The rabbitmq subpackage has the RabbitMQ implementation.
 //
-// Publish must return exactly one error per message, in order. nil means the broker confirmed
-// the message (for RabbitMQ: a publisher-confirm ack, and no return). A message whose confirm
-// never came must not be reported as nil. Every failure is blamed on exactly one thing, the
-// broker, the message, or neither, and the relay reads the errors as follows:
+// Publish returns one error per message, in order: nil only when the broker confirmed the
+// message (for RabbitMQ: an ack, and no return), never for a confirm that did not come. It
+// blames every failure on one thing, and the relay reads the errors so:
 //
-//   - errors.Is(err, [ErrUnavailable]): the broker or the connection failed, not the message
-//     (unreachable, closed the connection, stopped reading or confirming, blocked by a
-//     resource alarm). The row is left as it was (no attempt is counted) and the relay pauses
-//     with backoff.
-//   - errors.Is(err, [ErrNotSent]): the publisher gave up on the message through no fault of
-//     the message, with the broker not known to be down (say, another message of the batch
-//     closed the channel, or the deadline passed while another caller had the publisher).
-//     The row is left as it was and the relay carries on.
-//   - errors.Is(err, [ErrRefused]): the broker refused the message for a reason of its own,
-//     not because of its content (for RabbitMQ, a nack: a full queue with overflow
-//     reject-publish, i.e. its consumers are down; a quorum queue without a quorum; an
-//     internal error). No attempt is counted; the relay retries the row after a backoff.
-//   - [IsPermanent](err): no retry can help: the message fails [Message.Validate] or the
-//     broker refused its content. The row is marked dead at once, with err as last_error.
-//   - any other error (an unroutable return, which wraps [ErrUnroutable]; a channel closed by
-//     the broker over this message, e.g. its exchange does not exist): the row's attempt
-//     counts, and it is retried with backoff until [Config].MaxAttempts.
+//   - [ErrUnavailable]: the broker or the connection, not the message (unreachable, not
+//     reading or confirming, blocked by a resource alarm). The row is left as it was, and
+//     the relay pauses with the outage backoff.
+//   - [ErrNotSent]: given up through no fault of the message, the broker not known to be
+//     down (another message closed the channel, say). The row is left as it was.
+//   - [ErrRefused]: refused by the broker for a reason of its own, not the message's content
+//     (a full queue, a queue without quorum). The row is retried later, no attempt counted.
+//   - [IsPermanent]: no retry can help. The row is dead at once, err its last_error.
+//   - anything else (an unroutable return, wrapping [ErrUnroutable]; a channel closed over
+//     this message): the attempt counts, and the row is retried until [Config].MaxAttempts.
 //
-// Publish must return within the deadline of ctx (plus a moment to clean up), whatever the
-// broker or the network does. Several relays may share one Publisher; ctx carries each
-// caller's publish deadline, and time spent waiting for another caller counts against it.
+// Publish returns within the deadline of ctx (plus a moment to clean up), whatever the
+// broker does; time spent waiting for another caller of a shared Publisher counts too.
 type Publisher interface {
 	Publish(ctx context.Context, msgs []Message) []error
 }
 
 // ConcurrentPublisher is a [Publisher] that serves several Publish calls at once (the
-// RabbitMQ publisher with more than one connection). A relay with [Config].InFlightBatches
-// above 1 then sends each batch as soon as it is claimed, while the confirms of the batches
-// before it are still coming, instead of after them: see the package documentation's
-// Pipelining section. Any other Publisher is given one batch at a time by each relay.
+// RabbitMQ publisher with more than one connection): a relay with [Config].InFlightBatches
+// above 1 sends it each batch as soon as it is claimed (README.md#batches-in-flight). Any
+// other Publisher is given one batch at a time.
 type ConcurrentPublisher interface {
 	Publisher
 	// ConcurrentPublishes is how many Publish calls it serves at once: 1 or more, the same
@@ -50,28 +40,31 @@ type ConcurrentPublisher interface {
 	ConcurrentPublishes() int
 }
 
+// MessagingSystemNamer is a [Publisher] that names its messaging system ("rabbitmq"), the
+// default of [Config].MessagingSystem.
+type MessagingSystemNamer interface {
+	Publisher
+	MessagingSystem() string
+}
+
+// The classes of a publish failure: see [Publisher].
 var (
-	// ErrUnavailable marks a connection-level failure: the broker cannot be reached, or does
-	// not take messages now.
-	ErrUnavailable = errors.New("broker unavailable")
-	// ErrNotSent marks a message the publisher did not send, through no fault of its own.
-	ErrNotSent = errors.New("message not sent")
-	// ErrRefused marks a message the broker refused for a reason of its own, not because of
-	// the message (a full queue that rejects publishes because its consumers are down, a
-	// queue without quorum): no attempt is counted, and the relay retries it after a backoff.
-	ErrRefused = errors.New("refused by the broker")
-	// ErrTooLarge is wrapped (as a permanent error) for a payload over Config.MaxMessageBytes,
-	// or over the broker's own limit where the publisher knows it.
-	ErrTooLarge = errors.New("message too large")
-	// ErrUnroutable marks a message the broker took but could deliver to no queue (for
-	// RabbitMQ, a mandatory message returned). The relay reads it like any other error: the
-	// attempt counts. It exists so that metrics can tell it apart without knowing the broker.
-	ErrUnroutable = errors.New("unroutable")
+	// ErrUnavailable: the broker cannot be reached, or does not take messages now.
+	ErrUnavailable = errors.New("outbox: broker unavailable")
+	// ErrNotSent: the publisher did not send the message, through no fault of the message.
+	ErrNotSent = errors.New("outbox: message not sent")
+	// ErrRefused: the broker refused the message for a reason of its own.
+	ErrRefused = errors.New("outbox: refused by the broker")
+	// ErrTooLarge is wrapped, as a permanent error, for a payload over
+	// Config.MaxMessageBytes, or over the broker's own limit where the publisher knows it.
+	ErrTooLarge = errors.New("outbox: message too large")
+	// ErrUnroutable: the broker could deliver the message to no queue (for RabbitMQ, a
+	// mandatory message returned); an attempt counts. Metrics tell it apart by it.
+	ErrUnroutable = errors.New("outbox: unroutable")
 )
 
-// Permanent marks err as one that no retry can fix. A [Publisher] returns it for a message
-// that can never be published; the relay then marks the row dead at once, and its
-// last_error reads "permanent: " and err's text. Permanent(nil) is nil.
+// Permanent marks err as one that no retry can fix: the relay marks the row dead at once,
+// its last_error "permanent: " and err's text. Permanent(nil) is nil.
 func Permanent(err error) error {
 	if err == nil {
 		return nil
@@ -79,8 +72,7 @@ func Permanent(err error) error {
 	return &permanentError{err: err}
 }
 
-// IsPermanent reports whether the outermost class mark in err's chain is [Permanent]; the
-// outbox has no other mark, so: whether err, or an error it wraps, was made by Permanent.
+// IsPermanent reports whether err, or an error it wraps, was made by [Permanent].
 // IsPermanent(nil) is false.
 func IsPermanent(err error) bool {
 	_, ok := errors.AsType[*permanentError](err)

@@ -36,14 +36,9 @@ const (
 // commit; [Tables.NotifyChannel] gives any outbox's.
 const NotifyChannel = "outbox_messages"
 
-// NotifyChannel returns the PostgreSQL channel the trigger on t's table notifies when rows
-// commit, and its relays listen on: the table's name, prefixed by "schema." when Schema is
-// set ([NotifyChannel] for the default tables). A name that would exceed PostgreSQL's 63
-// bytes is shortened, a hash of the schema keeping it apart from other schemas'.
-//
-// Outboxes with the same unqualified name in different schemas reached through search_path
-// share a channel: a relay is then also woken by the others' commits, which costs it an
-// empty claim and nothing else.
+// NotifyChannel returns the PostgreSQL channel the trigger on t's table notifies and its
+// relays listen on: the table's name, prefixed by "schema." when Schema is set, shortened
+// with a hash of the schema past PostgreSQL's 63 bytes.
 func (t Tables) NotifyChannel() string {
 	t = t.WithDefaults()
 	if t.Schema == "" {
@@ -57,7 +52,7 @@ func (t Tables) NotifyChannel() string {
 	return fmt.Sprintf("%s.%08x", t.Messages, h.Sum32())
 }
 
-// State is what a relay is doing, as shown in logs and through [Hooks].StateChanged.
+// State is what a relay is doing, as shown in logs, [Relay.State] and [Hooks].StateChanged.
 type State string
 
 // The states of a relay. The two unavailable states are its circuit breaker: while in one, the
@@ -70,38 +65,30 @@ const (
 	StateStopped             State = "stopped"
 )
 
-// Defaults for [Config].
+// Defaults and limits of [Config]: each field says what they mean.
 const (
-	DefaultBatchSize       = 100
-	DefaultPollInterval    = time.Second
-	DefaultNotifyRecheck   = 3 * time.Millisecond
-	DefaultMaxAttempts     = 10
-	DefaultRetryBaseDelay  = time.Second
-	DefaultRetryMaxDelay   = 5 * time.Minute
-	DefaultOutageBaseDelay = 100 * time.Millisecond
-	DefaultOutageMaxDelay  = 10 * time.Second
-	DefaultPublishTimeout  = 30 * time.Second
-	// DefaultClaimTimeoutMargin is how much longer than PublishTimeout the default
-	// ClaimTimeout is.
+	DefaultBatchSize          = 100
+	DefaultPollInterval       = time.Second
+	DefaultNotifyRecheck      = 3 * time.Millisecond
+	DefaultMaxAttempts        = 10
+	DefaultRetryBaseDelay     = time.Second
+	DefaultRetryMaxDelay      = 5 * time.Minute
+	DefaultOutageBaseDelay    = 100 * time.Millisecond
+	DefaultOutageMaxDelay     = 10 * time.Second
+	DefaultPublishTimeout     = 30 * time.Second
 	DefaultClaimTimeoutMargin = 5 * time.Second
-	// DefaultMaxMessageBytes is 16 MiB, RabbitMQ 4's max_message_size.
-	DefaultMaxMessageBytes = 16 << 20
-	// DefaultInFlightBatches is how many batches a relay keeps in flight at once: while one
-	// waits for its confirms, the next is claimed.
-	DefaultInFlightBatches = 2
-	// MaxInFlightBatches is the largest InFlightBatches a relay accepts. Each batch in
-	// flight holds a connection and a transaction; beyond a few, the broker or the
-	// database is the limit, not the overlap.
-	MaxInFlightBatches = 16
+	DefaultMaxMessageBytes    = 16 << 20
+	DefaultInFlightBatches    = 2
+	MaxInFlightBatches        = 16
 )
 
-// Config tunes a [Relay]. The zero value of every field means its default.
+// Config tunes a [Relay]. The zero value of every field means its default;
+// [Config.WithDefaults] returns what the relay will use.
 type Config struct {
-	// Tables names the outbox table the relay publishes from, and so its notify channel
-	// ([Tables.NotifyChannel]). Default: the default Tables, outbox_messages. An invalid
-	// value makes [NewRelay] return an error wrapping [ErrInvalidTables].
+	// Tables names the outbox table, and so its notify channel. Default: the default
+	// [Tables] (outbox_messages). Invalid names are refused ([ErrInvalidTables]).
 	Tables Tables
-	// BatchSize is how many rows one cycle claims and publishes, at most 10000. Default 100
+	// BatchSize is the most rows one cycle claims and publishes, at most 10000. Default 100
 	// ([DefaultBatchSize]).
 	BatchSize int
 	// PollInterval is how often the relay looks for due rows when no notification woke it:
@@ -110,91 +97,69 @@ type Config struct {
 	PollInterval time.Duration
 	// DisableNotify turns off LISTEN/NOTIFY wake-ups; the relay then only polls.
 	DisableNotify bool
-	// NotifyRecheck is how long after a cycle started by a notification the relay looks
-	// again, for rows of transactions that committed during that notifier's commit and so
-	// did not notify themselves (see the trigger in
-	// migrations/templates/001_outbox.sql.tmpl). A re-check that finds rows is followed by
-	// another; an empty one doubles the delay until it reaches PollInterval. Default 3ms
-	// ([DefaultNotifyRecheck]); at PollInterval or above, there are no re-checks.
+	// NotifyRecheck is how long after a cycle that a notification started, or that found
+	// rows, the relay looks again, for rows whose writers did not notify
+	// (README.md#wake-ups); an empty re-check doubles it until it reaches PollInterval.
+	// Default 3ms ([DefaultNotifyRecheck]); at PollInterval or above, no re-checks.
 	NotifyRecheck time.Duration
 	// MaxAttempts is how many failed publish attempts make a row dead. Default 10
 	// ([DefaultMaxAttempts]).
 	MaxAttempts int
-	// RetryBaseDelay and RetryMaxDelay bound the exponential backoff, with jitter, between
-	// attempts of one row. Defaults 1s and 5m ([DefaultRetryBaseDelay],
-	// [DefaultRetryMaxDelay]).
-	RetryBaseDelay time.Duration
-	RetryMaxDelay  time.Duration
-	// OutageBaseDelay and OutageMaxDelay bound the backoff between probes while the broker or
-	// the database is unavailable: the n-th failed attempt in a row waits
-	// OutageBaseDelay·2^(n-1), at most OutageMaxDelay, jittered between half and all of it.
-	// The relay's cycles, its maintenance passes and its LISTEN connection each back off so,
-	// and so does a cycle whose rows the broker all refused. Defaults 100ms and 10s
-	// ([DefaultOutageBaseDelay], [DefaultOutageMaxDelay]); RunCleanup and metrics.Stats use
-	// the defaults.
-	OutageBaseDelay time.Duration
-	OutageMaxDelay  time.Duration
-	// PublishTimeout bounds the publish of one batch, every step of it (waiting for the
-	// publisher, connecting, writing to the socket, the broker's confirms); unconfirmed
-	// messages are then treated as an outage, never as published. It runs from the moment
-	// the batch is claimed (and Polled returned): with several batches in flight, the wait
-	// for the batch before it to be sent counts against it, so that a claimed batch never
-	// waits longer than PublishTimeout in all. Default 30s ([DefaultPublishTimeout]).
+	// RetryBaseDelay and RetryMaxDelay bound the backoff between the attempts of one row,
+	// and between the broker's refusals of it ([ErrRefused]): exponential, capped, with
+	// jitter. Defaults 1s and 5m ([DefaultRetryBaseDelay], [DefaultRetryMaxDelay]).
+	RetryBaseDelay, RetryMaxDelay time.Duration
+	// OutageBaseDelay and OutageMaxDelay bound the backoff while the broker or the database
+	// is unavailable to the relay's cycles, maintenance or LISTEN connection, or the broker
+	// refuses every row: the n-th failure in a row waits OutageBaseDelay·2^(n-1), at most
+	// OutageMaxDelay, jittered between half and all of it. Defaults 100ms and 10s
+	// ([DefaultOutageBaseDelay], [DefaultOutageMaxDelay]), which [RunCleanup] uses too.
+	OutageBaseDelay, OutageMaxDelay time.Duration
+	// PublishTimeout bounds the publish of one batch, every step of it, from the moment it
+	// is claimed (and Polled returned), the wait for the batch before it included;
+	// unconfirmed messages are then an outage, never published. Default 30s
+	// ([DefaultPublishTimeout]).
 	PublishTimeout time.Duration
-	// ClaimTimeout bounds how long a claim transaction may sit idle, and each of its
-	// statements, in PostgreSQL itself (idle_in_transaction_session_timeout and
-	// statement_timeout, set for the transaction only). A relay that is paused (SIGSTOP),
-	// hung or cut off mid-batch thus loses its claim after at most ClaimTimeout, and another
-	// relay publishes its rows — a second time, if the broker had them already. It must
-	// exceed PublishTimeout by a second at least, since the transaction is idle while the
-	// batch is published (and the hooks run). Default PublishTimeout + 5s
-	// ([DefaultClaimTimeoutMargin]).
+	// ClaimTimeout bounds the claim transaction and its statements in PostgreSQL itself
+	// (idle_in_transaction_session_timeout, statement_timeout): a relay paused, hung or cut
+	// off mid-batch loses its claim after at most that, and other relays publish its rows.
+	// At least PublishTimeout + 1s, since the transaction is idle while the batch is
+	// published; default PublishTimeout + 5s ([DefaultClaimTimeoutMargin]).
 	ClaimTimeout time.Duration
 	// InFlightBatches is how many batches the relay keeps in flight at once, each claimed in
-	// a transaction of its own: while one batch is published and waits for its confirms,
-	// the next is claimed, and each batch is marked and committed as soon as its confirms
-	// are in (see the package documentation's Pipelining section). 1 is the serial relay:
-	// claim, publish, mark, commit, one batch after the other. Each batch in flight holds a
-	// connection of the pool ([Relay.PoolSize]). Default 2 ([DefaultInFlightBatches]), at
-	// most 16 ([MaxInFlightBatches]).
+	// a transaction of its own that holds a connection of the pool until it commits
+	// (README.md#batches-in-flight); 1 is the serial relay. Default 2
+	// ([DefaultInFlightBatches]), at most 16 ([MaxInFlightBatches]): beyond a few, the broker
+	// or the database is the limit, not the overlap.
 	InFlightBatches int
-	// MaxMessageBytes is the largest payload the relay sends. A larger row is marked dead at
-	// once with the reason: the broker would close the channel, which would look like an
-	// outage and be retried for ever. Default 16 MiB ([DefaultMaxMessageBytes], RabbitMQ 4's
-	// max_message_size; 3.x allows 128 MiB).
+	// MaxMessageBytes is the largest payload the relay sends: a larger row is dead at once
+	// ([ErrTooLarge]) rather than have the broker close the channel. Default 16 MiB
+	// ([DefaultMaxMessageBytes], RabbitMQ 4's max_message_size; 3.x allows 128 MiB).
 	MaxMessageBytes int
 	// Logger receives state changes and failures. nil discards.
 	Logger *slog.Logger
 	// Hooks observe the relay (metrics, crash points).
 	Hooks Hooks
 
-	// TracerProvider makes the relay's publish spans, one per message (see the package
-	// documentation's Tracing section). nil means the global provider,
-	// otel.GetTracerProvider(), which makes no spans until the application installs an
-	// OpenTelemetry SDK.
+	// TracerProvider makes the relay's publish spans, one per message (README.md#tracing).
+	// nil means the global provider, otel.GetTracerProvider().
 	TracerProvider trace.TracerProvider
-	// Propagator reads the trace context that [Add] recorded in a row's headers, and writes
-	// the publish span's into the headers sent. nil means the global propagator,
-	// otel.GetTextMapPropagator(). Use the propagator [Add] used.
+	// Propagator reads the trace context [Add] recorded in a row's headers and writes the
+	// publish span's into the headers sent: give it Add's. nil means the global one.
 	Propagator propagation.TextMapPropagator
 	// MessagingSystem is the publish spans' messaging.system attribute. Default: what the
-	// Publisher's MessagingSystem method answers, if it has one ("rabbitmq" for the rabbitmq
-	// adapter); else none.
+	// publisher answers if it is a [MessagingSystemNamer] ("rabbitmq"); else none.
 	MessagingSystem string
 }
 
-// Hooks are optional callbacks: keep them fast. A relay calls its hooks one at a time, never
-// two at once. With [Config].InFlightBatches 1 they run on the goroutine that called
-// [Relay.Run], and while a hook runs the relay does nothing else; with more batches in
-// flight, Polled and StateChanged run on Run's goroutine and Failpoint and BatchDone on the
-// goroutine of their batch, and the other batches in flight go on until they need a hook
-// themselves. Polled runs with the claim's transaction open: a hook that blocks keeps the
-// claimed rows locked (other relays skip them) and holds back vacuum for as long. A hook
-// that panics unwinds Run: the batch in hand is rolled back, the other batches in flight
-// finish, the relay's own goroutines stop, and the panic goes on in Run's caller (nothing
-// recovers it); Run may be called again. Each hook takes one event struct, so that
-// an event can gain fields without breaking a hook (the inbox's RabbitMQ consumer hooks have
-// the same shape).
+// Hooks are optional callbacks, for metrics and tests. A hook may be called from any of the
+// relay's goroutines, concurrently with other hooks: make it safe for concurrent use, and
+// fast (Polled runs with the claim's transaction open, so a slow one keeps the claimed rows
+// locked and holds back vacuum; the others hold up the batch or the cycle that calls them).
+// A hook that panics unwinds [Relay.Run]: the batch in hand is rolled back, the other
+// batches in flight finish, the relay's goroutines stop, and the panic goes on in Run's
+// caller; Run may be called again. Each hook takes one event struct, so that an event can
+// gain fields without breaking a hook.
 type Hooks struct {
 	// Failpoint is called each time a cycle passes one of the Failpoint* points. A chaos
 	// harness uses it to kill the process exactly there.
@@ -232,19 +197,18 @@ type BatchResult struct {
 	// Published rows are confirmed by the broker and marked published.
 	Published []Message
 	// PublishedSpans are the span contexts of the Published rows' publish spans, at the same
-	// index (so that a latency histogram can carry the trace id as an exemplar); a row whose
-	// span was not sampled has the zero SpanContext. nil when no span was sampled, as
-	// always without tracing.
+	// index (for exemplars); the zero SpanContext for a span not sampled, and nil when none
+	// was, as always without tracing.
 	PublishedSpans []trace.SpanContext
 	// ConfirmedAt is when the broker's confirms arrived.
 	ConfirmedAt time.Time
 	// Failed rows counted an attempt; Dead ones among them will not be retried.
 	Failed []Failure
-	// Untouched counts rows left as they were because the broker was unavailable or the
-	// publisher did not send them.
+	// Untouched counts rows left as they were: the broker was unavailable, or the publisher
+	// did not send them.
 	Untouched int
-	// Deferred counts rows the broker refused for a reason of its own ([ErrRefused]): they
-	// are retried later, and no attempt is counted.
+	// Deferred counts rows the broker refused for a reason of its own ([ErrRefused]),
+	// retried later without counting an attempt.
 	Deferred int
 }
 
@@ -256,8 +220,11 @@ type Failure struct {
 	Dead bool
 }
 
-// withDefaults fills in the defaults and validates c, reporting every problem at once.
-func (c Config) withDefaults() (Config, error) {
+// WithDefaults returns c with every default filled in, as a relay given c runs with (but for
+// MessagingSystem, which [NewRelay] asks the publisher for), or an error listing every
+// invalid field. NewRelay calls it.
+func (c Config) WithDefaults() (Config, error) {
+	c.Tables = c.Tables.WithDefaults()
 	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
 	c.PollInterval = cmp.Or(c.PollInterval, DefaultPollInterval)
 	c.NotifyRecheck = min(cmp.Or(c.NotifyRecheck, DefaultNotifyRecheck), c.PollInterval)
@@ -321,14 +288,19 @@ func (c Config) withDefaults() (Config, error) {
 	if err := errors.Join(errs...); err != nil {
 		return c, fmt.Errorf("outbox: invalid relay config: %w", err)
 	}
+	if err := c.Tables.Validate(); err != nil {
+		return c, err
+	}
 	return c, nil
 }
 
 // Relay publishes committed outbox rows to a broker. Several relays may run against one
-// table, in one process or many; see the package documentation for what that guarantees.
+// table, in one process or many (README.md#guarantees).
 type Relay struct {
-	db  RelayDB
-	pub Publisher
+	db RelayDB
+	// listenDB gives the LISTEN connection; nil when db cannot (DisableNotify is set then).
+	listenDB connAcquirer
+	pub      Publisher
 	// concurrentSends: pub is a ConcurrentPublisher serving more than one call at once, so
 	// a batch in flight is sent without waiting for the one before it.
 	concurrentSends bool
@@ -339,7 +311,11 @@ type Relay struct {
 	running atomic.Bool
 	mu      sync.Mutex
 	state   State
-	hookMu  sync.Mutex // held while a hook runs: hooks run one at a time
+	// downSince is when the relay last became unable to do its job (an unavailable state
+	// after another), and lastErr the last error of the cycles since; for Ready.
+	downSince time.Time
+	lastErr   error
+	hookMu    sync.Mutex // held while a hook runs: the relay calls its hooks one at a time
 
 	// rules are what settle applies to each batch's answers, and rowStreaks the streaks of
 	// the rows that came back unsent or refused, from one cycle to the next.
@@ -359,48 +335,53 @@ type Relay struct {
 	listening                 *retry.Streak // the LISTEN connection
 }
 
-// RelayDB is what a relay needs of the database: transactions and statements for its
-// cycles, and a connection of its own to LISTEN on (Acquire, whose connection the relay
-// hijacks: it never goes back to the pool). A *pgxpool.Pool satisfies it, and the relay uses
-// nothing else of it: a wrapper of your own (to count or trace statements, say) that has
-// these three methods will do.
+// RelayDB is what a relay needs of the database: transactions for its batches and statements
+// for its maintenance. A *pgxpool.Pool satisfies it, and so does a wrapper of your own (to
+// count or trace statements, say) with these two methods.
+//
+// The relay uses two more methods of a *pgxpool.Pool when db has them: Stat, for
+// [Relay.PoolSize], and Acquire(ctx) (*pgxpool.Conn, error), for its LISTEN connection,
+// which it hijacks from the pool for as long as it runs (Go matches method types exactly:
+// no narrower Acquire would still be the pool's, so a wrapper forwards it to its pool).
+// Without Acquire, [NewRelay] wants [Config].DisableNotify: the relay can only poll.
 type RelayDB interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// connAcquirer gives the relay a connection it can take out of the pool for LISTEN.
+type connAcquirer interface {
 	Acquire(ctx context.Context) (*pgxpool.Conn, error)
 }
 
-var _ RelayDB = (*pgxpool.Pool)(nil)
+var (
+	_ RelayDB      = (*pgxpool.Pool)(nil)
+	_ connAcquirer = (*pgxpool.Pool)(nil)
+)
 
-// NewRelay returns a relay that publishes the rows of the outbox table in pool's database
-// through pub: the table of cfg.Tables, by default outbox_messages. While it runs, the relay
-// uses up to cfg.InFlightBatches + 1 connections of the pool (3 by default): one for each
-// batch in flight and one now and then for its maintenance (taking rows that wait behind
-// their aggregate's head out of the claim's way). Unless cfg.DisableNotify is set it also keeps
-// one connection for LISTEN, which it takes out of the pool (pgxpool's Hijack): that one
-// does not count against the pool's MaxConns, so a pool of one connection still runs
-// cycles, but it does count against PostgreSQL's max_connections.
-//
-// When pool tells its size (a *pgxpool.Pool does, see [PoolSize]), NewRelay checks it: a
-// pool smaller than [PoolSize].Needed is logged as a warning, since the relay then waits for
-// connections.
+// NewRelay returns a relay that publishes the rows of cfg.Tables' outbox table in pool's
+// database through pub. It fills in and checks cfg ([Config.WithDefaults]), and logs a
+// warning when the pool is smaller than the relay needs ([Relay.PoolSize]).
 func NewRelay(pool RelayDB, pub Publisher, cfg Config) (*Relay, error) {
 	if pool == nil || pub == nil {
 		return nil, errors.New("outbox: NewRelay needs a pool and a publisher")
 	}
-	cfg, err := cfg.withDefaults()
+	cfg, err := cfg.WithDefaults()
 	if err != nil {
 		return nil, err
+	}
+	listenDB, _ := pool.(connAcquirer)
+	if listenDB == nil && !cfg.DisableNotify {
+		return nil, errors.New("outbox: NewRelay: the pool has no Acquire method for the LISTEN connection; set DisableNotify to poll instead")
 	}
 	store, err := NewStore(cfg.Tables)
 	if err != nil {
 		return nil, err
 	}
-	cfg.Tables = store.Tables()
-	if sn, ok := pub.(systemNamer); ok && cfg.MessagingSystem == "" {
+	if sn, ok := pub.(MessagingSystemNamer); ok && cfg.MessagingSystem == "" {
 		cfg.MessagingSystem = sn.MessagingSystem()
 	}
-	r := &Relay{db: pool, pub: pub, cfg: cfg, sql: store.sql, state: StateStarting, tracer: cfg.TracerProvider.Tracer(TracerName)}
+	r := &Relay{db: pool, listenDB: listenDB, pub: pub, cfg: cfg, sql: store.sql, state: StateStarting, tracer: cfg.TracerProvider.Tracer(TracerName)}
 	outage := retry.Backoff{Base: cfg.OutageBaseDelay, Max: cfg.OutageMaxDelay}
 	streak := func(what string) *retry.Streak {
 		return &retry.Streak{What: what, Logger: cfg.Logger, Backoff: outage}
@@ -424,16 +405,13 @@ func NewRelay(pool RelayDB, pub Publisher, cfg Config) (*Relay, error) {
 	return r, nil
 }
 
-// PoolSize compares the connections a relay may hold at once with the size of its pool.
-// The inbox's RabbitMQ consumer reports the same for its handlers.
+// PoolSize compares the connections a relay may hold at once with the size of its pool
+// (README.md#sizing-the-pool). The inbox's RabbitMQ consumer reports the same for its handlers.
 type PoolSize struct {
-	// Needed is how many connections of the pool the relay may hold at once: one for each
-	// batch in flight ([Config].InFlightBatches) and one now and then for its maintenance.
-	// On a server with synchronous standbys a claim also commits a short barrier on a
-	// connection of its own before it publishes (see [CommitReplicated]): give the pool one
-	// more, and never run a relay on a pool of one there. The connection it keeps for LISTEN
-	// (unless DisableNotify is set) is taken out of the pool, so it is not counted here: the
-	// relay's share of max_connections is Needed plus that one.
+	// Needed is how many connections of the pool the relay may hold at once:
+	// [Config].InFlightBatches + 1, one for each batch in flight and one now and then for its
+	// maintenance. Not counted: the LISTEN connection, which the relay takes out of the pool,
+	// and on a server with synchronous standbys the one a claim's barrier needs.
 	Needed int
 	// Max is the pool's largest size, read from its Stat method (*pgxpool.Pool has one); 0
 	// when the pool does not tell.
@@ -450,8 +428,7 @@ func (s PoolSize) Shortfall() int {
 }
 
 // PoolSize reports what the relay needs of its pool, and the pool's size when the pool
-// tells it. Whatever else shares the pool (an API, a consumer) needs its own connections on
-// top.
+// tells it.
 func (r *Relay) PoolSize() PoolSize {
 	// A transaction per batch in flight, and maintenance. The LISTEN connection is hijacked
 	// from the pool (see listenOnce): it frees its slot, and is not counted against MaxConns.
@@ -465,12 +442,45 @@ func (r *Relay) State() State {
 	return r.state
 }
 
+// Ready returns nil while Run runs and the relay can do its job, or has been unable to for at
+// most maxUnavailable: the broker or the database unavailable to it
+// ([StateBrokerUnavailable], [StateDatabaseUnavailable]). Otherwise it returns an error that
+// says what is down, since when, and the last error; or that Run is not running (not started
+// yet, or returned). An idle relay does not try the broker: it notices an outage with the
+// next row it publishes.
+func (r *Relay) Ready(maxUnavailable time.Duration) error {
+	r.mu.Lock()
+	state, since, lastErr := r.state, r.downSince, r.lastErr
+	r.mu.Unlock()
+	if !r.running.Load() {
+		if state == StateStarting {
+			return errors.New("outbox: relay not started")
+		}
+		return errors.New("outbox: relay stopped")
+	}
+	var what string
+	switch state {
+	case StateBrokerUnavailable:
+		what = "cannot publish to the broker"
+	case StateDatabaseUnavailable:
+		what = "cannot reach the database"
+	default:
+		return nil
+	}
+	down := time.Since(since)
+	if down <= maxUnavailable {
+		return nil
+	}
+	// No "outbox: " prefix: lastErr's chain has one already (the sentinels').
+	return fmt.Errorf("%s for %s (since %s): %w",
+		what, down.Round(time.Second), since.UTC().Format(time.RFC3339), lastErr)
+}
+
 // Run publishes rows until ctx is cancelled, then finishes every batch in flight and returns
-// nil. It survives the broker and the database going away: its cycles, its maintenance
-// passes and its LISTEN connection each wait with the outage backoff between failed
-// attempts, each logs its failure when it starts, at most every 30 seconds while it lasts,
-// and once when it ends, and the relay resumes by itself. Run may be called again after it returned,
-// but not twice at once.
+// nil. It rides out the broker and the database going away: its cycles, its maintenance
+// passes and its LISTEN connection each wait with the outage backoff ([Config].OutageBaseDelay)
+// between failed attempts, and log a failure once (README.md#operations). Run may be called
+// again after it returned, but not twice at once.
 func (r *Relay) Run(ctx context.Context) error {
 	if !r.running.CompareAndSwap(false, true) {
 		return errors.New("outbox: relay is already running")
@@ -585,6 +595,12 @@ func (r *Relay) setState(to State, cause error) {
 	r.mu.Lock()
 	from := r.state
 	r.state = to
+	if unavailable(to) {
+		if !unavailable(from) {
+			r.downSince = time.Now()
+		}
+		r.lastErr = cause
+	}
 	r.mu.Unlock()
 	if from == to {
 		return
@@ -596,13 +612,19 @@ func (r *Relay) setState(to State, cause error) {
 	}
 }
 
+// unavailable tells the states in which the relay cannot do its job.
+func unavailable(s State) bool {
+	return s == StateBrokerUnavailable || s == StateDatabaseUnavailable
+}
+
 func (r *Relay) failpoint(name string) {
 	if fp := r.cfg.Hooks.Failpoint; fp != nil {
 		r.hook(func() { fp(FailpointHit{Name: name}) })
 	}
 }
 
-// hook runs f, a call of a hook, while no other hook of the relay runs.
+// hook runs f, a call of a hook, while no other hook of the relay runs: more than [Hooks]
+// promises, which costs nothing while hooks are fast.
 func (r *Relay) hook(f func()) {
 	r.hookMu.Lock()
 	defer r.hookMu.Unlock()
@@ -625,7 +647,7 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
 }
 
 func (r *Relay) listenOnce(ctx context.Context, wake chan<- struct{}, listening func()) error {
-	pc, err := r.db.Acquire(ctx)
+	pc, err := r.listenDB.Acquire(ctx)
 	if err != nil {
 		return fmt.Errorf("acquire listen connection: %w", err)
 	}

@@ -290,7 +290,7 @@ func TestRelay(t *testing.T) {
 		testinfra.Eventually(t, waitFor, func() bool { return got.len() == 1 }, "small message published")
 		testinfra.Eventually(t, waitFor, func() bool {
 			// last_error names the class: the permanent mark adds no text of its own.
-			return b.count(t, "dead_at IS NOT NULL AND attempts = 1 AND last_error LIKE 'permanent: message too large: %exceeds MaxMessageBytes%'") == 1
+			return b.count(t, "dead_at IS NOT NULL AND attempts = 1 AND last_error LIKE 'permanent: outbox: message too large: %exceeds MaxMessageBytes%'") == 1
 		}, "big row dead after one attempt")
 	})
 
@@ -356,6 +356,28 @@ func TestRelay(t *testing.T) {
 			"max attempts must be >= 0 (default 10), got -1", "poll interval must be >= 0"} {
 			require.ErrorContains(t, err, want)
 		}
+		_, err = outbox.NewRelay(pool, b, outbox.Config{Tables: outbox.Tables{Messages: "$$"}})
+		require.ErrorIs(t, err, outbox.ErrInvalidTables)
+	})
+
+	t.Run("WithDefaults", func(t *testing.T) {
+		t.Parallel()
+		cfg, err := outbox.Config{PublishTimeout: 10 * time.Second, PollInterval: time.Millisecond}.WithDefaults()
+		require.NoError(t, err)
+		require.Equal(t, outbox.DefaultBatchSize, cfg.BatchSize)
+		require.Equal(t, outbox.DefaultMessagesTable, cfg.Tables.Messages)
+		require.Equal(t, 10*time.Second+outbox.DefaultClaimTimeoutMargin, cfg.ClaimTimeout, "derived from PublishTimeout")
+		require.Equal(t, time.Millisecond, cfg.NotifyRecheck, "at most PollInterval")
+		require.Equal(t, outbox.DefaultInFlightBatches, cfg.InFlightBatches)
+		require.Equal(t, outbox.DefaultMaxMessageBytes, cfg.MaxMessageBytes)
+		require.NotNil(t, cfg.Logger)
+		require.NotNil(t, cfg.TracerProvider)
+		require.NotNil(t, cfg.Propagator)
+		again, err := cfg.WithDefaults()
+		require.NoError(t, err)
+		require.Equal(t, cfg.ClaimTimeout, again.ClaimTimeout, "idempotent")
+		_, err = outbox.Config{ClaimTimeout: time.Second}.WithDefaults()
+		require.ErrorContains(t, err, "outbox: invalid relay config: claim timeout")
 	})
 }
 

@@ -89,7 +89,7 @@ func (s *settlement) settled() int {
 
 // settle decides what becomes of each row of a batch: msgs, with the publisher's answer for
 // each in outcomes (nil: confirmed) and each row's streak before this cycle in streaks. It is
-// where the package documentation's Guarantees are decided: every failure is blamed on the
+// where the guarantees of README.md#guarantees are decided: every failure is blamed on the
 // message, the broker or the database, and only the message's own fault costs an attempt.
 //
 //   - A confirmed row is published, and the next row of its aggregate released.

@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// TestSettle holds settle to the rules of blame of the package documentation's Guarantees,
+// TestSettle holds settle to the rules of blame of README.md#guarantees,
 // row by row: what each answer of the publisher makes of a row (its outcome, the error it
 // is charged with, its last_error, its retry delay, whether it is dead, its streak after the
 // cycle, whether its aggregate's next row is released), and what the batch tells the relay

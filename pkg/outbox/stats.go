@@ -27,10 +27,10 @@ SELECT p.pending, p.oldest, (SELECT count(*) FROM {{.Messages}} WHERE dead_at IS
 FROM (SELECT count(*) AS pending, min(created_at) AS oldest
       FROM {{.Messages}} WHERE published_at IS NULL AND dead_at IS NULL) p`
 
-// ReadStats returns the backlog, the age of its oldest row and the number of dead rows. It is
-// meant to be called at an interval by a process other than the relay (for metrics), so that
-// a dead relay's growing backlog stays visible. It reads the table of the default [Tables];
-// [Store.ReadStats] another.
+// ReadStats returns the backlog, the age of its oldest row and the number of dead rows, in
+// time proportional to the backlog. Call it at an interval from a process other than the
+// relay (metrics.Stats does), so that a dead relay's backlog stays visible. It reads the
+// table of the default [Tables]; [Store.ReadStats] another.
 func ReadStats(ctx context.Context, db DBTX) (Stats, error) {
 	return defaultStore.ReadStats(ctx, db)
 }

@@ -10,12 +10,9 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 )
 
-// Store is the outbox of one set of [Tables]: [Migrate], [Add], [ReadStats], [ListDead],
-// [Requeue], [Cleanup] and [RunCleanup] for tables of your own naming (another table, another
-// schema). The package-level functions are the methods of the store of the default Tables.
-//
-// A Store holds no connection and no state but its statements: make one per set of tables,
-// at start-up, and share it. Its methods are safe for concurrent use.
+// Store is the outbox of one set of [Tables]: it has every package-level function as a
+// method, for tables of your naming. It holds no connection, only its statements, rendered
+// once: make one per set of tables at start-up and share it; it is safe for concurrent use.
 type Store struct {
 	tables  Tables
 	channel string
@@ -24,9 +21,8 @@ type Store struct {
 	propagator propagation.TextMapPropagator
 }
 
-// WithPropagator returns a copy of s whose [Store.Add] records the trace context of its ctx
-// through p instead of the global propagator, otel.GetTextMapPropagator(). Give the relay
-// the same one ([Config].Propagator). nil means the global propagator again.
+// WithPropagator returns a copy of s whose Add and AddSQL record the trace context through p
+// instead of the global propagator (nil). Give the relay the same ([Config].Propagator).
 func (s *Store) WithPropagator(p propagation.TextMapPropagator) *Store {
 	c := *s
 	c.propagator = p
@@ -67,9 +63,8 @@ func NewStore(t Tables) (*Store, error) {
 // Tables returns the store's tables, with their defaults filled in.
 func (s *Store) Tables() Tables { return s.tables }
 
-// Migrate is [Migrate] for the store's tables: it brings them to the version this package
-// needs, with their own version table and advisory lock, and creates their Schema first when
-// it is set and missing.
+// Migrate is [Migrate] for the store's tables, with their own version table and lock; it
+// creates their Schema first when it is set and missing.
 func (s *Store) Migrate(ctx context.Context, db TxBeginner) error {
 	return migrate(ctx, db, s.tables)
 }

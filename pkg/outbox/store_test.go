@@ -278,22 +278,49 @@ func TestNamesThatNeedQuoting(t *testing.T) {
 // relayDBOnly hides every method of a pool but RelayDB's.
 type relayDBOnly struct{ outbox.RelayDB }
 
-// TestRelayNeedsOnlyRelayDB runs a relay on a RelayDB that is not a *pgxpool.Pool.
+// listeningDB is relayDBOnly with the pool's Acquire, for the LISTEN connection.
+type listeningDB struct {
+	relayDBOnly
+	pool *pgxpool.Pool
+}
+
+func (d listeningDB) Acquire(ctx context.Context) (*pgxpool.Conn, error) { return d.pool.Acquire(ctx) }
+
+// TestRelayNeedsOnlyRelayDB runs a relay on a RelayDB that is not a *pgxpool.Pool: woken by
+// LISTEN when it has Acquire, polling without it, and refused without it unless it polls.
 func TestRelayNeedsOnlyRelayDB(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	got := consume(t, b.amqpURL, b.top.Queue)
-	cfg := fastConfig(t)
-	cfg.PollInterval, cfg.NotifyRecheck = time.Hour, time.Hour // woken by LISTEN only
-	r, err := outbox.NewRelay(relayDBOnly{b.pool}, b.pub, cfg)
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, <-done)
-	})
-	msgs := b.write(t, b.msg("a", 1), b.msg("b", 1))
-	testinfra.Eventually(t, waitFor, func() bool { return len(got.ids()) == len(msgs) }, "published")
+	for _, tc := range []struct {
+		name   string
+		db     func(*pgxpool.Pool) outbox.RelayDB
+		notify bool
+	}{
+		{"ListenThroughAcquire", func(p *pgxpool.Pool) outbox.RelayDB { return listeningDB{relayDBOnly{p}, p} }, true},
+		{"PollWithoutAcquire", func(p *pgxpool.Pool) outbox.RelayDB { return relayDBOnly{p} }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			got := consume(t, b.amqpURL, b.top.Queue)
+			cfg := fastConfig(t)
+			if tc.notify {
+				cfg.PollInterval, cfg.NotifyRecheck = time.Hour, time.Hour // woken by LISTEN only
+			} else {
+				_, err := outbox.NewRelay(tc.db(b.pool), b.pub, cfg)
+				require.ErrorContains(t, err, "DisableNotify", "no LISTEN connection, and not told to poll")
+				cfg.DisableNotify = true
+			}
+			r, err := outbox.NewRelay(tc.db(b.pool), b.pub, cfg)
+			require.NoError(t, err)
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- r.Run(ctx) }()
+			t.Cleanup(func() {
+				cancel()
+				require.NoError(t, <-done)
+			})
+			msgs := b.write(t, b.msg("a", 1), b.msg("b", 1))
+			testinfra.Eventually(t, waitFor, func() bool { return len(got.ids()) == len(msgs) }, "published")
+		})
+	}
 }

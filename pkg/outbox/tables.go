@@ -11,10 +11,9 @@ import (
 )
 
 // Tables names the tables of one outbox. The zero value is the default: outbox_messages and
-// outbox_migrations, unqualified, so that PostgreSQL finds them through the connection's search_path.
-// Set Schema to keep them in a schema of their own (a schema per tenant, say), and Messages to
-// keep several outboxes in one database; everything else the outbox creates (indexes,
-// functions, triggers, lock keys, channels) is named after Messages and Schema.
+// outbox_migrations, found through the connection's search_path. Everything else the outbox
+// creates (indexes, functions, triggers, lock keys, channels) is named after Messages and
+// Schema (README.md#your-own-table-names-and-schema).
 type Tables struct {
 	// Schema holds the tables. Empty: unqualified names, resolved through search_path.
 	Schema string
@@ -22,10 +21,8 @@ type Tables struct {
 	// that the names derived from it fit PostgreSQL's 63-byte identifiers.
 	Messages string
 	// Migrations is the table [Migrate] records applied versions in. Default: Messages with
-	// its "_messages" suffix replaced by "_migrations" (outbox_migrations for the default Messages),
-	// or Messages + "_migrations". Tables in one schema whose defaults meet ("orders" and
-	// "orders_messages"; "outbox" and the default Messages) need one set here: [Migrate]
-	// refuses a version table that records versions while its own Messages table is missing.
+	// its "_messages" suffix replaced by "_migrations", or else Messages + "_migrations". Set
+	// it where two outboxes' defaults meet ("orders" and "orders_messages").
 	Migrations string
 }
 
@@ -55,11 +52,9 @@ func (t Tables) WithDefaults() Tables {
 }
 
 // Validate reports whether t, with its defaults, names usable tables: valid UTF-8 without
-// NUL bytes, Messages at most [MaxTableBytes] bytes, Schema and Migrations at most 63,
-// Messages and Migrations different, and no "$$" in any of them (the migrations' $$-quoted
-// bodies, the notify trigger's function among them, hold them). Names are quoted in every statement, so
-// any other character, case included, is kept as written. The error wraps
-// [ErrInvalidTables].
+// NUL bytes or "$$", Messages at most [MaxTableBytes] bytes, Schema and Migrations at most
+// 63, Messages and Migrations different. Any other character is kept as written (names are
+// quoted). The error wraps [ErrInvalidTables].
 func (t Tables) Validate() error {
 	t = t.WithDefaults()
 	for _, f := range []struct {

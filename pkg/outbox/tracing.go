@@ -18,49 +18,33 @@ import (
 // TracerName is the instrumentation scope of the relay's spans.
 const TracerName = "github.com/outboxshop/outboxshop/pkg/outbox"
 
-// Header names of the W3C trace context and baggage, as the default propagators write them.
-// [Add] records them from the caller's context (HeaderTraceparent is declared with the other
-// well-known headers).
-const (
-	HeaderTracestate = "tracestate"
-	HeaderBaggage    = "baggage"
-)
-
 // Attributes of the relay's publish span that the messaging semantic conventions do not
-// define (see docs/tracing.md for the whole list).
+// define (docs/tracing.md in the repository lists them all).
 const (
-	// AttrOutcome is what became of the message: [OutcomePublished], [OutcomeFailed] (an
-	// attempt counted, retried later), [OutcomeDead], [OutcomeDeferred] (refused by the
-	// broker, no attempt counted), [OutcomeUntouched] (not sent, or the broker unavailable),
-	// [OutcomeUncommitted] (the broker had it but the outcome's commit failed: it will be
-	// published again).
+	// AttrOutcome is what became of the message, one of the Outcome* constants.
 	AttrOutcome = attribute.Key("outbox.outcome")
-	// AttrCreatedAt is when the row was written (the start of the writing transaction, by the
-	// database's clock), RFC 3339.
+	// AttrCreatedAt is when the row was written, by the database's clock, RFC 3339.
 	AttrCreatedAt = attribute.Key("outbox.created_at")
-	// AttrWaitMS is how long the row waited in the outbox before this relay claimed it, in
-	// milliseconds: the span's start minus AttrCreatedAt (two clocks: the database's and
-	// the relay's).
+	// AttrWaitMS is how long the row waited before this relay claimed it, in milliseconds:
+	// the span's start minus AttrCreatedAt (two clocks).
 	AttrWaitMS = attribute.Key("outbox.wait_ms")
 	// AttrAttempt counts this publish attempt of the row, from 1.
-	AttrAttempt = attribute.Key("outbox.attempt")
-	// AttrMessageType, AttrAggregateType and AttrAggregateID are the message's own fields.
+	AttrAttempt       = attribute.Key("outbox.attempt")
 	AttrMessageType   = attribute.Key("outbox.message.type")
 	AttrAggregateType = attribute.Key("outbox.aggregate.type")
 	AttrAggregateID   = attribute.Key("outbox.aggregate.id")
-	// AttrRoutingKey is the routing key for a broker other than RabbitMQ (for RabbitMQ it is
-	// messaging.rabbitmq.destination.routing_key).
+	// AttrRoutingKey is the routing key for a broker other than RabbitMQ.
 	AttrRoutingKey = attribute.Key("outbox.routing_key")
 )
 
 // What became of a message, the values of AttrOutcome.
 const (
 	OutcomePublished   = "published"
-	OutcomeFailed      = "failed"
-	OutcomeDead        = "dead"
-	OutcomeDeferred    = "deferred"
-	OutcomeUntouched   = "untouched"
-	OutcomeUncommitted = "uncommitted"
+	OutcomeFailed      = "failed"      // an attempt counted, retried later
+	OutcomeDead        = "dead"        // not retried
+	OutcomeDeferred    = "deferred"    // refused by the broker, no attempt counted
+	OutcomeUntouched   = "untouched"   // not sent, or the broker unavailable
+	OutcomeUncommitted = "uncommitted" // the outcome's commit failed: published again later
 )
 
 // Names of the events of the publish span.
@@ -134,12 +118,6 @@ func (h headerCarrier) Keys() []string {
 		keys = append(keys, k)
 	}
 	return keys
-}
-
-// systemNamer is implemented by a [Publisher] that names its messaging system for the
-// publish spans' messaging.system attribute; the rabbitmq adapter answers "rabbitmq".
-type systemNamer interface {
-	MessagingSystem() string
 }
 
 // batchSpans are the publish spans of one relay cycle, one per claimed message, in the order

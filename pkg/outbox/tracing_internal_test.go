@@ -34,7 +34,7 @@ func BenchmarkPublishSpans(b *testing.B) {
 		{"recording", sdktrace.NewTracerProvider()},
 	} {
 		b.Run(mode.name, func(b *testing.B) {
-			cfg, err := Config{TracerProvider: mode.tp, Propagator: w3c, MessagingSystem: "rabbitmq"}.withDefaults()
+			cfg, err := Config{TracerProvider: mode.tp, Propagator: w3c, MessagingSystem: "rabbitmq"}.WithDefaults()
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -107,6 +107,13 @@ var Sets = []Set{
 		Copies:  []string{"pkg/inbox/rabbitmq/poolmax.go"},
 		Package: "rabbitmq",
 	},
+	{
+		// The RabbitMQ publisher's socket that batches writes, for the bench's limit A,
+		// which measures the broker with it as the publisher has it.
+		Source:  "pkg/outbox/rabbitmq/batchconn.go",
+		Copies:  []string{"bench/batchconn.go"},
+		Package: "bench",
+	},
 }
 
 // Generator is the command named in the copies' headers.

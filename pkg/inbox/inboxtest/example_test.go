@@ -67,7 +67,7 @@ func ExampleDeliver() {
 	fmt.Println("error:", err)
 	// Output:
 	// class: permanent
-	// error: inbox: handle message "order-43": unknown SKU "sku-404"
+	// error: handle message "order-43": unknown SKU "sku-404"
 }
 
 // Options.BeforeCommit looks into the handler's transaction before it commits.

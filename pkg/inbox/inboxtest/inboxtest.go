@@ -54,7 +54,7 @@ func Deliver(ctx context.Context, db inbox.TxBeginner, consumer string, msg inbo
 	}
 	store, err := inbox.NewStore(opts.Tables)
 	if err != nil {
-		err = fmt.Errorf("inboxtest: Options.Tables: %w", err)
+		err = fmt.Errorf("inboxtest.Options.Tables: %w", err)
 		return Result{Err: err, Class: inbox.Classify(err)}
 	}
 	var r Result

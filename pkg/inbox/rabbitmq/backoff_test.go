@@ -62,7 +62,7 @@ func TestOutageBackoff(t *testing.T) {
 			b.publish(t, jsonMessage("after"))
 			testinfra.Eventually(t, 30*time.Second, func() bool { return b.effects(t, "after") == 1 }, "not processed after the cut")
 
-			backoff := retry.Backoff{Base: cfg.ReconnectDelay, Max: cfg.MaxReconnectDelay}
+			backoff := retry.Backoff{Base: cfg.OutageBaseDelay, Max: cfg.OutageMaxDelay}
 			interval := cmp.Or(tc.logInterval, retry.DefaultLogInterval)
 			t.Logf("broker cut for %s: %d connection attempts (at most %d), lines:\n%s", cut.Round(time.Millisecond),
 				attempts, backoff.MaxAttempts(cut), logs.String(slog.LevelInfo))
@@ -89,7 +89,7 @@ func TestOutageBackoff(t *testing.T) {
 		logger, logs := testinfra.NewLogs(t)
 		cfg := b.config(recordEffect)
 		cfg.Logger = logger
-		cfg.RetryDelay, cfg.MaxRetryDelay = 100*time.Millisecond, 500*time.Millisecond
+		cfg.RetryBaseDelay, cfg.RetryMaxDelay = 100*time.Millisecond, 500*time.Millisecond
 		b.start(t, pool, cfg)
 		b.publish(t, jsonMessage("before"))
 		waitProcessed(t, b, 1) // and acknowledged: a lost ack would log a warning of its own
@@ -111,7 +111,7 @@ func TestOutageBackoff(t *testing.T) {
 			return processed == 1+cfg.Prefetch && len(linesSince(logs, cutAt, slog.LevelInfo, "held deliveries: recovered")) == 1
 		}, "the held deliveries were not processed after the cut")
 
-		backoff := retry.Backoff{Base: cfg.RetryDelay, Max: cfg.MaxRetryDelay} // the hold's, MaxHold being long
+		backoff := retry.Backoff{Base: cfg.RetryBaseDelay, Max: cfg.RetryMaxDelay} // the hold's, MaxHold being long
 		t.Logf("database cut for %s: %d failed attempts for %d deliveries (at most %d each), lines:\n%s", cut.Round(time.Millisecond),
 			attempts, cfg.Prefetch, backoff.MaxAttempts(cut), logs.String(slog.LevelInfo))
 		require.GreaterOrEqual(t, attempts, 2*cfg.Prefetch, "the held deliveries were not retried during the cut")
@@ -135,7 +135,7 @@ func TestOutageBackoff(t *testing.T) {
 		logger, logs := testinfra.NewLogs(t)
 		cfg := b.config(recordEffect)
 		cfg.Logger = logger
-		cfg.RetryDelay, cfg.MaxRetryDelay = 20*time.Millisecond, 100*time.Millisecond
+		cfg.RetryBaseDelay, cfg.RetryMaxDelay = 20*time.Millisecond, 100*time.Millisecond
 		cfg.MaxHold = 300 * time.Millisecond
 		b.start(t, pool, cfg)
 		b.publish(t, jsonMessage("before"))
@@ -160,7 +160,7 @@ func TestOutageBackoff(t *testing.T) {
 		// A hold lasts at most MaxHold from its delivery's arrival, and at least 3/4 of it:
 		// it ends when the next wait (at most MaxHold/4) would pass MaxHold. Half of it, for
 		// the time between a delivery's arrival and its worker.
-		backoff := retry.Backoff{Base: cfg.RetryDelay, Max: cfg.MaxHold / 4} // the hold's
+		backoff := retry.Backoff{Base: cfg.RetryBaseDelay, Max: cfg.MaxHold / 4} // the hold's
 		perHold := backoff.MaxAttempts(cfg.MaxHold)
 		maxHandBacks := cfg.Prefetch * (int(cut/(cfg.MaxHold/2)) + 1)
 		t.Logf("database cut for %s: %d failed attempts, %d hand-backs (at most %d, and %d attempts a hold), lines:\n%s",

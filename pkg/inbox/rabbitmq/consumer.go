@@ -51,46 +51,39 @@ type Consumer struct {
 
 // Status is a snapshot of a consumer's state, for readiness checks and status pages.
 type Status struct {
-	// Running: Run is running.
-	Running bool
-	// Connected: the consumer is consuming on a live broker connection.
-	Connected bool
-	// Since is when Connected last changed: when the consumer last started consuming, or
-	// last lost or failed to get its connection. For a consumer that never connected, when
-	// Run started.
-	Since time.Time
-	// LastError is why the consumer is not connected: the error that ended the last
-	// connection, or of the last failed attempt. Nil while connected.
+	// Running: Run is running. Connected: it consumes on a live broker connection.
+	Running, Connected bool
+	// Since is when Connected last changed (when Run started, for a consumer that never
+	// connected); LastError is why it is not connected, nil while it is.
+	Since     time.Time
 	LastError error
 	// Broker is the host:port (and vhost, unless "/") of the broker consumed from, or last
 	// consumed from; empty until the first connection.
 	Broker string
-	// SetupWarning is the PRECONDITION_FAILED error that [Config].Setup returned on the last
-	// connect and that the consumer tolerated (see [Config].Setup); nil when Setup
-	// succeeded.
+	// SetupWarning is the error [Config].Setup returned on the last connect that the
+	// consumer tolerated; nil when Setup succeeded.
 	SetupWarning error
-	// Held is the number of deliveries held for an in-place retry after transient failures
-	// (the database unreachable, say).
+	// Held is the number of deliveries held after transient failures.
 	Held int
 }
 
-// NewConsumer checks cfg, fills in its defaults and returns a consumer that processes each
-// message with inbox.Process on pool, in the inbox table of cfg.Tables. It does not connect;
-// [Consumer.Run] does.
+// NewConsumer returns a consumer of cfg ([Config.WithDefaults]) that processes each message
+// with inbox.Process on pool. It does not connect; [Consumer.Run] does. It logs a warning
+// when the pool is smaller than the consumer needs ([Consumer.PoolSize]).
 func NewConsumer(pool inbox.TxBeginner, cfg Config) (*Consumer, error) {
 	if pool == nil {
-		return nil, errors.New("rabbitmq: pool is nil")
+		return nil, errors.New("inbox: NewConsumer: pool is nil")
 	}
-	cfg, err := cfg.withDefaults()
+	cfg, err := cfg.WithDefaults()
 	if err != nil {
 		return nil, err
 	}
-	store, err := inbox.NewStore(cfg.Tables)
+	store, err := inbox.NewStore(cfg.Tables) // cannot fail: WithDefaults checked the tables
 	if err != nil {
-		return nil, fmt.Errorf("rabbitmq: invalid consumer config: %w", err)
+		return nil, fmt.Errorf("inbox: invalid consumer config: %w", &fieldError{"tables", err})
 	}
 	cfg.Tables = store.Tables()
-	b, _ := parseBrokers(cfg.URL, cfg.URLs) // checked by withDefaults
+	b, _ := parseBrokers(cfg.URL, cfg.URLs) // checked by WithDefaults
 	c := &Consumer{
 		pool:    pool,
 		store:   store,
@@ -106,15 +99,12 @@ func NewConsumer(pool inbox.TxBeginner, cfg Config) (*Consumer, error) {
 	return c, nil
 }
 
-// PoolSize compares the connections a consumer may hold at once with the size of its pool.
-// The outbox relay reports the same.
+// PoolSize compares the connections a consumer may hold at once with the size of its pool
+// ([Consumer.PoolSize]). The outbox relay reports the same.
 type PoolSize struct {
-	// Needed is how many connections the consumer may hold at once: one per message handled
-	// at the same time, [Config].Concurrency.
-	Needed int
-	// Max is the pool's largest size, read from its Stat method (*pgxpool.Pool has one); 0
-	// when the pool does not tell.
-	Max int
+	// Needed is [Config].Concurrency; Max is the pool's largest size, read from its Stat
+	// method (*pgxpool.Pool has one), or 0 when the pool does not tell.
+	Needed, Max int
 }
 
 // Shortfall is how many connections the pool lacks for Needed: 0 when it is large enough
@@ -127,41 +117,31 @@ func (s PoolSize) Shortfall() int {
 }
 
 // PoolSize reports what the consumer needs of its pool, and the pool's size when the pool
-// tells it. A pool smaller than Needed works, more slowly: handlers wait for a connection,
-// holding their deliveries meanwhile. Whatever else shares the pool (an API, a relay) needs
-// its own connections on top.
+// tells it. Each message handled at the same time ([Config].Concurrency) holds a connection
+// for its transaction. A pool smaller than that works, more slowly: handlers wait for a
+// connection, holding their deliveries meanwhile. Whatever else shares the pool (an API, a
+// relay, RunCleanup) needs its own connections on top.
 func (c *Consumer) PoolSize() PoolSize {
 	return PoolSize{Needed: c.cfg.Concurrency, Max: poolMax(c.pool)}
 }
 
-// Run consumes until ctx is done, then stops gracefully and returns nil.
-//
-// It connects to the broker, runs [Config].Setup, and consumes [Config].Queue with manual
-// acknowledgements. When the connection fails or the broker goes away, Run finishes the
-// messages in hand, reconnects with backoff ([Config].ReconnectDelay doubling per failed
-// attempt up to [Config].MaxReconnectDelay, jittered, from ReconnectDelay again once
-// consuming) and goes on. It logs a failure once: a warning when the connection is lost or
-// the first attempt fails, with the error; at most one more every 30 seconds while the
-// attempts go on failing, with how many did; and one line when it consumes again, with how
-// long it was down. Each failed attempt is logged at debug level only.
-//
-// When ctx ends, Run stops taking messages (those already prefetched are handed back to the
-// broker), hands back the messages it holds after transient failures at once, without the
-// broker counting a delivery, lets the messages being handled finish and acknowledges them,
-// for at most [Config].ShutdownTimeout, and closes the connection. Messages whose handlers
-// were cut short roll back and are redelivered later. No goroutine outlives Run.
-//
-// Run returns an error only when it is already running.
+// Run consumes until ctx is done, then stops gracefully and returns nil; it returns an
+// error only when it is already running. It connects, runs [Config].Setup, and consumes
+// [Config].Queue with manual acknowledgements; when the broker goes away, it finishes the
+// messages in hand and reconnects after the outage backoff ([Config].OutageBaseDelay).
+// When ctx ends, it hands back the messages prefetched and those it holds, lets those being
+// handled finish within [Config].ShutdownTimeout, and closes the connection. No goroutine
+// outlives Run.
 func (c *Consumer) Run(ctx context.Context) error {
 	if !c.running.CompareAndSwap(false, true) {
-		return errors.New("rabbitmq: consumer is already running")
+		return errors.New("inbox: consumer is already running")
 	}
 	defer c.running.Store(false)
 
 	// The reconnect loop: the lost connection or the first failed attempt starts a streak;
 	// the streak's backoff spaces the attempts and its lines are the loop's only warnings.
 	reconnects := &retry.Streak{What: "rabbitmq consumer: broker connection", Logger: c.log, LogInterval: c.logInterval,
-		Backoff: retry.Backoff{Base: c.cfg.ReconnectDelay, Max: c.cfg.MaxReconnectDelay}}
+		Backoff: retry.Backoff{Base: c.cfg.OutageBaseDelay, Max: c.cfg.OutageMaxDelay}}
 	// The handlers' goroutines read c.holds; they start after this.
 	c.holds = &retry.Streak{What: "rabbitmq consumer: held deliveries", Logger: c.log, LogInterval: c.logInterval,
 		Backoff: c.holdBackoff()}
@@ -263,7 +243,7 @@ func (c *Consumer) connect(ctx context.Context) (*link, error) {
 	if err != nil {
 		return nil, fmt.Errorf("connect: %w", err)
 	}
-	uri, _ := amqp.ParseURI(c.brokers.urls[i]) // checked by withDefaults
+	uri, _ := amqp.ParseURI(c.brokers.urls[i]) // checked by WithDefaults
 	l := &link{conn: conn, broker: c.brokers.names[i], user: uri.Username, connClosed: conn.NotifyClose(make(chan *amqp.Error, 1))}
 	if err := c.consume(ctx, l); err != nil {
 		_ = conn.CloseDeadline(time.Now().Add(5 * time.Second))
@@ -473,29 +453,29 @@ func (c *Consumer) Status() Status {
 // Connected reports whether the consumer is consuming on a live broker connection.
 func (c *Consumer) Connected() bool { return c.Status().Connected }
 
-// Ready returns nil when the consumer can do its job: it is running, and connected to the
-// broker or disconnected for at most maxDisconnected (a reconnect usually takes a second or
-// two; a readiness check should not flap on that). Otherwise it returns an error that says
-// why, for a readiness endpoint to answer 503 with.
-//
-// Ready does not look at the database: a consumer whose database is unreachable holds its
-// deliveries ([Status].Held) and loses nothing; check the database separately.
-func (c *Consumer) Ready(maxDisconnected time.Duration) error {
+// Ready returns nil while the consumer runs and is connected to the broker, or has been
+// disconnected for at most maxUnavailable (a reconnect takes a second or two). Otherwise it
+// returns an error that says what is down, since when, and the last error. It does not look
+// at the database: a consumer whose database is unreachable holds its deliveries
+// ([Status].Held) and loses nothing.
+func (c *Consumer) Ready(maxUnavailable time.Duration) error {
 	st := c.Status()
 	switch {
 	case !st.Running:
-		return errors.New("rabbitmq consumer: not running")
+		return errors.New("inbox: consumer not running")
 	case st.Connected:
 		return nil
 	}
 	down := time.Since(st.Since)
-	if down <= maxDisconnected {
+	if down <= maxUnavailable {
 		return nil
 	}
+	msg := fmt.Sprintf("inbox: consumer not connected to the broker for %s (since %s)",
+		down.Round(time.Second), st.Since.UTC().Format(time.RFC3339))
 	if st.LastError != nil {
-		return fmt.Errorf("rabbitmq consumer: not connected to the broker for %s: %w", down.Round(time.Second), st.LastError)
+		return fmt.Errorf("%s: %w", msg, st.LastError)
 	}
-	return fmt.Errorf("rabbitmq consumer: not connected to the broker for %s", down.Round(time.Second))
+	return errors.New(msg)
 }
 
 func (c *Consumer) setStatus(change func(*Status)) {

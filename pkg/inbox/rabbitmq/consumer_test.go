@@ -529,7 +529,7 @@ func TestNewConsumer(t *testing.T) {
 			"DefaultExchangeDeadLetters":  with(valid, func(c *rabbitmq.Config) { c.DeadLetterExchange, c.DeadLetterRoutingKey = "", "orders.dead" }),
 			"ConcurrencyEqualsPrefetch":   with(valid, func(c *rabbitmq.Config) { c.Prefetch, c.Concurrency = 4, 4 }),
 			"DefaultPrefetchConcurrency8": with(valid, func(c *rabbitmq.Config) { c.Concurrency = 8 }),
-			"LongRetryDelay":              with(valid, func(c *rabbitmq.Config) { c.RetryDelay = time.Minute }),
+			"LongRetryDelay":              with(valid, func(c *rabbitmq.Config) { c.RetryBaseDelay = time.Minute }),
 			"URLs": with(valid, func(c *rabbitmq.Config) {
 				c.URL, c.URLs = "", []string{"amqp://guest:guest@node-a:5672/", "amqps://node-b/shop"}
 			}),
@@ -562,20 +562,22 @@ func TestNewConsumer(t *testing.T) {
 			"HugePrefetch":        {with(valid, func(c *rabbitmq.Config) { c.Prefetch = 70000 }), "prefetch"},
 			"ConcurrencyAbove":    {with(valid, func(c *rabbitmq.Config) { c.Prefetch, c.Concurrency = 2, 3 }), "concurrency"},
 			"NegativeDeliveries":  {with(valid, func(c *rabbitmq.Config) { c.MaxDeliveries = -1 }), "max deliveries"},
-			"NegativeRetryDelay":  {with(valid, func(c *rabbitmq.Config) { c.RetryDelay = -time.Second }), "retry delay"},
-			"MaxBelowRetryDelay":  {with(valid, func(c *rabbitmq.Config) { c.RetryDelay, c.MaxRetryDelay = time.Second, time.Millisecond }), "max retry delay"},
+			"NegativeRetryDelay":  {with(valid, func(c *rabbitmq.Config) { c.RetryBaseDelay = -time.Second }), "retry base delay"},
+			"MaxBelowRetryDelay":  {with(valid, func(c *rabbitmq.Config) { c.RetryBaseDelay, c.RetryMaxDelay = time.Second, time.Millisecond }), "retry max delay"},
 			"NegativeShutdown":    {with(valid, func(c *rabbitmq.Config) { c.ShutdownTimeout = -1 }), "shutdown timeout"},
-			"MaxBelowReconnect":   {with(valid, func(c *rabbitmq.Config) { c.ReconnectDelay, c.MaxReconnectDelay = time.Second, time.Millisecond }), "max reconnect delay"},
+			"MaxBelowReconnect":   {with(valid, func(c *rabbitmq.Config) { c.OutageBaseDelay, c.OutageMaxDelay = time.Second, time.Millisecond }), "outage max delay"},
 			"NegativePublishWait": {with(valid, func(c *rabbitmq.Config) { c.PublishTimeout = -1 }), "publish timeout"},
 			"NegativeMaxHold":     {with(valid, func(c *rabbitmq.Config) { c.MaxHold = -1 }), "max hold"},
-			"NegativeMaxBody":     {with(valid, func(c *rabbitmq.Config) { c.MaxBodyBytes = -1 }), "max body bytes"},
-			"NULInName":           {with(valid, func(c *rabbitmq.Config) { c.Name = "orders\x00" }), "name: inbox: invalid consumer name"},
-			"NameTooLong":         {with(valid, func(c *rabbitmq.Config) { c.Name = strings.Repeat("n", 256) }), "name: inbox: invalid consumer name"},
+			"NegativeMaxBody":     {with(valid, func(c *rabbitmq.Config) { c.MaxMessageBytes = -1 }), "max message bytes"},
+			"NULInName":           {with(valid, func(c *rabbitmq.Config) { c.Name = "orders\x00" }), "inbox: invalid consumer config: name: invalid consumer name"},
+			"NameTooLong":         {with(valid, func(c *rabbitmq.Config) { c.Name = strings.Repeat("n", 256) }), "inbox: invalid consumer config: name: invalid consumer name"},
 		} {
 			t.Run(name, func(t *testing.T) {
 				t.Parallel()
 				_, err := rabbitmq.NewConsumer(pool, tc.cfg)
 				require.ErrorContains(t, err, tc.want)
+				require.True(t, strings.HasPrefix(err.Error(), "inbox: "), err.Error())
+				require.Equal(t, 1, strings.Count(err.Error(), "inbox: "), "the library's name twice: %v", err)
 			})
 		}
 	})
@@ -596,6 +598,39 @@ func TestNewConsumer(t *testing.T) {
 		t.Parallel()
 		_, err := rabbitmq.NewConsumer(nil, valid)
 		require.ErrorContains(t, err, "pool is nil")
+	})
+
+	t.Run("WithDefaults", func(t *testing.T) {
+		t.Parallel()
+		cfg, err := valid.WithDefaults()
+		require.NoError(t, err)
+		require.Equal(t, rabbitmq.DefaultPrefetch, cfg.Prefetch)
+		require.Equal(t, rabbitmq.DefaultPrefetch, cfg.Concurrency)
+		require.Equal(t, rabbitmq.DefaultMaxDeliveries, cfg.MaxDeliveries)
+		require.Equal(t, rabbitmq.DefaultRetryBaseDelay, cfg.RetryBaseDelay)
+		require.Equal(t, rabbitmq.DefaultRetryMaxDelay, cfg.RetryMaxDelay)
+		require.Equal(t, rabbitmq.DefaultMaxHold, cfg.MaxHold)
+		require.Equal(t, rabbitmq.DefaultMaxMessageBytes, cfg.MaxMessageBytes)
+		require.Equal(t, rabbitmq.DefaultOutageBaseDelay, cfg.OutageBaseDelay)
+		require.Equal(t, rabbitmq.DefaultOutageMaxDelay, cfg.OutageMaxDelay)
+		require.Equal(t, rabbitmq.DefaultPublishTimeout, cfg.PublishTimeout)
+		require.Equal(t, rabbitmq.DefaultShutdownTimeout, cfg.ShutdownTimeout)
+		require.NotNil(t, cfg.Logger)
+		require.NotNil(t, cfg.TracerProvider)
+		require.NotNil(t, cfg.Propagator)
+
+		// A max delay left zero is at least its base delay.
+		cfg, err = with(valid, func(c *rabbitmq.Config) { c.RetryBaseDelay, c.OutageBaseDelay = time.Hour, time.Hour }).WithDefaults()
+		require.NoError(t, err)
+		require.Equal(t, time.Hour, cfg.RetryMaxDelay)
+		require.Equal(t, time.Hour, cfg.OutageMaxDelay)
+
+		// The errors of package inbox's validations are wrapped.
+		_, err = with(valid, func(c *rabbitmq.Config) { c.Name = "\xff" }).WithDefaults()
+		require.ErrorIs(t, err, inbox.ErrInvalidConsumer)
+		_, err = with(valid, func(c *rabbitmq.Config) { c.Tables.Messages = strings.Repeat("t", 64) }).WithDefaults()
+		require.ErrorIs(t, err, inbox.ErrInvalidTables)
+		require.ErrorContains(t, err, "inbox: invalid consumer config: tables: invalid table names: Messages is 64 bytes long")
 	})
 }
 

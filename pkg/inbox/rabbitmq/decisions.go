@@ -3,50 +3,13 @@ package rabbitmq
 import (
 	"time"
 
-	"github.com/outboxshop/outboxshop/pkg/inbox"
 	"github.com/outboxshop/outboxshop/pkg/inbox/internal/retry"
 )
 
 // The consumer's decisions about a delivery, apart from the I/O that carries them out, so
-// that they are tested without a broker. What is refused before a transaction is decided by
-// refusal (reasons.go).
-
-// failureStep is what follows a failed attempt of the inbox transaction.
-type failureStep int
-
-const (
-	// failInterrupted: the consumer is stopping or lost its connection, and that cut the
-	// attempt short; it rolled back. Not the message's fault: it is handed back.
-	failInterrupted failureStep = iota + 1
-	// failHold: a transient failure. The delivery is held and the attempt repeated in place,
-	// uncounted.
-	failHold
-	// failDeadLetter: no retry can help, or this was the last of MaxDeliveries attempts.
-	failDeadLetter
-	// failRetry: a failure that counts. A retry copy goes back to the queue after a
-	// backoff.
-	failRetry
-)
-
-// afterFailure decides what follows a failed attempt. interrupted tells whether the
-// attempt's context ended (a stop, or the connection lost); it is checked first, since such
-// an attempt's error says nothing about the message (inbox.Classify calls a cancellation
-// ClassFailed). class is inbox.Classify of the attempt's error, deliveryCount the attempt's
-// number, from 1. For failDeadLetter it returns the dead-letter reason too.
-func afterFailure(interrupted bool, class inbox.Class, deliveryCount, maxDeliveries int) (then failureStep, reason string) {
-	switch {
-	case interrupted:
-		return failInterrupted, ""
-	case class == inbox.ClassTransient:
-		return failHold, ""
-	case class == inbox.ClassPermanent:
-		return failDeadLetter, ReasonPermanent
-	case deliveryCount >= maxDeliveries:
-		return failDeadLetter, ReasonMaxDeliveries
-	default:
-		return failRetry, ""
-	}
-}
+// that they are tested without a broker. What is refused before a transaction, and what
+// follows a failed attempt, are decided in package decide (internal/decide), which
+// rabbitmqtest shares.
 
 // outlastsHold reports whether waiting delay before the next retry in place of a held
 // delivery, which arrived sinceArrival ago, would hold it past maxHold: then it is handed
@@ -75,11 +38,11 @@ func handBackWay(stopping, sessionEnded, workEnded bool) string {
 	}
 }
 
-// retryBackoff spaces the counted retries of a message: RetryDelay doubling per attempt up
-// to MaxRetryDelay, jittered. One wait per counted attempt, at most MaxDeliveries per
+// retryBackoff spaces the counted retries of a message: RetryBaseDelay doubling per attempt
+// up to RetryMaxDelay, jittered. One wait per counted attempt, at most MaxDeliveries per
 // message.
 func (c *Consumer) retryBackoff() retry.Backoff {
-	return retry.Backoff{Base: c.cfg.RetryDelay, Max: c.cfg.MaxRetryDelay}
+	return retry.Backoff{Base: c.cfg.RetryBaseDelay, Max: c.cfg.RetryMaxDelay}
 }
 
 // retryDelay is the wait before publishing the retry copy of the n-th attempt (n counts
@@ -91,8 +54,8 @@ func (c *Consumer) retryDelay(n int) time.Duration { return c.retryBackoff().Del
 // times before its delivery is handed back, and a hand-back never follows its arrival at
 // once.
 func (c *Consumer) holdBackoff() retry.Backoff {
-	limit := min(c.cfg.MaxRetryDelay, c.cfg.MaxHold/4)
-	return retry.Backoff{Base: min(c.cfg.RetryDelay, c.cfg.MaxHold/8, limit), Max: limit}
+	limit := min(c.cfg.RetryMaxDelay, c.cfg.MaxHold/4)
+	return retry.Backoff{Base: min(c.cfg.RetryBaseDelay, c.cfg.MaxHold/8, limit), Max: limit}
 }
 
 // holdDelay is the wait before the n-th retry in place of a held delivery (n counts from 1).

@@ -8,42 +8,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
-
-	"github.com/outboxshop/outboxshop/pkg/inbox"
 )
-
-func TestAfterFailure(t *testing.T) {
-	t.Parallel()
-	for name, tc := range map[string]struct {
-		interrupted          bool
-		class                inbox.Class
-		count, maxDeliveries int
-		step                 failureStep
-		reason               string
-	}{
-		"FirstFailureRetries":         {false, inbox.ClassFailed, 1, 5, failRetry, ""},
-		"LastButOneRetries":           {false, inbox.ClassFailed, 4, 5, failRetry, ""},
-		"LastAttemptDeadLetters":      {false, inbox.ClassFailed, 5, 5, failDeadLetter, ReasonMaxDeliveries},
-		"BeyondTheLimitDeadLetters":   {false, inbox.ClassFailed, 9, 5, failDeadLetter, ReasonMaxDeliveries},
-		"SingleAttempt":               {false, inbox.ClassFailed, 1, 1, failDeadLetter, ReasonMaxDeliveries},
-		"PermanentAtOnce":             {false, inbox.ClassPermanent, 1, 5, failDeadLetter, ReasonPermanent},
-		"PermanentOnTheLastAttempt":   {false, inbox.ClassPermanent, 5, 5, failDeadLetter, ReasonPermanent},
-		"TransientHolds":              {false, inbox.ClassTransient, 1, 5, failHold, ""},
-		"TransientOnTheLastAttempt":   {false, inbox.ClassTransient, 5, 5, failHold, ""},
-		"InterruptedBeforeClass":      {true, inbox.ClassFailed, 5, 5, failInterrupted, ""},
-		"InterruptedPermanent":        {true, inbox.ClassPermanent, 1, 5, failInterrupted, ""},
-		"InterruptedTransient":        {true, inbox.ClassTransient, 1, 5, failInterrupted, ""},
-		"InterruptedFirstFailureToo":  {true, inbox.ClassFailed, 1, 5, failInterrupted, ""},
-		"RetryCopyOfAReplayedMessage": {false, inbox.ClassFailed, 2, 3, failRetry, ""},
-	} {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			step, reason := afterFailure(tc.interrupted, tc.class, tc.count, tc.maxDeliveries)
-			require.Equal(t, tc.step, step)
-			require.Equal(t, tc.reason, reason)
-		})
-	}
-}
 
 func TestOutlastsHold(t *testing.T) {
 	t.Parallel()
@@ -94,14 +59,14 @@ func TestRetryDelay(t *testing.T) {
 		// jittered down to at most half of it.
 		want []time.Duration
 	}{
-		"Defaults": {DefaultRetryDelay, DefaultMaxRetryDelay,
+		"Defaults": {DefaultRetryBaseDelay, DefaultRetryMaxDelay,
 			[]time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second, 16 * time.Second, 30 * time.Second, 30 * time.Second}},
 		"EqualBounds": {time.Minute, time.Minute, []time.Duration{time.Minute, time.Minute}},
 		"Short":       {10 * time.Millisecond, 25 * time.Millisecond, []time.Duration{10 * time.Millisecond, 20 * time.Millisecond, 25 * time.Millisecond}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			c := &Consumer{cfg: Config{RetryDelay: tc.retry, MaxRetryDelay: tc.maxRetry}}
+			c := &Consumer{cfg: Config{RetryBaseDelay: tc.retry, RetryMaxDelay: tc.maxRetry}}
 			for range 20 {
 				for i, want := range tc.want {
 					got := c.retryDelay(i + 1)

@@ -21,15 +21,14 @@ const (
 	// HeaderOriginalQueue on a dead letter names the queue it was consumed from.
 	HeaderOriginalQueue = "x-outboxshop-original-queue"
 	// HeaderOriginalExchange and HeaderOriginalRoutingKey keep the exchange and routing key a
-	// message was first published with, on retry copies (which travel through the default
-	// exchange) and on dead letters.
+	// message was first published with, on retry copies and dead letters.
 	HeaderOriginalExchange   = "x-outboxshop-original-exchange"
 	HeaderOriginalRoutingKey = "x-outboxshop-original-routing-key"
-	// HeaderOriginalExpiration keeps the per-message TTL of a dead letter, which is published
-	// without one so that it cannot expire in the dead-letter queue.
+	// HeaderOriginalExpiration keeps the per-message TTL of a dead letter, which must not
+	// expire in the dead-letter queue.
 	HeaderOriginalExpiration = "x-outboxshop-original-expiration"
-	// HeaderOriginalUserID keeps a user-id property that names another user than the
-	// consumer's: RabbitMQ refuses to publish a message whose user-id is not the publisher's.
+	// HeaderOriginalUserID keeps a user-id property naming another user than the consumer's,
+	// which RabbitMQ would refuse to let it publish.
 	HeaderOriginalUserID = "x-outboxshop-original-user-id"
 )
 
@@ -40,19 +39,14 @@ const headerDeliveryCount = "x-delivery-count"
 
 // Handler applies one message inside the inbox transaction tx. It writes its changes through
 // tx and must not commit or roll it back. Returning nil commits the changes together with the
-// inbox row and acknowledges the message. Returning an error rolls everything back; what
-// happens next depends on inbox.Classify(err):
-//
-//   - transient (the database unreachable, a deadlock or serialization failure, a lost
-//     connection, an error wrapped with inbox.Transient): the consumer holds the delivery
-//     and calls the handler again in place, after a backoff, without counting an attempt;
-//   - permanent (wrapped with inbox.Permanent): the message is dead-lettered at once;
-//   - anything else, including constraint violations and data exceptions: the attempt
-//     counts, and the message is retried until [Config].MaxDeliveries, then dead-lettered.
+// inbox row and acknowledges the message. Returning an error rolls everything back, and
+// inbox.Classify(err) decides what follows: a transient error holds the delivery and calls
+// the handler again in place, uncounted; an error marked inbox.Permanent dead-letters the
+// message; any other error counts an attempt (see the package doc's path of a message).
 //
 // A handler may be called again for the same message after an error, a crash or a broker
 // outage, but its committed effects happen once. It may run concurrently with other
-// invocations (see [Config].Concurrency). ctx is cancelled when the consumer stops and the
+// invocations ([Config].Concurrency). ctx is cancelled when the consumer stops and the
 // handler did not finish within [Config].ShutdownTimeout, and at once on stop when the call
 // is a retry of a held delivery.
 type Handler func(ctx context.Context, tx pgx.Tx, d Delivery) error
@@ -63,8 +57,8 @@ type Delivery struct {
 	ID string
 	// Type is the AMQP type property.
 	Type string
-	// Exchange and RoutingKey are those the message was first published with, also on retry
-	// copies (which the consumer republishes through the default exchange).
+	// Exchange and RoutingKey are those the message was first published with, also on a
+	// retry copy.
 	Exchange   string
 	RoutingKey string
 	// Headers are the AMQP headers, including the consumer's own (x-outboxshop-…) and the
@@ -74,8 +68,7 @@ type Delivery struct {
 	CorrelationID string
 	Timestamp     time.Time
 	Body          []byte
-	// Redelivered is the broker's flag: this copy was delivered before and not acknowledged
-	// (after a crash, a lost connection or a graceful stop).
+	// Redelivered is the broker's flag: this copy was delivered before, not acknowledged.
 	Redelivered bool
 	// DeliveryCount is 1 on the first attempt, 2 on the first retry, and so on up to
 	// [Config].MaxDeliveries. Broker redeliveries (Redelivered), transient failures and

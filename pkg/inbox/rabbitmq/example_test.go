@@ -242,20 +242,22 @@ func exampleDatabase(ctx context.Context) (*pgxpool.Pool, func()) {
 	}
 }
 
-// Refusal says what the consumer does with a delivery before its handler runs: here, a type
-// the consumer does not take, and a JSON body cut short, are dead-lettered.
-func ExampleConfig_Refusal() {
-	cfg := rabbitmq.Config{Name: "orders-projection", Types: []string{"order.placed"}}
-	for _, d := range []rabbitmq.Delivery{
-		{ID: "m-1", Type: "order.placed", ContentType: "application/json", Body: []byte(`{"order_id":"o-1"}`)},
-		{ID: "m-2", Type: "order.exploded", ContentType: "application/json", Body: []byte(`{}`)},
-		{ID: "m-3", Type: "order.placed", ContentType: "application/json", Body: []byte(`{"order_id":`)},
-	} {
-		reason, _ := cfg.Refusal(d)
-		fmt.Printf("%s: %q\n", d.ID, reason)
+// WithDefaults shows the configuration a consumer will use: here, the defaults of the fields
+// left zero, and Concurrency following Prefetch.
+func ExampleConfig_WithDefaults() {
+	cfg, err := rabbitmq.Config{
+		URL: "amqp://guest:guest@localhost:5672/", Queue: "orders", Name: "orders-projection",
+		DeadLetterExchange: "dead", Prefetch: 8,
+		Handler: func(context.Context, pgx.Tx, rabbitmq.Delivery) error { return nil },
+	}.WithDefaults()
+	if err != nil {
+		log.Fatal(err)
 	}
+	fmt.Println("concurrency:", cfg.Concurrency, "max deliveries:", cfg.MaxDeliveries)
+	fmt.Println("retries:", cfg.RetryBaseDelay, "to", cfg.RetryMaxDelay, "held at most", cfg.MaxHold)
+	fmt.Println("reconnects:", cfg.OutageBaseDelay, "to", cfg.OutageMaxDelay)
 	// Output:
-	// m-1: ""
-	// m-2: "unknown-type"
-	// m-3: "malformed-json"
+	// concurrency: 8 max deliveries: 5
+	// retries: 1s to 30s held at most 15m0s
+	// reconnects: 500ms to 30s
 }

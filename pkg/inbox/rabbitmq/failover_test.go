@@ -41,8 +41,8 @@ func TestFailover(t *testing.T) {
 		return recordEffect(ctx, tx, d)
 	})
 	cfg.Queue = queue
-	cfg.RetryDelay = 20 * time.Millisecond
-	cfg.MaxRetryDelay = 200 * time.Millisecond
+	cfg.RetryBaseDelay = 20 * time.Millisecond
+	cfg.RetryMaxDelay = 200 * time.Millisecond
 	c, stop := b.start(t, b.pool, cfg)
 
 	for i := range before {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/outboxshop/outboxshop/pkg/inbox"
 	"github.com/outboxshop/outboxshop/pkg/inbox/internal/retry"
+	"github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq/internal/decide"
 )
 
 // message is one delivery on its way through the consumer.
@@ -207,13 +208,13 @@ func (c *Consumer) processStage(s *session, m *message) step {
 		if handlerErr != nil {
 			cause = handlerErr
 		}
-		switch then, reason := afterFailure(ctx.Err() != nil, inbox.Classify(err), m.del.DeliveryCount, c.cfg.MaxDeliveries); then {
-		case failInterrupted:
+		switch then, r := decide.AfterFailure(ctx.Err() != nil, inbox.Classify(err), m.del.DeliveryCount, c.cfg.MaxDeliveries); then {
+		case decide.Interrupted:
 			return self, fmt.Errorf("%w: %w", errInterrupted, err)
-		case failHold:
+		case decide.Hold:
 			return self, err
-		case failDeadLetter:
-			detail := cause.Error()
+		case decide.DeadLetter:
+			reason, detail := reasons[r], cause.Error()
 			if reason == ReasonMaxDeliveries {
 				detail = fmt.Sprintf("failed on all %d attempts; last error: %v", m.del.DeliveryCount, cause)
 			}
@@ -265,11 +266,7 @@ func (c *Consumer) callHandler(ctx context.Context, tx pgx.Tx, d Delivery, log *
 	defer func() {
 		if r := recover(); r != nil {
 			log.ErrorContext(ctx, "handler panicked", slog.Any("panic", r), slog.String("stack", string(debug.Stack())))
-			if e, ok := r.(error); ok {
-				err = fmt.Errorf("handler panicked: %w", e)
-			} else {
-				err = fmt.Errorf("handler panicked: %v", r)
-			}
+			err = decide.PanicError(r)
 		}
 	}()
 	return c.cfg.Handler(ctx, tx, d)

@@ -6,44 +6,41 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// Hooks are optional callbacks for metrics and fault injection. Nil fields are skipped. They
-// are called from the consumer's goroutines, concurrently, and must return quickly: a hook
-// that blocks holds up the delivery it reports on, and the worker handling it. Nothing
-// recovers a hook's panic: it ends the process, as any unrecovered panic does, and the
-// deliveries not yet acknowledged go back to the broker with the connection. Each takes
-// one event struct, so that an event can gain fields without breaking a hook (the outbox
-// relay's hooks have the same shape). An event's Type is the message's type property as
-// received: it may be anything, even invalid UTF-8, so map it to a known set before using it
-// as a metric label (package rabbitmqmetrics does).
+// Hooks are optional callbacks, for metrics and tests. A hook may be called from any of the
+// consumer's goroutines, concurrently with other hooks: make it safe for concurrent use, and
+// fast (a slow hook holds up the delivery it reports on, and the worker handling it). A hook
+// that panics ends the process, as any unrecovered panic does; the deliveries not yet
+// acknowledged go back to the broker with the connection.
+//
+// Each hook takes one event struct, so that an event can gain fields. Every event names the
+// Consumer ([Config].Name), and most the message's Type property as received: it may be
+// anything, even invalid UTF-8, so map it to a known set before using it as a metric label
+// (package rabbitmqmetrics does). Nil hooks are skipped.
 type Hooks struct {
 	// Processed is called after a message was committed or found in the inbox (a
 	// duplicate), and its acknowledgement was sent.
 	Processed func(ProcessedMessage)
-	// HandlerError is called for every failed attempt: an error returned by the handler, or
-	// an error of the database (begin, insert, commit), transient ones included. Use
-	// inbox.Classify on its Err to tell them apart.
+	// HandlerError is called for every failed attempt, the handler's or the database's,
+	// transient ones included (inbox.Classify tells them apart).
 	HandlerError func(HandlerFailure)
 	// Retried is called after a retry copy was published.
 	Retried func(Retry)
 	// DeadLettered is called after a message was dead-lettered and acknowledged.
 	DeadLettered func(DeadLetter)
-	// Held is called when a delivery starts being held after a transient failure, and when
-	// the hold ends (processed, dead-lettered, handed back).
+	// Held is called when a delivery's hold starts, after a transient failure, and ends.
 	Held func(Hold)
 	// HandedBack is called when a delivery went back to the broker unprocessed.
 	HandedBack func(HandBack)
-	// Connected is called with Up true when the consumer starts consuming on a new
-	// connection, and with Up false when it lost it (or stopped).
+	// Connected is called when the consumer starts consuming on a connection, and when it
+	// lost it or stopped.
 	Connected func(ConnectionChange)
-	// Failpoint is called at FailpointBeforeCommit when a handler returned nil, and at
-	// FailpointAfterCommit when its transaction committed (not for duplicates, which commit
-	// nothing). A chaos test makes it kill the process. Only for tests; nil costs a nil check.
+	// Failpoint is called at each of the Failpoint constants, for a chaos test to kill the
+	// process there.
 	Failpoint func(FailpointHit)
 }
 
 // ProcessedMessage is passed to [Hooks].Processed.
 type ProcessedMessage struct {
-	// Consumer is the inbox consumer name ([Config].Name); Type the message's type property.
 	Consumer, Type string
 	// Duplicate is true when the message was found in the inbox and skipped.
 	Duplicate bool
@@ -56,7 +53,6 @@ type ProcessedMessage struct {
 
 // HandlerFailure is passed to [Hooks].HandlerError.
 type HandlerFailure struct {
-	// Consumer is the inbox consumer name ([Config].Name); Type the message's type property.
 	Consumer, Type string
 	// Err is the attempt's error.
 	Err error
@@ -64,7 +60,6 @@ type HandlerFailure struct {
 
 // Retry is passed to [Hooks].Retried.
 type Retry struct {
-	// Consumer is the inbox consumer name ([Config].Name); Type the message's type property.
 	Consumer, Type string
 	// DeliveryCount is the number of the attempt that failed.
 	DeliveryCount int
@@ -72,7 +67,6 @@ type Retry struct {
 
 // DeadLetter is passed to [Hooks].DeadLettered.
 type DeadLetter struct {
-	// Consumer is the inbox consumer name ([Config].Name); Type the message's type property.
 	Consumer, Type string
 	// Reason is one of the Reason constants.
 	Reason string
@@ -80,7 +74,6 @@ type DeadLetter struct {
 
 // Hold is passed to [Hooks].Held.
 type Hold struct {
-	// Consumer is the inbox consumer name ([Config].Name); Type the message's type property.
 	Consumer, Type string
 	// Held is true when the hold starts, false when it ends.
 	Held bool
@@ -88,7 +81,6 @@ type Hold struct {
 
 // HandBack is passed to [Hooks].HandedBack.
 type HandBack struct {
-	// Consumer is the inbox consumer name ([Config].Name); Type the message's type property.
 	Consumer, Type string
 	// Reason is one of the HandBack constants.
 	Reason string
@@ -97,31 +89,25 @@ type HandBack struct {
 // Reasons for handing a delivery back to the broker unprocessed, passed to
 // [Hooks].HandedBack.
 const (
-	// HandBackHoldLimit: the delivery was held for [Config].MaxHold after transient
-	// failures. The consumer republished a copy to the tail of the queue and acknowledged
-	// the original: the broker does not count this as a delivery.
+	// HandBackHoldLimit: held for [Config].MaxHold, the delivery was republished to the tail
+	// of the queue and the original acknowledged, which the broker does not count.
 	HandBackHoldLimit = "hold-limit"
-	// HandBackShutdown: the consumer stopped while holding the delivery. Handed back like
-	// HandBackHoldLimit, uncounted.
+	// HandBackShutdown: the consumer stopped while holding it; handed back the same way.
 	HandBackShutdown = "shutdown"
-	// HandBackRequeued: the delivery went back by a reject with requeue, or because its
-	// channel closed: it was prefetched but not started when the consumer stopped, its
-	// handler was cut short by [Config].ShutdownTimeout, the broker connection was lost,
-	// or the uncounted hand-back could not be published. The broker counts it (a quorum
-	// queue raises x-delivery-count and applies x-delivery-limit).
+	// HandBackRequeued: rejected with requeue, or left to the broker with its channel
+	// (prefetched but not started at a stop, cut short by [Config].ShutdownTimeout, the
+	// connection lost, or the uncounted hand-back failed): the broker counts a delivery.
 	HandBackRequeued = "requeued"
 )
 
 // ConnectionChange is passed to [Hooks].Connected.
 type ConnectionChange struct {
-	// Consumer is the inbox consumer name ([Config].Name).
 	Consumer string
-	// Up is true when the consumer consumes on a connection.
-	Up bool
-	// Err is why the connection was lost; nil when it came up or the consumer stopped.
+	// Up is true when the consumer consumes on a connection; Err is why it was lost (nil
+	// when it came up or the consumer stopped).
+	Up  bool
 	Err error
-	// Broker is the host:port (and vhost, unless "/") of the broker consumed from, or of the
-	// one whose connection was lost. Never the credentials.
+	// Broker is the host:port (and vhost, unless "/") of the broker, never the credentials.
 	Broker string
 }
 
@@ -134,12 +120,11 @@ type FailpointHit struct {
 // Failpoint names passed to [Hooks].Failpoint. A chaos test makes the hook kill the process
 // at one of them to prove that no crash loses or doubles an effect.
 const (
-	// FailpointBeforeCommit: the handler returned nil; its changes and the inbox row are in
-	// the open transaction, not committed. A crash here rolls them back, the message is
-	// redelivered and processed again.
+	// FailpointBeforeCommit: the handler returned nil, nothing is committed yet. A crash
+	// here rolls back; the redelivery is processed again.
 	FailpointBeforeCommit = "consumer.before-commit"
-	// FailpointAfterCommit: the transaction committed; the message is not acknowledged yet.
-	// A crash here makes the broker redeliver it, and the inbox reports a duplicate.
+	// FailpointAfterCommit: committed (not a duplicate), not acknowledged yet. A crash here
+	// makes the broker redeliver the message, a duplicate for the inbox.
 	FailpointAfterCommit = "consumer.after-commit"
 )
 

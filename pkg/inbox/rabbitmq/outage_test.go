@@ -98,8 +98,8 @@ func TestDatabaseOutage(t *testing.T) {
 			h := &countingHandler{}
 			cfg := b.config(h.handle)
 			cfg.Queue = queue
-			cfg.RetryDelay = 20 * time.Millisecond
-			cfg.MaxRetryDelay = 100 * time.Millisecond
+			cfg.RetryBaseDelay = 20 * time.Millisecond
+			cfg.RetryMaxDelay = 100 * time.Millisecond
 			cfg.MaxHold = tc.maxHold
 
 			proxy.Cut()
@@ -111,7 +111,7 @@ func TestDatabaseOutage(t *testing.T) {
 			testinfra.Eventually(t, time.Minute, func() bool { return tc.outageOver(b, c) },
 				"the outage did not last long enough")
 			outage := time.Since(outageStart)
-			require.Greater(t, outage, 3*cfg.MaxRetryDelay)
+			require.Greater(t, outage, 3*cfg.RetryMaxDelay)
 			require.Empty(t, b.events.deadReasons(), "dead-lettered during the outage")
 			deadMessages, _ := b.queueState(t, b.dead.Queue)
 			require.Zero(t, deadMessages, "the broker dead-lettered during the outage")

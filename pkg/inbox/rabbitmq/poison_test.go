@@ -72,7 +72,7 @@ func TestPoisonCorpus(t *testing.T) {
 	cfg.Hooks = m.Hooks(cfg.Hooks)
 	cfg.ContentTypes = []string{"application/json"}
 	cfg.Types = []string{"order.placed"}
-	cfg.MaxBodyBytes = 4096
+	cfg.MaxMessageBytes = 4096
 	m.Init(cfg.Name)
 
 	// The dead-letter queue is watched from the start, to time each arrival.

@@ -25,8 +25,8 @@ func TestAcknowledgesOnlyReplicated(t *testing.T) {
 	queue := b.quorumQueue(t, deliveryLimit)
 	cfg := b.config(recordEffect)
 	cfg.Queue = queue
-	cfg.RetryDelay = 20 * time.Millisecond
-	cfg.MaxRetryDelay = 200 * time.Millisecond
+	cfg.RetryBaseDelay = 20 * time.Millisecond
+	cfg.RetryMaxDelay = 200 * time.Millisecond
 	_, stop := b.start(t, b.pool, cfg)
 
 	pair.KillStandby(t)

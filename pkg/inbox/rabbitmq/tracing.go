@@ -14,18 +14,15 @@ import (
 	"github.com/outboxshop/outboxshop/pkg/inbox"
 )
 
-// TracerName is the instrumentation scope of the consumer's spans.
-const TracerName = "github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
-
-// Attributes of the consumer's process span that the messaging semantic conventions do not
-// define (see docs/tracing.md for the whole list). inbox.duplicate is set by [inbox.Process].
+// The consumer's process span: its instrumentation scope, and the attributes and event that
+// the messaging semantic conventions do not define (see docs/tracing.md for the whole list;
+// inbox.duplicate is set by [inbox.Process]).
 const (
+	TracerName = "github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
+
 	// AttrConsumer is the inbox consumer's name, [Config].Name.
 	AttrConsumer = attribute.Key("inbox.consumer")
-	// AttrOutcome is what became of the delivery: "processed", "duplicate" (processed
-	// before: the handler did not run), "retried" (a failure that counts: a copy went back
-	// to the queue), "dead_lettered", or "handed_back" (held after transient failures, then
-	// given back to the queue unprocessed).
+	// AttrOutcome is what became of the delivery, one of the Outcome constants.
 	AttrOutcome = attribute.Key("inbox.outcome")
 	// AttrDeliveryCount is the delivery's count, from 1 ([Delivery].DeliveryCount).
 	AttrDeliveryCount = attribute.Key("inbox.delivery_count")
@@ -33,9 +30,11 @@ const (
 	AttrMessageType = attribute.Key("inbox.message.type")
 	// AttrDeadReason is the reason of a dead-lettered delivery, one of [Reasons].
 	AttrDeadReason = attribute.Key("inbox.dead_reason")
+	// EventHeld is the event of each transient failure that holds the delivery.
+	EventHeld = "inbox.held"
 )
 
-// Outcomes of a delivery, the values of AttrOutcome.
+// Outcomes of a delivery, the values of AttrOutcome: the paths of the package doc.
 const (
 	OutcomeProcessed    = "processed"
 	OutcomeDuplicate    = "duplicate"
@@ -43,10 +42,6 @@ const (
 	OutcomeDeadLettered = "dead_lettered"
 	OutcomeHandedBack   = "handed_back"
 )
-
-// EventHeld is the process span's event for each transient failure that holds the delivery
-// for a retry in place.
-const EventHeld = "inbox.held"
 
 // tableCarrier reads a delivery's headers for a propagator: string values only, as the
 // outbox and other W3C producers write them.

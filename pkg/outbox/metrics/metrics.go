@@ -26,6 +26,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -60,6 +61,8 @@ type Relay struct {
 	lastPublish   prometheus.Gauge
 	state         *prometheus.GaugeVec
 	poolShortfall prometheus.Gauge
+
+	stateMu sync.Mutex // hooks may run concurrently: one state's gauges are set at a time
 }
 
 // NewRelay registers a relay's metrics on reg; constLabels (say, service="orders") go on
@@ -187,6 +190,8 @@ func observe(h prometheus.Observer, v float64, sc trace.SpanContext) {
 }
 
 func (m *Relay) setState(s outbox.State) {
+	m.stateMu.Lock()
+	defer m.stateMu.Unlock()
 	for _, st := range states {
 		v := 0.0
 		if st == s {

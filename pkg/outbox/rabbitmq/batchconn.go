@@ -117,11 +117,3 @@ func (b *batchedConn) writeLoop() {
 		b.mu.Unlock()
 	}
 }
-
-// BatchWrites returns c with its writes batched as the [Publisher]'s own sockets are: Write
-// copies and returns, and one goroutine writes out together what came in while it was in
-// the previous write(2). For a connection of your own to RabbitMQ (amqp091-go's Config.Dial),
-// which flushes after every publish: it saves a system call per message, most of the
-// publisher's CPU, and some of the broker's. A Write's error may be the error of an earlier
-// write; after one, every Write fails and c is closed. Close c through the returned conn.
-func BatchWrites(c net.Conn) net.Conn { return newBatchedConn(c) }

@@ -3,10 +3,6 @@ package rabbitmq_test
 import (
 	"log"
 	"log/slog"
-	"net"
-	"time"
-
-	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq"
 )
@@ -28,22 +24,4 @@ func ExampleConfig_cluster() {
 		log.Fatal(err)
 	}
 	defer pub.Close()
-}
-
-// A connection of your own to RabbitMQ, publishing with amqp091-go, whose socket batches
-// writes as the Publisher's do: one write(2) for the frames of several publishes.
-func ExampleBatchWrites() {
-	conn, err := amqp.DialConfig("amqp://guest:guest@localhost:5672/", amqp.Config{
-		Dial: func(network, addr string) (net.Conn, error) {
-			c, err := amqp.DefaultDial(30*time.Second)(network, addr)
-			if err != nil {
-				return nil, err
-			}
-			return rabbitmq.BatchWrites(c), nil
-		},
-	})
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer conn.Close()
 }

@@ -86,11 +86,11 @@ func TestPublisherBlamesOneThing(t *testing.T) {
 		require.Equal(t, int32(1), connects.Load(), "an invalid message costs no reconnect")
 	})
 
-	t.Run("ABodyOverMaxBodyBytesIsNeverSent", func(t *testing.T) {
+	t.Run("ABodyOverMaxMessageBytesIsNeverSent", func(t *testing.T) {
 		t.Parallel()
 		url := testinfra.AMQPURL(t)
 		top := testinfra.DeclareTopology(t, url)
-		pub, _ := countingPublisher(t, rabbitmq.Config{URL: url, MaxBodyBytes: 1024})
+		pub, _ := countingPublisher(t, rabbitmq.Config{URL: url, MaxMessageBytes: 1024})
 		big := message(top.Exchange)
 		big.Payload = json.RawMessage(`"` + strings.Repeat("x", 1023) + `"`)
 		errs := pub.Publish(ctx, []outbox.Message{big, message(top.Exchange)})

@@ -39,12 +39,12 @@ func publishing(m outbox.Message) amqp.Publishing {
 }
 
 // validate returns outbox.Permanent with the reason if m can never be published: it fails
-// Validate, or its body is over maxBodyBytes (0: no limit).
+// Validate, or its body is over maxMessageBytes (0: no limit).
 //
 // The body's JSON syntax is not checked here: the broker does not read the body, and
 // PostgreSQL's json columns hold valid JSON only, so parsing every payload again would cost
 // the relay CPU for nothing (encoding/json validates about as fast as it parses).
-func validate(m outbox.Message, maxBodyBytes int) error {
+func validate(m outbox.Message, maxMessageBytes int) error {
 	if len(m.Payload) == 0 {
 		return outbox.Permanent(fmt.Errorf("%w: Payload is empty", outbox.ErrInvalidMessage))
 	}
@@ -62,9 +62,9 @@ func validate(m outbox.Message, maxBodyBytes int) error {
 	if err := envelope.Validate(); err != nil {
 		return outbox.Permanent(err)
 	}
-	if maxBodyBytes > 0 && len(m.Payload) > maxBodyBytes {
-		return outbox.Permanent(fmt.Errorf("%w: body of %d bytes is over the broker's max_message_size of %d (Config.MaxBodyBytes)",
-			outbox.ErrTooLarge, len(m.Payload), maxBodyBytes))
+	if maxMessageBytes > 0 && len(m.Payload) > maxMessageBytes {
+		return outbox.Permanent(fmt.Errorf("%w: body of %d bytes is over the broker's max_message_size of %d (Config.MaxMessageBytes)",
+			outbox.ErrTooLarge, len(m.Payload), maxMessageBytes))
 	}
 	return nil
 }

@@ -30,10 +30,10 @@ func TestValidate(t *testing.T) {
 	t.Parallel()
 
 	tests := map[string]struct {
-		edit         func(m *outbox.Message)
-		maxBodyBytes int
-		wantErr      error  // nil: the message may be sent
-		wantText     string // in the error
+		edit            func(m *outbox.Message)
+		maxMessageBytes int
+		wantErr         error  // nil: the message may be sent
+		wantText        string // in the error
 	}{
 		"Valid": {edit: func(*outbox.Message) {}},
 		"EmptyPayload": {
@@ -63,13 +63,13 @@ func TestValidate(t *testing.T) {
 			wantErr: outbox.ErrInvalidMessage, wantText: "reserved",
 		},
 		"BodyAtTheLimit": {
-			edit:         func(m *outbox.Message) { m.Payload = json.RawMessage(`"` + strings.Repeat("a", 8) + `"`) },
-			maxBodyBytes: 10,
+			edit:            func(m *outbox.Message) { m.Payload = json.RawMessage(`"` + strings.Repeat("a", 8) + `"`) },
+			maxMessageBytes: 10,
 		},
 		"BodyOverTheLimit": {
-			edit:         func(m *outbox.Message) { m.Payload = json.RawMessage(`"` + strings.Repeat("a", 9) + `"`) },
-			maxBodyBytes: 10,
-			wantErr:      outbox.ErrTooLarge, wantText: "body of 11 bytes is over the broker's max_message_size of 10",
+			edit:            func(m *outbox.Message) { m.Payload = json.RawMessage(`"` + strings.Repeat("a", 9) + `"`) },
+			maxMessageBytes: 10,
+			wantErr:         outbox.ErrTooLarge, wantText: "body of 11 bytes is over the broker's max_message_size of 10",
 		},
 		"NoLimit": {
 			edit: func(m *outbox.Message) { m.Payload = json.RawMessage(`"` + strings.Repeat("a", 1<<20) + `"`) },
@@ -80,7 +80,7 @@ func TestValidate(t *testing.T) {
 			t.Parallel()
 			m := validMessage()
 			tt.edit(&m)
-			err := validate(m, tt.maxBodyBytes)
+			err := validate(m, tt.maxMessageBytes)
 			if tt.wantErr == nil {
 				require.NoError(t, err)
 				return

@@ -23,38 +23,42 @@ var (
 	// publish over a full queue with overflow reject-publish, a quorum queue without a
 	// quorum, or an internal error, never over the message's content; so errors wrapping it
 	// also wrap outbox.ErrRefused, for which the relay counts no attempt.
-	ErrNacked = errors.New("nacked by broker")
+	ErrNacked = errors.New("outbox: nacked by the broker")
 )
 
-// errNacked is what a nacked message gets: both sentinels, so that errors.Is finds either.
-var errNacked = fmt.Errorf("%w (%w)", ErrNacked, outbox.ErrRefused)
+// errNacked is what a nacked message gets: both sentinels, so that errors.Is finds either,
+// with ErrNacked's text alone (both say "outbox: ").
+var errNacked error = nackError{}
 
-var _ outbox.ConcurrentPublisher = (*Publisher)(nil)
+type nackError struct{}
 
-// Defaults for [Config].
+func (nackError) Error() string   { return ErrNacked.Error() }
+func (nackError) Unwrap() []error { return []error{ErrNacked, outbox.ErrRefused} }
+
+var (
+	_ outbox.ConcurrentPublisher  = (*Publisher)(nil)
+	_ outbox.MessagingSystemNamer = (*Publisher)(nil)
+)
+
+// Defaults and limits of [Config]: each field says what they mean.
 const (
 	DefaultConnectionName = "outbox-relay"
 	DefaultDialTimeout    = 5 * time.Second
-	// MaxConnections is the largest [Config].Connections: as many as a relay has batches in
-	// flight at most (outbox.MaxInFlightBatches).
-	MaxConnections = outbox.MaxInFlightBatches
+	MaxConnections        = outbox.MaxInFlightBatches
 )
 
-// Config configures a [Publisher].
+// Config configures a [Publisher]. The zero value of every field but URL or URLs means its
+// default; [Config.WithDefaults] returns what the publisher will use.
 type Config struct {
 	// URL is the broker, e.g. amqp://guest:guest@localhost:5672/. Set URL or URLs, not
 	// both.
 	URL string
-	// URLs are the nodes of a cluster, one URL each. Set URL or URLs, not both.
-	//
-	// They are tried round-robin from a random start: the first connection goes to a random
-	// node, so that relays given the same list spread over the cluster; after a failed dial or
-	// a lost connection, the next attempt takes the next URL in the list, so that a dead node
-	// costs one refused dial and every other node is tried before it again. One connect tries
-	// each URL at most once, each within DialTimeout and an equal share of the deadline left,
-	// so that a node that accepts connections but does not answer (a paused one) cannot use
-	// up the call. There is no backoff here: the relay's own backoff spaces the calls that
-	// find no broker.
+	// URLs are the nodes of a cluster, one URL each. Set URL or URLs, not both. They are
+	// tried round-robin from a random start, so that relays given the same list spread over
+	// the cluster, and after a failed dial or a lost connection the next URL is tried, so that
+	// a dead node costs one refused dial. One connect tries each URL at most once, each within
+	// DialTimeout and an equal share of the deadline left, so that a paused node cannot use up
+	// the call. No backoff here: the relay's spaces the calls that find no broker.
 	URLs []string
 	// ConnectionName shows in the management UI. Default "outbox-relay"
 	// ([DefaultConnectionName]).
@@ -64,24 +68,22 @@ type Config struct {
 	DialTimeout time.Duration
 	// Connections is how many Publish calls the publisher serves at once, each on an AMQP
 	// connection of its own, with its own channel, confirms and deadline; a caller beyond
-	// them waits for a free connection, and gives up when its deadline passes first. Give it
-	// the relay's outbox.Config.InFlightBatches, so that a relay sends its next batch while
-	// the confirms of the one before are still coming, and the broker is never idle between
-	// batches. Default 1: batches are sent one after the other. At most [MaxConnections].
+	// them waits for a free connection until its deadline. Give it the relay's
+	// outbox.Config.InFlightBatches, so that a relay sends its next batch while the confirms
+	// of the one before are still coming. Default 1, at most 16 ([MaxConnections], the
+	// relay's outbox.MaxInFlightBatches).
 	//
 	// A connection each, not a channel each: amqp091-go writes every frame of a connection
-	// under one lock, and a call whose deadline passes closes its socket (see
-	// [Publisher.Publish]), which on a shared connection would fail the other calls' batches
-	// too. So a connection that hangs or is lost costs only the batch on it; the others go on,
-	// and each connection reconnects on its own. A resource alarm blocks every connection
-	// that publishes, so each call finds its own connection blocked and returns
-	// outbox.ErrUnavailable.
+	// under one lock, and a call whose deadline passes closes its socket, which on a shared
+	// connection would fail the other calls' batches too. So a connection that hangs or is
+	// lost costs only the batch on it, and each reconnects on its own.
 	Connections int
-	// MaxBodyBytes is the broker's max_message_size, when known: a larger body is reported
-	// as outbox.Permanent wrapping outbox.ErrTooLarge and never sent. 0 (the default) checks
-	// nothing here; RabbitMQ then refuses such a message by closing the channel, and the
-	// publisher finds and charges it all the same, at the cost of a few round trips.
-	MaxBodyBytes int
+	// MaxMessageBytes is the broker's max_message_size, when known: a larger body is
+	// reported as outbox.Permanent wrapping outbox.ErrTooLarge and never sent. 0 (the
+	// default) checks nothing here; RabbitMQ then refuses such a message by closing the
+	// channel, and the publisher finds and charges it all the same, at the cost of a few
+	// round trips.
+	MaxMessageBytes int
 	// Setup runs on every new channel, before the first publish: declare the exchanges the
 	// outbox publishes to there, so a restarted broker without them is repaired. Optional.
 	Setup func(ch *amqp.Channel) error
@@ -91,12 +93,13 @@ type Config struct {
 	Hooks Hooks
 }
 
-// Hooks are optional callbacks for metrics. They are called inside the Publish or Close that
-// saw the change, while it holds one of the publisher's connections, one call at a time: a
-// hook must return quickly and must not call the Publisher (a Close from a hook waits for
-// itself for ever). A hook's panic goes on in
-// the caller of Publish (the relay's Run). Each takes one event struct, so that an event can
-// gain fields without breaking a hook (the inbox consumer's hooks have the same shape).
+// Hooks are optional callbacks, for metrics and tests. A hook may be called from any of the
+// publisher's goroutines, concurrently with other hooks: make it safe for concurrent use,
+// and fast (it runs inside the Publish or Close that saw the change, holding one of the
+// publisher's connections, so a slow hook holds up that call's batch; and it must not call
+// the Publisher: a Close from a hook waits for itself for ever). A hook that panics ends
+// the Publish or Close that called it, and the panic goes on in its caller (the relay's Run). Each
+// hook takes one event struct, so that an event can gain fields without breaking a hook.
 type Hooks struct {
 	// Connected is called with Up true after every successful (re)connect, and with Up false
 	// when a connection is lost or closed, or a dial fails.
@@ -155,25 +158,47 @@ type lane struct {
 	broker string
 }
 
-// New returns a Publisher. It does not connect: the first Publish does.
-func New(cfg Config) (*Publisher, error) {
-	b, errs := parseBrokers(cfg.URL, cfg.URLs)
-	if cfg.Connections < 0 || cfg.Connections > MaxConnections {
-		errs = append(errs, fmt.Errorf("connections must be between 0 (default 1) and %d, got %d", MaxConnections, cfg.Connections))
+// WithDefaults returns c with every default filled in, as a publisher given c runs with, or
+// an error listing every invalid field. [New] calls it.
+func (c Config) WithDefaults() (Config, error) {
+	_, err := c.check()
+	return c.filled(), err
+}
+
+// check reports every invalid field of c, and returns the brokers of its URLs.
+func (c Config) check() (*brokers, error) {
+	b, errs := parseBrokers(c.URL, c.URLs)
+	if c.Connections < 0 || c.Connections > MaxConnections {
+		errs = append(errs, fmt.Errorf("connections must be between 0 (default 1) and %d, got %d", MaxConnections, c.Connections))
 	}
-	if cfg.MaxBodyBytes < 0 {
-		errs = append(errs, fmt.Errorf("max body bytes must be >= 0 (0 checks nothing), got %d", cfg.MaxBodyBytes))
+	if c.MaxMessageBytes < 0 {
+		errs = append(errs, fmt.Errorf("max message bytes must be >= 0 (0 checks nothing), got %d", c.MaxMessageBytes))
 	}
 	if err := errors.Join(errs...); err != nil {
-		return nil, fmt.Errorf("rabbitmq: invalid publisher config: %w", err)
+		return nil, fmt.Errorf("outbox: invalid rabbitmq publisher config: %w", err)
 	}
-	cfg.ConnectionName = cmp.Or(cfg.ConnectionName, DefaultConnectionName)
-	cfg.DialTimeout = cmp.Or(cfg.DialTimeout, DefaultDialTimeout)
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
+	return b, nil
+}
+
+// filled is c with its defaults filled in.
+func (c Config) filled() Config {
+	c.ConnectionName = cmp.Or(c.ConnectionName, DefaultConnectionName)
+	c.DialTimeout = cmp.Or(c.DialTimeout, DefaultDialTimeout)
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
 	}
-	cfg.Connections = max(cfg.Connections, 1)
-	cfg.URLs = slices.Clone(cfg.URLs)
+	c.Connections = max(c.Connections, 1)
+	c.URLs = slices.Clone(c.URLs)
+	return c
+}
+
+// New returns a Publisher. It does not connect: the first Publish does.
+func New(cfg Config) (*Publisher, error) {
+	b, err := cfg.check()
+	if err != nil {
+		return nil, err
+	}
+	cfg = cfg.filled()
 	p := &Publisher{cfg: cfg, brokers: b, free: make(chan *lane, cfg.Connections)}
 	for i := range cfg.Connections {
 		l := &lane{p: p, id: i, cfg: &p.cfg, brokers: b}
@@ -201,56 +226,48 @@ func (p *Publisher) Close() error {
 }
 
 // ConcurrentPublishes returns [Config].Connections: how many Publish calls the publisher
-// serves at once (see outbox.ConcurrentPublisher). With one (the default) the relay uses it
-// one batch at a time.
+// serves at once (outbox.ConcurrentPublisher).
 func (p *Publisher) ConcurrentPublishes() int { return len(p.lanes) }
 
 // MessagingSystem returns "rabbitmq", the messaging.system attribute of the relay's publish
-// spans (see outbox.Config.MessagingSystem).
+// spans (outbox.MessagingSystemNamer).
 func (p *Publisher) MessagingSystem() string { return "rabbitmq" }
 
 // Publish sends msgs and waits for their confirms. It returns one error per message, and
 // blames every failure on exactly one thing, the message, the broker, or neither:
 //
 //   - ack, and no basic.return: published (nil);
-//   - basic.return (mandatory, routed to no queue): an error wrapping [ErrUnroutable]; the
+//   - basic.return (mandatory, routed to no queue): an error wrapping [ErrUnroutable]: the
 //     relay counts an attempt;
-//   - nack: an error wrapping [ErrNacked], which says why no attempt is counted. The next
+//   - nack: an error wrapping [ErrNacked], which says why no attempt is counted; the next
 //     batch goes out on a new channel;
-//   - a message that fails outbox.Message.Validate (but for the body's JSON syntax, which
-//     the broker does not read and a json column cannot get wrong, and for headers named
-//     aggregate_type or aggregate_id, which older code could store and the publisher
-//     overwrites with the aggregate's, as it always did), whose content header would not fit
-//     in the frame size negotiated with the broker, or whose body is over
-//     [Config].MaxBodyBytes: outbox.Permanent with the cause, and it is never sent. These are
-//     rows written by hand or by older code: the broker would close the channel or the whole
-//     connection over them, which would look like an outage;
-//   - the broker closed the channel without saying which message it objects to (RabbitMQ
-//     names none: a body over its max_message_size, an exchange that does not exist, a
-//     header it cannot accept): the publisher republishes the unconfirmed messages one at a
-//     time on fresh channels of the same connection, within the same deadline, until it
-//     finds the ones the broker refuses. Each of those is charged: outbox.Permanent for a
-//     refusal of its content (406 PRECONDITION_FAILED: invalid message, message size), a
-//     plain error otherwise (404 NOT_FOUND: the exchange may be declared later). The others
-//     are published, or outbox.ErrNotSent if the deadline passed first. A message sent
-//     before the refused one may have reached its queue without its confirm (the channel
-//     closed first): it is published again, at least once as always;
-//   - no confirm before the deadline, the connection lost, or the connection blocked by the
-//     broker (connection.blocked: a memory or disk alarm): outbox.ErrUnavailable. Such a
-//     message is never reported as published. While the broker blocks the connection,
-//     Publish returns outbox.ErrUnavailable at once without sending anything;
-//   - the deadline passed while other calls had every connection of the publisher:
-//     outbox.ErrNotSent, and nothing was sent.
+//   - a message the broker would refuse by closing the channel or the connection, which
+//     would look like an outage (a row written by hand or by older code): it fails
+//     outbox.Message.Validate (but for the body's JSON syntax, which a json column cannot get
+//     wrong, and for the aggregate_type and aggregate_id headers, which the publisher
+//     overwrites), its content header would not fit in the negotiated frame size, or its body
+//     is over [Config].MaxMessageBytes. It is never sent: outbox.Permanent with the cause;
+//   - the broker closed the channel without naming the message it objects to (a body over
+//     its max_message_size, an exchange that does not exist, a header it cannot accept): the
+//     unconfirmed messages are republished one at a time on fresh channels, within the same
+//     deadline, until the refused ones are found. Each is charged: outbox.Permanent for a
+//     refusal of its content (406 PRECONDITION_FAILED), a plain error otherwise (404
+//     NOT_FOUND: the exchange may be declared later). The others are published, or
+//     outbox.ErrNotSent if the deadline passed first; one sent before the refused one may be
+//     published again (at least once, as always);
+//   - no confirm before the deadline, the connection lost, or blocked by the broker
+//     (connection.blocked: a memory or disk alarm; Publish then answers at once, sending
+//     nothing): outbox.ErrUnavailable, never published;
+//   - the deadline passed while other calls had every connection: outbox.ErrNotSent, and
+//     nothing was sent.
 //
-// The deadline of ctx bounds every step: the wait for a free connection (see
-// [Config].Connections), dialling and the AMQP handshake, opening a channel and running
-// [Config].Setup, socket writes, and the confirms. amqp091-go writes to the socket
-// synchronously and without a deadline, so a broker that stops reading (a resource alarm, a
-// black-holed network) would hold a write for ever: when the deadline passes with the call
-// still under way, the publisher closes the connection's socket, which ends every blocked
-// step at once, and the next call connects again. Publish returns within the deadline plus
-// the moment it takes to close a socket. The search for a refused message (above) stops a
-// little before the deadline, so that running out of time there costs no reconnect.
+// The deadline of ctx bounds every step: the wait for a free connection, dialling, opening a
+// channel and running [Config].Setup, socket writes, and the confirms. amqp091-go writes to
+// the socket without a deadline, so a broker that stops reading would hold a write for ever:
+// when the deadline passes with the call under way, the publisher closes the socket, which
+// ends every blocked step at once, and the next call connects again. The search for a refused
+// message stops a little before the deadline, so that running out of time there costs no
+// reconnect.
 //
 // Messages are persistent, mandatory, and carry the outbox id as message-id, the event type,
 // the creation time as timestamp, content type application/json, the correlation id, and the
@@ -259,7 +276,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) []error 
 	errs := make([]error, len(msgs))
 	send := make([]int, 0, len(msgs))
 	for i := range msgs {
-		if err := validate(msgs[i], p.cfg.MaxBodyBytes); err != nil {
+		if err := validate(msgs[i], p.cfg.MaxMessageBytes); err != nil {
 			errs[i] = err
 			continue
 		}

@@ -144,6 +144,21 @@ func TestPublisher(t *testing.T) {
 			})
 		}
 	})
+
+	t.Run("WithDefaults", func(t *testing.T) {
+		t.Parallel()
+		cfg, err := rabbitmq.Config{URL: "amqp://a/"}.WithDefaults()
+		require.NoError(t, err)
+		require.Equal(t, rabbitmq.DefaultConnectionName, cfg.ConnectionName)
+		require.Equal(t, rabbitmq.DefaultDialTimeout, cfg.DialTimeout)
+		require.Equal(t, 1, cfg.Connections)
+		require.Zero(t, cfg.MaxMessageBytes, "0 checks nothing")
+		require.NotNil(t, cfg.Logger)
+		_, err = rabbitmq.Config{URL: "amqp://a/", Connections: rabbitmq.MaxConnections + 1, MaxMessageBytes: -1}.WithDefaults()
+		require.ErrorContains(t, err, "outbox: invalid rabbitmq publisher config: ")
+		require.ErrorContains(t, err, "connections must be between")
+		require.ErrorContains(t, err, "max message bytes must be >= 0")
+	})
 }
 
 // TestPublisherURLs checks the failover between the URLs of a list, with proxies in front of

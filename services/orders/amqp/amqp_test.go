@@ -84,7 +84,7 @@ func setup(t *testing.T) *bundle {
 		Name:                 ordersamqp.ConsumerName,
 		Handler:              ordersamqp.NewHandler(b.store, slog.New(slog.NewJSONHandler(b.logs, nil))),
 		Prefetch:             8,
-		RetryDelay:           10 * time.Millisecond,
+		RetryBaseDelay:       10 * time.Millisecond,
 		ShutdownTimeout:      10 * time.Second,
 		DeadLetterExchange:   b.top.DeadLetterExchange,
 		DeadLetterRoutingKey: b.top.Queue,

@@ -41,7 +41,7 @@ func testConfig(t *testing.T) app.Config {
 	cfg.Queue = testinfra.UniqueName(t, "q")
 	cfg.DeadLetterQueue = testinfra.UniqueName(t, "dq")
 	cfg.RelayPollInterval = 100 * time.Millisecond
-	cfg.ConsumerRetryDelay = 10 * time.Millisecond
+	cfg.ConsumerRetryBaseDelay = 10 * time.Millisecond
 	cfg.ConsumerShutdownTimeout = 5 * time.Second
 	cfg.HTTPShutdownTimeout = 5 * time.Second
 	cfg.DatabaseTimeout = 2 * time.Second

@@ -90,7 +90,7 @@ func (b *bundle) startConsumer(t *testing.T, concurrency int) {
 		Topology: b.top,
 		Store:    b.store,
 		ConsumerSettings: service.ConsumerSettings{
-			Prefetch: max(concurrency, 16), Concurrency: concurrency, MaxDeliveries: 3, RetryDelay: 50 * time.Millisecond,
+			Prefetch: max(concurrency, 16), Concurrency: concurrency, MaxDeliveries: 3, RetryBaseDelay: 50 * time.Millisecond,
 		},
 		ShutdownTimeout: 5 * time.Second,
 		Logger:          testLogger(t),

@@ -36,7 +36,7 @@ func testConfig(t *testing.T) app.Config {
 	cfg.Queue = testinfra.UniqueName(t, "q")
 	cfg.DeadLetterQueue = testinfra.UniqueName(t, "dlq")
 	cfg.RelayPollInterval = 100 * time.Millisecond
-	cfg.ConsumerRetryDelay = 50 * time.Millisecond
+	cfg.ConsumerRetryBaseDelay = 50 * time.Millisecond
 	cfg.ShutdownTimeout = 5 * time.Second
 	t.Cleanup(func() { deleteTopology(t, cfg) })
 	return cfg
@@ -335,7 +335,7 @@ func TestConfig(t *testing.T) {
 		})
 		require.NoError(t, err)
 		require.Equal(t, ":1234", cfg.HTTPAddr)
-		require.Equal(t, 2*time.Second, cfg.ConsumerRetryDelay)
+		require.Equal(t, 2*time.Second, cfg.ConsumerRetryBaseDelay)
 		require.Equal(t, "wh.q", cfg.Topology().Queue)
 	})
 

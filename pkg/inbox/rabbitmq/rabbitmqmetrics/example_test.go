@@ -53,7 +53,7 @@ func Example_consumerProcess() {
 	}
 	consumerMetrics.SetPoolSize("billing", consumer.PoolSize()) // inbox_pool_shortfall_connections
 	window.Set("billing", inbox.DefaultCleanupRetention,
-		metrics.RetryWindow(rabbitmq.DefaultMaxDeliveries, rabbitmq.DefaultRetryDelay, rabbitmq.DefaultMaxRetryDelay))
+		metrics.RetryWindow(rabbitmq.DefaultMaxDeliveries, rabbitmq.DefaultRetryBaseDelay, rabbitmq.DefaultRetryMaxDelay))
 	http.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 
 	if err := consumer.Run(ctx); err != nil {

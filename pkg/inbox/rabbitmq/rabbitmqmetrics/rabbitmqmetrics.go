@@ -112,9 +112,8 @@ func (m *Consumer) Init(consumer string) {
 	m.shortfall.WithLabelValues(consumer)
 }
 
-// SetPoolSize exports s, the [rabbitmq.Consumer.PoolSize] of consumer (the inbox consumer
-// name): a pool smaller than Concurrency does not stop the consumer, it makes its handlers
-// wait for connections.
+// SetPoolSize exports the shortfall of s, the [rabbitmq.Consumer.PoolSize] of consumer (the
+// inbox consumer name), as inbox_pool_shortfall_connections.
 func (m *Consumer) SetPoolSize(consumer string, s rabbitmq.PoolSize) {
 	m.shortfall.WithLabelValues(consumer).Set(float64(s.Shortfall()))
 }

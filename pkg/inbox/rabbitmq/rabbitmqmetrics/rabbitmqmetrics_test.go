@@ -42,7 +42,7 @@ func TestConsumerMetrics(t *testing.T) {
 	c, err := rabbitmq.NewConsumer(pool, rabbitmq.Config{
 		URL: url, Queue: top.Queue, Name: "warehouse",
 		DeadLetterExchange: dead.Exchange, DeadLetterRoutingKey: "dead",
-		RetryDelay: 10 * time.Millisecond,
+		RetryBaseDelay: 10 * time.Millisecond,
 		Handler: func(_ context.Context, _ pgx.Tx, d rabbitmq.Delivery) error {
 			var err error
 			if d.ID == "m4" {

@@ -10,10 +10,10 @@
 // counted attempt, or dead-lettered with its reason (a permanent error, the last of
 // [rabbitmq.Config].MaxDeliveries attempts, a message id or type the inbox cannot store, or
 // what the consumer refuses before any handler runs). A handler that panics is treated as the
-// consumer treats it: as a failed attempt. The consumer's checks of the delivery (body size,
-// content type, type, and JSON syntax, which a body without a content type must pass) run
-// first, through [rabbitmq.Config.Refusal], as the consumer runs them. [RequireHandledOnce]
-// delivers twice and asserts the second was a duplicate that did not call the handler.
+// consumer treats it: as a failed attempt. The consumer's own checks of the delivery (body
+// size, content type, type, and JSON syntax, which a body without a content type must pass)
+// run first, the same code as the consumer's. [RequireHandledOnce] delivers twice and
+// asserts the second was a duplicate that did not call the handler.
 //
 // inboxtest.Options.BeforeCommit looks into the handler's transaction before it commits.
 //

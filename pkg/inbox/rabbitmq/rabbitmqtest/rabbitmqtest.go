@@ -2,7 +2,6 @@ package rabbitmqtest
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -10,6 +9,7 @@ import (
 	"github.com/outboxshop/outboxshop/pkg/inbox"
 	"github.com/outboxshop/outboxshop/pkg/inbox/inboxtest"
 	"github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
+	"github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq/internal/decide"
 )
 
 // Outcome is what the RabbitMQ consumer does with a delivery after its handler ran.
@@ -43,10 +43,10 @@ type Handled struct {
 
 // Deliver runs cfg.Handler on d through the inbox of cfg.Tables as consumer cfg.Name, as the
 // RabbitMQ consumer built from cfg does, and reports the outcome the consumer would reach.
-// What the consumer dead-letters before its transaction ([rabbitmq.Config.Refusal]: cfg.Types,
-// cfg.ContentTypes, cfg.MaxBodyBytes, a body that is not JSON while the content type says it
-// is, or is empty) is DeadLettered without calling the handler, with a permanent Err naming
-// the reason. cfg.MaxDeliveries (default rabbitmq.DefaultMaxDeliveries) and d.DeliveryCount
+// What the consumer dead-letters before its transaction (for cfg.Types, cfg.ContentTypes,
+// cfg.MaxMessageBytes, a body that is not JSON while the content type says it is, or is
+// empty) is DeadLettered without calling the handler, with a permanent Err naming the
+// reason: the consumer's own checks decide it. cfg.MaxDeliveries (default rabbitmq.DefaultMaxDeliveries) and d.DeliveryCount
 // (0 counts as the first attempt) decide between Retried and DeadLettered for a counted
 // failure. The other fields of cfg, the broker's among them, are not used. An invalid
 // cfg.Name or cfg.Tables, with which the consumer would not start, gives no Outcome and an
@@ -57,10 +57,10 @@ type Handled struct {
 func Deliver(ctx context.Context, db inbox.TxBeginner, cfg rabbitmq.Config, d rabbitmq.Delivery, opts *inboxtest.Options) Handled {
 	if err := inbox.ValidateConsumer(cfg.Name); err != nil {
 		// The consumer would not start; there is no outcome.
-		return Handled{Result: inboxtest.Result{Err: fmt.Errorf("rabbitmqtest: rabbitmq.Config.Name: %w", err)}}
+		return Handled{Result: inboxtest.Result{Err: fmt.Errorf("rabbitmq.Config.Name: %w", err)}}
 	}
 	if err := cfg.Tables.Validate(); err != nil {
-		return Handled{Result: inboxtest.Result{Err: fmt.Errorf("rabbitmqtest: rabbitmq.Config.Tables: %w", err)}}
+		return Handled{Result: inboxtest.Result{Err: fmt.Errorf("rabbitmq.Config.Tables: %w", err)}}
 	}
 	o := inboxtest.Options{Tables: cfg.Tables}
 	if opts != nil {
@@ -72,42 +72,44 @@ func Deliver(ctx context.Context, db inbox.TxBeginner, cfg rabbitmq.Config, d ra
 		o.BeforeCommit = opts.BeforeCommit
 	}
 	d.DeliveryCount = max(d.DeliveryCount, 1)
-	maxDeliveries := cfg.MaxDeliveries
+	// The consumer's defaults, for the fields used here; the others need not be set.
+	maxDeliveries, maxMessageBytes := cfg.MaxDeliveries, cfg.MaxMessageBytes
 	if maxDeliveries <= 0 {
 		maxDeliveries = rabbitmq.DefaultMaxDeliveries
 	}
+	if maxMessageBytes <= 0 {
+		maxMessageBytes = rabbitmq.DefaultMaxMessageBytes
+	}
+	reasons := rabbitmq.Reasons() // indexed by decide.Reason
 	msg := inbox.Message{ID: d.ID, Type: d.Type}
 	if err := msg.Validate(); err != nil {
-		reason := rabbitmq.ReasonInvalidMessageID
-		switch {
-		case errors.Is(err, inbox.ErrNoMessageID):
-			reason = rabbitmq.ReasonMissingMessageID
-		case errors.Is(err, inbox.ErrInvalidMessageType):
-			reason = rabbitmq.ReasonInvalidMessageType
-		}
-		return Handled{Result: inboxtest.Result{Err: err, Class: inbox.Classify(err)}, Outcome: DeadLettered, Reason: reason}
+		return Handled{Result: inboxtest.Result{Err: err, Class: inbox.Classify(err)}, Outcome: DeadLettered,
+			Reason: reasons[decide.InvalidMessage(err)]}
 	}
-	if reason, detail := cfg.Refusal(d); reason != "" {
+	if r, detail := decide.Refusal(decide.Message{ID: d.ID, Type: d.Type, ContentType: d.ContentType, Body: d.Body},
+		decide.Acceptance{MaxMessageBytes: maxMessageBytes, ContentTypes: decide.MediaTypes(cfg.ContentTypes), Types: cfg.Types},
+	); r != decide.NoReason {
 		// Dead-lettered before a transaction, as the consumer does: the handler does not run.
-		err := inbox.Permanent(fmt.Errorf("%s: %s", reason, detail))
-		return Handled{Result: inboxtest.Result{Err: err, Class: inbox.Classify(err)}, Outcome: DeadLettered, Reason: reason}
+		err := inbox.Permanent(fmt.Errorf("%s: %s", reasons[r], detail))
+		return Handled{Result: inboxtest.Result{Err: err, Class: inbox.Classify(err)}, Outcome: DeadLettered, Reason: reasons[r]}
 	}
 	var handler func(ctx context.Context, tx pgx.Tx) error
 	if cfg.Handler != nil {
 		handler = func(ctx context.Context, tx pgx.Tx) error { return callHandler(ctx, tx, cfg.Handler, d) }
 	}
 	h := Handled{Result: inboxtest.Deliver(ctx, db, cfg.Name, msg, handler, &o)}
-	switch {
-	case h.Err == nil && h.Duplicate:
-		h.Outcome = AckedDuplicate
-	case h.Err == nil:
+	if h.Err == nil {
 		h.Outcome = Acked
-	case h.Class == inbox.ClassTransient:
+		if h.Duplicate {
+			h.Outcome = AckedDuplicate
+		}
+		return h
+	}
+	switch step, r := decide.AfterFailure(false, h.Class, d.DeliveryCount, maxDeliveries); step {
+	case decide.Hold:
 		h.Outcome = Held
-	case h.Class == inbox.ClassPermanent:
-		h.Outcome, h.Reason = DeadLettered, rabbitmq.ReasonPermanent
-	case d.DeliveryCount >= maxDeliveries:
-		h.Outcome, h.Reason = DeadLettered, rabbitmq.ReasonMaxDeliveries
+	case decide.DeadLetter:
+		h.Outcome, h.Reason = DeadLettered, reasons[r]
 	default:
 		h.Outcome = Retried
 	}
@@ -118,11 +120,7 @@ func Deliver(ctx context.Context, db inbox.TxBeginner, cfg rabbitmq.Config, d ra
 func callHandler(ctx context.Context, tx pgx.Tx, h rabbitmq.Handler, d rabbitmq.Delivery) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			if e, ok := r.(error); ok {
-				err = fmt.Errorf("handler panicked: %w", e)
-			} else {
-				err = fmt.Errorf("handler panicked: %v", r)
-			}
+			err = decide.PanicError(r)
 		}
 	}()
 	return h(ctx, tx, d)

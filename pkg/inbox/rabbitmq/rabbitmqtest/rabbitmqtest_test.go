@@ -146,7 +146,7 @@ func TestDeliver(t *testing.T) {
 		h := rabbitmqtest.Deliver(ctx, pool, cfg, delivery("r", "permanent", 1), nil)
 		failed, msg := check(func(tb inboxtest.TB) { h.RequireOutcome(tb, rabbitmqtest.Acked, "") })
 		require.True(t, failed)
-		require.Contains(t, msg, "want the delivery acked, got dead-lettered (permanent-error) after a permanent error: inbox: handle message \"r\": unknown product")
+		require.Contains(t, msg, "want the delivery acked, got dead-lettered (permanent-error) after a permanent error: handle message \"r\": unknown product")
 		failed, msg = check(func(tb inboxtest.TB) { h.RequireOutcome(tb, rabbitmqtest.DeadLettered, rabbitmq.ReasonMaxDeliveries) })
 		require.True(t, failed)
 		require.Contains(t, msg, "want the delivery dead-lettered (max-deliveries), got dead-lettered (permanent-error)")
@@ -164,7 +164,7 @@ func TestDeliverInvalidName(t *testing.T) {
 	require.Empty(t, h.Outcome)
 	failed, msg := check(func(tb inboxtest.TB) { h.RequireOutcome(tb, rabbitmqtest.Acked, "") })
 	require.True(t, failed)
-	require.Contains(t, msg, "want the delivery acked, got no outcome after a failed error: rabbitmqtest: rabbitmq.Config.Name: inbox: consumer name is empty")
+	require.Contains(t, msg, "want the delivery acked, got no outcome after a failed error: rabbitmq.Config.Name: inbox: consumer name is empty")
 }
 
 // TestDeliverRefuses: what the consumer dead-letters before it opens a transaction
@@ -176,7 +176,7 @@ func TestDeliverRefuses(t *testing.T) {
 	pool := setup(t)
 	cfg := rabbitmq.Config{
 		Name: "stock", Types: []string{"order.placed"}, ContentTypes: []string{"application/json", "text/plain"},
-		MaxBodyBytes: 16,
+		MaxMessageBytes: 16,
 		Handler: func(context.Context, pgx.Tx, rabbitmq.Delivery) error {
 			t.Error("the handler must not run")
 			return nil
@@ -197,8 +197,8 @@ func TestDeliverRefuses(t *testing.T) {
 		{"MalformedJSON", cfg, rabbitmq.Delivery{ID: "j", Type: "order.placed", ContentType: "application/json", Body: []byte(`{`)}, rabbitmq.ReasonMalformedJSON},
 		// An empty content type is taken for JSON, with the defaults of every limit.
 		{"NoContentTypeNotJSON", rabbitmq.Config{Name: "stock", Handler: cfg.Handler}, rabbitmq.Delivery{ID: "n", Type: "t", Body: []byte("sku-1")}, rabbitmq.ReasonMalformedJSON},
-		{"DefaultMaxBodyBytes", rabbitmq.Config{Name: "stock", Handler: cfg.Handler}, rabbitmq.Delivery{ID: "d", Type: "t", ContentType: "text/plain",
-			Body: make([]byte, rabbitmq.DefaultMaxBodyBytes+1)}, rabbitmq.ReasonBodyTooLarge},
+		{"DefaultMaxMessageBytes", rabbitmq.Config{Name: "stock", Handler: cfg.Handler}, rabbitmq.Delivery{ID: "d", Type: "t", ContentType: "text/plain",
+			Body: make([]byte, rabbitmq.DefaultMaxMessageBytes+1)}, rabbitmq.ReasonBodyTooLarge},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()

@@ -25,6 +25,8 @@ type Publisher struct {
 	// everConnected holds the publisher's connections (ConnectionChange.Connection) that
 	// were up once: their next connect is a reconnect.
 	everConnected map[int]bool
+	// up holds the connections that are up, as their last change said.
+	up map[int]bool
 }
 
 // NewPublisher registers the publisher's metrics on reg; constLabels (say,
@@ -37,7 +39,7 @@ func NewPublisher(reg prometheus.Registerer, constLabels prometheus.Labels) (*Pu
 		connected:  prometheus.NewGauge(prometheus.GaugeOpts(opts("broker_connected", "1 while the publisher has a broker connection."))),
 		reconnects: prometheus.NewCounter(prometheus.CounterOpts(opts("broker_reconnects_total", "Successful broker connects after the first."))),
 
-		everConnected: map[int]bool{},
+		everConnected: map[int]bool{}, up: map[int]bool{},
 	}
 	for _, c := range []prometheus.Collector{m.connected, m.reconnects} {
 		if err := reg.Register(c); err != nil {
@@ -60,14 +62,18 @@ func (m *Publisher) Hooks(h rabbitmq.Hooks) rabbitmq.Hooks {
 }
 
 // setConnected follows one of the publisher's connections: the gauge is 1 while any is
-// open (the publisher calls its hook for one change at a time).
+// open. It counts the open connections itself, under its lock, rather than trusting the
+// order in which concurrent hook calls set the gauge.
 func (m *Publisher) setConnected(c rabbitmq.ConnectionChange) {
-	m.connected.Set(float64(min(c.Open, 1)))
-	if !c.Up {
-		return
-	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if !c.Up {
+		delete(m.up, c.Connection)
+		m.connected.Set(float64(min(len(m.up), 1)))
+		return
+	}
+	m.up[c.Connection] = true
+	m.connected.Set(1)
 	if m.everConnected[c.Connection] {
 		m.reconnects.Inc()
 	}
