@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxshop/outboxshop/pkg/outbox"
-	outboxrabbitmq "github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq"
+	"github.com/outboxshop/outboxshop/pkg/outbox/outboxrabbitmq"
 )
 
 // backlog returns a database holding a pre-filled outbox of rows pending rows, to be

@@ -155,7 +155,7 @@ func (e *env) dial(name string) (*amqp.Connection, error) {
 }
 
 // dialSocket is dial, with a socket that batches its writes if batched: the outbox
-// publisher's own (batchedConn, generated from pkg/outbox/rabbitmq).
+// publisher's own (batchedConn, generated from pkg/outbox/outboxrabbitmq).
 func (e *env) dialSocket(name string, batched bool) (*amqp.Connection, error) {
 	cfg := amqp.Config{
 		Heartbeat:  10 * time.Second,

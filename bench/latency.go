@@ -13,9 +13,9 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxshop/outboxshop/pkg/inbox"
-	inboxrabbitmq "github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
+	"github.com/outboxshop/outboxshop/pkg/inbox/inboxrabbitmq"
 	"github.com/outboxshop/outboxshop/pkg/outbox"
-	outboxrabbitmq "github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq"
+	"github.com/outboxshop/outboxshop/pkg/outbox/outboxrabbitmq"
 	warehouseamqp "github.com/outboxshop/outboxshop/services/warehouse/amqp"
 	warehousepg "github.com/outboxshop/outboxshop/services/warehouse/postgres"
 )
@@ -136,7 +136,7 @@ var _ inbox.TxBeginner = timedBeginner{}
 
 // latencyRig is the pipeline of item 5: the writer's database with its outbox, the
 // warehouse's database with its inbox, and the warehouse's consumer (its real handler,
-// pkg/inbox/rabbitmq, quorum queues), running in this process.
+// pkg/inbox/inboxrabbitmq, quorum queues), running in this process.
 type latencyRig struct {
 	e          *env
 	ordersURL  string

@@ -15,7 +15,7 @@ import (
 // into a durable queue, with window publishes unconfirmed at once on each of channels
 // channels, each on a connection of its own (as each relay has its own). The messages carry
 // the properties the outbox publisher sets. batched gives the connections sockets that batch
-// their writes (batchedConn, generated from pkg/outbox/rabbitmq), as the outbox publisher's
+// their writes (batchedConn, generated from pkg/outbox/outboxrabbitmq), as the outbox publisher's
 // do. The CPU of the bench's process and of the broker is sampled around the publishing.
 func (e *env) publishLimit(ctx context.Context, top topology, channels, window int, batched bool, d time.Duration) (float64, *CPUUsage, error) {
 	type worker struct {

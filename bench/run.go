@@ -18,7 +18,7 @@ type Measured struct {
 	N    int
 	Rate float64
 	// BatchedWrites (limit A): the publishing connections' sockets batch their writes
-	// (batchedConn, generated from pkg/outbox/rabbitmq), as the outbox publisher's do.
+	// (batchedConn, generated from pkg/outbox/outboxrabbitmq), as the outbox publisher's do.
 	BatchedWrites bool
 	// CPU is what the processes taking part spent, when it was measured.
 	CPU *CPUUsage

@@ -15,8 +15,8 @@
 //
 //   - every PromQL expression of the rules and the dashboards parses (Grafana variables
 //     replaced by sample values) and names only metrics that exist: recording rules, the
-//     metrics registered by pkg/outbox/metrics, pkg/inbox/metrics and their adapters'
-//     rabbitmq/rabbitmqmetrics, the service metrics of the contract in docs/metrics.md,
+//     metrics registered by pkg/outbox/outboxmetrics, pkg/inbox/inboxmetrics and their adapters'
+//     outboxrabbitmqmetrics and inboxrabbitmqmetrics, the service metrics of the contract in docs/metrics.md,
 //     the RabbitMQ plugin's metrics, the Go and process collectors', and Prometheus' own up
 //     and ALERTS;
 //   - every alert has a for duration, a severity (page, ticket or info), a summary, a

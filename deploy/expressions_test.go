@@ -37,7 +37,7 @@ func TestExpressions(t *testing.T) {
 		for _, name := range names {
 			_, ok := known[name]
 			require.True(t, ok, "metric %q is exported by nothing known: not a recording rule, not in "+
-				"pkg/outbox/metrics or pkg/inbox/metrics, not in the Services table of %s, not in %s, "+
+				"pkg/outbox/outboxmetrics or pkg/inbox/inboxmetrics, not in the Services table of %s, not in %s, "+
 				"not a Go or process collector metric\nexpression:\n%s", name, metricsDoc, rabbitmqFixture, expr)
 		}
 	}
@@ -117,7 +117,7 @@ func TestMetricsDoc(t *testing.T) {
 	doc, err := parseMetricsDoc(metricsDoc)
 	require.NoError(t, err)
 
-	t.Run("pkg sections list what pkg/outbox/metrics and pkg/inbox/metrics register", func(t *testing.T) {
+	t.Run("pkg sections list what pkg/outbox/outboxmetrics and pkg/inbox/inboxmetrics register", func(t *testing.T) {
 		t.Parallel()
 		outboxNames, err := outboxMetricNames()
 		require.NoError(t, err)

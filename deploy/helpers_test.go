@@ -25,13 +25,13 @@ import (
 	"github.com/prometheus/prometheus/promql/parser"
 	"github.com/stretchr/testify/require"
 
-	inboxmetrics "github.com/outboxshop/outboxshop/pkg/inbox/metrics"
-	inboxrabbitmq "github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
-	inboxrabbitmqmetrics "github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq/rabbitmqmetrics"
+	"github.com/outboxshop/outboxshop/pkg/inbox/inboxmetrics"
+	"github.com/outboxshop/outboxshop/pkg/inbox/inboxrabbitmq"
+	"github.com/outboxshop/outboxshop/pkg/inbox/inboxrabbitmq/inboxrabbitmqmetrics"
 	"github.com/outboxshop/outboxshop/pkg/outbox"
-	outboxmetrics "github.com/outboxshop/outboxshop/pkg/outbox/metrics"
-	outboxrabbitmq "github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq"
-	outboxrabbitmqmetrics "github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq/rabbitmqmetrics"
+	"github.com/outboxshop/outboxshop/pkg/outbox/outboxmetrics"
+	"github.com/outboxshop/outboxshop/pkg/outbox/outboxrabbitmq"
+	"github.com/outboxshop/outboxshop/pkg/outbox/outboxrabbitmq/outboxrabbitmqmetrics"
 )
 
 // Paths, relative to this package's folder (go test runs there).
@@ -255,15 +255,15 @@ var knownMetrics = sync.OnceValues(func() (map[string]string, error) {
 
 	outboxNames, err := outboxMetricNames()
 	if err != nil {
-		return nil, fmt.Errorf("pkg/outbox/metrics: %w", err)
+		return nil, fmt.Errorf("pkg/outbox/outboxmetrics: %w", err)
 	}
-	add("pkg/outbox/metrics", outboxNames)
+	add("pkg/outbox/outboxmetrics", outboxNames)
 
 	inboxNames, err := inboxMetricNames()
 	if err != nil {
-		return nil, fmt.Errorf("pkg/inbox/metrics: %w", err)
+		return nil, fmt.Errorf("pkg/inbox/inboxmetrics: %w", err)
 	}
-	add("pkg/inbox/metrics", inboxNames)
+	add("pkg/inbox/inboxmetrics", inboxNames)
 
 	runtimeNames, err := gatherNames(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if err != nil {
@@ -285,8 +285,8 @@ var knownMetrics = sync.OnceValues(func() (map[string]string, error) {
 	return known, nil
 })
 
-// outboxMetricNames registers the relay and table metrics of pkg/outbox/metrics and the
-// publisher metrics of pkg/outbox/rabbitmq/rabbitmqmetrics on a fresh registry, calls each
+// outboxMetricNames registers the relay and table metrics of pkg/outbox/outboxmetrics and the
+// publisher metrics of pkg/outbox/outboxrabbitmq/outboxrabbitmqmetrics on a fresh registry, calls each
 // hook once so that every vector has a series, and gathers the names.
 func outboxMetricNames() ([]string, error) {
 	reg := prometheus.NewRegistry()
@@ -316,8 +316,8 @@ func outboxMetricNames() ([]string, error) {
 	return gather(reg)
 }
 
-// inboxMetricNames does the same for pkg/inbox/metrics and
-// pkg/inbox/rabbitmq/rabbitmqmetrics.
+// inboxMetricNames does the same for pkg/inbox/inboxmetrics and
+// pkg/inbox/inboxrabbitmq/inboxrabbitmqmetrics.
 func inboxMetricNames() ([]string, error) {
 	reg := prometheus.NewRegistry()
 	c, err := inboxrabbitmqmetrics.NewConsumer(reg, inboxrabbitmqmetrics.Config{KnownTypes: []string{"OrderCreated"}})

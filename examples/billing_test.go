@@ -18,9 +18,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
+	"github.com/outboxshop/outboxshop/pkg/inbox/inboxrabbitmq"
 	"github.com/outboxshop/outboxshop/pkg/outbox"
-	outboxrabbitmq "github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq"
+	"github.com/outboxshop/outboxshop/pkg/outbox/outboxrabbitmq"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -46,10 +46,10 @@ func TestPaymentBookedOnce(t *testing.T) {
 	ctx := t.Context()
 
 	var processed, duplicates atomic.Int64
-	consumer, err := b.ledger.Consumer(rabbitmq.Config{
+	consumer, err := b.ledger.Consumer(inboxrabbitmq.Config{
 		URL:         b.amqpURL,
 		Concurrency: 3, // below the pool's size (4 at least): a connection is left for the test's queries
-		Hooks: rabbitmq.Hooks{Processed: func(p rabbitmq.ProcessedMessage) {
+		Hooks: inboxrabbitmq.Hooks{Processed: func(p inboxrabbitmq.ProcessedMessage) {
 			if p.Duplicate {
 				duplicates.Add(1)
 			} else {

@@ -13,8 +13,8 @@
 // jobs end in -relay, the API jobs hold the outbox backlog. Under `make run` ([LayoutAll])
 // there is no relay process: `orders all` and `warehouse all` serve the metrics of every role
 // on their API port. That port is then scraped twice, as the API job without the relay's
-// metrics and as the relay job with only the relay's metrics (those that pkg/outbox/metrics
-// and pkg/outbox/rabbitmq/rabbitmqmetrics register), so that every series has the job of the
+// metrics and as the relay job with only the relay's metrics (those that pkg/outbox/outboxmetrics
+// and pkg/outbox/outboxrabbitmq/outboxrabbitmqmetrics register), so that every series has the job of the
 // role that makes it, once, and the relay job is up exactly when its process is. With one
 // process per role ([LayoutRoles], docs/local.md) each job has its own port, as in compose.
 //

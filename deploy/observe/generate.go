@@ -15,8 +15,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.yaml.in/yaml/v3"
 
-	outboxmetrics "github.com/outboxshop/outboxshop/pkg/outbox/metrics"
-	"github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq/rabbitmqmetrics"
+	"github.com/outboxshop/outboxshop/pkg/outbox/outboxmetrics"
+	"github.com/outboxshop/outboxshop/pkg/outbox/outboxrabbitmq/outboxrabbitmqmetrics"
 )
 
 // The sources, relative to the deploy folder, and what Generate writes, relative to the
@@ -183,8 +183,8 @@ type relabelConfig struct {
 }
 
 // relayMetricsRegex matches the series of the metrics an outbox relay process registers and
-// an API process does not: those of pkg/outbox/metrics.NewRelay and
-// pkg/outbox/rabbitmq/rabbitmqmetrics.NewPublisher, read from a registry of their own, so
+// an API process does not: those of pkg/outbox/outboxmetrics.NewRelay and
+// pkg/outbox/outboxrabbitmq/outboxrabbitmqmetrics.NewPublisher, read from a registry of their own, so
 // that a metric added there is split correctly without a change here. A family matches with
 // the suffixes of its exposition (_bucket, _sum, _count of a histogram, _created).
 func relayMetricsRegex() (string, error) {
@@ -192,7 +192,7 @@ func relayMetricsRegex() (string, error) {
 	if _, err := outboxmetrics.NewRelay(reg, nil); err != nil {
 		return "", fmt.Errorf("relay metrics: %w", err)
 	}
-	if _, err := rabbitmqmetrics.NewPublisher(reg, nil); err != nil {
+	if _, err := outboxrabbitmqmetrics.NewPublisher(reg, nil); err != nil {
 		return "", fmt.Errorf("publisher metrics: %w", err)
 	}
 	mfs, err := reg.Gather()

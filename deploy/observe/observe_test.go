@@ -31,8 +31,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
 
-	outboxmetrics "github.com/outboxshop/outboxshop/pkg/outbox/metrics"
-	"github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq/rabbitmqmetrics"
+	"github.com/outboxshop/outboxshop/pkg/outbox/outboxmetrics"
+	"github.com/outboxshop/outboxshop/pkg/outbox/outboxrabbitmq/outboxrabbitmqmetrics"
 )
 
 // Paths, relative to this package's folder (go test runs there).
@@ -311,14 +311,14 @@ func TestGenerate(t *testing.T) {
 }
 
 // relayExposition returns the names of the series a relay exposes: the metrics of
-// pkg/outbox/metrics.NewRelay and rabbitmqmetrics.NewPublisher, histograms as their _bucket,
+// pkg/outbox/outboxmetrics.NewRelay and outboxrabbitmqmetrics.NewPublisher, histograms as their _bucket,
 // _sum and _count.
 func relayExposition(t *testing.T) []string {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	_, err := outboxmetrics.NewRelay(reg, nil)
 	require.NoError(t, err)
-	_, err = rabbitmqmetrics.NewPublisher(reg, nil)
+	_, err = outboxrabbitmqmetrics.NewPublisher(reg, nil)
 	require.NoError(t, err)
 	mfs, err := reg.Gather()
 	require.NoError(t, err)
@@ -558,7 +558,7 @@ func fakeAllProcess(t *testing.T, service string) string {
 	labels := prometheus.Labels{"service": service}
 	_, err := outboxmetrics.NewRelay(reg, labels)
 	require.NoError(t, err)
-	_, err = rabbitmqmetrics.NewPublisher(reg, labels)
+	_, err = outboxrabbitmqmetrics.NewPublisher(reg, labels)
 	require.NoError(t, err)
 	// Registered, never read: the gauges stay at 0, a backlog of none.
 	_, err = outboxmetrics.NewStats(reg, nil, outboxmetrics.StatsConfig{ConstLabels: labels})

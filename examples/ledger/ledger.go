@@ -18,7 +18,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/outboxshop/outboxshop/pkg/inbox"
-	"github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
+	"github.com/outboxshop/outboxshop/pkg/inbox/inboxrabbitmq"
 
 	"example.com/billing/events"
 )
@@ -70,7 +70,7 @@ func (s *Service) Migrate(ctx context.Context) error {
 // Consumer returns the consumer of the ledger's queue. cfg sets the broker and what the
 // caller observes (URL, Hooks, Concurrency; Logger defaults to the ledger's); the ledger
 // sets the queue, the topology, the inbox and the handler.
-func (s *Service) Consumer(cfg rabbitmq.Config) (*rabbitmq.Consumer, error) {
+func (s *Service) Consumer(cfg inboxrabbitmq.Config) (*inboxrabbitmq.Consumer, error) {
 	cfg.Logger = cmp.Or(cfg.Logger, s.logger)
 	cfg.Queue = s.topo.Queue
 	cfg.Name = ConsumerName
@@ -81,7 +81,7 @@ func (s *Service) Consumer(cfg rabbitmq.Config) (*rabbitmq.Consumer, error) {
 	cfg.Types = []string{events.PaymentCaptured}
 	cfg.ContentTypes = []string{events.ContentType}
 	cfg.Handler = s.book
-	consumer, err := rabbitmq.NewConsumer(s.pool, cfg)
+	consumer, err := inboxrabbitmq.NewConsumer(s.pool, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("inbox consumer: %w", err)
 	}
@@ -91,7 +91,7 @@ func (s *Service) Consumer(cfg rabbitmq.Config) (*rabbitmq.Consumer, error) {
 // book applies one PaymentCaptured event. The consumer calls it only for a message its
 // inbox has not recorded, in the transaction that records it, and commits both together;
 // it writes through tx only.
-func (s *Service) book(ctx context.Context, tx pgx.Tx, d rabbitmq.Delivery) error {
+func (s *Service) book(ctx context.Context, tx pgx.Tx, d inboxrabbitmq.Delivery) error {
 	var p events.Payment
 	if err := json.Unmarshal(d.Body, &p); err != nil {
 		// No retry can fix the payload: dead-lettered at once, with the reason.

@@ -5,7 +5,7 @@
 // Wrap the pool a consumer begins its transactions on; code handed such a transaction
 // registers a function with [Register]:
 //
-//	consumer, err := rabbitmq.NewConsumer(aftercommit.Wrap(pool), cfg)
+//	consumer, err := inboxrabbitmq.NewConsumer(aftercommit.Wrap(pool), cfg)
 //
 //	// in the handler, inside the inbox transaction tx:
 //	aftercommit.Register(tx, func() { reserved.Inc() })

@@ -266,8 +266,8 @@ func redact(err error) error {
 // Topology returns what d declares.
 func (d *Declarer) Topology() Topology { return d.t }
 
-// Setup declares the topology, for the Setup of a pkg/inbox/rabbitmq consumer or a
-// pkg/outbox/rabbitmq publisher: it runs on their every (re)connect, so a broker that lost
+// Setup declares the topology, for the Setup of a pkg/inbox/inboxrabbitmq consumer or a
+// pkg/outbox/outboxrabbitmq publisher: it runs on their every (re)connect, so a broker that lost
 // the topology is repaired. It declares on a connection of its own and leaves the channel it
 // is given alone: a refused declaration would close that channel. Nothing here retries or
 // logs a failure: Setup returns it, and the caller's reconnect backoff spaces the next attempt

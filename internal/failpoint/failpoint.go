@@ -90,7 +90,7 @@ func (s *Set) Armed() []string {
 	return names
 }
 
-// Hook returns a Failpoint hook of pkg/outbox or pkg/inbox/rabbitmq that hits s at the
+// Hook returns a Failpoint hook of pkg/outbox or pkg/inbox/inboxrabbitmq that hits s at the
 // point its event names (name reads it from the event), or nil when s is nil, so that the
 // library skips the call:
 //

@@ -44,7 +44,7 @@ import (
 	"time"
 
 	"github.com/outboxshop/outboxshop/internal/problem"
-	inboxrabbitmq "github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
+	"github.com/outboxshop/outboxshop/pkg/inbox/inboxrabbitmq"
 )
 
 // Check is one dependency of a process.
@@ -271,7 +271,7 @@ func Connection(s State, grace time.Duration) func(ctx context.Context) error {
 	}
 }
 
-// ConsumerConnected is a pkg/inbox/rabbitmq Hooks.Connected that keeps l up to date: up while
+// ConsumerConnected is a pkg/inbox/inboxrabbitmq Hooks.Connected that keeps l up to date: up while
 // the consumer consumes, down from the moment it lost its connection (or stopped) until it
 // consumes again.
 func ConsumerConnected(l *Link) func(inboxrabbitmq.ConnectionChange) {

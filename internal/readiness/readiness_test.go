@@ -19,7 +19,7 @@ import (
 
 	"github.com/outboxshop/outboxshop/internal/problem"
 	"github.com/outboxshop/outboxshop/internal/readiness"
-	inboxrabbitmq "github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
+	"github.com/outboxshop/outboxshop/pkg/inbox/inboxrabbitmq"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

@@ -21,13 +21,13 @@ import (
 	"github.com/outboxshop/outboxshop/internal/httpserver"
 	"github.com/outboxshop/outboxshop/internal/readiness"
 	"github.com/outboxshop/outboxshop/pkg/inbox"
-	inboxmetrics "github.com/outboxshop/outboxshop/pkg/inbox/metrics"
-	inboxrabbitmq "github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
-	inboxrabbitmqmetrics "github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq/rabbitmqmetrics"
+	"github.com/outboxshop/outboxshop/pkg/inbox/inboxmetrics"
+	"github.com/outboxshop/outboxshop/pkg/inbox/inboxrabbitmq"
+	"github.com/outboxshop/outboxshop/pkg/inbox/inboxrabbitmq/inboxrabbitmqmetrics"
 	"github.com/outboxshop/outboxshop/pkg/outbox"
-	outboxmetrics "github.com/outboxshop/outboxshop/pkg/outbox/metrics"
-	outboxrabbitmq "github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq"
-	outboxrabbitmqmetrics "github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq/rabbitmqmetrics"
+	"github.com/outboxshop/outboxshop/pkg/outbox/outboxmetrics"
+	"github.com/outboxshop/outboxshop/pkg/outbox/outboxrabbitmq"
+	"github.com/outboxshop/outboxshop/pkg/outbox/outboxrabbitmq/outboxrabbitmqmetrics"
 )
 
 // Addr is ln's address ("127.0.0.1:43127"), or "" for a nil ln (a listener the mode does
@@ -203,7 +203,7 @@ type RelaySettings struct {
 // ConsumerSettings are the inbox consumer's settings, the same variables in both services
 // (<SERVICE>_CONSUMER_*, [ConsumerEnv] and ConsumerConcurrency in their Config, read with
 // envconfig.Section).
-// Zero values take pkg/inbox/rabbitmq's defaults.
+// Zero values take pkg/inbox/inboxrabbitmq's defaults.
 type ConsumerSettings struct {
 	// Prefetch and Concurrency bound the messages in hand and in work.
 	Prefetch    int
@@ -247,8 +247,8 @@ func RedeliveryWindow(c ConsumerSettings, relayMaxAttempts int) time.Duration {
 	return consumer + producer
 }
 
-// ConsumerMetrics are the metrics of an inbox consumer (pkg/inbox/rabbitmq/rabbitmqmetrics),
-// its redelivery window beside the inbox retention (pkg/inbox/metrics), and the hooks that
+// ConsumerMetrics are the metrics of an inbox consumer (pkg/inbox/inboxrabbitmq/inboxrabbitmqmetrics),
+// its redelivery window beside the inbox retention (pkg/inbox/inboxmetrics), and the hooks that
 // feed them, p's crash points and a readiness link.
 type ConsumerMetrics struct {
 	name    string
@@ -374,7 +374,7 @@ func AddJob(p *Process, job Job) {
 // AddOutboxStats adds the outbox backlog metrics of p's database ("outbox stats") to its
 // group. The API process reads them, not the relay, so that the backlog stays visible while
 // the relay is down. The stats loop gets p's log, and backs off and logs an outage once by
-// itself (pkg/outbox/metrics).
+// itself (pkg/outbox/outboxmetrics).
 func AddOutboxStats(p *Process) error {
 	stats, err := outboxmetrics.NewStats(p.Registry, p.Pool(), outboxmetrics.StatsConfig{ConstLabels: p.ConstLabels(), Logger: p.Log})
 	if err != nil {

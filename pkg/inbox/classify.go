@@ -13,7 +13,7 @@ import (
 )
 
 // Class says what retrying a failed message can achieve. [Classify] assigns it; a consumer
-// runner such as the rabbitmq subpackage acts on it.
+// runner such as the inboxrabbitmq subpackage acts on it.
 type Class int
 
 const (
@@ -163,7 +163,7 @@ func connectionLost(err error) bool {
 
 // Permanent marks err as permanent: retrying the message cannot help (it is invalid, refers to
 // something that does not exist, breaks a business rule). A consumer runner such as the
-// rabbitmq subpackage dead-letters a message whose handler returned a permanent error at
+// inboxrabbitmq subpackage dead-letters a message whose handler returned a permanent error at
 // once, instead of retrying it. Permanent(nil) is nil.
 func Permanent(err error) error {
 	if err == nil {
@@ -178,7 +178,7 @@ func IsPermanent(err error) bool { return err != nil && Classify(err) == ClassPe
 
 // Transient marks err as transient: the message is fine, something it depends on is not (a
 // service it calls is down, a row it needs is locked), and retrying the same message later
-// will succeed. A consumer runner such as the rabbitmq subpackage retries it in place,
+// will succeed. A consumer runner such as the inboxrabbitmq subpackage retries it in place,
 // without counting an attempt, for as long as it takes. Use it only for failures that end
 // by themselves: a message whose handler returns a transient error for ever is never
 // dead-lettered. Transient(nil) is nil.

@@ -29,8 +29,8 @@
 //   - Synchronous standbys: [CommitReplicated].
 //
 // Subpackages: rabbitmq runs this loop for a RabbitMQ queue, with retries, dead letters,
-// reconnects and holding messages through outages; inboxtest and rabbitmq/rabbitmqtest run
-// a handler in your tests; metrics and rabbitmq/rabbitmqmetrics export Prometheus metrics.
+// reconnects and holding messages through outages; inboxtest and inboxrabbitmq/inboxrabbitmqtest run
+// a handler in your tests; metrics and inboxrabbitmq/inboxrabbitmqmetrics export Prometheus metrics.
 //
 // README.md in this folder says how to use them, and what the inbox guarantees and does not
 // (Guarantees, Ordering), with several consumers per database, and in operation.

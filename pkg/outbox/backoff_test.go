@@ -19,7 +19,7 @@ import (
 	"github.com/outboxshop/outboxshop/pkg/outbox"
 	"github.com/outboxshop/outboxshop/pkg/outbox/internal/retry"
 	"github.com/outboxshop/outboxshop/pkg/outbox/internal/testinfra"
-	"github.com/outboxshop/outboxshop/pkg/outbox/metrics"
+	"github.com/outboxshop/outboxshop/pkg/outbox/outboxmetrics"
 )
 
 // outageLength is how long the tests below keep the database away: long enough for a loop
@@ -187,7 +187,7 @@ func TestLoopsBackOff(t *testing.T) {
 			return outbox.RunCleanup(ctx, db, outbox.CleanupConfig{Interval: interval, Logger: log})
 		}},
 		{"Stats", "outbox stats", func(ctx context.Context, db outbox.DBTX, log *slog.Logger, interval time.Duration) error {
-			s, err := metrics.NewStats(prometheus.NewRegistry(), db, metrics.StatsConfig{Interval: interval, Logger: log})
+			s, err := outboxmetrics.NewStats(prometheus.NewRegistry(), db, outboxmetrics.StatsConfig{Interval: interval, Logger: log})
 			if err != nil {
 				return err
 			}

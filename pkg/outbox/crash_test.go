@@ -17,7 +17,7 @@ import (
 
 	"github.com/outboxshop/outboxshop/pkg/outbox"
 	"github.com/outboxshop/outboxshop/pkg/outbox/internal/testinfra"
-	"github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq"
+	"github.com/outboxshop/outboxshop/pkg/outbox/outboxrabbitmq"
 )
 
 // The crash test runs a relay in a child process (this test binary, re-executed) that kills
@@ -39,7 +39,7 @@ func runChild() {
 		fmt.Fprintln(os.Stderr, "child:", err)
 		os.Exit(3)
 	}
-	pub, err := rabbitmq.New(rabbitmq.Config{URL: os.Getenv(childAMQPEnv)})
+	pub, err := outboxrabbitmq.New(outboxrabbitmq.Config{URL: os.Getenv(childAMQPEnv)})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "child:", err)
 		os.Exit(3)

@@ -43,7 +43,7 @@
 // [Add] records the caller's OpenTelemetry trace context in the row, and the relay makes a
 // publish span per message ([Config].TracerProvider), through the OpenTelemetry API only
 // (README.md#tracing). The metrics subpackage turns [Hooks] and [ReadStats] into Prometheus
-// metrics; rabbitmq/rabbitmqmetrics adds the publisher's connection (README.md#metrics). The
+// metrics; outboxrabbitmq/outboxrabbitmqmetrics adds the publisher's connection (README.md#metrics). The
 // outboxtest subpackage asserts on what a transaction added and has a recording [Publisher]
 // (README.md#testing-your-code).
 package outbox

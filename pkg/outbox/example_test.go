@@ -16,7 +16,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxshop/outboxshop/pkg/outbox"
-	"github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq"
+	"github.com/outboxshop/outboxshop/pkg/outbox/outboxrabbitmq"
 )
 
 // Placing an order: the order row and its OrderCreated event commit together, and a relay
@@ -54,7 +54,7 @@ func Example() {
 	}
 
 	// The relay, in this process or another one.
-	pub, err := rabbitmq.New(rabbitmq.Config{
+	pub, err := outboxrabbitmq.New(outboxrabbitmq.Config{
 		URL: amqpURL,
 		Setup: func(ch *amqp.Channel) error { // declared on every (re)connect
 			if err := ch.ExchangeDeclare("example.events", "topic", true, false, false, false, nil); err != nil {
@@ -126,7 +126,7 @@ func ExampleStore() {
 		log.Fatal(err)
 	}
 
-	pub, err := rabbitmq.New(rabbitmq.Config{
+	pub, err := outboxrabbitmq.New(outboxrabbitmq.Config{
 		URL: amqpURL,
 		Setup: func(ch *amqp.Channel) error {
 			if err := ch.ExchangeDeclare("example.events", "topic", true, false, false, false, nil); err != nil {

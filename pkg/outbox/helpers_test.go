@@ -18,7 +18,7 @@ import (
 
 	"github.com/outboxshop/outboxshop/pkg/outbox"
 	"github.com/outboxshop/outboxshop/pkg/outbox/internal/testinfra"
-	"github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq"
+	"github.com/outboxshop/outboxshop/pkg/outbox/outboxrabbitmq"
 )
 
 // bundle is what setup gives a test: a migrated database, a broker topology of its own, and
@@ -27,7 +27,7 @@ type bundle struct {
 	pool    *pgxpool.Pool
 	amqpURL string
 	top     testinfra.Topology
-	pub     *rabbitmq.Publisher
+	pub     *outboxrabbitmq.Publisher
 }
 
 func setup(t testing.TB) *bundle {
@@ -40,15 +40,15 @@ func setup(t testing.TB) *bundle {
 	return b
 }
 
-func newPublisher(t testing.TB, url string) *rabbitmq.Publisher {
+func newPublisher(t testing.TB, url string) *outboxrabbitmq.Publisher {
 	t.Helper()
 	return newPublisherConns(t, url, 1)
 }
 
 // newPublisherConns returns a publisher that sends conns batches at once.
-func newPublisherConns(t testing.TB, url string, conns int) *rabbitmq.Publisher {
+func newPublisherConns(t testing.TB, url string, conns int) *outboxrabbitmq.Publisher {
 	t.Helper()
-	pub, err := rabbitmq.New(rabbitmq.Config{URL: url, Connections: conns, Logger: testLogger(t)})
+	pub, err := outboxrabbitmq.New(outboxrabbitmq.Config{URL: url, Connections: conns, Logger: testLogger(t)})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pub.Close() })
 	return pub

@@ -17,7 +17,7 @@ import (
 
 	"github.com/outboxshop/outboxshop/pkg/outbox"
 	"github.com/outboxshop/outboxshop/pkg/outbox/internal/testinfra"
-	"github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq"
+	"github.com/outboxshop/outboxshop/pkg/outbox/outboxrabbitmq"
 )
 
 // The poison corpus: every kind of message a caller, older code or an operator's SQL can put
@@ -216,7 +216,7 @@ func TestPoisonCorpus(t *testing.T) {
 		t.Parallel()
 		b := &poisonBundle{bundle: setup(t), t: t}
 		for _, c := range refused {
-			t.Run(c.name, func(t *testing.T) { runPoisonCase(t, b, c, rabbitmq.Config{}) })
+			t.Run(c.name, func(t *testing.T) { runPoisonCase(t, b, c, outboxrabbitmq.Config{}) })
 		}
 	})
 	// The relayed cases run one after the other on two databases (one per core): a database
@@ -231,7 +231,7 @@ func TestPoisonCorpus(t *testing.T) {
 				t.Run(c.name, func(t *testing.T) {
 					b.t = t
 					b.reset(t)
-					runPoisonCase(t, b, c, rabbitmq.Config{})
+					runPoisonCase(t, b, c, outboxrabbitmq.Config{})
 				})
 			}
 		})
@@ -319,7 +319,7 @@ func (w *corpusWatch) settledIn(id uuid.UUID) (int32, bool) {
 	return c, ok
 }
 
-func runPoisonCase(t *testing.T, b *poisonBundle, c poisonCase, pubCfg rabbitmq.Config) {
+func runPoisonCase(t *testing.T, b *poisonBundle, c poisonCase, pubCfg outboxrabbitmq.Config) {
 	ctx := context.Background()
 
 	// The poison row first, then the healthy ones: it heads the first batch.
@@ -359,12 +359,12 @@ func runPoisonCase(t *testing.T, b *poisonBundle, c poisonCase, pubCfg rabbitmq.
 	w := &corpusWatch{settled: map[uuid.UUID]int32{}}
 	pubCfg.URL = b.amqpURL
 	pubCfg.Logger = testLogger(t)
-	pubCfg.Hooks.Connected = func(c rabbitmq.ConnectionChange) {
+	pubCfg.Hooks.Connected = func(c outboxrabbitmq.ConnectionChange) {
 		if c.Up {
 			w.connects.Add(1)
 		}
 	}
-	rpub, err := rabbitmq.New(pubCfg)
+	rpub, err := outboxrabbitmq.New(pubCfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = rpub.Close() })
 	pub := &sendCounter{Publisher: rpub, id: poisonID}
@@ -427,7 +427,7 @@ func runPoisonCase(t *testing.T, b *poisonBundle, c poisonCase, pubCfg rabbitmq.
 // it. (Counting the relay's claims instead would count batches claimed ahead, while the
 // row's batch was in flight.)
 type sendCounter struct {
-	*rabbitmq.Publisher
+	*outboxrabbitmq.Publisher
 	id    uuid.UUID
 	sends atomic.Int32
 }

@@ -6,7 +6,7 @@ import "github.com/jackc/pgx/v5/pgxpool"
 // need not implement it; a component given one that does not cannot check its size.
 //
 // The outbox's relay and the inbox's consumer report their PoolSize the same way: this file
-// is the outbox's, and tools/cmd/gencopies copies it into pkg/inbox/rabbitmq.
+// is the outbox's, and tools/cmd/gencopies copies it into pkg/inbox/inboxrabbitmq.
 type poolStater interface {
 	Stat() *pgxpool.Stat
 }

@@ -8,7 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxshop/outboxshop/pkg/outbox"
-	"github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq"
+	"github.com/outboxshop/outboxshop/pkg/outbox/outboxrabbitmq"
 )
 
 // A relay holds three connections of its pool at most by default: one for each of its two
@@ -24,7 +24,7 @@ func ExampleRelay_PoolSize() {
 		log.Fatal(err)
 	}
 	defer pool.Close()
-	pub, err := rabbitmq.New(rabbitmq.Config{URL: "amqp://guest:guest@localhost:5672/"})
+	pub, err := outboxrabbitmq.New(outboxrabbitmq.Config{URL: "amqp://guest:guest@localhost:5672/"})
 	if err != nil {
 		log.Fatal(err)
 	}

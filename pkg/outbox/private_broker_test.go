@@ -14,7 +14,7 @@ import (
 
 	"github.com/outboxshop/outboxshop/pkg/outbox"
 	"github.com/outboxshop/outboxshop/pkg/outbox/internal/testinfra"
-	"github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq"
+	"github.com/outboxshop/outboxshop/pkg/outbox/outboxrabbitmq"
 )
 
 // A private broker of its own configuration, for what the shared one must not be put
@@ -69,7 +69,7 @@ func TestPrivateBroker(t *testing.T) {
 		{name: "ContentHeaderOneByteOverFrameMax", want: dead, cause: "16385 bytes, over the frame_max of 16384", msg: withFrame(privateFrameMax + 1)},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			runPoisonCase(t, private(t), c, rabbitmq.Config{})
+			runPoisonCase(t, private(t), c, outboxrabbitmq.Config{})
 		})
 	}
 
@@ -128,7 +128,7 @@ func TestPrivateBroker(t *testing.T) {
 		b := private(t)
 		ctx := context.Background()
 		var connects atomic.Int32
-		pub, err := rabbitmq.New(rabbitmq.Config{URL: node.URL, Logger: testLogger(t), Hooks: rabbitmq.Hooks{Connected: func(c rabbitmq.ConnectionChange) {
+		pub, err := outboxrabbitmq.New(outboxrabbitmq.Config{URL: node.URL, Logger: testLogger(t), Hooks: outboxrabbitmq.Hooks{Connected: func(c outboxrabbitmq.ConnectionChange) {
 			if c.Up {
 				connects.Add(1)
 			}

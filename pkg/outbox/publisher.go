@@ -6,7 +6,7 @@ import (
 )
 
 // Publisher sends messages to a broker and reports, for each one, whether the broker took
-// responsibility for it. The rabbitmq subpackage has the RabbitMQ implementation.
+// responsibility for it. The outboxrabbitmq subpackage has the RabbitMQ implementation.
 //
 // Publish returns one error per message, in order: nil only when the broker confirmed the
 // message (for RabbitMQ: an ack, and no return), never for a confirm that did not come. It

@@ -15,7 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxshop/outboxshop/pkg/outbox"
-	"github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq"
+	"github.com/outboxshop/outboxshop/pkg/outbox/outboxrabbitmq"
 )
 
 // Tracing: Add records the caller's trace context in the row, and the relay publishes the
@@ -52,7 +52,7 @@ func Example_tracing() {
 	request.End()
 
 	// The relay makes its spans with the provider of its Config (nil: the global one).
-	pub, err := rabbitmq.New(rabbitmq.Config{
+	pub, err := outboxrabbitmq.New(outboxrabbitmq.Config{
 		URL: amqpURL,
 		Setup: func(ch *amqp.Channel) error {
 			if err := ch.ExchangeDeclare("example.events", "topic", true, false, false, false, nil); err != nil {

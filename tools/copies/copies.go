@@ -98,19 +98,20 @@ var Sets = []Set{
 	},
 	{
 		// How a client picks the next node of its list of brokers.
-		Source: "pkg/outbox/rabbitmq/brokers.go",
-		Copies: []string{"pkg/inbox/rabbitmq/brokers.go"},
+		Source:  "pkg/outbox/outboxrabbitmq/brokers.go",
+		Copies:  []string{"pkg/inbox/inboxrabbitmq/brokers.go"},
+		Package: "inboxrabbitmq",
 	},
 	{
 		// How a component reads its pool's size, for its PoolSize.
 		Source:  "pkg/outbox/poolmax.go",
-		Copies:  []string{"pkg/inbox/rabbitmq/poolmax.go"},
-		Package: "rabbitmq",
+		Copies:  []string{"pkg/inbox/inboxrabbitmq/poolmax.go"},
+		Package: "inboxrabbitmq",
 	},
 	{
 		// The RabbitMQ publisher's socket that batches writes, for the bench's limit A,
 		// which measures the broker with it as the publisher has it.
-		Source:  "pkg/outbox/rabbitmq/batchconn.go",
+		Source:  "pkg/outbox/outboxrabbitmq/batchconn.go",
 		Copies:  []string{"bench/batchconn.go"},
 		Package: "bench",
 	},

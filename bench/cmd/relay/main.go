@@ -23,7 +23,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxshop/outboxshop/pkg/outbox"
-	"github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq"
+	"github.com/outboxshop/outboxshop/pkg/outbox/outboxrabbitmq"
 )
 
 func main() {
@@ -50,7 +50,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	defer pool.Close()
-	pub, err := rabbitmq.New(rabbitmq.Config{URL: *amqpURL, ConnectionName: "bench-relay-process", Connections: outbox.DefaultInFlightBatches})
+	pub, err := outboxrabbitmq.New(outboxrabbitmq.Config{URL: *amqpURL, ConnectionName: "bench-relay-process", Connections: outbox.DefaultInFlightBatches})
 	if err != nil {
 		return err
 	}

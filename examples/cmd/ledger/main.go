@@ -17,7 +17,7 @@ import (
 	"syscall"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
+	"github.com/outboxshop/outboxshop/pkg/inbox/inboxrabbitmq"
 
 	"example.com/billing/events"
 	"example.com/billing/ledger"
@@ -55,12 +55,12 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 	if err := svc.Migrate(ctx); err != nil {
 		return err
 	}
-	consumer, err := svc.Consumer(rabbitmq.Config{
+	consumer, err := svc.Consumer(inboxrabbitmq.Config{
 		URL: cfg.AMQPURL,
 		// Each message in flight holds a pool connection: as many as the pool has, but one
 		// for the cleanup (pool_max_conns in DATABASE_URL sizes the pool).
-		Concurrency: min(rabbitmq.DefaultPrefetch, int(pool.Config().MaxConns)-1),
-		Hooks: rabbitmq.Hooks{Processed: func(p rabbitmq.ProcessedMessage) {
+		Concurrency: min(inboxrabbitmq.DefaultPrefetch, int(pool.Config().MaxConns)-1),
+		Hooks: inboxrabbitmq.Hooks{Processed: func(p inboxrabbitmq.ProcessedMessage) {
 			logger.Info("message processed", "type", p.Type, "duplicate", p.Duplicate)
 		}},
 	})

@@ -19,7 +19,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/outboxshop/outboxshop/pkg/outbox"
-	"github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq"
+	"github.com/outboxshop/outboxshop/pkg/outbox/outboxrabbitmq"
 
 	"example.com/billing/events"
 	"example.com/billing/payments"
@@ -59,7 +59,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 		return err
 	}
 
-	pub, err := rabbitmq.New(rabbitmq.Config{URL: cfg.AMQPURL, Setup: topo.DeclareExchange, Logger: logger})
+	pub, err := outboxrabbitmq.New(outboxrabbitmq.Config{URL: cfg.AMQPURL, Setup: topo.DeclareExchange, Logger: logger})
 	if err != nil {
 		return fmt.Errorf("publisher: %w", err)
 	}

@@ -20,9 +20,9 @@
 // # The RabbitMQ consumer
 //
 // The package is broker-neutral: it imports neither the RabbitMQ adapter nor its client. To
-// run a rabbitmq.Handler and see the outcome the RabbitMQ consumer would reach (acknowledged,
+// run a inboxrabbitmq.Handler and see the outcome the RabbitMQ consumer would reach (acknowledged,
 // held, retried, dead-lettered and why), use the rabbitmqtest package beside the adapter
-// (pkg/inbox/rabbitmq/rabbitmqtest), which builds on this one.
+// (pkg/inbox/inboxrabbitmq/inboxrabbitmqtest), which builds on this one.
 //
 // # Looking into the transaction
 //

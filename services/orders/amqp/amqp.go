@@ -1,6 +1,6 @@
 // Package amqp is the orders service's RabbitMQ adapter: the topology it declares at start-up
 // (docs/events.md, "Topology") and the handler of the warehouse's stock events, run by the
-// pkg/inbox/rabbitmq consumer.
+// pkg/inbox/inboxrabbitmq consumer.
 package amqp
 
 import (
@@ -13,7 +13,7 @@ import (
 
 	"github.com/outboxshop/outboxshop/internal/amqptopo"
 	"github.com/outboxshop/outboxshop/pkg/inbox"
-	"github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
+	"github.com/outboxshop/outboxshop/pkg/inbox/inboxrabbitmq"
 	"github.com/outboxshop/outboxshop/services/orders"
 )
 
@@ -68,11 +68,11 @@ type StockApplier interface {
 // such an event is dead-lettered (inbox.Permanent) with the reason. Any other error (the
 // database, a deadlock) is returned as it is: the transaction rolls back and the consumer
 // retries the message.
-func NewHandler(store StockApplier, log *slog.Logger) rabbitmq.Handler {
+func NewHandler(store StockApplier, log *slog.Logger) inboxrabbitmq.Handler {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return func(ctx context.Context, tx pgx.Tx, d rabbitmq.Delivery) error {
+	return func(ctx context.Context, tx pgx.Tx, d inboxrabbitmq.Delivery) error {
 		ev, err := orders.DecodeStockEvent(d.Type, d.Body)
 		if err != nil {
 			log.WarnContext(ctx, "stock event dead-lettered", "message_id", d.ID, "event", d.Type, "error", err)

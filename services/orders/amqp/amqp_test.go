@@ -18,7 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxshop/outboxshop/internal/testinfra"
-	"github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
+	"github.com/outboxshop/outboxshop/pkg/inbox/inboxrabbitmq"
 	"github.com/outboxshop/outboxshop/services/orders"
 	ordersamqp "github.com/outboxshop/outboxshop/services/orders/amqp"
 	"github.com/outboxshop/outboxshop/services/orders/postgres"
@@ -78,7 +78,7 @@ func setup(t *testing.T) *bundle {
 	require.NoError(t, err)
 	deleteTopology(t, amqpURL, b.top)
 
-	consumer, err := rabbitmq.NewConsumer(pool, rabbitmq.Config{
+	consumer, err := inboxrabbitmq.NewConsumer(pool, inboxrabbitmq.Config{
 		URL:                  amqpURL,
 		Queue:                b.top.Queue,
 		Name:                 ordersamqp.ConsumerName,
@@ -89,8 +89,8 @@ func setup(t *testing.T) *bundle {
 		DeadLetterExchange:   b.top.DeadLetterExchange,
 		DeadLetterRoutingKey: b.top.Queue,
 		Setup:                b.top.Declare,
-		Hooks: rabbitmq.Hooks{
-			Processed: func(p rabbitmq.ProcessedMessage) {
+		Hooks: inboxrabbitmq.Hooks{
+			Processed: func(p inboxrabbitmq.ProcessedMessage) {
 				b.mu.Lock()
 				defer b.mu.Unlock()
 				msgType := p.Type
@@ -99,7 +99,7 @@ func setup(t *testing.T) *bundle {
 				}
 				b.processed = append(b.processed, msgType)
 			},
-			DeadLettered: func(d rabbitmq.DeadLetter) {
+			DeadLettered: func(d inboxrabbitmq.DeadLetter) {
 				b.mu.Lock()
 				defer b.mu.Unlock()
 				b.dead = append(b.dead, d.Reason)
@@ -345,7 +345,7 @@ func TestConsumer(t *testing.T) {
 			d, ok, err := b.ch.Get(b.top.DeadLetterQueue, true)
 			require.NoError(t, err)
 			if ok {
-				reasons[d.MessageId], _ = d.Headers[rabbitmq.HeaderDeadReason].(string)
+				reasons[d.MessageId], _ = d.Headers[inboxrabbitmq.HeaderDeadReason].(string)
 			}
 			return len(reasons) == len(bad)
 		}, "dead letters in %s", b.top.DeadLetterQueue)

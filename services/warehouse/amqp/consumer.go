@@ -13,16 +13,16 @@ import (
 	"github.com/outboxshop/outboxshop/internal/amqptopo"
 	"github.com/outboxshop/outboxshop/internal/service"
 	"github.com/outboxshop/outboxshop/pkg/inbox"
-	"github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
+	"github.com/outboxshop/outboxshop/pkg/inbox/inboxrabbitmq"
 )
 
 // ConsumerName is the warehouse's inbox consumer name. Keep it stable: renaming it forgets
 // which messages were processed.
 const ConsumerName = "warehouse"
 
-// ConsumerConfig configures [NewConsumer]. Zero values take pkg/inbox/rabbitmq's defaults.
+// ConsumerConfig configures [NewConsumer]. Zero values take pkg/inbox/inboxrabbitmq's defaults.
 type ConsumerConfig struct {
-	// URLs of the broker, or of the nodes of a cluster (pkg/inbox/rabbitmq's Config.URLs).
+	// URLs of the broker, or of the nodes of a cluster (pkg/inbox/inboxrabbitmq's Config.URLs).
 	// Required.
 	URLs     []string
 	Topology Topology
@@ -38,7 +38,7 @@ type ConsumerConfig struct {
 	// ShutdownTimeout bounds the wait for messages in work when stopping.
 	ShutdownTimeout time.Duration
 	Logger          *slog.Logger
-	Hooks           rabbitmq.Hooks
+	Hooks           inboxrabbitmq.Hooks
 	// TracerProvider makes the consumer's process spans, and Propagator reads the trace
 	// context of a delivery (docs/tracing.md); the Store records it in the answers with a
 	// propagator of its own (postgres.StoreConfig). nil: the global ones.
@@ -51,7 +51,7 @@ type ConsumerConfig struct {
 // inbox transaction on pool, and dead-letters to the topology's dead-letter exchange with the
 // queue name as routing key. Its transactions run the callbacks registered on them with
 // aftercommit.Register once they committed (the app counts the decisions so).
-func NewConsumer(pool inbox.TxBeginner, cfg ConsumerConfig) (*rabbitmq.Consumer, error) {
+func NewConsumer(pool inbox.TxBeginner, cfg ConsumerConfig) (*inboxrabbitmq.Consumer, error) {
 	if cfg.Store == nil {
 		return nil, errors.New("new consumer: Store is required")
 	}
@@ -62,7 +62,7 @@ func NewConsumer(pool inbox.TxBeginner, cfg ConsumerConfig) (*rabbitmq.Consumer,
 		}
 		cfg.Declarer = d
 	}
-	c, err := rabbitmq.NewConsumer(aftercommit.Wrap(pool), cfg.ConsumerSettings.Apply(rabbitmq.Config{
+	c, err := inboxrabbitmq.NewConsumer(aftercommit.Wrap(pool), cfg.ConsumerSettings.Apply(inboxrabbitmq.Config{
 		URLs:                 cfg.URLs,
 		Queue:                cfg.Topology.Queue,
 		Name:                 ConsumerName,

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxshop/outboxshop/pkg/inbox"
-	"github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
+	"github.com/outboxshop/outboxshop/pkg/inbox/inboxrabbitmq"
 	"github.com/outboxshop/outboxshop/pkg/outbox"
 	"github.com/outboxshop/outboxshop/services/warehouse"
 )
@@ -35,11 +35,11 @@ type OrderApplier interface {
 //     already handled) is logged and acknowledged, and answered by nothing.
 //   - Any other error (the database, a deadlock) is returned as it is: the transaction rolls
 //     back and the consumer retries the message.
-func NewHandler(store OrderApplier, log *slog.Logger) rabbitmq.Handler {
+func NewHandler(store OrderApplier, log *slog.Logger) inboxrabbitmq.Handler {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return func(ctx context.Context, tx pgx.Tx, d rabbitmq.Delivery) error {
+	return func(ctx context.Context, tx pgx.Tx, d inboxrabbitmq.Delivery) error {
 		log := log.With(slog.String("message_id", d.ID), slog.String("message_type", d.Type),
 			slog.String("correlation_id", correlationID(d)))
 		meta := warehouse.EventMeta{CorrelationID: correlationID(d), CausationID: d.ID}
@@ -57,7 +57,7 @@ func NewHandler(store OrderApplier, log *slog.Logger) rabbitmq.Handler {
 	}
 }
 
-func orderCreated(ctx context.Context, tx pgx.Tx, store OrderApplier, d rabbitmq.Delivery, meta warehouse.EventMeta, log *slog.Logger) error {
+func orderCreated(ctx context.Context, tx pgx.Tx, store OrderApplier, d inboxrabbitmq.Delivery, meta warehouse.EventMeta, log *slog.Logger) error {
 	ev, err := warehouse.DecodeOrderCreated(d.Body)
 	if err != nil {
 		log = log.With(slog.String("order_id", peekOrderID(d.Body)))
@@ -78,7 +78,7 @@ func orderCreated(ctx context.Context, tx pgx.Tx, store OrderApplier, d rabbitmq
 	return nil
 }
 
-func orderCancelled(ctx context.Context, tx pgx.Tx, store OrderApplier, d rabbitmq.Delivery, meta warehouse.EventMeta, log *slog.Logger) error {
+func orderCancelled(ctx context.Context, tx pgx.Tx, store OrderApplier, d inboxrabbitmq.Delivery, meta warehouse.EventMeta, log *slog.Logger) error {
 	ev, err := warehouse.DecodeOrderCancelled(d.Body)
 	if err != nil {
 		log = log.With(slog.String("order_id", peekOrderID(d.Body)))
@@ -101,11 +101,11 @@ func orderCancelled(ctx context.Context, tx pgx.Tx, store OrderApplier, d rabbit
 
 // correlationID is the saga's id: the AMQP correlation-id property, else the correlation_id
 // header, else (a producer that sets neither) the message id itself.
-func correlationID(d rabbitmq.Delivery) string {
+func correlationID(d inboxrabbitmq.Delivery) string {
 	return cmp.Or(d.CorrelationID, headerString(d, outbox.HeaderCorrelationID), d.ID)
 }
 
-func headerString(d rabbitmq.Delivery, key string) string {
+func headerString(d inboxrabbitmq.Delivery, key string) string {
 	switch v := d.Headers[key].(type) {
 	case string:
 		return v

@@ -17,7 +17,7 @@ import (
 
 	"github.com/outboxshop/outboxshop/internal/testinfra"
 	"github.com/outboxshop/outboxshop/pkg/inbox"
-	"github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
+	"github.com/outboxshop/outboxshop/pkg/inbox/inboxrabbitmq"
 	"github.com/outboxshop/outboxshop/services/warehouse"
 	warehouseamqp "github.com/outboxshop/outboxshop/services/warehouse/amqp"
 )
@@ -41,7 +41,7 @@ func TestHandlerConcurrentOrders(t *testing.T) {
 		wg.Go(func() {
 			_, err := inbox.Process(ctx, b.pool, warehouseamqp.ConsumerName, inbox.Message{ID: m.ID, Type: m.Type},
 				func(ctx context.Context, tx pgx.Tx) error {
-					return h(ctx, tx, rabbitmq.Delivery{ID: m.ID, Type: m.Type, Body: m.Body, DeliveryCount: 1})
+					return h(ctx, tx, inboxrabbitmq.Delivery{ID: m.ID, Type: m.Type, Body: m.Body, DeliveryCount: 1})
 				})
 			assert.NoError(t, err) // not require: this is not the test's goroutine
 		})
@@ -281,7 +281,7 @@ func TestConsumer(t *testing.T) {
 			},
 			key:    warehouse.RoutingKeyOrderCreated,
 			reason: "UTF-8",
-			code:   rabbitmq.ReasonMalformedJSON, // the consumer checks the body before the handler
+			code:   inboxrabbitmq.ReasonMalformedJSON, // the consumer checks the body before the handler
 		},
 		{
 			name: "an order id in upper case",
@@ -301,8 +301,8 @@ func TestConsumer(t *testing.T) {
 			b.publish(t, tc.key, m)
 			d := b.deadLetter(t)
 			require.Equal(t, m.ID, d.MessageId)
-			reason, _ := d.Headers[rabbitmq.HeaderDeadReason].(string)
-			require.True(t, strings.HasPrefix(reason, cmp.Or(tc.code, rabbitmq.ReasonPermanent)+":"), reason)
+			reason, _ := d.Headers[inboxrabbitmq.HeaderDeadReason].(string)
+			require.True(t, strings.HasPrefix(reason, cmp.Or(tc.code, inboxrabbitmq.ReasonPermanent)+":"), reason)
 			require.Contains(t, reason, tc.reason)
 			require.Equal(t, 0, b.countReservations(t, ""))
 			require.Equal(t, 0, b.countAnswers(t, warehouse.TypeStockReserved))

@@ -17,7 +17,7 @@ import (
 	"github.com/outboxshop/outboxshop/internal/service"
 	"github.com/outboxshop/outboxshop/internal/telemetry"
 	"github.com/outboxshop/outboxshop/internal/testinfra"
-	"github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
+	"github.com/outboxshop/outboxshop/pkg/inbox/inboxrabbitmq"
 	"github.com/outboxshop/outboxshop/services/warehouse"
 	warehouseamqp "github.com/outboxshop/outboxshop/services/warehouse/amqp"
 	"github.com/outboxshop/outboxshop/services/warehouse/postgres"
@@ -98,14 +98,14 @@ func (b *bundle) startConsumer(t *testing.T, concurrency int) {
 		// delivery's trace context still reaches its answers.
 		TracerProvider: noop.NewTracerProvider(),
 		Propagator:     telemetry.Propagator(),
-		Hooks: rabbitmq.Hooks{
-			Processed: func(p rabbitmq.ProcessedMessage) {
+		Hooks: inboxrabbitmq.Hooks{
+			Processed: func(p inboxrabbitmq.ProcessedMessage) {
 				b.processed.Add(1)
 				if p.Duplicate {
 					b.duplicates.Add(1)
 				}
 			},
-			DeadLettered: func(rabbitmq.DeadLetter) { b.deadLettered.Add(1) },
+			DeadLettered: func(inboxrabbitmq.DeadLetter) { b.deadLettered.Add(1) },
 		},
 	})
 	require.NoError(t, err)

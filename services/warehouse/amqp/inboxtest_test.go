@@ -11,9 +11,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxshop/outboxshop/internal/testinfra"
+	"github.com/outboxshop/outboxshop/pkg/inbox/inboxrabbitmq"
+	"github.com/outboxshop/outboxshop/pkg/inbox/inboxrabbitmq/inboxrabbitmqtest"
 	"github.com/outboxshop/outboxshop/pkg/inbox/inboxtest"
-	"github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
-	"github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq/rabbitmqtest"
 	"github.com/outboxshop/outboxshop/pkg/outbox"
 	"github.com/outboxshop/outboxshop/pkg/outbox/outboxtest"
 	"github.com/outboxshop/outboxshop/services/warehouse"
@@ -28,21 +28,21 @@ func TestHandlerWithoutBroker(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	const exchange = "test.events"
-	setupDB := func(t *testing.T) (*pgxpool.Pool, rabbitmq.Config) {
+	setupDB := func(t *testing.T) (*pgxpool.Pool, inboxrabbitmq.Config) {
 		t.Helper()
 		pool := testinfra.NewPool(t)
 		require.NoError(t, postgres.Migrate(ctx, pool))
 		store, err := postgres.NewStore(pool, postgres.StoreConfig{Exchange: exchange})
 		require.NoError(t, err)
 		h := warehouseamqp.NewHandler(store, testLogger(t))
-		return pool, rabbitmq.Config{Name: warehouseamqp.ConsumerName, Handler: h, MaxDeliveries: 3}
+		return pool, inboxrabbitmq.Config{Name: warehouseamqp.ConsumerName, Handler: h, MaxDeliveries: 3}
 	}
-	delivery := func(m message) rabbitmq.Delivery {
-		return rabbitmq.Delivery{ID: m.ID, Type: m.Type, Body: m.Body, CorrelationID: "req-7", DeliveryCount: 1}
+	delivery := func(m message) inboxrabbitmq.Delivery {
+		return inboxrabbitmq.Delivery{ID: m.ID, Type: m.Type, Body: m.Body, CorrelationID: "req-7", DeliveryCount: 1}
 	}
 	// addedOne expects exactly one event of typ for the order in the inbox transaction, and
 	// decodes its payload into v.
-	addedOne := func(t *testing.T, d rabbitmq.Delivery, orderID uuid.UUID, typ, routingKey string, v any) *inboxtest.Options {
+	addedOne := func(t *testing.T, d inboxrabbitmq.Delivery, orderID uuid.UUID, typ, routingKey string, v any) *inboxtest.Options {
 		return &inboxtest.Options{BeforeCommit: func(ctx context.Context, tx pgx.Tx) {
 			m := outboxtest.RequireAdded(ctx, t, tx, outboxtest.Expect{
 				Type: typ, Exchange: exchange, RoutingKey: routingKey,
@@ -60,7 +60,7 @@ func TestHandlerWithoutBroker(t *testing.T) {
 		id := uuid.Must(uuid.NewV7())
 		d := delivery(orderCreated(t, id, warehouse.Line{SKU: "BOOK-1", Quantity: 2}))
 		var ev warehouse.StockReserved
-		first := rabbitmqtest.RequireHandledOnce(ctx, t, pool, cfg, d,
+		first := inboxrabbitmqtest.RequireHandledOnce(ctx, t, pool, cfg, d,
 			addedOne(t, d, id, warehouse.TypeStockReserved, warehouse.RoutingKeyStockReserved, &ev))
 		require.True(t, first.Called)
 		require.Equal(t, id, ev.OrderID)
@@ -77,8 +77,8 @@ func TestHandlerWithoutBroker(t *testing.T) {
 		id := uuid.Must(uuid.NewV7())
 		d := delivery(orderCreated(t, id, warehouse.Line{SKU: "BOOK-1", Quantity: 1000}))
 		var ev warehouse.StockRejected
-		rabbitmqtest.Deliver(ctx, pool, cfg, d, addedOne(t, d, id, warehouse.TypeStockRejected, warehouse.RoutingKeyStockRejected, &ev)).
-			RequireOutcome(t, rabbitmqtest.Acked, "")
+		inboxrabbitmqtest.Deliver(ctx, pool, cfg, d, addedOne(t, d, id, warehouse.TypeStockRejected, warehouse.RoutingKeyStockRejected, &ev)).
+			RequireOutcome(t, inboxrabbitmqtest.Acked, "")
 		require.Equal(t, warehouse.ReasonInsufficientStock, ev.Reason)
 		require.Equal(t, []warehouse.Shortage{{SKU: "BOOK-1", Requested: 1000, Available: 100}}, ev.Shortages)
 	})
@@ -87,11 +87,11 @@ func TestHandlerWithoutBroker(t *testing.T) {
 		t.Parallel()
 		pool, cfg := setupDB(t)
 		id := uuid.Must(uuid.NewV7())
-		rabbitmqtest.Deliver(ctx, pool, cfg, delivery(orderCreated(t, id, warehouse.Line{SKU: "TEE-1", Quantity: 3})), nil).
-			RequireOutcome(t, rabbitmqtest.Acked, "")
+		inboxrabbitmqtest.Deliver(ctx, pool, cfg, delivery(orderCreated(t, id, warehouse.Line{SKU: "TEE-1", Quantity: 3})), nil).
+			RequireOutcome(t, inboxrabbitmqtest.Acked, "")
 		d := delivery(orderCancelled(t, id))
 		var ev warehouse.StockReleased
-		rabbitmqtest.RequireHandledOnce(ctx, t, pool, cfg, d,
+		inboxrabbitmqtest.RequireHandledOnce(ctx, t, pool, cfg, d,
 			addedOne(t, d, id, warehouse.TypeStockReleased, warehouse.RoutingKeyStockReleased, &ev))
 		require.Equal(t, []warehouse.Line{{SKU: "TEE-1", Quantity: 3}}, ev.Items)
 	})
@@ -100,27 +100,27 @@ func TestHandlerWithoutBroker(t *testing.T) {
 		t.Parallel()
 		pool, cfg := setupDB(t)
 		id := uuid.Must(uuid.NewV7())
-		rabbitmqtest.Deliver(ctx, pool, cfg, delivery(orderCreated(t, id, warehouse.Line{SKU: "MUG-1", Quantity: 1})), nil).
-			RequireOutcome(t, rabbitmqtest.Acked, "")
+		inboxrabbitmqtest.Deliver(ctx, pool, cfg, delivery(orderCreated(t, id, warehouse.Line{SKU: "MUG-1", Quantity: 1})), nil).
+			RequireOutcome(t, inboxrabbitmqtest.Acked, "")
 		// Another message for the same order: new to the inbox, but it changes nothing.
 		again := delivery(orderCreated(t, id, warehouse.Line{SKU: "MUG-1", Quantity: 5}))
-		h := rabbitmqtest.Deliver(ctx, pool, cfg, again, &inboxtest.Options{BeforeCommit: func(ctx context.Context, tx pgx.Tx) {
+		h := inboxrabbitmqtest.Deliver(ctx, pool, cfg, again, &inboxtest.Options{BeforeCommit: func(ctx context.Context, tx pgx.Tx) {
 			outboxtest.RequireNotAdded(ctx, t, tx, outboxtest.Expect{}, nil)
 		}})
-		h.RequireOutcome(t, rabbitmqtest.Acked, "")
+		h.RequireOutcome(t, inboxrabbitmqtest.Acked, "")
 		require.True(t, h.Called)
 	})
 
 	t.Run("BrokenMessagesAreDeadLettered", func(t *testing.T) {
 		t.Parallel()
 		pool, cfg := setupDB(t)
-		for name, d := range map[string]rabbitmq.Delivery{
+		for name, d := range map[string]inboxrabbitmq.Delivery{
 			"unknown type":    {ID: uuid.NewString(), Type: "OrderShipped", Body: []byte(`{}`)},
 			"broken contract": {ID: uuid.NewString(), Type: warehouse.TypeOrderCreated, Body: []byte(`{"version":1,"order_id":"nope"}`)},
 			"future version":  {ID: uuid.NewString(), Type: warehouse.TypeOrderCancelled, Body: []byte(`{"version":99,"order_id":"` + uuid.NewString() + `"}`)},
 		} {
-			h := rabbitmqtest.Deliver(ctx, pool, cfg, d, nil)
-			h.RequireOutcome(t, rabbitmqtest.DeadLettered, rabbitmq.ReasonPermanent)
+			h := inboxrabbitmqtest.Deliver(ctx, pool, cfg, d, nil)
+			h.RequireOutcome(t, inboxrabbitmqtest.DeadLettered, inboxrabbitmq.ReasonPermanent)
 			require.True(t, h.Called, name)
 			// Rolled back, inbox row included: the dead letter can be replayed once fixed.
 			var n int

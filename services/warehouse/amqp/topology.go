@@ -3,7 +3,7 @@
 // constructor of the inbox consumer that runs it ([NewConsumer]). The outbox relay and its
 // publisher are wired by internal/service (AddRelay), the same in both services.
 //
-// Messages come in through pkg/inbox/rabbitmq. The handler maps a delivery to the domain: it
+// Messages come in through pkg/inbox/inboxrabbitmq. The handler maps a delivery to the domain: it
 // decodes the event (package warehouse) and applies it through [OrderApplier], the store as
 // the handler sees it, in one transaction together with the message's inbox row; the store
 // writes the answer (StockReserved, StockRejected, StockReleased) to the warehouse's outbox

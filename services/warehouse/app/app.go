@@ -17,7 +17,7 @@ import (
 	"github.com/outboxshop/outboxshop/internal/pgdb"
 	"github.com/outboxshop/outboxshop/internal/readiness"
 	"github.com/outboxshop/outboxshop/internal/service"
-	outboxrabbitmq "github.com/outboxshop/outboxshop/pkg/outbox/rabbitmq"
+	"github.com/outboxshop/outboxshop/pkg/outbox/outboxrabbitmq"
 	warehouseamqp "github.com/outboxshop/outboxshop/services/warehouse/amqp"
 	warehousehttp "github.com/outboxshop/outboxshop/services/warehouse/http"
 	"github.com/outboxshop/outboxshop/services/warehouse/postgres"

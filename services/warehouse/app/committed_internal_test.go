@@ -14,7 +14,7 @@ import (
 	"github.com/outboxshop/outboxshop/internal/aftercommit"
 	"github.com/outboxshop/outboxshop/internal/testinfra"
 	"github.com/outboxshop/outboxshop/pkg/inbox"
-	"github.com/outboxshop/outboxshop/pkg/inbox/rabbitmq"
+	"github.com/outboxshop/outboxshop/pkg/inbox/inboxrabbitmq"
 	"github.com/outboxshop/outboxshop/services/warehouse"
 	warehouseamqp "github.com/outboxshop/outboxshop/services/warehouse/amqp"
 	"github.com/outboxshop/outboxshop/services/warehouse/postgres"
@@ -66,7 +66,7 @@ func TestCountingApplier(t *testing.T) {
 		before := len(reported())
 		return inbox.Process(ctx, db, warehouseamqp.ConsumerName, inbox.Message{ID: m.ID, Type: m.Type},
 			func(ctx context.Context, tx pgx.Tx) error {
-				if err := h(ctx, tx, rabbitmq.Delivery{ID: m.ID, Type: m.Type, Body: m.Body, DeliveryCount: 1}); err != nil {
+				if err := h(ctx, tx, inboxrabbitmq.Delivery{ID: m.ID, Type: m.Type, Body: m.Body, DeliveryCount: 1}); err != nil {
 					return err
 				}
 				require.Len(t, reported(), before, "reported before the commit")

@@ -1,9 +1,0 @@
-package rabbitmqtest_test
-
-import (
-	"testing"
-
-	"github.com/outboxshop/outboxshop/pkg/inbox/internal/testinfra"
-)
-
-func TestMain(m *testing.M) { testinfra.Main(m) }
