@@ -12,13 +12,19 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxshop/outboxshop/internal/retry"
 	"github.com/outboxshop/outboxshop/pkg/inbox"
 	"github.com/outboxshop/outboxshop/pkg/outbox"
 )
+
+// lockBackoff spaces a service's attempts to migrate while a lock is taken: 100ms doubling to
+// 2s, jittered, as the libraries' own migrations do.
+var lockBackoff = retry.Backoff{Base: 100 * time.Millisecond, Max: 2 * time.Second}
 
 // ServiceDir is the directory of a service's file system that holds its migrations.
 const ServiceDir = "migrations"
@@ -85,6 +91,7 @@ func serviceConfig(name string, lockKey int64, ms []Migration) Config {
 		// their versions in it, so there is no other table to check it against.
 		Table:         versions,
 		LockKey:       lockKey,
+		Backoff:       lockBackoff.Delay,
 		Migrations:    ms,
 		LegacyVersion: legacyVersion(name+"_schema_migrations", ms),
 	}

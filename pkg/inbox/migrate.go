@@ -5,8 +5,10 @@ import (
 	"embed"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/outboxshop/outboxshop/pkg/inbox/internal/pgmigrate"
+	"github.com/outboxshop/outboxshop/pkg/inbox/internal/retry"
 )
 
 //go:generate go test -run ^TestToolMigrations$ -update .
@@ -75,6 +77,7 @@ func migrateConfig(t Tables) (pgmigrate.Config, error) {
 		Table:            n.MessagesText,
 		LegacyTable:      n.MessagesText,
 		LockKey:          t.lockKey("migrate", migrationLock),
+		Backoff:          retry.Backoff{Base: 100 * time.Millisecond, Max: 2 * time.Second}.Delay,
 		Migrations:       ms,
 	}, nil
 }

@@ -5,10 +5,12 @@ import (
 	"embed"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxshop/outboxshop/pkg/outbox/internal/pgmigrate"
+	"github.com/outboxshop/outboxshop/pkg/outbox/internal/retry"
 )
 
 //go:generate go test -run ^TestToolMigrations$ -update .
@@ -96,6 +98,7 @@ func migrateConfig(t Tables) (pgmigrate.Config, error) {
 		Table:            n.MessagesText,
 		LegacyTable:      n.MessagesText,
 		LockKey:          t.lockKey("migrate", migrationLock),
+		Backoff:          retry.Backoff{Base: 100 * time.Millisecond, Max: 2 * time.Second}.Delay,
 		Migrations:       ms,
 	}, nil
 }

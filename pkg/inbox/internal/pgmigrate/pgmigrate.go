@@ -19,7 +19,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strconv"
 	"time"
 
@@ -72,6 +71,10 @@ type Config struct {
 	// LockKey is the pg_advisory_xact_lock key that serialises the processes migrating these
 	// tables.
 	LockKey int64
+	// Backoff is the wait after the n-th attempt in a row that found a lock taken (n from
+	// 1): the caller's own backoff (its internal/retry's Backoff.Delay), so that this
+	// package, copied into each library, needs no backoff of its own. Required.
+	Backoff func(n int) time.Duration
 	// Migrations are the versions 1, 2, … in order.
 	Migrations []Migration
 }
@@ -131,6 +134,9 @@ func Apply(ctx context.Context, db TxBeginner, c Config) error {
 	if len(c.Migrations) == 0 {
 		return fmt.Errorf("migrate %s: no migrations", c.Library)
 	}
+	if c.Backoff == nil {
+		return fmt.Errorf("migrate %s: no backoff", c.Library)
+	}
 	if c.Table == "" {
 		return fmt.Errorf("migrate %s: no table to check the version table against", c.Library)
 	}
@@ -151,7 +157,7 @@ func Apply(ctx context.Context, db TxBeginner, c Config) error {
 		}
 		// lock_not_available: a long transaction holds the table. Let the writers queued
 		// behind us through, and try again. Or the schema now exists: use it.
-		t := time.NewTimer(backoff(attempt, 100*time.Millisecond, 2*time.Second))
+		t := time.NewTimer(c.Backoff(attempt))
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -159,17 +165,6 @@ func Apply(ctx context.Context, db TxBeginner, c Config) error {
 		case <-t.C:
 		}
 	}
-}
-
-// backoff returns the wait after attempt n: base doubled per attempt up to max, with jitter
-// in its upper half.
-func backoff(n int, base, max time.Duration) time.Duration {
-	d := base
-	for i := 1; i < n && d < max; i++ {
-		d *= 2
-	}
-	d = min(d, max)
-	return d/2 + rand.N(d/2+1)
 }
 
 func applyOnce(ctx context.Context, db TxBeginner, c Config) error {
