@@ -11,23 +11,20 @@
 // whose detail gives the reasons and whose "checks" member lists every dependency:
 //
 //	503 {"type":"urn:outboxshop:problem:not-ready","title":"Not ready","status":503,
-//	     "detail":"consumer: disconnected from the broker for 41s (more than 30s)",
-//	     "checks":{"database":"up","consumer":"down: disconnected from the broker for 41s (more than 30s)"}}
+//	     "detail":"consumer: inbox: consumer not connected to the broker for 41s (since …): …",
+//	     "checks":{"database":"up","consumer":"down: inbox: consumer not connected to the broker for 41s (since …): …"}}
 //
-// A connection that comes and goes (a consumer's way to the broker) is followed by a [Link],
-// fed by the component's hooks, and checked with [Connection], which tolerates an outage
-// shorter than a grace period: a broker restart should not take every consumer out of a load
-// balancer at once, a consumer that cannot consume for minutes should. A component that says
-// itself whether it can do its job (the outbox relay's Ready) is checked with [Ready], given
-// the same grace.
+// A component that says itself whether it can do its job (the outbox relay's Ready, the inbox
+// consumer's Ready) is checked with [Ready], given a grace period it tolerates an outage
+// for: a broker restart should not take every consumer out of a load balancer at once, a
+// consumer that cannot consume for minutes should.
 //
 // # What a failing probe costs
 //
 // Nothing here loops or retries: a probe runs the checks once, and the prober (a kubelet, a
-// load balancer) sets the pace. A [Connection] check reads its [Link] and a [Ready] check its
-// component, dialling nothing; a [Ping] of the database asks the pool for a connection, so
-// while the database is away each probe makes one connection attempt, bounded by
-// [Config].Timeout. The log gets a line per change of readiness, not per probe.
+// load balancer) sets the pace. A [Ready] check reads its component's state, dialling
+// nothing; a [Ping] of the database asks the pool for a connection, so while the database is
+// away each probe makes one connection attempt, bounded by [Config].Timeout. The log gets a line per change of readiness, not per probe.
 package readiness
 
 import (
@@ -44,7 +41,6 @@ import (
 	"time"
 
 	"github.com/outboxshop/outboxshop/internal/problem"
-	"github.com/outboxshop/outboxshop/pkg/inbox/inboxrabbitmq"
 )
 
 // Check is one dependency of a process.
@@ -169,9 +165,6 @@ func (h *handler) run(ctx context.Context, c Check) (err error) {
 
 // logChange logs a change of the set of failing checks (failing, their names), not every
 // probe: the reasons of a failing check change from probe to probe ("down for 41s", "for
-// 42s"), so they are logged with the change but do not make one.
-// logChange logs a change of the set of failing checks (failing, their names), not every
-// probe: the reasons of a failing check change from probe to probe ("down for 41s", "for
 // 42s"), so they are logged with the change but do not make one. "ready again" says how long
 // the process was not ready and how many probes it failed.
 func (h *handler) logChange(ctx context.Context, failing, reasons string) {
@@ -207,86 +200,10 @@ func Ping(ping func(ctx context.Context) error) func(ctx context.Context) error 
 	}
 }
 
-// State is what [Connection] needs from a connection: whether it is up, since when it has
-// been in that state, and, when it is down, why. [*Link] implements it; so can a client that
-// tracks its own connection.
-type State interface {
-	LinkState() (up bool, since time.Time, reason string)
-}
-
-// Link follows a connection that comes and goes. Feed it from the component's hooks with
-// [Link.Set]; it starts down, since its creation.
-type Link struct {
-	mu     sync.Mutex
-	up     bool
-	since  time.Time
-	reason string
-	now    func() time.Time
-}
-
-var _ State = (*Link)(nil)
-
-// NewLink returns a Link that is down, since now, for reason (say, "not connected yet").
-func NewLink(reason string) *Link {
-	return &Link{since: time.Now(), reason: reason, now: time.Now}
-}
-
-// Set records the connection's state. since moves only when the state changes, so a
-// component that reports "down" on every failed attempt keeps the time of the first; reason
-// always takes the last one given.
-func (l *Link) Set(up bool, reason string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if up != l.up {
-		l.up, l.since = up, l.now()
-	}
-	l.reason = reason
-}
-
-// LinkState reports the state, since when it holds, and the last reason given.
-func (l *Link) LinkState() (up bool, since time.Time, reason string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.up, l.since, l.reason
-}
-
-// Connection returns a check that fails when s has been down for longer than grace. A
-// connection that was never up counts as down since s began, so a process that cannot
-// connect at all becomes not ready once grace has passed too.
-func Connection(s State, grace time.Duration) func(ctx context.Context) error {
-	return func(context.Context) error {
-		up, since, reason := s.LinkState()
-		if up {
-			return nil
-		}
-		down := time.Since(since)
-		if down <= grace {
-			return nil
-		}
-		msg := fmt.Sprintf("down for %s (more than %s)", down.Round(time.Second), grace)
-		if reason != "" {
-			msg = fmt.Sprintf("%s for %s (more than %s)", reason, down.Round(time.Second), grace)
-		}
-		return errors.New(msg)
-	}
-}
-
-// ConsumerConnected is a pkg/inbox/inboxrabbitmq Hooks.Connected that keeps l up to date: up while
-// the consumer consumes, down from the moment it lost its connection (or stopped) until it
-// consumes again.
-func ConsumerConnected(l *Link) func(inboxrabbitmq.ConnectionChange) {
-	return func(c inboxrabbitmq.ConnectionChange) {
-		if c.Up {
-			l.Set(true, "")
-			return
-		}
-		l.Set(false, "disconnected from the broker")
-	}
-}
-
 // Ready returns a check of a component that reports its own readiness, as pkg/outbox's
-// Relay.Ready does: ready(grace) returns nil while the component can do its job, or has been
-// unable to for at most grace, and otherwise says what is down, since when, and why.
+// Relay.Ready and pkg/inbox/inboxrabbitmq's Consumer.Ready do: ready(grace) returns nil while
+// the component can do its job, or has been unable to for at most grace, and otherwise says
+// what is down, since when, and why.
 func Ready(ready func(maxUnavailable time.Duration) error, grace time.Duration) func(ctx context.Context) error {
 	return func(context.Context) error { return ready(grace) }
 }

@@ -19,7 +19,6 @@ import (
 
 	"github.com/outboxshop/outboxshop/internal/problem"
 	"github.com/outboxshop/outboxshop/internal/readiness"
-	"github.com/outboxshop/outboxshop/pkg/inbox/inboxrabbitmq"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -127,45 +126,6 @@ func TestHandler(t *testing.T) {
 		require.Equal(t, http.StatusServiceUnavailable, rec.Code)
 		require.Contains(t, a.Checks["database"], "no answer within 50ms")
 	})
-}
-
-func TestConnection(t *testing.T) {
-	t.Parallel()
-	const grace = 100 * time.Millisecond
-	link := readiness.NewLink("not connected yet")
-	check := readiness.Connection(link, grace)
-	require.NoError(t, check(context.Background()), "down for less than grace since start")
-	require.Eventually(t, func() bool { return check(context.Background()) != nil }, 5*time.Second, 5*time.Millisecond,
-		"down for longer than grace")
-	require.ErrorContains(t, check(context.Background()), "not connected yet")
-
-	link.Set(true, "")
-	require.NoError(t, check(context.Background()))
-	link.Set(false, "disconnected from the broker")
-	require.NoError(t, check(context.Background()), "a short outage is tolerated")
-	_, since, _ := link.LinkState()
-	link.Set(false, "connection attempt failed")
-	_, again, reason := link.LinkState()
-	require.Equal(t, since, again, "a repeated down keeps the time of the first")
-	require.Equal(t, "connection attempt failed", reason)
-	require.Eventually(t, func() bool { return check(context.Background()) != nil }, 5*time.Second, 5*time.Millisecond,
-		"down for longer than grace")
-	err := check(context.Background())
-	require.ErrorContains(t, err, "connection attempt failed for")
-	require.ErrorContains(t, err, "more than 100ms")
-}
-
-func TestHooks(t *testing.T) {
-	t.Parallel()
-	consumer := readiness.NewLink("not connected yet")
-	connected := readiness.ConsumerConnected(consumer)
-	connected(inboxrabbitmq.ConnectionChange{Consumer: "orders", Up: true})
-	up, _, _ := consumer.LinkState()
-	require.True(t, up)
-	connected(inboxrabbitmq.ConnectionChange{Consumer: "orders", Up: false})
-	up, _, reason := consumer.LinkState()
-	require.False(t, up)
-	require.Equal(t, "disconnected from the broker", reason)
 }
 
 // TestReady: a component's own readiness, asked with the grace, is the check's answer.

@@ -7,13 +7,13 @@ import (
 	"testing/fstest"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxshop/outboxshop/internal/aftercommit"
 	"github.com/outboxshop/outboxshop/internal/pgdb"
 	"github.com/outboxshop/outboxshop/internal/pgmigrate"
-	"github.com/outboxshop/outboxshop/internal/readiness"
 	"github.com/outboxshop/outboxshop/internal/service"
 	"github.com/outboxshop/outboxshop/internal/testinfra"
 	"github.com/outboxshop/outboxshop/pkg/inbox/inboxrabbitmq"
@@ -22,9 +22,11 @@ import (
 )
 
 // TestProcess wires a process the way both services' apps do, against the real servers: the
-// database opened and migrated, the outbox relay and the cleanups, an HTTP server on :0. A
-// row added to the outbox reaches the broker, the relay's readiness check comes up, the
-// registry has the pool's and the relay's metrics, and Stop closes everything.
+// database opened and migrated, the outbox relay, the inbox consumer and the cleanups, an
+// HTTP server on :0. A row added to the outbox reaches the broker and the consumer's handler,
+// whose counting callback runs once its transaction committed; both readiness checks come up,
+// the registry has the pool's, the relay's and the consumer's metrics (the redelivery window
+// among them), and Stop closes everything.
 func TestProcess(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -46,7 +48,26 @@ func TestProcess(t *testing.T) {
 	})
 	require.NoError(t, err)
 	require.NoError(t, service.AddOutboxStats(p))
-	service.AddInboxCleanup(p, time.Hour, 0)
+	handled := make(chan string, 1)
+	consumerSettings := service.ConsumerSettings{MaxDeliveries: 2, RetryBaseDelay: time.Second, RetryMaxDelay: 4 * time.Second}
+	consumer, consumerCheck, err := service.AddConsumer(p, service.ConsumerConfig{
+		Consumer: inboxrabbitmq.Config{
+			URLs: []string{amqpURL}, Queue: top.Queue, Name: "kit",
+			DeadLetterRoutingKey: "kit.dead", // nothing here is dead-lettered
+			Handler: func(ctx context.Context, tx pgx.Tx, d inboxrabbitmq.Delivery) error {
+				// Runs only if the inbox transaction commits: the pool is aftercommit's.
+				aftercommit.Register(tx, func() { handled <- d.Type })
+				return nil
+			},
+		},
+		Settings:         consumerSettings,
+		KnownTypes:       []string{"Thing"},
+		Retention:        time.Hour,
+		RelayMaxAttempts: 3,
+		BrokerDownGrace:  time.Second,
+	})
+	require.NoError(t, err)
+	require.Equal(t, "consumer", consumerCheck.Name)
 	ln, err := service.Listen(ctx, p, "127.0.0.1:0")
 	require.NoError(t, err)
 	service.AddServer(p, "http server", ln, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
@@ -69,26 +90,36 @@ func TestProcess(t *testing.T) {
 		Exchange: top.Exchange, RoutingKey: "kit.thing", Type: "Thing", AggregateType: "thing", AggregateID: "1",
 		Payload: []byte(`{"n":1}`),
 	}))
-	conn, err := amqp.Dial(amqpURL)
-	require.NoError(t, err)
-	defer conn.Close()
-	ch, err := conn.Channel()
-	require.NoError(t, err)
-	testinfra.Eventually(t, 20*time.Second, func() bool {
-		_, ok, err := ch.Get(top.Queue, true)
-		return err == nil && ok
-	}, "the outbox row published")
+	select {
+	case typ := <-handled:
+		require.Equal(t, "Thing", typ)
+	case <-time.After(20 * time.Second):
+		t.Fatal("the outbox row did not reach the consumer's handler within 20s")
+	}
 	testinfra.Eventually(t, 10*time.Second, func() bool { return check.Check(ctx) == nil }, "the relay's check up")
+	testinfra.Eventually(t, 10*time.Second, func() bool { return consumerCheck.Check(ctx) == nil }, "the consumer's check up")
+	require.True(t, consumer.Status().Running)
 
 	families, err := p.Registry.Gather()
 	require.NoError(t, err)
 	names := map[string]bool{}
+	window := 0.0
 	for _, f := range families {
 		names[f.GetName()] = true
+		if f.GetName() == "inbox_redelivery_window_seconds" {
+			window = f.GetMetric()[0].GetGauge().GetValue()
+		}
 	}
-	for _, n := range []string{"pgxpool_max_conns", "outbox_relay_state", "outbox_pending_messages", "go_goroutines"} {
+	for _, n := range []string{"pgxpool_max_conns", "outbox_relay_state", "outbox_pending_messages", "inbox_messages_processed_total",
+		"inbox_pool_shortfall_connections", "go_goroutines"} {
 		require.True(t, names[n], "%s registered", n)
 	}
+	require.Equal(t, service.RedeliveryWindow(consumerSettings, 3).Seconds(), window)
+	_, _, err = service.AddConsumer(p, service.ConsumerConfig{Consumer: inboxrabbitmq.Config{
+		URLs: []string{amqpURL}, Queue: top.Queue, Name: "kit", DeadLetterRoutingKey: "kit.dead",
+		Handler: func(context.Context, pgx.Tx, inboxrabbitmq.Delivery) error { return nil },
+	}})
+	require.ErrorContains(t, err, "register consumer metrics", "a second consumer's metrics collide")
 
 	require.NoError(t, p.Stop())
 	stopped = true
@@ -96,29 +127,4 @@ func TestProcess(t *testing.T) {
 	_, err = http.Get("http://" + service.Addr(ln))
 	require.Error(t, err, "the server is down")
 	require.Empty(t, service.Addr(nil))
-}
-
-func TestConsumerMetrics(t *testing.T) {
-	t.Parallel()
-	p := service.NewProcess("kit", "api", service.Options{})
-	link := readiness.NewLink("not connected yet")
-	m, err := service.NewConsumerMetrics(p, "kit", []string{"Thing"}, time.Hour, time.Minute, link)
-	require.NoError(t, err)
-	hooks := m.Hooks()
-	require.NotNil(t, hooks.Connected)
-	require.Error(t, readiness.Connection(link, time.Nanosecond)(context.Background()), "down until connected")
-	hooks.Connected(inboxrabbitmq.ConnectionChange{Consumer: "kit", Up: true})
-	require.NoError(t, readiness.Connection(link, time.Nanosecond)(context.Background()))
-
-	families, err := p.Registry.Gather()
-	require.NoError(t, err)
-	window := 0.0
-	for _, f := range families {
-		if f.GetName() == "inbox_redelivery_window_seconds" {
-			window = f.GetMetric()[0].GetGauge().GetValue()
-		}
-	}
-	require.Equal(t, 60.0, window)
-	_, err = service.NewConsumerMetrics(p, "kit", nil, time.Hour, time.Minute, link)
-	require.Error(t, err, "registered twice")
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/outboxshop/outboxshop/internal/aftercommit"
 	"github.com/outboxshop/outboxshop/internal/amqptopo"
 	"github.com/outboxshop/outboxshop/internal/envconfig"
 	"github.com/outboxshop/outboxshop/internal/failpoint"
@@ -247,42 +248,65 @@ func RedeliveryWindow(c ConsumerSettings, relayMaxAttempts int) time.Duration {
 	return consumer + producer
 }
 
-// ConsumerMetrics are the metrics of an inbox consumer (pkg/inbox/inboxrabbitmq/inboxrabbitmqmetrics),
-// its redelivery window beside the inbox retention (pkg/inbox/inboxmetrics), and the hooks that
-// feed them, p's crash points and a readiness link.
-type ConsumerMetrics struct {
-	name    string
-	metrics *inboxrabbitmqmetrics.Consumer
-	hooks   inboxrabbitmq.Hooks
+// ConsumerConfig configures [AddConsumer].
+type ConsumerConfig struct {
+	// Consumer configures the inbox consumer: its URLs, Queue, Name, Handler, dead-letter
+	// exchange and Setup. AddConsumer applies Settings to it and sets its Logger, Hooks,
+	// TracerProvider and Propagator to p's.
+	Consumer inboxrabbitmq.Config
+	// Settings tune the consumer.
+	Settings ConsumerSettings
+	// KnownTypes are the message types the handler knows: the type label of the consumer's
+	// metrics (inboxrabbitmqmetrics.Config.KnownTypes).
+	KnownTypes []string
+	// Retention and CleanupInterval configure the cleanup of processed inbox rows
+	// (inbox.RunCleanup; 0 takes its defaults). Retention is exported beside the redelivery
+	// window too.
+	Retention, CleanupInterval time.Duration
+	// RelayMaxAttempts is the producing relay's, for the redelivery window ([RedeliveryWindow]).
+	RelayMaxAttempts int
+	// BrokerDownGrace is how long the consumer may be cut off from the broker before its
+	// readiness check fails.
+	BrokerDownGrace time.Duration
 }
 
-// NewConsumerMetrics registers the metrics of the consumer name on p's registry, with the
-// known message types, the inbox retention and the redelivery window; link follows the
-// consumer's broker connection for /readyz.
-func NewConsumerMetrics(p *Process, name string, types []string, retention, window time.Duration, link *readiness.Link) (*ConsumerMetrics, error) {
-	m, err := inboxrabbitmqmetrics.NewConsumer(p.Registry, inboxrabbitmqmetrics.Config{KnownTypes: types, ConstLabels: p.ConstLabels()})
+// AddConsumer adds the inbox consumer ("consumer") on p's pool, wrapped by
+// internal/aftercommit (so that a handler can count what it did once the inbox transaction
+// committed), and the cleanup of processed inbox rows ("inbox cleanup") to p's group, with the
+// consumer's metrics (inboxrabbitmqmetrics, and the redelivery window beside the retention)
+// and p's crash points, and returns the consumer's readiness check for /readyz: the
+// consumer's own Ready, which tolerates BrokerDownGrace without the broker (a broker restart
+// should not take every consumer out of a load balancer at once; a consumer that cannot
+// consume for minutes should). The consumer backs off and logs an outage once by itself
+// (pkg/inbox/inboxrabbitmq); nothing here retries it. [AddRelay] is its twin. The consumer is
+// returned for its Status (an app's Consuming); p runs it.
+func AddConsumer(p *Process, cfg ConsumerConfig) (*inboxrabbitmq.Consumer, readiness.Check, error) {
+	name := cfg.Consumer.Name
+	metrics, err := inboxrabbitmqmetrics.NewConsumer(p.Registry, inboxrabbitmqmetrics.Config{KnownTypes: cfg.KnownTypes, ConstLabels: p.ConstLabels()})
 	if err != nil {
-		return nil, fmt.Errorf("register consumer metrics: %w", err)
+		return nil, readiness.Check{}, fmt.Errorf("register consumer metrics: %w", err)
 	}
-	m.Init(name)
-	w, err := inboxmetrics.NewWindow(p.Registry, p.ConstLabels())
+	metrics.Init(name)
+	window, err := inboxmetrics.NewWindow(p.Registry, p.ConstLabels())
 	if err != nil {
-		return nil, fmt.Errorf("register inbox window metrics: %w", err)
+		return nil, readiness.Check{}, fmt.Errorf("register inbox window metrics: %w", err)
 	}
-	w.Set(name, retention, window)
-	return &ConsumerMetrics{name: name, metrics: m, hooks: m.Hooks(inboxrabbitmq.Hooks{
+	window.Set(name, cfg.Retention, RedeliveryWindow(cfg.Settings, cfg.RelayMaxAttempts))
+	ccfg := cfg.Settings.Apply(cfg.Consumer)
+	ccfg.Logger, ccfg.TracerProvider, ccfg.Propagator = p.Log, p.TracerProvider, p.Propagator
+	ccfg.Hooks = metrics.Hooks(inboxrabbitmq.Hooks{
 		Failpoint: failpoint.Hook(p.Failpoints, func(h inboxrabbitmq.FailpointHit) string { return h.Name }),
-		Connected: readiness.ConsumerConnected(link),
-	})}, nil
-}
-
-// Hooks are the consumer's hooks (inboxrabbitmq.Config.Hooks).
-func (m *ConsumerMetrics) Hooks() inboxrabbitmq.Hooks { return m.hooks }
-
-// Built records the pool sizing of the consumer built with Hooks
-// (inbox_pool_shortfall_connections).
-func (m *ConsumerMetrics) Built(c *inboxrabbitmq.Consumer) {
-	m.metrics.SetPoolSize(m.name, c.PoolSize())
+	})
+	consumer, err := inboxrabbitmq.NewConsumer(aftercommit.Wrap(p.Pool()), ccfg)
+	if err != nil {
+		return nil, readiness.Check{}, fmt.Errorf("inbox consumer: %w", err)
+	}
+	metrics.SetPoolSize(name, consumer.PoolSize())
+	p.Group.Add("consumer", consumer.Run)
+	p.Group.Add("inbox cleanup", func(ctx context.Context) error {
+		return inbox.RunCleanup(ctx, p.Pool(), inbox.CleanupConfig{Retention: cfg.Retention, Interval: cfg.CleanupInterval, Logger: p.Log})
+	})
+	return consumer, readiness.Check{Name: "consumer", Check: readiness.Ready(consumer.Ready, cfg.BrokerDownGrace)}, nil
 }
 
 // RelayConfig configures [AddRelay].
@@ -353,15 +377,6 @@ func AddRelay(p *Process, cfg RelayConfig) (readiness.Check, error) {
 		})
 	})
 	return readiness.Check{Name: "relay", Check: readiness.Ready(relay.Ready, cfg.BrokerDownGrace)}, nil
-}
-
-// AddInboxCleanup adds the cleanup of p's processed inbox rows ("inbox cleanup") to its group
-// (inbox.RunCleanup, with p's log: it backs off and logs an outage once by itself; an
-// interval of 0 takes its default).
-func AddInboxCleanup(p *Process, retention, interval time.Duration) {
-	p.Group.Add("inbox cleanup", func(ctx context.Context) error {
-		return inbox.RunCleanup(ctx, p.Pool(), inbox.CleanupConfig{Retention: retention, Interval: interval, Logger: p.Log})
-	})
 }
 
 // AddJob adds the periodic job to p's group under job.Name, run by [Every] (which backs off

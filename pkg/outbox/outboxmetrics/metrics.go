@@ -25,6 +25,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -248,8 +249,27 @@ type StatsConfig struct {
 	Logger *slog.Logger
 }
 
+// WithDefaults returns c with every default filled in, as [NewStats] runs with it, or an
+// error for an invalid field.
+func (c StatsConfig) WithDefaults() (StatsConfig, error) {
+	if c.Interval < 0 {
+		return c, fmt.Errorf("outboxmetrics: stats interval must be >= 0 (0 means %s), got %s", DefaultStatsInterval, c.Interval)
+	}
+	if err := c.Tables.Validate(); err != nil {
+		return c, err // outbox.ErrInvalidTables
+	}
+	c.Tables = c.Tables.WithDefaults()
+	c.Interval = cmp.Or(c.Interval, DefaultStatsInterval)
+	c.Logger = cmp.Or(c.Logger, slog.New(slog.DiscardHandler))
+	return c, nil
+}
+
 // NewStats registers the table metrics on reg. Call [Stats.Run] to keep them fresh.
 func NewStats(reg prometheus.Registerer, db outbox.DBTX, cfg StatsConfig) (*Stats, error) {
+	cfg, err := cfg.WithDefaults()
+	if err != nil {
+		return nil, err
+	}
 	store, err := outbox.NewStore(cfg.Tables)
 	if err != nil {
 		return nil, err
@@ -258,14 +278,11 @@ func NewStats(reg prometheus.Registerer, db outbox.DBTX, cfg StatsConfig) (*Stat
 		return prometheus.GaugeOpts{Namespace: "outbox", Name: name, Help: help, ConstLabels: cfg.ConstLabels}
 	}
 	s := &Stats{
-		db: db, store: store, interval: cmp.Or(cfg.Interval, DefaultStatsInterval), log: cfg.Logger,
+		db: db, store: store, interval: cfg.Interval, log: cfg.Logger,
 		pending:     prometheus.NewGauge(opts("pending_messages", "Outbox rows not yet published and not dead (the backlog).")),
 		oldestAge:   prometheus.NewGauge(opts("oldest_pending_age_seconds", "Age of the oldest pending outbox row; 0 when none.")),
 		dead:        prometheus.NewGauge(opts("dead_messages", "Outbox rows that gave up.")),
 		lastSuccess: prometheus.NewGauge(opts("stats_last_success_timestamp_seconds", "Unix time the outbox table was last read.")),
-	}
-	if s.log == nil {
-		s.log = slog.New(slog.DiscardHandler)
 	}
 	for _, c := range []prometheus.Collector{s.pending, s.oldestAge, s.dead, s.lastSuccess} {
 		if err := reg.Register(c); err != nil {

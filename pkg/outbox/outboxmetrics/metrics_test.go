@@ -183,3 +183,21 @@ func TestStatsTables(t *testing.T) {
 	_, err = outboxmetrics.NewStats(prometheus.NewPedanticRegistry(), pool, outboxmetrics.StatsConfig{Tables: outbox.Tables{Messages: "a\x00b"}})
 	require.ErrorIs(t, err, outbox.ErrInvalidTables)
 }
+
+// TestStatsConfigWithDefaults: the effective config is what NewStats runs with, and a
+// negative interval is refused with the field's name rather than panicking a ticker.
+func TestStatsConfigWithDefaults(t *testing.T) {
+	t.Parallel()
+	cfg, err := outboxmetrics.StatsConfig{}.WithDefaults()
+	require.NoError(t, err)
+	require.Equal(t, outboxmetrics.DefaultStatsInterval, cfg.Interval)
+	require.Equal(t, outbox.Tables{}.WithDefaults(), cfg.Tables)
+	require.NotNil(t, cfg.Logger)
+
+	_, err = outboxmetrics.StatsConfig{Interval: -time.Second}.WithDefaults()
+	require.ErrorContains(t, err, "stats interval must be >= 0")
+	_, err = outboxmetrics.NewStats(prometheus.NewPedanticRegistry(), nil, outboxmetrics.StatsConfig{Interval: -time.Second})
+	require.ErrorContains(t, err, "stats interval must be >= 0")
+	_, err = outboxmetrics.StatsConfig{Tables: outbox.Tables{Messages: "a\x00b"}}.WithDefaults()
+	require.ErrorIs(t, err, outbox.ErrInvalidTables)
+}

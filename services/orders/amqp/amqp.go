@@ -17,8 +17,8 @@ import (
 	"github.com/outboxshop/outboxshop/services/orders"
 )
 
-// ConsumerName is the inbox consumer name of the stock-event handler. Keep it stable: the
-// inbox deduplicates per name.
+// ConsumerName is the orders service's inbox consumer name. Keep it stable: the inbox
+// deduplicates per name, so renaming it forgets which messages were processed.
 const ConsumerName = "orders"
 
 // Topology is what the orders service declares on the broker, after docs/events.md:

@@ -22,7 +22,6 @@ import (
 	"log/slog"
 	"net"
 
-	"github.com/outboxshop/outboxshop/internal/aftercommit"
 	"github.com/outboxshop/outboxshop/internal/amqptopo"
 	"github.com/outboxshop/outboxshop/internal/envconfig"
 	"github.com/outboxshop/outboxshop/internal/pgdb"
@@ -68,7 +67,8 @@ type App struct {
 	store    *postgres.Store
 	topology ordersamqp.Topology
 	declarer *amqptopo.Declarer
-	checks   []readiness.Check // of /readyz, besides the database
+	checks   []readiness.Check       // of /readyz, besides the database
+	consumer *inboxrabbitmq.Consumer // nil in ModeRelay
 	httpm    *ordershttp.Metrics
 	apiLn    net.Listener
 	opsLn    net.Listener
@@ -163,16 +163,31 @@ func (a *App) addAPI() error {
 	if err := service.AddOutboxStats(a.Process); err != nil {
 		return err
 	}
-	// /readyz: the database, and the consumer's broker connection, which may be away for
+	// /readyz: the database, and the consumer, which may be cut off from the broker for
 	// BrokerDownGrace (a broker restart) before the process counts as not ready.
-	consumerLink := readiness.NewLink("not connected to the broker yet")
-	a.checks = append(a.checks, readiness.Check{Name: "consumer", Check: readiness.Connection(consumerLink, a.cfg.BrokerDownGrace)})
-	settings := envconfig.Section[service.ConsumerSettings](a.cfg, "Consumer")
-	consumerMetrics, err := service.NewConsumerMetrics(a.Process, ordersamqp.ConsumerName, consumedTypes, a.cfg.InboxRetention,
-		service.RedeliveryWindow(settings, a.cfg.RelayMaxAttempts), consumerLink)
+	var check readiness.Check
+	a.consumer, check, err = service.AddConsumer(a.Process, service.ConsumerConfig{
+		Consumer: inboxrabbitmq.Config{
+			URLs:                 a.cfg.AMQPURLs(),
+			Queue:                a.topology.Queue,
+			Name:                 ordersamqp.ConsumerName,
+			Handler:              ordersamqp.NewHandler(countingApplier{StockApplier: a.store, outcomes: svc.outcomes}, a.Log),
+			ShutdownTimeout:      a.cfg.ConsumerShutdownTimeout,
+			DeadLetterExchange:   a.topology.DeadLetterExchange,
+			DeadLetterRoutingKey: a.topology.Queue,
+			Setup:                a.declarer.Setup,
+		},
+		Settings:         envconfig.Section[service.ConsumerSettings](a.cfg, "Consumer"),
+		KnownTypes:       consumedTypes,
+		Retention:        a.cfg.InboxRetention,
+		CleanupInterval:  a.cfg.InboxCleanupInterval,
+		RelayMaxAttempts: a.cfg.RelayMaxAttempts,
+		BrokerDownGrace:  a.cfg.BrokerDownGrace,
+	})
 	if err != nil {
 		return err
 	}
+	a.checks = append(a.checks, check)
 	api := ordershttp.NewHandler(ordershttp.Config{
 		Checks:   a.checks,
 		Orders:   a.store,
@@ -187,29 +202,7 @@ func (a *App) addAPI() error {
 		TracerProvider:  a.TracerProvider,
 		Propagator:      a.Propagator,
 	})
-	// The pool is wrapped so that countingApplier counts an outcome after its inbox
-	// transaction committed.
-	consumer, err := inboxrabbitmq.NewConsumer(aftercommit.Wrap(a.Pool()), settings.Apply(inboxrabbitmq.Config{
-		URLs:                 a.cfg.AMQPURLs(),
-		Queue:                a.topology.Queue,
-		Name:                 ordersamqp.ConsumerName,
-		Handler:              ordersamqp.NewHandler(countingApplier{StockApplier: a.store, outcomes: svc.outcomes}, a.Log),
-		ShutdownTimeout:      a.cfg.ConsumerShutdownTimeout,
-		DeadLetterExchange:   a.topology.DeadLetterExchange,
-		DeadLetterRoutingKey: a.topology.Queue,
-		Setup:                a.declarer.Setup,
-		Logger:               a.Log,
-		Hooks:                consumerMetrics.Hooks(),
-		TracerProvider:       a.TracerProvider,
-		Propagator:           a.Propagator,
-	}))
-	if err != nil {
-		return fmt.Errorf("stock consumer: %w", err)
-	}
-	consumerMetrics.Built(consumer)
 	service.AddServer(a.Process, "http server", a.apiLn, api, a.cfg.HTTPShutdownTimeout)
-	a.Group.Add("stock consumer", consumer.Run)
-	service.AddInboxCleanup(a.Process, a.cfg.InboxRetention, a.cfg.InboxCleanupInterval)
 	// Every ORDERS_IDEMPOTENCY_KEY_CLEANUP_INTERVAL; after a failed run it backs off from
 	// 100ms to 10s (never longer than the interval) and logs the failure once (service.Every).
 	service.AddJob(a.Process, service.Job{
@@ -251,6 +244,10 @@ func (a *App) cleanupIdempotencyKeys(ctx context.Context) error {
 	}
 	return err
 }
+
+// Consuming reports whether the stock consumer consumes on a live broker connection (false in
+// ModeRelay, and before Start).
+func (a *App) Consuming() bool { return a.consumer != nil && a.consumer.Connected() }
 
 // Addr is the API's address ("127.0.0.1:port"), or "" when the mode serves no API.
 func (a *App) Addr() string { return service.Addr(a.apiLn) }

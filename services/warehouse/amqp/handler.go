@@ -15,6 +15,10 @@ import (
 	"github.com/outboxshop/outboxshop/services/warehouse"
 )
 
+// ConsumerName is the warehouse's inbox consumer name. Keep it stable: the inbox deduplicates
+// per name, so renaming it forgets which messages were processed.
+const ConsumerName = "warehouse"
+
 // OrderApplier applies the orders service's events to the stock inside the inbox
 // transaction, and writes the answer to the outbox in the same transaction: the store as the
 // handler sees it. *postgres.Store implements it (the app wraps it to count the decisions).

@@ -14,7 +14,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/trace/noop"
 
-	"github.com/outboxshop/outboxshop/internal/service"
 	"github.com/outboxshop/outboxshop/internal/telemetry"
 	"github.com/outboxshop/outboxshop/internal/testinfra"
 	"github.com/outboxshop/outboxshop/pkg/inbox/inboxrabbitmq"
@@ -85,15 +84,20 @@ func deleteTopology(t *testing.T, amqpURL string, top warehouseamqp.Topology) {
 // startConsumer runs the warehouse consumer until the test ends.
 func (b *bundle) startConsumer(t *testing.T, concurrency int) {
 	t.Helper()
-	c, err := warehouseamqp.NewConsumer(b.pool, warehouseamqp.ConsumerConfig{
-		URLs:     []string{b.amqpURL},
-		Topology: b.top,
-		Store:    b.store,
-		ConsumerSettings: service.ConsumerSettings{
-			Prefetch: max(concurrency, 16), Concurrency: concurrency, MaxDeliveries: 3, RetryBaseDelay: 50 * time.Millisecond,
-		},
-		ShutdownTimeout: 5 * time.Second,
-		Logger:          testLogger(t),
+	c, err := inboxrabbitmq.NewConsumer(b.pool, inboxrabbitmq.Config{
+		URLs:                 []string{b.amqpURL},
+		Queue:                b.top.Queue,
+		Name:                 warehouseamqp.ConsumerName,
+		Handler:              warehouseamqp.NewHandler(b.store, testLogger(t)),
+		DeadLetterExchange:   b.top.DeadLetterExchange,
+		DeadLetterRoutingKey: b.top.Queue,
+		Setup:                b.top.Declare,
+		Prefetch:             max(concurrency, 16),
+		Concurrency:          concurrency,
+		MaxDeliveries:        3,
+		RetryBaseDelay:       50 * time.Millisecond,
+		ShutdownTimeout:      5 * time.Second,
+		Logger:               testLogger(t),
 		// Tracing off, as the service runs without an OTLP endpoint: no spans, but a
 		// delivery's trace context still reaches its answers.
 		TracerProvider: noop.NewTracerProvider(),

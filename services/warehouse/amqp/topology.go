@@ -1,7 +1,7 @@
 // Package amqp is the warehouse's RabbitMQ adapter: the topology it declares at start-up
-// ([Topology]), the handler of the orders service's events ([NewHandler]), and the
-// constructor of the inbox consumer that runs it ([NewConsumer]). The outbox relay and its
-// publisher are wired by internal/service (AddRelay), the same in both services.
+// ([Topology]) and the handler of the orders service's events ([NewHandler]), run by the
+// pkg/inbox/inboxrabbitmq consumer. The consumer, the outbox relay and its publisher are
+// wired by internal/service (AddConsumer, AddRelay), the same in both services.
 //
 // Messages come in through pkg/inbox/inboxrabbitmq. The handler maps a delivery to the domain: it
 // decodes the event (package warehouse) and applies it through [OrderApplier], the store as

@@ -17,6 +17,7 @@ import (
 	"github.com/outboxshop/outboxshop/internal/pgdb"
 	"github.com/outboxshop/outboxshop/internal/readiness"
 	"github.com/outboxshop/outboxshop/internal/service"
+	"github.com/outboxshop/outboxshop/pkg/inbox/inboxrabbitmq"
 	"github.com/outboxshop/outboxshop/pkg/outbox/outboxrabbitmq"
 	warehouseamqp "github.com/outboxshop/outboxshop/services/warehouse/amqp"
 	warehousehttp "github.com/outboxshop/outboxshop/services/warehouse/http"
@@ -68,7 +69,7 @@ type App struct {
 
 	store    *postgres.Store
 	ln       net.Listener
-	consumer *readiness.Link // the consumer's broker connection; nil in ModeRelay
+	consumer *inboxrabbitmq.Consumer // nil in ModeRelay
 }
 
 // New checks cfg and returns an App that Start runs in mode.
@@ -95,11 +96,12 @@ func database(cfg Config) pgdb.Config {
 func (a *App) Start(ctx context.Context) (err error) {
 	defer a.StopOnError(&err)
 	api, consumer, relay := a.mode.serves()
+	topology := a.cfg.Topology()
 	pool, err := a.OpenDatabase(ctx, database(a.cfg))
 	if err != nil {
 		return err
 	}
-	if a.store, err = postgres.NewStore(pool, postgres.StoreConfig{Exchange: a.cfg.Topology().Exchange, Propagator: a.Propagator}); err != nil {
+	if a.store, err = postgres.NewStore(pool, postgres.StoreConfig{Exchange: topology.Exchange, Propagator: a.Propagator}); err != nil {
 		return err
 	}
 	httpMetrics, err := warehousehttp.NewMetrics(a.Registry, a.ConstLabels())
@@ -115,7 +117,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 	// The consumer and the relay declare the topology on every (re)connect with one
 	// declarer, which keeps a queue that exists with other arguments (a changed delivery
 	// limit) instead of failing, and warns about it once.
-	declarer, err := amqptopo.NewDeclarer(a.cfg.AMQPURLs(), a.cfg.Topology().Shared(), a.Log)
+	declarer, err := amqptopo.NewDeclarer(a.cfg.AMQPURLs(), topology.Shared(), a.Log)
 	if err != nil {
 		return err
 	}
@@ -127,16 +129,33 @@ func (a *App) Start(ctx context.Context) (err error) {
 		return err
 	}
 
-	// /readyz: the database, and the broker connections of the consumer and the relay, each
-	// of which may be away for BrokerDownGrace (a broker restart) before the process counts
-	// as not ready.
+	// /readyz: the database, the consumer and the relay, each of which may be cut off from
+	// the broker for BrokerDownGrace (a broker restart) before the process counts as not
+	// ready.
 	var checks []readiness.Check
 	if consumer {
-		a.consumer = readiness.NewLink("not connected to the broker yet")
-		checks = append(checks, readiness.Check{Name: "consumer", Check: readiness.Connection(a.consumer, a.cfg.BrokerDownGrace)})
-		if err := a.addConsumer(declarer, svc); err != nil {
+		var check readiness.Check
+		a.consumer, check, err = service.AddConsumer(a.Process, service.ConsumerConfig{
+			Consumer: inboxrabbitmq.Config{
+				URLs:                 a.cfg.AMQPURLs(),
+				Queue:                topology.Queue,
+				Name:                 warehouseamqp.ConsumerName,
+				Handler:              warehouseamqp.NewHandler(countingApplier{OrderApplier: a.store, committed: svc.committed}, a.Log),
+				ShutdownTimeout:      a.cfg.ShutdownTimeout,
+				DeadLetterExchange:   topology.DeadLetterExchange,
+				DeadLetterRoutingKey: topology.Queue,
+				Setup:                declarer.Setup,
+			},
+			Settings:         envconfig.Section[service.ConsumerSettings](a.cfg, "Consumer"),
+			KnownTypes:       consumedTypes,
+			Retention:        a.cfg.InboxRetention,
+			RelayMaxAttempts: a.cfg.RelayMaxAttempts,
+			BrokerDownGrace:  a.cfg.BrokerDownGrace,
+		})
+		if err != nil {
 			return err
 		}
+		checks = append(checks, check)
 	}
 	if relay {
 		check, err := service.AddRelay(a.Process, service.RelayConfig{
@@ -170,34 +189,6 @@ func (a *App) Start(ctx context.Context) (err error) {
 	return nil
 }
 
-func (a *App) addConsumer(declarer *amqptopo.Declarer, svc *serviceMetrics) error {
-	consumer := envconfig.Section[service.ConsumerSettings](a.cfg, "Consumer")
-	consumerMetrics, err := service.NewConsumerMetrics(a.Process, warehouseamqp.ConsumerName, consumedTypes, a.cfg.InboxRetention,
-		service.RedeliveryWindow(consumer, a.cfg.RelayMaxAttempts), a.consumer)
-	if err != nil {
-		return err
-	}
-	c, err := warehouseamqp.NewConsumer(a.Pool(), warehouseamqp.ConsumerConfig{
-		URLs:             a.cfg.AMQPURLs(),
-		Topology:         a.cfg.Topology(),
-		Store:            countingApplier{OrderApplier: a.store, committed: svc.committed},
-		Declarer:         declarer,
-		ConsumerSettings: consumer,
-		ShutdownTimeout:  a.cfg.ShutdownTimeout,
-		Logger:           a.Log,
-		Hooks:            consumerMetrics.Hooks(),
-		TracerProvider:   a.TracerProvider,
-		Propagator:       a.Propagator,
-	})
-	if err != nil {
-		return err
-	}
-	consumerMetrics.Built(c)
-	a.Group.Add("consumer", c.Run)
-	service.AddInboxCleanup(a.Process, a.cfg.InboxRetention, 0)
-	return nil
-}
-
 // Run starts the app and waits until it stopped: until ctx is cancelled (graceful stop, also
 // while Start still waits for the database) or a component failed.
 func (a *App) Run(ctx context.Context) error { return a.Process.Run(ctx, a.Start) }
@@ -209,14 +200,9 @@ func (a *App) HTTPAddr() string { return service.Addr(a.ln) }
 // Store is the PostgreSQL adapter on Pool (nil before Start).
 func (a *App) Store() *postgres.Store { return a.store }
 
-// Consuming reports whether the consumer is connected and consuming (false in ModeRelay).
-func (a *App) Consuming() bool {
-	if a.consumer == nil {
-		return false
-	}
-	up, _, _ := a.consumer.LinkState()
-	return up
-}
+// Consuming reports whether the consumer consumes on a live broker connection (false in
+// ModeRelay, and before Start).
+func (a *App) Consuming() bool { return a.consumer != nil && a.consumer.Connected() }
 
 // Migrate creates the database when missing and migrates it: the `migrate` subcommand.
 func Migrate(ctx context.Context, cfg Config, log *slog.Logger) error {

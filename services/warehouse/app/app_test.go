@@ -219,13 +219,13 @@ func TestModes(t *testing.T) {
 		status, body := get(t, base+"/readyz")
 		require.Equal(t, http.StatusOK, status)
 		require.Contains(t, body, `"relay":`)
+		require.NotContains(t, body, `"consumer":`, "a relay process runs no consumer")
 		status, body = get(t, base+"/metrics")
 		require.Equal(t, http.StatusOK, status)
 		require.Contains(t, body, "go_goroutines")
 		require.Contains(t, body, "process_")
 		status, _ = get(t, base+"/stock")
 		require.Equal(t, http.StatusNotFound, status)
-		require.False(t, a.Consuming())
 
 		// The relay's metrics, not the API's (docs/metrics.md).
 		_, families := metricstest.Scrape(t, base+"/metrics")

@@ -66,7 +66,7 @@ func (m *serviceMetrics) committed(d warehouse.Decision) {
 // countingApplier is the store as the consumer's handler sees it: every decision that
 // changed something (not ActionIgnore) is reported to committed once the inbox transaction
 // that applied it has committed. It needs that transaction to come from an
-// aftercommit.Wrap'ped pool, as warehouseamqp.NewConsumer's do; with another, committed is
+// aftercommit.Wrap'ped pool, as service.AddConsumer's do; with another, committed is
 // not called. A duplicate never reaches the handler (the inbox skips it), and a transaction
 // that rolls back runs nothing, so no decision is counted twice.
 type countingApplier struct {
