@@ -5,12 +5,13 @@ import "github.com/outboxshop/outboxshop/internal/service"
 const usage = `usage: orders <command>
 
 commands:
-  api, serve   run the HTTP API and the stock-event consumer
-  relay        run the outbox relay (and its cleanup), with /healthz and /metrics
-  all          run everything in one process
-  migrate      create the database if needed and apply the migrations
+  api, serve      serve the HTTP API and consume the warehouse's stock events
+  relay           publish the outbox (serves /healthz, /readyz, /metrics on ORDERS_RELAY_HTTP_ADDR)
+  all             api and relay in one process
+  migrate         create and migrate the database, then exit
 
-configuration: ORDERS_* environment variables (and CHAOS_FAILPOINTS), see services/orders/README.md
+Configuration is read from ORDERS_* environment variables (and CHAOS_FAILPOINTS); see
+services/orders/README.md.
 `
 
 // Command is the orders binary's command line (internal/service Command, the same in both

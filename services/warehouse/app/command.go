@@ -18,7 +18,8 @@ commands:
   migrate         create and migrate the database, then exit
   seed [--force]  reset the catalogue's stock; --force also while reservations hold stock
 
-Configuration is read from WAREHOUSE_* environment variables; see README.md.
+Configuration is read from WAREHOUSE_* environment variables (and CHAOS_FAILPOINTS); see
+services/warehouse/README.md.
 `
 
 // Command is the warehouse binary's command line (internal/service Command, the same in both
