@@ -20,7 +20,7 @@ const (
 	// ClassFailed: the attempt failed and nothing says why (SQLSTATE classes 22, 23 and 42
 	// among others). The message may be at fault, or the code handling it; a retry may
 	// succeed once something else changed (a row it refers to arrived). Runners count such
-	// an attempt and give up after a bounded number (the rabbitmq runner: MaxDeliveries).
+	// an attempt and give up after a bounded number (inboxrabbitmq: MaxDeliveries).
 	ClassFailed Class = iota
 	// ClassTransient: the infrastructure failed, not the message (the database is
 	// unreachable, restarting, out of connections or resources, the connection was lost),
@@ -47,8 +47,7 @@ func (c Class) String() string {
 }
 
 // Classify tells whether a failed attempt to process a message is worth retrying and whether
-// the retry should count. It is what the rabbitmq runner applies to the errors of handlers
-// and of [Process]; other runners may use it the same way.
+// the retry should count, as the inboxrabbitmq runner does for handlers and [Process].
 //
 // The first rule that matches decides:
 //
@@ -69,7 +68,7 @@ func (c Class) String() string {
 //  5. A context deadline (context.DeadlineExceeded: a DB call's own deadline) and a
 //     timeout inside pgx (pgconn.Timeout) are ClassTransient. context.Canceled is
 //     ClassFailed: a runner's own shutdown cancels its contexts, and the runner must check
-//     its context before it classifies (the rabbitmq runner does); a cancellation from
+//     its context before it classifies (inboxrabbitmq does); a cancellation from
 //     anywhere else is not evidence of an outage.
 //  6. A lost or broken connection is ClassTransient: io.EOF and io.ErrUnexpectedEOF (the
 //     server closed the connection), pgconn.ErrConnClosed, errors pgx reports as
@@ -161,10 +160,9 @@ func connectionLost(err error) bool {
 	return false
 }
 
-// Permanent marks err as permanent: retrying the message cannot help (it is invalid, refers to
-// something that does not exist, breaks a business rule). A consumer runner such as the
-// inboxrabbitmq subpackage dead-letters a message whose handler returned a permanent error at
-// once, instead of retrying it. Permanent(nil) is nil.
+// Permanent marks err as permanent ([ClassPermanent]): retrying the message cannot help (it
+// is invalid, refers to something that does not exist, breaks a business rule).
+// Permanent(nil) is nil.
 func Permanent(err error) error {
 	if err == nil {
 		return nil
@@ -176,12 +174,10 @@ func Permanent(err error) error {
 // [Classify] puts err in [ClassPermanent]). IsPermanent(nil) is false.
 func IsPermanent(err error) bool { return err != nil && Classify(err) == ClassPermanent }
 
-// Transient marks err as transient: the message is fine, something it depends on is not (a
-// service it calls is down, a row it needs is locked), and retrying the same message later
-// will succeed. A consumer runner such as the inboxrabbitmq subpackage retries it in place,
-// without counting an attempt, for as long as it takes. Use it only for failures that end
-// by themselves: a message whose handler returns a transient error for ever is never
-// dead-lettered. Transient(nil) is nil.
+// Transient marks err as transient ([ClassTransient]): the message is fine, something it
+// depends on is not (a service it calls is down, a row it needs is locked). Use it only for
+// failures that end by themselves: a message whose handler returns a transient error for
+// ever is never dead-lettered. Transient(nil) is nil.
 func Transient(err error) error {
 	if err == nil {
 		return nil

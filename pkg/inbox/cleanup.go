@@ -14,9 +14,6 @@ import (
 )
 
 // Execer runs single statements. *pgxpool.Pool, *pgx.Conn and pgx.Tx satisfy it.
-//
-// [Cleanup] runs each batch as its own statement; given a pool or a connection outside a
-// transaction, each batch commits on its own and holds its locks only for that statement.
 type Execer interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
@@ -96,10 +93,10 @@ WHERE (consumer, message_id) IN (
 
 // Cleanup deletes the inbox rows processed more than cfg.Retention ago and returns how many
 // it deleted: in batches of at most cfg.BatchSize rows, one short DELETE statement each,
-// until a batch comes back short, so that it can run while consumers are busy. An invalid cfg
-// returns an error without deleting anything; when ctx ends between batches, Cleanup returns
-// the rows deleted so far and ctx's error. It cleans the table of the default [Tables];
-// [Store.Cleanup] another.
+// committed on its own unless db is a transaction, until a batch comes back short, so that it
+// can run while consumers are busy. An invalid cfg returns an error without deleting
+// anything; when ctx ends between batches, Cleanup returns the rows deleted so far and ctx's
+// error. It cleans the table of the default [Tables]; [Store.Cleanup] another.
 func Cleanup(ctx context.Context, db Execer, cfg CleanupConfig) (deleted int64, err error) {
 	return defaultStore.Cleanup(ctx, db, cfg)
 }

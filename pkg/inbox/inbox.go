@@ -42,8 +42,7 @@ const (
 )
 
 // Errors returned by [Process] and [Message.Validate] for input refused before touching the
-// database. The message errors are wrapped with [Permanent]: no retry can store them.
-// Test for them with errors.Is.
+// database, the message errors marked [Permanent]. Test for them with errors.Is.
 var (
 	ErrNoConsumer         = errors.New("inbox: consumer name is empty")
 	ErrInvalidConsumer    = errors.New("inbox: invalid consumer name")
@@ -52,12 +51,10 @@ var (
 	ErrInvalidMessageType = errors.New("inbox: invalid message type")
 )
 
-// Validate reports whether the inbox can store m: its ID is not empty, and its ID and Type
-// are valid UTF-8, contain no NUL byte and fit their limits ([MaxMessageIDBytes],
-// [MaxMessageTypeBytes]). The error wraps [ErrNoMessageID], [ErrInvalidMessageID] or
-// [ErrInvalidMessageType], says what is wrong without repeating the value, and is marked
-// [Permanent]. [Process] calls it first; a runner may call it earlier to dead-letter such a
-// message with its own reason.
+// Validate reports whether the inbox can store m, by the rules of its fields. The error wraps
+// [ErrNoMessageID], [ErrInvalidMessageID] or [ErrInvalidMessageType], says what is wrong
+// without repeating the value, and is marked [Permanent]. [Process] calls it first; a runner
+// may call it earlier to dead-letter such a message with its own reason.
 func (m Message) Validate() error {
 	if m.ID == "" {
 		return Permanent(ErrNoMessageID)
@@ -134,9 +131,9 @@ ON CONFLICT (consumer, message_id) DO NOTHING`
 // under REPEATABLE READ or SERIALIZABLE it fails with a serialization error, and its
 // redelivery is a duplicate. Either way fn's effects are committed once.
 //
-// Process makes no span of its own: when ctx carries a recording OpenTelemetry span, a
-// duplicate sets [AttrDuplicate] on it, and fn's spans nest under it. It records messages in
-// the table of the default [Tables]; [Store.Process] in another.
+// Process makes no span of its own: a duplicate sets [AttrDuplicate], true, on the recording
+// span of ctx, if any, and fn's spans nest under it. It records messages in the table of the
+// default [Tables]; [Store.Process] in another.
 func Process(ctx context.Context, db TxBeginner, consumer string, msg Message, fn func(ctx context.Context, tx pgx.Tx) error) (duplicate bool, err error) {
 	return defaultStore.Process(ctx, db, consumer, msg, fn)
 }
@@ -195,8 +192,7 @@ func (s *Store) Process(ctx context.Context, db TxBeginner, consumer string, msg
 	return false, nil
 }
 
-// AttrDuplicate is the attribute [Process] sets, true, on the span of ctx when the message
-// is a duplicate: fn did not run, so the span has no child work.
+// AttrDuplicate is the attribute a duplicate's span carries (see [Process]).
 const AttrDuplicate = attribute.Key("inbox.duplicate")
 
 // markDuplicate marks the span of ctx, if it records, as a duplicate's.

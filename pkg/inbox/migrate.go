@@ -20,15 +20,11 @@ import (
 //go:embed migrations/templates/*.sql.tmpl
 var migrationTemplates embed.FS
 
-// Migrations holds the inbox schema of the default [Tables] for migration tools, generated
-// from the templates [Migrate] applies, so that either way makes the same schema:
-// migrations/goose/NNN_name.sql for goose (fs.Sub(Migrations, "migrations/goose")), and
-// migrations/golang-migrate/NNN_name.up.sql and .down.sql for golang-migrate
-// (iofs.New(Migrations, "migrations/golang-migrate")). Give each tool a version table of its
-// own, since these versions are numbered on their own. The Down migrations drop what the Up
-// ones made, rows included, and take the versions they undo out of Migrate's version table,
-// so that Migrate, run afterwards, makes them again. Tables of other names are made by
-// [Store.Migrate].
+// Migrations holds the schema [Migrate] makes for the default [Tables], for goose (folder
+// migrations/goose) and golang-migrate (migrations/golang-migrate); give each tool a version
+// table of its own. The Down migrations drop what the Up ones made, rows included, and
+// Migrate's record of them, so that Migrate, run afterwards, makes them again. Tables of
+// other names are made by [Store.Migrate].
 //
 //go:embed migrations/goose migrations/golang-migrate
 var Migrations embed.FS
@@ -93,14 +89,13 @@ func migrate(ctx context.Context, db TxBeginner, t Tables) error {
 }
 
 // Migrate brings the inbox schema of the default [Tables] to the version this package needs.
-// It records versions in the inbox_migrations table and applies each missing one once, in
-// order, in one transaction: the same migration runner as the outbox's Migrate. It is safe on
-// every start of every replica while consumers run at full load: when the schema is current
-// it takes no lock on the inbox table; otherwise it serialises with other migrating
-// processes and applies what is missing with lock_timeout set, retrying with backoff up to
-// ten times. A table made by an earlier version of this package, or by a tool from
-// [Migrations], is taken to be at version 1. A version table that records versions while the
-// inbox table is missing is an error.
+// It applies each missing version once, in order, in one transaction, and records it in
+// [Tables].Migrations. It is safe on every start of every replica while consumers run at full
+// load: when the schema is current it takes no lock on the inbox table; otherwise it
+// serialises with other migrating processes and applies what is missing with lock_timeout
+// set, retrying with backoff up to ten times. A table made by an earlier version of this
+// package, or by a tool from [Migrations], is taken to be at version 1. A version table that
+// records versions while the inbox table is missing is an error.
 func Migrate(ctx context.Context, db TxBeginner) error {
 	return migrate(ctx, db, Tables{})
 }

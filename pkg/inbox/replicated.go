@@ -9,9 +9,7 @@ import (
 )
 
 // ErrCommitUnknown is wrapped by [CommitReplicated] when the commit returned after ctx had
-// ended: its wait for the synchronous standby may have been cut short, leaving it on the
-// primary alone. Treat it as any commit of unknown outcome: do not acknowledge; a retry
-// finds what was committed, and confirms it in turn.
+// ended. Do not acknowledge: a retry finds what was committed, and confirms it in turn.
 var ErrCommitUnknown = errors.New("inbox: commit outcome unknown: the wait for the synchronous standby may have been cut short")
 
 // replicationBarrier readies a transaction to be acknowledged on a primary with synchronous
@@ -42,16 +40,17 @@ SELECT CASE WHEN current_setting('synchronous_standby_names') <> '' AND NOT pg_i
 // CommitReplicated commits tx so that its success can be acknowledged even on a primary
 // with synchronous standbys: when it returns nil, all that tx wrote and all that it read is
 // on the synchronous standbys (if the server has any), and survives a failover to one of
-// them. A plain tx.Commit of a transaction that only read waits for no standby, although
-// what it read may be on the primary alone. [Process] commits with it; use it instead of
-// tx.Commit wherever you answer someone from a transaction, above all from what it only
-// read (the replay of an idempotent request). Call it on the outermost transaction: on a
-// savepoint it proves nothing. What it costs: see the README's Operations.
+// them, which a plain tx.Commit of a transaction that only read does not promise. [Process]
+// commits with it; use it instead of tx.Commit wherever you answer someone from a
+// transaction, above all from what it only read (the replay of an idempotent request). Call
+// it on the outermost transaction: on a savepoint it proves nothing. What it costs: see the
+// README's Operations.
 //
 // An error means the outcome is unknown, as with any failed commit: when ctx ends while the
 // commit waits for the standby, or the commit returns after ctx ended (then it wraps
-// [ErrCommitUnknown]). Never cut the wait short and treat the transaction as done. With a
-// single synchronous standby that is down, it waits until the standby is back or ctx ends.
+// [ErrCommitUnknown]: the wait may have been cut short, leaving the commit on the primary
+// alone). Never treat such a transaction as done. With a single synchronous standby that is
+// down, it waits until the standby is back or ctx ends.
 func CommitReplicated(ctx context.Context, tx pgx.Tx) error {
 	if _, err := tx.Exec(ctx, replicationBarrier); err != nil {
 		return fmt.Errorf("ready the commit for the synchronous standbys: %w", err)

@@ -7,12 +7,10 @@ import (
 	"text/template"
 )
 
-// Store is the inbox of one set of [Tables]: [Migrate], [Process], [Cleanup] and [RunCleanup]
-// for tables of your own naming (another table, another schema). The package-level functions
-// are the methods of the store of the default Tables.
-//
-// A Store holds no connection and no state but its statements: make one per set of tables,
-// at start-up, and share it. Its methods are safe for concurrent use.
+// Store is the inbox of one set of [Tables]; the package-level functions are the methods of
+// the store of the default Tables. A Store holds no connection and no state but its
+// statements: make one per set of tables, at start-up, and share it. Its methods are safe for
+// concurrent use.
 type Store struct {
 	tables Tables
 	sql    statements

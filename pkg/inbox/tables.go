@@ -10,12 +10,10 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Tables names the tables of one inbox. The zero value is the default: inbox_messages and
-// inbox_migrations, unqualified, found through the connection's search_path. Set Schema to
-// keep them in a schema of their own, and Messages to keep several inboxes in one database.
-// The index and constraints of the Messages table ("<Messages>_processed_at_idx", …) and the
-// advisory lock key of its migrations are derived from the names (the default Tables keep
-// those of earlier versions). The inbox has no triggers, functions or notification channels.
+// Tables names the tables of one inbox; the zero value is the default. The index and
+// constraints of the Messages table ("<Messages>_processed_at_idx", …) and the advisory lock
+// key of its migrations are derived from the names (the default Tables keep those of earlier
+// versions). The inbox has no triggers, functions or notification channels.
 type Tables struct {
 	// Schema holds the tables. Empty: unqualified names, resolved through search_path.
 	Schema string
@@ -33,8 +31,7 @@ type Tables struct {
 // DefaultMessagesTable is the inbox table's name when [Tables.Messages] is empty.
 const DefaultMessagesTable = "inbox_messages"
 
-// MaxTableBytes is the longest [Tables.Messages] may be: the longest name derived from it,
-// "<Messages>_message_id_not_empty", adds 21 bytes, and PostgreSQL cuts identifiers at 63.
+// MaxTableBytes is the longest [Tables.Messages] may be.
 const MaxTableBytes = 40
 
 // ErrInvalidTables is wrapped by [Tables.Validate]'s errors.
@@ -66,6 +63,8 @@ func (t Tables) Validate() error {
 		limit        int
 	}{
 		{"Schema", t.Schema, 63},
+		// The longest name derived from Messages, "<Messages>_message_id_not_empty", adds 21
+		// bytes, and PostgreSQL cuts identifiers at 63.
 		{"Messages", t.Messages, MaxTableBytes},
 		{"Migrations", t.Migrations, 63},
 	} {

@@ -1,13 +1,9 @@
-// Package inboxmetrics exposes an inbox's own state as Prometheus metrics, whatever broker feeds
-// it: [Window] exports each inbox consumer's retention beside the longest time a duplicate
-// can still arrive, so that an alert can fire when a duplicate could outlive its inbox row,
-// and [RetryWindow] computes that time.
-//
-// The package measures the broker-neutral inbox only and imports no broker adapter: the
-// RabbitMQ consumer's metrics (messages processed, duplicates, errors, dead letters…) are
-// in inboxrabbitmq/inboxrabbitmqmetrics. Everything is registered on the [prometheus.Registerer]
-// passed in; nothing is global. The metric names are listed in docs/metrics.md of the
-// outboxshop repository.
+// Package inboxmetrics exposes an inbox's own state as Prometheus metrics, whatever broker
+// feeds it: [Window] exports each inbox consumer's retention beside the longest time a
+// duplicate can still arrive ([RetryWindow]), so that an alert can fire when a duplicate could
+// outlive its inbox row. It imports no broker adapter (the RabbitMQ consumer's metrics are in
+// inboxrabbitmq/inboxrabbitmqmetrics) and registers on the [prometheus.Registerer] passed in,
+// nothing global; docs/metrics.md of the outboxshop repository lists the metric names.
 package inboxmetrics
 
 import (

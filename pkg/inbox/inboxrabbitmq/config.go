@@ -33,8 +33,7 @@ const (
 	DefaultShutdownTimeout = 30 * time.Second
 )
 
-// Config configures a [Consumer]. The zero value of a field with a default means the default;
-// [Config.WithDefaults] shows what the consumer will use.
+// Config configures a [Consumer]; [Config.WithDefaults] fills in the fields left zero.
 type Config struct {
 	// URL of the broker, amqp:// or amqps://. Set URL or URLs, not both.
 	URL string
@@ -49,13 +48,12 @@ type Config struct {
 	Name string
 	// Handler applies a message. Required.
 	Handler Handler
-	// Tables names the inbox table: messages are deduplicated per table and, within it, per
-	// Name. Default: inbox_messages. An invalid one is an error wrapping
-	// inbox.ErrInvalidTables.
+	// Tables names the inbox table, the default one when zero: messages are deduplicated per
+	// table, then per Name. An invalid one is an error wrapping inbox.ErrInvalidTables.
 	Tables inbox.Tables
 
 	// Prefetch is the AMQP prefetch count: how many unacknowledged messages the broker hands
-	// the consumer at once. Default 32, at most 65535.
+	// the consumer at once. Default 32 ([DefaultPrefetch]), at most 65535.
 	Prefetch int
 	// Concurrency is the number of messages handled at the same time, each in its own
 	// transaction ([Consumer.PoolSize]). Default, and at most, Prefetch: keep it there, so
@@ -63,29 +61,31 @@ type Config struct {
 	Concurrency int
 
 	// MaxDeliveries is how many attempts a message gets, counting only failures that are
-	// neither transient nor permanent, before it is dead-lettered. Default 5.
+	// neither transient nor permanent, before it is dead-lettered. Default 5
+	// ([DefaultMaxDeliveries]).
 	MaxDeliveries int
 	// RetryBaseDelay and RetryMaxDelay space the attempts of one message: the n-th counted
 	// retry waits RetryBaseDelay·2^(n-1), at most RetryMaxDelay, jittered down to half of
 	// it; the in-place retries of a held delivery back off the same way, capped at a
-	// quarter of MaxHold. Defaults 1s and 30s (RetryMaxDelay at least RetryBaseDelay).
+	// quarter of MaxHold. Defaults 1s and 30s ([DefaultRetryBaseDelay], [DefaultRetryMaxDelay];
+	// RetryMaxDelay at least RetryBaseDelay).
 	RetryBaseDelay time.Duration
 	RetryMaxDelay  time.Duration
 	// MaxHold bounds how long a delivery is held, from its arrival, while it fails
-	// transiently; then it is handed back, uncounted, and its copy's hold starts when it
-	// arrives. Keep it well below the broker's consumer_timeout, after which RabbitMQ closes
-	// the channel of a consumer holding an unacknowledged delivery and counts a delivery for
-	// every message on it. Default 15 minutes, half of RabbitMQ's default consumer_timeout.
+	// transiently; then it is handed back, uncounted. Keep it well below the broker's
+	// consumer_timeout, after which RabbitMQ closes the channel of a consumer holding a
+	// delivery and counts a delivery for every message on it. Default 15 minutes
+	// ([DefaultMaxHold]), half of RabbitMQ's default consumer_timeout.
 	MaxHold time.Duration
 
 	// MaxMessageBytes is the largest body the consumer accepts; a larger message is
 	// dead-lettered (ReasonBodyTooLarge) unparsed. It protects the handler's decoding, not
-	// the consumer's memory (RabbitMQ's max_message_size bounds that). Default 1 MiB.
+	// the consumer's memory (RabbitMQ's max_message_size bounds that). Default 1 MiB
+	// ([DefaultMaxMessageBytes]).
 	MaxMessageBytes int
-	// ContentTypes, when not empty, are the media types the consumer accepts, compared
-	// without parameters (list "" for messages without one); another is dead-lettered
-	// (ReasonUnsupportedContentType), and so is JSON in a charset other than UTF-8 whatever
-	// the list. Empty accepts any content type.
+	// ContentTypes are the media types the consumer accepts, compared without parameters
+	// (list "" for messages without one), or any when empty; another is dead-lettered
+	// (ReasonUnsupportedContentType), and so is JSON in a charset other than UTF-8.
 	ContentTypes []string
 	// Types, when not empty, are the message types (the type property) the handler
 	// understands; another is dead-lettered (ReasonUnknownType). Empty accepts any type.
@@ -98,27 +98,26 @@ type Config struct {
 	DeadLetterExchange   string
 	DeadLetterRoutingKey string
 
-	// Setup declares the topology on every (re)connect, before consuming, on the consuming
-	// channel. Optional. An error ends the connection attempt, retried after the outage
-	// backoff; but a PRECONDITION_FAILED for an "inequivalent arg" (a queue that exists with
-	// other arguments) is tolerated: the consumer warns, reports it in [Status].SetupWarning
-	// and consumes the existing queue as it is. Setup stopped at the failed declaration, so
-	// declare the consumed queue and its bindings last (see the README's Topology).
+	// Setup, optional, declares the topology on every (re)connect, before consuming, on the
+	// consuming channel. An error ends the connection attempt, except a PRECONDITION_FAILED
+	// for an "inequivalent arg" (a queue that exists with other arguments): then the consumer
+	// warns ([Status].SetupWarning) and consumes the existing queue as it is. Setup stopped at
+	// the failed declaration, so declare the consumed queue and its bindings last.
 	Setup func(ch *amqp.Channel) error
 
 	// OutageBaseDelay and OutageMaxDelay space the connection attempts while no broker
-	// answers: OutageBaseDelay after the lost connection or the first failed attempt,
-	// doubling per failed attempt up to OutageMaxDelay, each wait jittered down to half of
-	// that, and from OutageBaseDelay again once consuming. Defaults 500ms and 30s
-	// (OutageMaxDelay at least OutageBaseDelay).
+	// answers: OutageBaseDelay after the lost connection or a failed attempt, doubling up to
+	// OutageMaxDelay, jittered down to half, and from OutageBaseDelay again once consuming.
+	// Defaults 500ms and 30s ([DefaultOutageBaseDelay], [DefaultOutageMaxDelay];
+	// OutageMaxDelay at least OutageBaseDelay).
 	OutageBaseDelay time.Duration
 	OutageMaxDelay  time.Duration
 	// PublishTimeout bounds the wait for the broker's confirm of a retry copy, a hand-back
-	// or a dead letter. Default 30s.
+	// or a dead letter. Default 30s ([DefaultPublishTimeout]).
 	PublishTimeout time.Duration
 	// ShutdownTimeout bounds how long Run waits, after its context ended or the connection
 	// was lost, for messages being handled to finish. Then their context is cancelled and
-	// their transactions roll back. Default 30s.
+	// their transactions roll back. Default 30s ([DefaultShutdownTimeout]).
 	ShutdownTimeout time.Duration
 
 	// Logger receives the consumer's logs, with the attributes consumer, queue, message_id
@@ -135,10 +134,8 @@ type Config struct {
 	Propagator propagation.TextMapPropagator
 }
 
-// WithDefaults returns c validated, with every default filled in: the configuration the
-// consumer built from c will use. [NewConsumer] calls it. The error lists every problem
-// found, not only the first; a field given as 0 takes its default, a negative one is an
-// error.
+// WithDefaults returns c validated, with every default filled in: what the consumer built
+// from c ([NewConsumer]) will use. The error lists every problem, negative values included.
 func (c Config) WithDefaults() (Config, error) {
 	_, errs := parseBrokers(c.URL, c.URLs)
 	c.URLs = slices.Clone(c.URLs)

@@ -23,8 +23,7 @@ import (
 // dialTimeout bounds the TCP connect and the AMQP handshake of one connection attempt.
 const dialTimeout = 15 * time.Second
 
-// Consumer consumes a RabbitMQ queue into PostgreSQL through the inbox. Create it with
-// [NewConsumer] and start it with [Consumer.Run].
+// Consumer consumes a RabbitMQ queue into the inbox. Create it with [NewConsumer].
 type Consumer struct {
 	pool    inbox.TxBeginner
 	store   *inbox.Store // of cfg.Tables
@@ -99,8 +98,7 @@ func NewConsumer(pool inbox.TxBeginner, cfg Config) (*Consumer, error) {
 	return c, nil
 }
 
-// PoolSize compares the connections a consumer may hold at once with the size of its pool
-// ([Consumer.PoolSize]). The outbox relay reports the same.
+// PoolSize is what [Consumer.PoolSize] reports, as the outbox relay's does.
 type PoolSize struct {
 	// Needed is [Config].Concurrency; Max is the pool's largest size, read from its Stat
 	// method (*pgxpool.Pool has one), or 0 when the pool does not tell.
@@ -116,11 +114,9 @@ func (s PoolSize) Shortfall() int {
 	return max(0, s.Needed-s.Max)
 }
 
-// PoolSize reports what the consumer needs of its pool, and the pool's size when the pool
-// tells it. Each message handled at the same time ([Config].Concurrency) holds a connection
-// for its transaction. A pool smaller than that works, more slowly: handlers wait for a
-// connection, holding their deliveries meanwhile. Whatever else shares the pool (an API, a
-// relay, RunCleanup) needs its own connections on top.
+// PoolSize reports the connections the consumer may hold at once, one per transaction, and
+// the pool's size. A smaller pool works, more slowly: handlers wait for a connection, holding
+// their deliveries (see the README's Sizing the pool).
 func (c *Consumer) PoolSize() PoolSize {
 	return PoolSize{Needed: c.cfg.Concurrency, Max: poolMax(c.pool)}
 }

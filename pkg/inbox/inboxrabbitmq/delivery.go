@@ -12,8 +12,8 @@ import (
 
 // Headers the consumer reads and writes. Producers need not set any of them.
 const (
-	// HeaderRetries counts the retries of a message: absent (0) on the original, 1 on the
-	// first retry copy, and so on. [Delivery].DeliveryCount is this value plus one.
+	// HeaderRetries counts the retries of a message ([Delivery].DeliveryCount - 1); absent
+	// on the original.
 	HeaderRetries = "x-outboxshop-retries"
 	// HeaderDeadReason on a dead letter says why it was dead-lettered: one of the Reason
 	// constants, a colon and the details (e.g. "malformed-json: unexpected end of JSON input").
@@ -42,7 +42,7 @@ const headerDeliveryCount = "x-delivery-count"
 // inbox row and acknowledges the message. Returning an error rolls everything back, and
 // inbox.Classify(err) decides what follows: a transient error holds the delivery and calls
 // the handler again in place, uncounted; an error marked inbox.Permanent dead-letters the
-// message; any other error counts an attempt (see the package doc's path of a message).
+// message; any other error counts an attempt.
 //
 // A handler may be called again for the same message after an error, a crash or a broker
 // outage, but its committed effects happen once. It may run concurrently with other

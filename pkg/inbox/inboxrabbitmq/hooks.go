@@ -12,10 +12,9 @@ import (
 // that panics ends the process, as any unrecovered panic does; the deliveries not yet
 // acknowledged go back to the broker with the connection.
 //
-// Each hook takes one event struct, so that an event can gain fields. Every event names the
-// Consumer ([Config].Name), and most the message's Type property as received: it may be
-// anything, even invalid UTF-8, so map it to a known set before using it as a metric label
-// (package rabbitmqmetrics does). Nil hooks are skipped.
+// Nil hooks are skipped. Each takes one event struct, so that an event can gain fields. Every
+// event names the Consumer ([Config].Name), and most the message's Type property as received:
+// anything, even invalid UTF-8, so map it to a known set before using it as a metric label.
 type Hooks struct {
 	// Processed is called after a message was committed or found in the inbox (a
 	// duplicate), and its acknowledgement was sent.
@@ -35,7 +34,7 @@ type Hooks struct {
 	// lost it or stopped.
 	Connected func(ConnectionChange)
 	// Failpoint is called at each of the Failpoint constants, for a chaos test to kill the
-	// process there.
+	// process there and prove that no crash loses or doubles an effect.
 	Failpoint func(FailpointHit)
 }
 
@@ -117,8 +116,7 @@ type FailpointHit struct {
 	Name string
 }
 
-// Failpoint names passed to [Hooks].Failpoint. A chaos test makes the hook kill the process
-// at one of them to prove that no crash loses or doubles an effect.
+// Failpoint names passed to [Hooks].Failpoint.
 const (
 	// FailpointBeforeCommit: the handler returned nil, nothing is committed yet. A crash
 	// here rolls back; the redelivery is processed again.

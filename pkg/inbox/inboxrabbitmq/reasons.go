@@ -7,10 +7,9 @@ import (
 	"github.com/outboxshop/outboxshop/pkg/inbox/inboxrabbitmq/internal/decide"
 )
 
-// Reasons for dead-lettering, the first word of [HeaderDeadReason] and the reason passed to
-// [Hooks].DeadLettered (a short, fixed set: fit for a metric label; [Reasons] lists them).
-// Each names what a person must look at; none is used for a message that an outage or a
-// lost race made fail.
+// Reasons for dead-lettering, in [HeaderDeadReason] and [DeadLetter].Reason: a fixed set, fit
+// for a metric label. Each names what a person must look at; none is used for a message that
+// an outage or a lost race made fail.
 const (
 	// ReasonMissingMessageID: the message has no message-id property, so the inbox cannot
 	// deduplicate it.
@@ -18,8 +17,7 @@ const (
 	// ReasonInvalidMessageID: the message-id cannot be stored by the inbox: it is not valid
 	// UTF-8, contains a NUL byte, or is longer than inbox.MaxMessageIDBytes.
 	ReasonInvalidMessageID = "invalid-message-id"
-	// ReasonInvalidMessageType: the type property cannot be stored by the inbox, for the same
-	// reasons (limit inbox.MaxMessageTypeBytes).
+	// ReasonInvalidMessageType: the same for the type property (inbox.MaxMessageTypeBytes).
 	ReasonInvalidMessageType = "invalid-message-type"
 	// ReasonBodyTooLarge: the body is longer than [Config].MaxMessageBytes. It is not parsed.
 	ReasonBodyTooLarge = "body-too-large"
@@ -40,7 +38,7 @@ const (
 )
 
 // reasons are the Reason constants in the order the consumer checks them, indexed by
-// decide.Reason (package decide holds the checks rabbitmqtest shares with the consumer).
+// decide.Reason (package decide holds the checks inboxrabbitmqtest shares with the consumer).
 var reasons = [decide.NumReasons]string{ReasonMissingMessageID, ReasonInvalidMessageID, ReasonInvalidMessageType,
 	ReasonBodyTooLarge, ReasonUnsupportedContentType, ReasonUnknownType, ReasonMalformedJSON, ReasonPermanent,
 	ReasonMaxDeliveries}

@@ -14,8 +14,9 @@ import (
 	"github.com/outboxshop/outboxshop/pkg/inbox"
 )
 
-// The consumer's process span: its instrumentation scope, and the attributes and event that
-// the messaging semantic conventions do not define (see docs/tracing.md for the whole list;
+// The consumer's process span, one per delivery, a child of the trace context in its headers,
+// which the handler's ctx carries: its instrumentation scope, and the attributes and event
+// that the messaging semantic conventions do not define (docs/tracing.md lists them all;
 // inbox.duplicate is set by [inbox.Process]).
 const (
 	TracerName = "github.com/outboxshop/outboxshop/pkg/inbox/inboxrabbitmq"

@@ -38,9 +38,8 @@ type Result struct {
 	Called bool
 	// Err is what Process returned: nil when the transaction committed (or for a duplicate).
 	Err error
-	// Class is inbox.Classify(Err), what a runner does with a failure: retry without
-	// counting (ClassTransient), dead-letter at once (ClassPermanent), or count an attempt
-	// (ClassFailed). Meaningless when Err is nil.
+	// Class is inbox.Classify(Err), what a runner does with the failure. Meaningless when Err
+	// is nil.
 	Class inbox.Class
 }
 

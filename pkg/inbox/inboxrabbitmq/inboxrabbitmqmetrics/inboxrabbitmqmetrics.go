@@ -1,16 +1,12 @@
-// Package inboxrabbitmqmetrics exposes a RabbitMQ inbox consumer's work as Prometheus metrics.
-//
+// Package inboxrabbitmqmetrics exposes a RabbitMQ inbox consumer's work as Prometheus metrics:
 // [Consumer] turns the consumer's [inboxrabbitmq.Hooks] into counters, gauges and a histogram
-// labelled by consumer name and message type. It lives beside the adapter it measures; the
-// inbox's broker-neutral metrics (its retention beside the longest redelivery window) are in
-// package metrics of the inbox library, which imports nothing of RabbitMQ. A consumer process
-// registers both, with the same constant labels. Everything is registered on the
-// [prometheus.Registerer] passed in; nothing is global. The metric names are listed in
-// docs/metrics.md of the outboxshop repository.
+// labelled by consumer name and message type, registered on the [prometheus.Registerer]
+// passed in (nothing is global). A consumer process registers package inboxmetrics beside it,
+// with the same constant labels. docs/metrics.md of the outboxshop repository lists the names.
 //
-// inbox_handler_duration_seconds carries exemplars: a delivery handled under a sampled
-// process span ([inboxrabbitmq.ProcessedMessage].SpanContext) records its trace_id and span_id
-// with its observation. Prometheus only sees them when /metrics is served as OpenMetrics
+// inbox_handler_duration_seconds carries exemplars: a delivery handled under a sampled process
+// span ([inboxrabbitmq.ProcessedMessage].SpanContext) records its trace and span ids with its
+// observation. Prometheus only sees them when /metrics is served as OpenMetrics
 // (promhttp.HandlerOpts.EnableOpenMetrics).
 package inboxrabbitmqmetrics
 

@@ -66,7 +66,7 @@ func Deliver(ctx context.Context, db inbox.TxBeginner, cfg inboxrabbitmq.Config,
 	if opts != nil {
 		if opts.Tables != (inbox.Tables{}) && opts.Tables.WithDefaults() != cfg.Tables.WithDefaults() {
 			return Handled{Result: inboxtest.Result{Err: fmt.Errorf(
-				"rabbitmqtest: Options.Tables %s is not inboxrabbitmq.Config.Tables %s: the consumer records messages in the latter",
+				"inboxrabbitmqtest: Options.Tables %s is not inboxrabbitmq.Config.Tables %s: the consumer records messages in the latter",
 				opts.Tables, cfg.Tables)}}
 		}
 		o.BeforeCommit = opts.BeforeCommit
@@ -144,9 +144,9 @@ func (h Handled) RequireOutcome(t inboxtest.TB, want Outcome, reason string) {
 		want += Outcome(" (" + reason + ")")
 	}
 	if h.Err != nil {
-		t.Errorf("rabbitmqtest: want the delivery %s, got %s after a %s error: %v", want, got, h.Class, h.Err)
+		t.Errorf("inboxrabbitmqtest: want the delivery %s, got %s after a %s error: %v", want, got, h.Class, h.Err)
 	} else {
-		t.Errorf("rabbitmqtest: want the delivery %s, got %s", want, got)
+		t.Errorf("inboxrabbitmqtest: want the delivery %s, got %s", want, got)
 	}
 	t.FailNow()
 }
@@ -162,7 +162,7 @@ func RequireHandledOnce(ctx context.Context, t inboxtest.TB, db inbox.TxBeginner
 	second := Deliver(ctx, db, cfg, d, opts)
 	second.RequireOutcome(t, AckedDuplicate, "")
 	if second.Called {
-		t.Errorf("rabbitmqtest: the duplicate delivery called the handler")
+		t.Errorf("inboxrabbitmqtest: the duplicate delivery called the handler")
 		t.FailNow()
 	}
 	return first
