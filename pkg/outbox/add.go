@@ -50,18 +50,12 @@ var ErrInvalidMessage = errors.New("outbox: invalid message")
 // Add records the trace context of ctx in each row's headers, through the global
 // OpenTelemetry propagator, unless the message sets those headers itself
 // (README.md#tracing); msgs[i].Headers is not changed.
-//
-// Add writes to the table of the default [Tables]; [Store.Add] to a table of your naming.
 func Add(ctx context.Context, tx DBTX, msgs ...Message) error {
 	return defaultStore.Add(ctx, tx, msgs...)
 }
 
 // AddSQL is [Add] for a database/sql transaction (pgx's stdlib driver, say): the same
-// checks, the same trace context, the same rows, written by the same statements. Several
-// messages take one statement, their columns bound as PostgreSQL array literals, which
-// every driver sends as text.
-//
-// AddSQL writes to the table of the default [Tables]; [Store.AddSQL] to another.
+// checks, the same trace context, the same rows, written by the same statements.
 func AddSQL(ctx context.Context, tx *sql.Tx, msgs ...Message) error {
 	return defaultStore.AddSQL(ctx, tx, msgs...)
 }
@@ -97,6 +91,8 @@ func (s *Store) AddSQL(ctx context.Context, tx *sql.Tx, msgs ...Message) error {
 	if err != nil {
 		return err
 	}
+	// Several messages take one statement, as with Add, their columns bound as PostgreSQL
+	// array literals (textArray), which every driver sends as text.
 	ids := make([]string, len(msgs))
 	for i, id := range c.ids {
 		ids[i] = uuid.UUID(id.Bytes).String()

@@ -20,9 +20,8 @@ const (
 // CleanupConfig configures [Cleanup] and [RunCleanup]. The zero value of every field means
 // its default; [CleanupConfig.WithDefaults] returns what they will use.
 type CleanupConfig struct {
-	// Retention is how long published rows are kept: long enough to look up what was sent
-	// when a consumer reports a problem (the relay needs none). Default 7 days
-	// ([DefaultCleanupRetention]). Pending and dead rows are never deleted.
+	// Retention is how long published rows are kept (pending and dead rows are never
+	// deleted), to look up what was sent. Default 7 days ([DefaultCleanupRetention]).
 	Retention time.Duration
 	// BatchSize is the most rows one DELETE statement removes, so that none holds locks for
 	// long. Default 1000 ([DefaultCleanupBatchSize]).
@@ -71,8 +70,7 @@ WHERE id IN (
 
 // Cleanup deletes the rows published more than cfg.Retention ago, in short DELETEs of at
 // most cfg.BatchSize rows, and returns how many it deleted; when ctx ends between batches,
-// it returns those and ctx's error. It deletes from the table of the default [Tables];
-// [Store.Cleanup] from another.
+// it returns those and ctx's error.
 func Cleanup(ctx context.Context, db DBTX, cfg CleanupConfig) (deleted int64, err error) {
 	return defaultStore.Cleanup(ctx, db, cfg)
 }
@@ -106,11 +104,9 @@ func (s *Store) Cleanup(ctx context.Context, db DBTX, cfg CleanupConfig) (delete
 
 // RunCleanup calls [Cleanup] at once and then every cfg.Interval until ctx is done, and then
 // returns nil; an invalid cfg returns an error at once. A failed run is retried with the
-// outage backoff of [DefaultOutageBaseDelay] and [DefaultOutageMaxDelay], never later than
-// the interval, and logged once per failure streak (README.md#operations). Concurrent
-// cleaners skip each other's rows.
-//
-// RunCleanup cleans the table of the default [Tables]; [Store.RunCleanup] another.
+// relay's default outage backoff ([Config].OutageBaseDelay), never later than the interval,
+// and logged once per failure streak (README.md#operations). Concurrent cleaners skip each
+// other's rows.
 func RunCleanup(ctx context.Context, db DBTX, cfg CleanupConfig) error {
 	return defaultStore.RunCleanup(ctx, db, cfg)
 }

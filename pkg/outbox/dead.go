@@ -29,7 +29,7 @@ LIMIT $1`
 
 // ListDead returns up to limit dead rows, the longest dead first, whatever they hold: a
 // header that is not a string as its JSON text, headers that are not a JSON object under
-// the key "". It reads the table of the default [Tables]; [Store.ListDead] another.
+// the key "".
 func ListDead(ctx context.Context, db DBTX, limit int) ([]DeadMessage, error) {
 	return defaultStore.ListDead(ctx, db, limit)
 }
@@ -97,8 +97,6 @@ SELECT count(*), pg_notify($2, '') FROM requeued`
 // Requeue makes the given dead rows pending again with a fresh set of attempts, and returns
 // how many it requeued; ids that are not dead are ignored. A requeued row is published after
 // the rows of its aggregate written after it (README.md#ordering).
-//
-// Requeue changes the table of the default [Tables]; [Store.Requeue] another.
 func Requeue(ctx context.Context, db DBTX, ids ...uuid.UUID) (int64, error) {
 	return defaultStore.Requeue(ctx, db, ids...)
 }

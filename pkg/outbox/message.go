@@ -69,14 +69,13 @@ type Message struct {
 
 // Validate reports whether m can be stored and published, and if not, which field is wrong
 // and why, in an error wrapping [ErrInvalidMessage]. It refuses what PostgreSQL cannot store
-// and what the broker would refuse by closing the channel or the connection, which would
-// look like an outage (README.md#what-add-accepts says why): an empty Type, AggregateType or
-// AggregateID, or no Exchange nor RoutingKey; text that is not valid UTF-8 or holds a NUL
-// byte; Exchange, RoutingKey, Type, a header name or the correlation_id header over
-// [MaxShortString] bytes; a header named aggregate_type, aggregate_id, CC or BCC; headers
-// over [MaxHeaderBytes] encoded; a Payload that is not valid JSON in valid UTF-8 (the
-// \u0000 escape is fine). [Add] checks every message with it, the RabbitMQ publisher every
-// row again; the payload's size is [Config].MaxMessageBytes's business.
+// and what the broker would refuse by closing the channel or the connection
+// (README.md#what-add-accepts says why): an empty Type, AggregateType or AggregateID, or no
+// Exchange nor RoutingKey; text that is not valid UTF-8 or holds a NUL byte; Exchange,
+// RoutingKey, Type, a header name or the correlation_id header over [MaxShortString] bytes;
+// a header named aggregate_type, aggregate_id, CC or BCC; headers over [MaxHeaderBytes]
+// encoded; a Payload that is not valid JSON in valid UTF-8 (the \u0000 escape is fine). The
+// payload's size is [Config].MaxMessageBytes's business.
 func (m Message) Validate() error {
 	invalid := func(field, format string, args ...any) error {
 		return fmt.Errorf("%w: %s %s", ErrInvalidMessage, field, fmt.Sprintf(format, args...))

@@ -22,10 +22,9 @@ import (
 //go:embed migrations/templates/*.sql.tmpl
 var migrationTemplates embed.FS
 
-// Migrations holds the outbox schema of the default [Tables] for migration tools, generated
-// from the templates [Migrate] applies: migrations/goose for goose, migrations/golang-migrate
-// for golang-migrate (up and down files). Give each tool a version table of its own
-// (README.md#the-schema shows how); tables of other names are made by [Store.Migrate].
+// Migrations holds the outbox schema of the default [Tables] for goose (migrations/goose)
+// and golang-migrate (migrations/golang-migrate), generated from the templates [Migrate]
+// applies. Give each tool a version table of its own (README.md#the-schema).
 //
 //go:embed migrations/goose migrations/golang-migrate
 var Migrations embed.FS
@@ -114,11 +113,9 @@ func migrate(ctx context.Context, db TxBeginner, t Tables) error {
 }
 
 // Migrate brings the outbox schema of the default [Tables] to the version this package
-// needs: the table, its indexes and its notify trigger, each missing version once, in order,
-// in one transaction, recorded in outbox_migrations. It is safe on every start of every
-// replica at full load: a current schema costs a read of the version table, and otherwise it
-// waits for locks briefly and tries again with backoff (README.md#the-schema). A table that a
-// migration tool or an older version made is taken to be at version 1.
+// needs, each missing version once, in order, in one transaction. It is safe on every start
+// of every replica at full load (README.md#the-schema says how). A table that a migration
+// tool or an older version made is taken to be at version 1.
 func Migrate(ctx context.Context, db TxBeginner) error {
 	return migrate(ctx, db, Tables{})
 }

@@ -6,11 +6,11 @@ import (
 )
 
 // Publisher sends messages to a broker and reports, for each one, whether the broker took
-// responsibility for it. The outboxrabbitmq subpackage has the RabbitMQ implementation.
+// responsibility for it.
 //
 // Publish returns one error per message, in order: nil only when the broker confirmed the
-// message (for RabbitMQ: an ack, and no return), never for a confirm that did not come. It
-// blames every failure on one thing, and the relay reads the errors so:
+// message, never for a confirm that did not come. It blames every failure on one thing, and
+// the relay reads the errors so:
 //
 //   - [ErrUnavailable]: the broker or the connection, not the message (unreachable, not
 //     reading or confirming, blocked by a resource alarm). The row is left as it was, and
@@ -29,10 +29,9 @@ type Publisher interface {
 	Publish(ctx context.Context, msgs []Message) []error
 }
 
-// ConcurrentPublisher is a [Publisher] that serves several Publish calls at once (the
-// RabbitMQ publisher with more than one connection): a relay with [Config].InFlightBatches
-// above 1 sends it each batch as soon as it is claimed (README.md#batches-in-flight). Any
-// other Publisher is given one batch at a time.
+// ConcurrentPublisher is a [Publisher] that serves several Publish calls at once: a relay
+// with [Config].InFlightBatches above 1 sends it each batch as soon as it is claimed, and
+// any other Publisher one batch at a time (README.md#batches-in-flight).
 type ConcurrentPublisher interface {
 	Publisher
 	// ConcurrentPublishes is how many Publish calls it serves at once: 1 or more, the same
@@ -49,17 +48,12 @@ type MessagingSystemNamer interface {
 
 // The classes of a publish failure: see [Publisher].
 var (
-	// ErrUnavailable: the broker cannot be reached, or does not take messages now.
 	ErrUnavailable = errors.New("outbox: broker unavailable")
-	// ErrNotSent: the publisher did not send the message, through no fault of the message.
-	ErrNotSent = errors.New("outbox: message not sent")
-	// ErrRefused: the broker refused the message for a reason of its own.
-	ErrRefused = errors.New("outbox: refused by the broker")
-	// ErrTooLarge is wrapped, as a permanent error, for a payload over
-	// Config.MaxMessageBytes, or over the broker's own limit where the publisher knows it.
+	ErrNotSent     = errors.New("outbox: message not sent")
+	ErrRefused     = errors.New("outbox: refused by the broker")
+	// ErrTooLarge, made Permanent: a payload over Config.MaxMessageBytes or the broker's limit.
 	ErrTooLarge = errors.New("outbox: message too large")
-	// ErrUnroutable: the broker could deliver the message to no queue (for RabbitMQ, a
-	// mandatory message returned); an attempt counts. Metrics tell it apart by it.
+	// ErrUnroutable: the broker could deliver the message to no queue (an attempt counts).
 	ErrUnroutable = errors.New("outbox: unroutable")
 )
 

@@ -27,8 +27,7 @@ const (
 	FailpointBeforePublish = "relay.before-publish"
 	// FailpointAfterPublish: the broker confirmed the batch; no row is marked yet.
 	FailpointAfterPublish = "relay.after-publish"
-	// FailpointAfterMark: rows marked published by the UPDATE; the transaction is not
-	// committed yet.
+	// FailpointAfterMark: rows marked published; the transaction is not committed yet.
 	FailpointAfterMark = "relay.after-mark"
 )
 
@@ -85,15 +84,13 @@ const (
 // Config tunes a [Relay]. The zero value of every field means its default;
 // [Config.WithDefaults] returns what the relay will use.
 type Config struct {
-	// Tables names the outbox table, and so its notify channel. Default: the default
-	// [Tables] (outbox_messages). Invalid names are refused ([ErrInvalidTables]).
+	// Tables names the outbox table, and so its notify channel; invalid names are refused.
 	Tables Tables
 	// BatchSize is the most rows one cycle claims and publishes, at most 10000. Default 100
 	// ([DefaultBatchSize]).
 	BatchSize int
-	// PollInterval is how often the relay looks for due rows when no notification woke it:
-	// the fallback for missed notifications and the clock for retries. Default 1s
-	// ([DefaultPollInterval]).
+	// PollInterval is how often the relay looks for due rows when no notification woke it,
+	// and so the clock for retries. Default 1s ([DefaultPollInterval]).
 	PollInterval time.Duration
 	// DisableNotify turns off LISTEN/NOTIFY wake-ups; the relay then only polls.
 	DisableNotify bool
@@ -110,10 +107,9 @@ type Config struct {
 	// jitter. Defaults 1s and 5m ([DefaultRetryBaseDelay], [DefaultRetryMaxDelay]).
 	RetryBaseDelay, RetryMaxDelay time.Duration
 	// OutageBaseDelay and OutageMaxDelay bound the backoff while the broker or the database
-	// is unavailable to the relay's cycles, maintenance or LISTEN connection, or the broker
-	// refuses every row: the n-th failure in a row waits OutageBaseDelay·2^(n-1), at most
-	// OutageMaxDelay, jittered between half and all of it. Defaults 100ms and 10s
-	// ([DefaultOutageBaseDelay], [DefaultOutageMaxDelay]), which [RunCleanup] uses too.
+	// is unavailable to the relay, or the broker refuses every row: the n-th failure in a row
+	// waits OutageBaseDelay·2^(n-1), at most OutageMaxDelay, jittered between half and all of
+	// it. Defaults 100ms and 10s ([DefaultOutageBaseDelay], [DefaultOutageMaxDelay]).
 	OutageBaseDelay, OutageMaxDelay time.Duration
 	// PublishTimeout bounds the publish of one batch, every step of it, from the moment it
 	// is claimed (and Polled returned), the wait for the batch before it included;
@@ -126,11 +122,9 @@ type Config struct {
 	// At least PublishTimeout + 1s, since the transaction is idle while the batch is
 	// published; default PublishTimeout + 5s ([DefaultClaimTimeoutMargin]).
 	ClaimTimeout time.Duration
-	// InFlightBatches is how many batches the relay keeps in flight at once, each claimed in
-	// a transaction of its own that holds a connection of the pool until it commits
-	// (README.md#batches-in-flight); 1 is the serial relay. Default 2
-	// ([DefaultInFlightBatches]), at most 16 ([MaxInFlightBatches]): beyond a few, the broker
-	// or the database is the limit, not the overlap.
+	// InFlightBatches is how many batches the relay keeps in flight at once, each holding a
+	// connection of the pool (README.md#batches-in-flight); 1 is the serial relay. Default 2
+	// ([DefaultInFlightBatches]), at most 16 ([MaxInFlightBatches]).
 	InFlightBatches int
 	// MaxMessageBytes is the largest payload the relay sends: a larger row is dead at once
 	// ([ErrTooLarge]) rather than have the broker close the channel. Default 16 MiB
@@ -154,15 +148,12 @@ type Config struct {
 
 // Hooks are optional callbacks, for metrics and tests. A hook may be called from any of the
 // relay's goroutines, concurrently with other hooks: make it safe for concurrent use, and
-// fast (Polled runs with the claim's transaction open, so a slow one keeps the claimed rows
-// locked and holds back vacuum; the others hold up the batch or the cycle that calls them).
-// A hook that panics unwinds [Relay.Run]: the batch in hand is rolled back, the other
-// batches in flight finish, the relay's goroutines stop, and the panic goes on in Run's
-// caller; Run may be called again. Each hook takes one event struct, so that an event can
-// gain fields without breaking a hook.
+// fast (a slow Polled keeps the claimed rows locked and holds back vacuum; the others hold
+// up their batch or cycle). A hook that panics unwinds [Relay.Run]: the batch in hand is
+// rolled back, the others in flight finish, and the panic goes on in Run's caller, which may
+// call Run again.
 type Hooks struct {
-	// Failpoint is called each time a cycle passes one of the Failpoint* points. A chaos
-	// harness uses it to kill the process exactly there.
+	// Failpoint is called each time a cycle passes a Failpoint* point (to crash there).
 	Failpoint func(FailpointHit)
 	// Polled is called after every claim, idle ones included.
 	Polled func(Poll)
@@ -222,7 +213,7 @@ type Failure struct {
 
 // WithDefaults returns c with every default filled in, as a relay given c runs with (but for
 // MessagingSystem, which [NewRelay] asks the publisher for), or an error listing every
-// invalid field. NewRelay calls it.
+// invalid field.
 func (c Config) WithDefaults() (Config, error) {
 	c.Tables = c.Tables.WithDefaults()
 	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
@@ -250,6 +241,8 @@ func (c Config) WithDefaults() (Config, error) {
 	if c.BatchSize < 0 || c.BatchSize > 10_000 {
 		errs = append(errs, fmt.Errorf("batch size must be between 0 (default %d) and 10000, got %d", DefaultBatchSize, c.BatchSize))
 	}
+	// MaxInFlightBatches: beyond a few batches in flight, the broker or the database is the
+	// limit, not the overlap.
 	if c.InFlightBatches < 0 || c.InFlightBatches > MaxInFlightBatches {
 		errs = append(errs, fmt.Errorf("in-flight batches must be between 0 (default %d) and %d, got %d", DefaultInFlightBatches, MaxInFlightBatches, c.InFlightBatches))
 	}
@@ -337,19 +330,18 @@ type Relay struct {
 
 // RelayDB is what a relay needs of the database: transactions for its batches and statements
 // for its maintenance. A *pgxpool.Pool satisfies it, and so does a wrapper of your own (to
-// count or trace statements, say) with these two methods.
-//
-// The relay uses two more methods of a *pgxpool.Pool when db has them: Stat, for
-// [Relay.PoolSize], and Acquire(ctx) (*pgxpool.Conn, error), for its LISTEN connection,
-// which it hijacks from the pool for as long as it runs (Go matches method types exactly:
-// no narrower Acquire would still be the pool's, so a wrapper forwards it to its pool).
-// Without Acquire, [NewRelay] wants [Config].DisableNotify: the relay can only poll.
+// count or trace statements, say). When db has them with the pool's exact signatures, the
+// relay also uses Stat, for [Relay.PoolSize], and Acquire(ctx) (*pgxpool.Conn, error), for
+// its LISTEN connection, taken out of the pool while it runs; without Acquire, [NewRelay]
+// wants [Config].DisableNotify.
 type RelayDB interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
-// connAcquirer gives the relay a connection it can take out of the pool for LISTEN.
+// connAcquirer gives the relay a connection it can take out of the pool for LISTEN (pgxpool's
+// Hijack). Go matches method types exactly, so no narrower Acquire would still be the pool's:
+// a wrapper of a pool forwards Acquire to it.
 type connAcquirer interface {
 	Acquire(ctx context.Context) (*pgxpool.Conn, error)
 }
@@ -405,13 +397,12 @@ func NewRelay(pool RelayDB, pub Publisher, cfg Config) (*Relay, error) {
 	return r, nil
 }
 
-// PoolSize compares the connections a relay may hold at once with the size of its pool
-// (README.md#sizing-the-pool). The inbox's RabbitMQ consumer reports the same for its handlers.
+// PoolSize compares the connections a relay may hold at once with the size of its pool.
 type PoolSize struct {
 	// Needed is how many connections of the pool the relay may hold at once:
 	// [Config].InFlightBatches + 1, one for each batch in flight and one now and then for its
-	// maintenance. Not counted: the LISTEN connection, which the relay takes out of the pool,
-	// and on a server with synchronous standbys the one a claim's barrier needs.
+	// maintenance. Not counted: the LISTEN connection, out of the pool, nor with synchronous
+	// standbys the one a claim's barrier needs (README.md#sizing-the-pool).
 	Needed int
 	// Max is the pool's largest size, read from its Stat method (*pgxpool.Pool has one); 0
 	// when the pool does not tell.
@@ -477,10 +468,9 @@ func (r *Relay) Ready(maxUnavailable time.Duration) error {
 }
 
 // Run publishes rows until ctx is cancelled, then finishes every batch in flight and returns
-// nil. It rides out the broker and the database going away: its cycles, its maintenance
-// passes and its LISTEN connection each wait with the outage backoff ([Config].OutageBaseDelay)
-// between failed attempts, and log a failure once (README.md#operations). Run may be called
-// again after it returned, but not twice at once.
+// nil. It rides out the broker and the database going away, waiting with the outage backoff
+// ([Config].OutageBaseDelay) and logging each failure once (README.md#operations). Run may be
+// called again after it returned, but not twice at once.
 func (r *Relay) Run(ctx context.Context) error {
 	if !r.running.CompareAndSwap(false, true) {
 		return errors.New("outbox: relay is already running")

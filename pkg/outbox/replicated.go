@@ -10,9 +10,8 @@ import (
 )
 
 // ErrCommitUnknown is wrapped by [CommitReplicated] when the commit returned after ctx had
-// ended: the commit's wait for the synchronous standby may have been cut short, and the
-// transaction be on the primary alone. Treat it as any commit whose outcome is unknown: do
-// not acknowledge; let the caller retry.
+// ended, its wait for the synchronous standby perhaps cut short: as for any commit whose
+// outcome is unknown, do not acknowledge; let the caller retry.
 var ErrCommitUnknown = errors.New("outbox: commit outcome unknown: the wait for the synchronous standby may have been cut short")
 
 // replicationBarrier readies a transaction to be acknowledged on a primary with synchronous
@@ -46,16 +45,12 @@ SELECT CASE WHEN current_setting('synchronous_standby_names') <> '' AND NOT pg_i
 
 // CommitReplicated commits tx so that its success can be acknowledged on a primary with
 // synchronous standbys: when it returns nil, all that tx wrote and all that it read is on the
-// synchronous standbys (if any) and survives a failover. Use it instead of tx.Commit for
-// every transaction whose success you report to someone who acts on it, above all one that
-// only read (an idempotent replay), whose plain commit waits for no standby
-// (README.md#operations). It costs one statement more, and with synchronous standbys a
-// transaction that only read pays a WAL record and the standby's round trip. Call it on the
-// outermost transaction, not a savepoint.
-//
-// An error means the outcome is unknown, as with any failed commit; [ErrCommitUnknown] when
-// the commit returned after ctx ended. With its one synchronous standby down, it waits until
-// the standby is back or ctx ends.
+// synchronous standbys (if any) and survives a failover. Use it instead of tx.Commit, on the
+// outermost transaction, whenever you report its success to someone who acts on it, above
+// all when it only read (README.md#operations). It costs one statement more; with
+// synchronous standbys, a transaction that only read also pays a WAL record and the
+// standby's round trip, and with the one standby down it waits until it is back or ctx ends.
+// An error means the outcome is unknown, as with any failed commit ([ErrCommitUnknown]).
 func CommitReplicated(ctx context.Context, tx pgx.Tx) error {
 	if _, err := tx.Exec(ctx, replicationBarrier); err != nil {
 		return fmt.Errorf("ready the commit for the synchronous standbys: %w", err)

@@ -29,8 +29,7 @@ FROM (SELECT count(*) AS pending, min(created_at) AS oldest
 
 // ReadStats returns the backlog, the age of its oldest row and the number of dead rows, in
 // time proportional to the backlog. Call it at an interval from a process other than the
-// relay (outboxmetrics.Stats does), so that a dead relay's backlog stays visible. It reads the
-// table of the default [Tables]; [Store.ReadStats] another.
+// relay (outboxmetrics.Stats does), so that a dead relay's backlog stays visible.
 func ReadStats(ctx context.Context, db DBTX) (Stats, error) {
 	return defaultStore.ReadStats(ctx, db)
 }

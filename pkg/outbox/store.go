@@ -10,9 +10,9 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 )
 
-// Store is the outbox of one set of [Tables]: it has every package-level function as a
-// method, for tables of your naming. It holds no connection, only its statements, rendered
-// once: make one per set of tables at start-up and share it; it is safe for concurrent use.
+// Store is the outbox of one set of [Tables]. It holds no connection, only its statements,
+// rendered once: make one per set of tables at start-up and share it; it is safe for
+// concurrent use.
 type Store struct {
 	tables  Tables
 	channel string

@@ -10,15 +10,13 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Tables names the tables of one outbox. The zero value is the default: outbox_messages and
-// outbox_migrations, found through the connection's search_path. Everything else the outbox
-// creates (indexes, functions, triggers, lock keys, channels) is named after Messages and
-// Schema (README.md#your-own-table-names-and-schema).
+// Tables names the tables of one outbox; the zero value is the default. Everything else the
+// outbox creates (indexes, functions, triggers, lock keys, channels) is named after Messages
+// and Schema (README.md#your-own-table-names-and-schema).
 type Tables struct {
 	// Schema holds the tables. Empty: unqualified names, resolved through search_path.
 	Schema string
-	// Messages is the outbox table. Default outbox_messages. At most [MaxTableBytes] bytes, so
-	// that the names derived from it fit PostgreSQL's 63-byte identifiers.
+	// Messages is the outbox table. Default [DefaultMessagesTable]; at most [MaxTableBytes].
 	Messages string
 	// Migrations is the table [Migrate] records applied versions in. Default: Messages with
 	// its "_messages" suffix replaced by "_migrations", or else Messages + "_migrations". Set

@@ -1,24 +1,11 @@
-// Package outboxmetrics exposes a relay's and an outbox table's state as Prometheus metrics.
-//
-// Two halves, for two kinds of process:
-//
-//   - [Relay] turns a relay's [outbox.Hooks] into counters, histograms and gauges. Register it
-//     in the relay process.
-//   - [Stats] reads the backlog, the age of its oldest row and the dead rows with
-//     [outbox.ReadStats] (of [StatsConfig].Tables) at an interval. Run it in a process that is not the relay (the API,
-//     say), so that the backlog of a dead relay is still seen; reading at an interval, not on
-//     scrape, keeps the query's cost fixed however often Prometheus scrapes.
-//
-// The package measures the broker-neutral core only and imports no broker adapter: the
-// RabbitMQ publisher's own metrics (its connection) are in outboxrabbitmq/outboxrabbitmqmetrics.
+// Package outboxmetrics exposes a relay's and an outbox table's state as Prometheus metrics,
+// whatever the broker (README.md#metrics): [Relay] in the relay process, from its
+// [outbox.Hooks]; [Stats] in a process that is not the relay, from [outbox.ReadStats].
 // Everything is registered on the [prometheus.Registerer] passed in; nothing is global.
 //
-// outbox_commit_to_confirm_seconds carries exemplars: a row published under a sampled
-// publish span ([outbox.BatchResult].PublishedSpans) records its trace_id and span_id with
-// its observation. Prometheus only sees them when /metrics is served as OpenMetrics
-// (promhttp.HandlerOpts.EnableOpenMetrics).
-//
-// The metric names are listed in docs/metrics.md of the outboxshop repository.
+// outbox_commit_to_confirm_seconds carries the trace_id and span_id of a row's sampled
+// publish span ([outbox.BatchResult].PublishedSpans) as exemplars, which Prometheus sees only
+// when /metrics is served as OpenMetrics (promhttp.HandlerOpts.EnableOpenMetrics).
 package outboxmetrics
 
 import (
@@ -137,8 +124,7 @@ func (m *Relay) Hooks(h outbox.Hooks) outbox.Hooks {
 	return h
 }
 
-// SetPoolSize exports s, the relay's [outbox.Relay.PoolSize]: a pool smaller than the relay
-// needs does not stop it, it makes it wait for connections.
+// SetPoolSize exports s, the relay's [outbox.Relay.PoolSize] (README.md#sizing-the-pool).
 func (m *Relay) SetPoolSize(s outbox.PoolSize) { m.poolShortfall.Set(float64(s.Shortfall())) }
 
 func (m *Relay) observe(b outbox.BatchResult) {
@@ -222,7 +208,8 @@ func Reason(err error) string {
 	}
 }
 
-// Stats polls the outbox table's state.
+// Stats polls the outbox table's state: at an interval, not on scrape, so that the query's
+// cost is fixed however often Prometheus scrapes.
 type Stats struct {
 	db          outbox.DBTX
 	store       *outbox.Store
@@ -311,10 +298,8 @@ func (s *Stats) Refresh(ctx context.Context) error {
 
 // Run refreshes the metrics every interval until ctx is cancelled, then returns nil. A failed
 // read leaves the last values (the last-success timestamp shows their age) and is retried
-// after the relay's outage backoff (outbox.DefaultOutageBaseDelay doubling to
-// outbox.DefaultOutageMaxDelay, jittered), never later than the interval; it is logged when
-// the failures start, at most every 30 seconds while they go on, and once when a read
-// succeeds again.
+// with the relay's default outage backoff ([outbox.Config].OutageBaseDelay), never later
+// than the interval, and logged once per failure streak (README.md#operations).
 func (s *Stats) Run(ctx context.Context) error {
 	failures := &retry.Streak{What: "outbox stats", Logger: s.log,
 		Backoff: retry.Backoff{Base: outbox.DefaultOutageBaseDelay, Max: outbox.DefaultOutageMaxDelay}}

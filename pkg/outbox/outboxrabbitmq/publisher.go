@@ -16,13 +16,11 @@ import (
 )
 
 var (
-	// ErrUnroutable: the broker returned the message because no queue is bound for it. It is
-	// outbox.ErrUnroutable, so that broker-neutral code (metrics) recognises it.
+	// ErrUnroutable is outbox.ErrUnroutable: the broker returned the message, no queue bound.
 	ErrUnroutable = outbox.ErrUnroutable
-	// ErrNacked: the broker refused the message for a reason of its own. RabbitMQ nacks a
-	// publish over a full queue with overflow reject-publish, a quorum queue without a
-	// quorum, or an internal error, never over the message's content; so errors wrapping it
-	// also wrap outbox.ErrRefused, for which the relay counts no attempt.
+	// ErrNacked: the broker refused the message for a reason of its own, never its content (a
+	// full queue with reject-publish, a quorum queue without a quorum, an internal error); so
+	// errors wrapping it also wrap outbox.ErrRefused, and the relay counts no attempt.
 	ErrNacked = errors.New("outbox: nacked by the broker")
 )
 
@@ -54,11 +52,8 @@ type Config struct {
 	// both.
 	URL string
 	// URLs are the nodes of a cluster, one URL each. Set URL or URLs, not both. They are
-	// tried round-robin from a random start, so that relays given the same list spread over
-	// the cluster, and after a failed dial or a lost connection the next URL is tried, so that
-	// a dead node costs one refused dial. One connect tries each URL at most once, each within
-	// DialTimeout and an equal share of the deadline left, so that a paused node cannot use up
-	// the call. No backoff here: the relay's spaces the calls that find no broker.
+	// tried round-robin from a random start; one connect tries each at most once, within
+	// DialTimeout and an equal share of the deadline left (README.md#several-brokers).
 	URLs []string
 	// ConnectionName shows in the management UI. Default "outbox-relay"
 	// ([DefaultConnectionName]).
@@ -67,22 +62,14 @@ type Config struct {
 	// a connection in [Publisher.Close]. Default 5s ([DefaultDialTimeout]).
 	DialTimeout time.Duration
 	// Connections is how many Publish calls the publisher serves at once, each on an AMQP
-	// connection of its own, with its own channel, confirms and deadline; a caller beyond
-	// them waits for a free connection until its deadline. Give it the relay's
-	// outbox.Config.InFlightBatches, so that a relay sends its next batch while the confirms
-	// of the one before are still coming. Default 1, at most 16 ([MaxConnections], the
-	// relay's outbox.MaxInFlightBatches).
-	//
-	// A connection each, not a channel each: amqp091-go writes every frame of a connection
-	// under one lock, and a call whose deadline passes closes its socket, which on a shared
-	// connection would fail the other calls' batches too. So a connection that hangs or is
-	// lost costs only the batch on it, and each reconnects on its own.
+	// connection of its own; a caller beyond them waits for a free connection until its
+	// deadline. Give it the relay's outbox.Config.InFlightBatches
+	// (README.md#batches-in-flight). Default 1, at most 16 ([MaxConnections]).
 	Connections int
 	// MaxMessageBytes is the broker's max_message_size, when known: a larger body is
-	// reported as outbox.Permanent wrapping outbox.ErrTooLarge and never sent. 0 (the
-	// default) checks nothing here; RabbitMQ then refuses such a message by closing the
-	// channel, and the publisher finds and charges it all the same, at the cost of a few
-	// round trips.
+	// outbox.Permanent wrapping outbox.ErrTooLarge, never sent. 0 (the default) checks
+	// nothing here; the publisher then finds such a message when the broker closes the
+	// channel over it, at the cost of a few round trips.
 	MaxMessageBytes int
 	// Setup runs on every new channel, before the first publish: declare the exchanges the
 	// outbox publishes to there, so a restarted broker without them is repaired. Optional.
@@ -93,13 +80,11 @@ type Config struct {
 	Hooks Hooks
 }
 
-// Hooks are optional callbacks, for metrics and tests. A hook may be called from any of the
-// publisher's goroutines, concurrently with other hooks: make it safe for concurrent use,
-// and fast (it runs inside the Publish or Close that saw the change, holding one of the
-// publisher's connections, so a slow hook holds up that call's batch; and it must not call
-// the Publisher: a Close from a hook waits for itself for ever). A hook that panics ends
-// the Publish or Close that called it, and the panic goes on in its caller (the relay's Run). Each
-// hook takes one event struct, so that an event can gain fields without breaking a hook.
+// Hooks are optional callbacks, for metrics and tests, called as outbox.Hooks are:
+// concurrently, so safe for concurrent use, and fast. A hook runs inside the Publish or Close
+// that saw the change, holding one of the publisher's connections: a slow one holds up that
+// call's batch, a panic goes on in its caller, and it must not call the Publisher (a Close
+// from a hook waits for itself for ever).
 type Hooks struct {
 	// Connected is called with Up true after every successful (re)connect, and with Up false
 	// when a connection is lost or closed, or a dial fails.
@@ -108,8 +93,7 @@ type Hooks struct {
 
 // ConnectionChange is passed to [Hooks].Connected.
 type ConnectionChange struct {
-	// Up is true when the connection came up, false when it went down or could not be
-	// opened.
+	// Up is true when the connection came up, false when it went down or failed to open.
 	Up bool
 	// Connection is which of the publisher's [Config].Connections changed, from 0.
 	Connection int
@@ -119,15 +103,13 @@ type ConnectionChange struct {
 	// Err is why the connection went down or could not be opened; nil when it came up or
 	// was closed by [Publisher.Close].
 	Err error
-	// Broker is the host:port (and vhost, unless "/") of the broker connected to, or of the
-	// one whose connection went down; empty when no broker could be reached. Never the
-	// credentials.
+	// Broker is the host:port (and vhost, unless "/") of the broker, never the credentials;
+	// empty when no broker could be reached.
 	Broker string
 }
 
 // Publisher publishes batches of outbox messages, each on one channel. It is safe for
-// concurrent use: it serves up to [Config].Connections batches at once, each on a connection
-// of its own, and a caller waits for a free connection only until its context's deadline.
+// concurrent use, serving up to [Config].Connections batches at once.
 type Publisher struct {
 	cfg     Config
 	brokers *brokers
@@ -143,6 +125,11 @@ type Publisher struct {
 
 // lane is one connection of a Publisher, with its channel: the holder of the lane (taken
 // from Publisher.free) owns every field but guard's.
+//
+// A connection each, not a channel each: amqp091-go writes every frame of a connection under
+// one lock, and a call whose deadline passes closes its socket, which on a shared connection
+// would fail the other calls' batches too. So a connection that hangs or is lost costs only
+// the batch on it, and each reconnects on its own.
 type lane struct {
 	p       *Publisher
 	id      int
@@ -236,38 +223,28 @@ func (p *Publisher) MessagingSystem() string { return "rabbitmq" }
 // Publish sends msgs and waits for their confirms. It returns one error per message, and
 // blames every failure on exactly one thing, the message, the broker, or neither:
 //
-//   - ack, and no basic.return: published (nil);
-//   - basic.return (mandatory, routed to no queue): an error wrapping [ErrUnroutable]: the
-//     relay counts an attempt;
-//   - nack: an error wrapping [ErrNacked], which says why no attempt is counted; the next
-//     batch goes out on a new channel;
-//   - a message the broker would refuse by closing the channel or the connection, which
-//     would look like an outage (a row written by hand or by older code): it fails
-//     outbox.Message.Validate (but for the body's JSON syntax, which a json column cannot get
-//     wrong, and for the aggregate_type and aggregate_id headers, which the publisher
-//     overwrites), its content header would not fit in the negotiated frame size, or its body
-//     is over [Config].MaxMessageBytes. It is never sent: outbox.Permanent with the cause;
-//   - the broker closed the channel without naming the message it objects to (a body over
-//     its max_message_size, an exchange that does not exist, a header it cannot accept): the
+//   - ack, and no basic.return: nil, published;
+//   - basic.return (routed to no queue): wraps [ErrUnroutable], an attempt counted;
+//   - nack: wraps [ErrNacked], no attempt counted; the next batch goes out on a new channel;
+//   - a message the broker would refuse by closing the channel or the connection (a row
+//     written by hand or by older code) is never sent: outbox.Permanent with the cause. It
+//     fails outbox.Message.Validate (but for the body's JSON syntax, and the aggregate_type
+//     and aggregate_id headers, which the publisher overwrites), its content header would
+//     not fit the negotiated frame size, or its body is over [Config].MaxMessageBytes;
+//   - the broker closed the channel without naming the message (a body over its
+//     max_message_size, an exchange that does not exist, a header it cannot accept): the
 //     unconfirmed messages are republished one at a time on fresh channels, within the same
-//     deadline, until the refused ones are found. Each is charged: outbox.Permanent for a
-//     refusal of its content (406 PRECONDITION_FAILED), a plain error otherwise (404
-//     NOT_FOUND: the exchange may be declared later). The others are published, or
-//     outbox.ErrNotSent if the deadline passed first; one sent before the refused one may be
-//     published again (at least once, as always);
-//   - no confirm before the deadline, the connection lost, or blocked by the broker
-//     (connection.blocked: a memory or disk alarm; Publish then answers at once, sending
-//     nothing): outbox.ErrUnavailable, never published;
-//   - the deadline passed while other calls had every connection: outbox.ErrNotSent, and
-//     nothing was sent.
+//     deadline, to find the refused ones: outbox.Permanent for a 406 PRECONDITION_FAILED, a
+//     plain error otherwise (404 NOT_FOUND: the exchange may be declared later). The others
+//     are published, or outbox.ErrNotSent if the deadline passes first; one sent before the
+//     refused one may be published twice;
+//   - no confirm before the deadline, the connection lost, or blocked by a resource alarm
+//     (connection.blocked: answered at once, nothing sent): outbox.ErrUnavailable;
+//   - the deadline passed while other calls had every connection: outbox.ErrNotSent.
 //
-// The deadline of ctx bounds every step: the wait for a free connection, dialling, opening a
-// channel and running [Config].Setup, socket writes, and the confirms. amqp091-go writes to
-// the socket without a deadline, so a broker that stops reading would hold a write for ever:
-// when the deadline passes with the call under way, the publisher closes the socket, which
-// ends every blocked step at once, and the next call connects again. The search for a refused
-// message stops a little before the deadline, so that running out of time there costs no
-// reconnect.
+// The deadline of ctx bounds every step, the wait for a free connection, dialling,
+// [Config].Setup and socket writes included: when it passes mid-call, the publisher closes
+// the socket, and the next call connects again.
 //
 // Messages are persistent, mandatory, and carry the outbox id as message-id, the event type,
 // the creation time as timestamp, content type application/json, the correlation id, and the
@@ -315,6 +292,10 @@ func (p *Publisher) takeLane(ctx context.Context) *lane {
 
 // publish sends msgs[send] on the lane; errs already holds the others' outcomes.
 func (l *lane) publish(ctx context.Context, msgs []outbox.Message, send []int, errs []error) []error {
+	// amqp091-go writes to the socket without a deadline, so a broker that stops reading
+	// would hold a write for ever: the guard closes the socket when ctx's deadline passes,
+	// which ends every blocked step at once. The search for a refused message (isolate) stops
+	// a little before the deadline, so that running out of time there costs no reconnect.
 	disarm := l.guard.arm(ctx)
 	var hung bool // the broker left confirms owed until the deadline
 	defer func() {

@@ -37,6 +37,11 @@ type channel struct {
 
 // ensureChannel makes sure l.ch is an open, fresh confirm-mode channel, connecting if needed.
 // It sends nothing while the broker blocks the connection.
+//
+// Each Publish call goes through it first: an explicit supervisor, not amqp091-go's own
+// recovery, so that every reconnect is visible here and in [Hooks]. A channel the broker
+// closed over one message is replaced by a new channel on the same connection: a message's
+// fault never costs a reconnect.
 func (l *lane) ensureChannel(ctx context.Context) error {
 	if l.sess != nil && l.sess.conn.IsClosed() {
 		_ = l.closeSession(time.Now(), errors.New("connection closed"))

@@ -11,21 +11,17 @@ import (
 )
 
 // Publisher is an [outbox.Publisher] for tests: it sends nothing, records every message it is
-// given and reports for each the outcome a test chose, so that a relay can be run against it
-// without a broker. The zero value confirms every message; it is safe for concurrent use,
-// by several relays too.
+// given and reports for each the outcome a test chose. The zero value confirms every message;
+// it is safe for concurrent use, by several relays too. For each message, the outcome is, in
+// this order:
 //
-// For each message, the outcome is, in this order:
-//
-//   - a wrapped [outbox.ErrNotSent] when the publish deadline (ctx) has passed, as a real
-//     publisher must not report a message it did not send as confirmed;
-//   - an [outbox.Permanent] error when the message fails [outbox.Message.Validate] (rows
-//     written by hand), as the RabbitMQ publisher does;
+//   - a wrapped [outbox.ErrNotSent] when ctx's deadline has passed (a real publisher must not
+//     confirm what it did not send);
+//   - an [outbox.Permanent] error when the message fails [outbox.Message.Validate], as the
+//     RabbitMQ publisher does;
 //   - the next outcome queued with [Publisher.Script];
 //   - what [Publisher.Outcome] returns, when set;
-//   - nil: confirmed.
-//
-// A message is recorded as published when its outcome is nil.
+//   - nil: confirmed, and recorded as published.
 type Publisher struct {
 	// Outcome, when set, decides the outcome of every message no scripted outcome is left for.
 	// Set it before the publisher is used. It is called with the publisher locked: it must
@@ -48,9 +44,7 @@ type Attempt struct {
 var _ outbox.Publisher = (*Publisher)(nil)
 
 // Script queues outcomes for the next messages, one each, in the order they are published:
-// nil confirms, [outbox.Permanent] kills the row, an error wrapping [outbox.ErrUnavailable],
-// [outbox.ErrNotSent] or [outbox.ErrRefused] costs no attempt, any other error counts one
-// (see [outbox.Publisher]).
+// nil confirms, and the relay reads an error as [outbox.Publisher] says.
 func (p *Publisher) Script(outcomes ...error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -1,11 +1,6 @@
 // Package outboxrabbitmqmetrics exposes the RabbitMQ publisher's own state as Prometheus metrics:
-// whether it has a broker connection, and how often it reconnected.
-//
-// The relay's broker-neutral metrics are in package metrics of the outbox library; this
-// package lives beside the adapter so that those import nothing of RabbitMQ. A relay process
-// registers both, with the same constant labels. Everything is registered on the
-// [prometheus.Registerer] passed in; nothing is global. The metric names are listed in
-// docs/metrics.md of the outboxshop repository.
+// whether it has a broker connection, and how often it reconnected. A relay process registers
+// them beside package outboxmetrics's, with the same constant labels (README.md#metrics).
 package outboxrabbitmqmetrics
 
 import (
