@@ -3,6 +3,7 @@ module github.com/outboxshop/outboxshop/e2e
 go 1.26.8
 
 replace (
+	github.com/outboxshop/outboxshop/deploy => ../deploy
 	github.com/outboxshop/outboxshop/internal => ../internal
 	github.com/outboxshop/outboxshop/pkg/inbox => ../pkg/inbox
 	github.com/outboxshop/outboxshop/pkg/outbox => ../pkg/outbox
@@ -12,6 +13,7 @@ replace (
 
 require (
 	github.com/jackc/pgx/v5 v5.12.0
+	github.com/outboxshop/outboxshop/deploy v0.0.0-00010101000000-000000000000
 	github.com/outboxshop/outboxshop/internal v0.0.0-00010101000000-000000000000
 	github.com/outboxshop/outboxshop/services/orders v0.0.0-00010101000000-000000000000
 	github.com/outboxshop/outboxshop/services/warehouse v0.0.0-00010101000000-000000000000

@@ -23,6 +23,7 @@ import (
 // The monitoring configuration of deploy/, relative to this package's folder (go test runs
 // there).
 const (
+	deployDir              = "../deploy"
 	deployPrometheusConfig = "../deploy/prometheus/prometheus.yml"
 	deployDashboardsGlob   = "../deploy/grafana/dashboards/*.json"
 )

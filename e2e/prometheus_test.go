@@ -3,7 +3,6 @@ package e2e_test
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"maps"
 	"net"
@@ -20,8 +19,11 @@ import (
 	promapi "github.com/prometheus/client_golang/api"
 	promv1 "github.com/prometheus/client_golang/api/prometheus/v1"
 	"github.com/prometheus/common/model"
+	"github.com/prometheus/prometheus/model/rulefmt"
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/outboxshop/outboxshop/deploy/observe"
 )
 
 // The test's Prometheus scrapes and evaluates every second, and every alert's for: is cut to
@@ -47,163 +49,84 @@ func requireTool(t *testing.T, name string) string {
 	return ""
 }
 
-// localPrometheusConfig derives, from the Prometheus configuration at configPath, one that
-// scrapes this test's processes: targets maps each job name to a local address. It returns
-// the files to write into an empty folder: prometheus.yml and a copy of every rule file at
-// the same relative path, so that rule_files stays as it is.
+// localPrometheusConfig generates, with deploy/observe (as make observe does for the shop on
+// this machine), the compose Prometheus configuration for this test's processes: local maps
+// every compose address of observe.Addresses to the address of the process that stands for
+// it here, one process per role. The scrape and evaluation intervals are localInterval, and
+// every alert's for: longer than localFor becomes localFor. It returns the path of the
+// generated prometheus.yml, with the rule files next to it.
 //
-// Everything else is kept (job names, metrics_path, params, labels), except: the global
-// scrape and evaluation intervals become localInterval (per-job intervals are dropped), the
-// alerting section is dropped (there is no Alertmanager), and every alert's for: longer than
-// localFor becomes localFor. A job that targets does not map, or a mapping of a job the
-// configuration does not have, is an error: the test must follow the real configuration.
-func localPrometheusConfig(configPath string, targets map[string]string) (map[string][]byte, error) {
-	raw, err := os.ReadFile(configPath)
-	if err != nil {
-		return nil, err
-	}
-	var cfg map[string]any
-	if err := yaml.Unmarshal(raw, &cfg); err != nil {
-		return nil, fmt.Errorf("%s: %w", configPath, err)
-	}
-
-	global, _ := cfg["global"].(map[string]any)
-	if global == nil {
-		global = map[string]any{}
-	}
-	global["scrape_interval"], global["evaluation_interval"] = localInterval, localInterval
-	delete(global, "scrape_timeout")
-	cfg["global"] = global
-	delete(cfg, "alerting")
-
-	var errs []error
-	mapped := map[string]bool{}
-	scrapeConfigs, _ := cfg["scrape_configs"].([]any)
-	for _, item := range scrapeConfigs {
-		sc, _ := item.(map[string]any)
-		job, _ := sc["job_name"].(string)
-		for _, key := range slices.Sorted(maps.Keys(sc)) {
-			if strings.HasSuffix(key, "_sd_configs") {
-				errs = append(errs, fmt.Errorf("job %q uses %s; the test only knows how to replace static targets", job, key))
-			}
-		}
-		addr, ok := targets[job]
-		if !ok {
-			errs = append(errs, fmt.Errorf("job %q of %s has no process in this test: map it to one in TestObservability's targets", job, configPath))
-			continue
-		}
-		mapped[job] = true
-		statics, _ := sc["static_configs"].([]any)
-		if len(statics) != 1 {
-			errs = append(errs, fmt.Errorf("job %q has %d static_configs; the test maps exactly one", job, len(statics)))
-			continue
-		}
-		static, _ := statics[0].(map[string]any)
-		if list, _ := static["targets"].([]any); len(list) != 1 {
-			errs = append(errs, fmt.Errorf("job %q has %d targets; the test maps exactly one", job, len(list)))
-			continue
-		}
-		static["targets"] = []any{addr}
-		delete(sc, "scrape_interval")
-		delete(sc, "scrape_timeout")
-	}
-	for _, job := range slices.Sorted(maps.Keys(targets)) {
-		if !mapped[job] {
-			errs = append(errs, fmt.Errorf("the test maps job %q, which %s does not scrape", job, configPath))
-		}
-	}
-	if err := errors.Join(errs...); err != nil {
-		return nil, err
-	}
-
-	files := map[string][]byte{}
-	rules, err := ruleFilesOf(configPath)
-	if err != nil {
-		return nil, err
-	}
-	for _, rel := range rules {
-		raw, err := os.ReadFile(filepath.Join(filepath.Dir(configPath), rel))
-		if err != nil {
-			return nil, err
-		}
-		if files[rel], err = shortenFor(raw, localFor); err != nil {
-			return nil, fmt.Errorf("%s: %w", rel, err)
-		}
-	}
-	if files["prometheus.yml"], err = yaml.Marshal(cfg); err != nil {
-		return nil, err
-	}
-	return files, nil
-}
-
-// shortenFor returns a rule file with every for: longer than d set to d, and nothing else
-// changed (comments and key order survive; the indentation may differ).
-func shortenFor(raw []byte, d time.Duration) ([]byte, error) {
-	var doc yaml.Node
-	if err := yaml.Unmarshal(raw, &doc); err != nil {
-		return nil, err
-	}
-	if len(doc.Content) != 1 {
-		return nil, errors.New("not a single YAML document")
-	}
-	for _, group := range valueOf(doc.Content[0], "groups").contentOrNil() {
-		for _, rule := range valueOf(group, "rules").contentOrNil() {
-			v := valueOf(rule, "for")
-			if v.Node == nil {
-				continue
-			}
-			old, err := model.ParseDuration(v.Value)
-			if err != nil {
-				return nil, fmt.Errorf("line %d: for: %w", v.Line, err)
-			}
-			if time.Duration(old) > d {
-				v.Value = model.Duration(d).String()
-			}
-		}
-	}
-	return yaml.Marshal(&doc)
-}
-
-type yamlNode struct{ *yaml.Node }
-
-// valueOf returns the value of key in a YAML mapping node, nil when absent.
-func valueOf(mapping *yaml.Node, key string) yamlNode {
-	if mapping == nil || mapping.Kind != yaml.MappingNode {
-		return yamlNode{}
-	}
-	for i := 0; i+1 < len(mapping.Content); i += 2 {
-		if mapping.Content[i].Value == key {
-			return yamlNode{mapping.Content[i+1]}
-		}
-	}
-	return yamlNode{}
-}
-
-func (n yamlNode) contentOrNil() []*yaml.Node {
-	if n.Node == nil {
-		return nil
-	}
-	return n.Content
-}
-
-// requireOnlyForShortened checks that a shortened rule file means what the original means,
-// but for the alerts' for:.
-func requireOnlyForShortened(t *testing.T, name string, original, shortened []byte) {
+// A compose address that local does not map, or a mapping of one the table does not have, is
+// an error: the test must follow the real configuration. observe.Generate fails on a compose
+// job whose address the table lacks.
+func localPrometheusConfig(t *testing.T, local map[string]string) string {
 	t.Helper()
-	want, err := parseRuleBytes(name, original)
+	var addrs []observe.Address
+	var missing []string
+	unknown := maps.Clone(local)
+	for _, a := range observe.Addresses {
+		addr, ok := local[a.Compose]
+		if !ok {
+			missing = append(missing, a.Compose)
+			continue
+		}
+		delete(unknown, a.Compose)
+		a.Roles = addr
+		addrs = append(addrs, a)
+	}
+	require.Empty(t, missing, "compose addresses of deploy/observe's Addresses with no process in this test: map them to one")
+	require.Empty(t, unknown, "the test maps compose addresses that deploy/observe's Addresses does not have")
+
+	dir := t.TempDir()
+	require.NoError(t, observe.Generate(observe.Options{
+		Deploy:    deployDir,
+		Dir:       dir,
+		Layout:    observe.LayoutRoles,
+		Addresses: addrs,
+		Interval:  localInterval,
+		MaxFor:    localFor,
+	}))
+	return filepath.Join(dir, observe.PrometheusConfig)
+}
+
+// scrapeTargets returns the target of each job of a Prometheus configuration that scrapes
+// one static target per job, as the generated configuration does.
+func scrapeTargets(t *testing.T, configPath string) map[string]string {
+	t.Helper()
+	raw, err := os.ReadFile(configPath)
 	require.NoError(t, err)
-	got, err := parseRuleBytes(name+" (shortened)", shortened)
+	var cfg struct {
+		ScrapeConfigs []struct {
+			JobName       string `yaml:"job_name"`
+			StaticConfigs []struct {
+				Targets []string `yaml:"targets"`
+			} `yaml:"static_configs"`
+		} `yaml:"scrape_configs"`
+	}
+	require.NoError(t, yaml.Unmarshal(raw, &cfg), configPath)
+	targets := map[string]string{}
+	for _, sc := range cfg.ScrapeConfigs {
+		require.Len(t, sc.StaticConfigs, 1, "%s: job %s", configPath, sc.JobName)
+		require.Len(t, sc.StaticConfigs[0].Targets, 1, "%s: job %s", configPath, sc.JobName)
+		targets[sc.JobName] = sc.StaticConfigs[0].Targets[0]
+	}
+	return targets
+}
+
+// requireOnlyForCut checks that the rule file at path, a copy that localPrometheusConfig
+// made of original, means what original means but for its alerts' for:, cut to localFor.
+func requireOnlyForCut(t *testing.T, path string, original []rulefmt.RuleGroup) {
+	t.Helper()
+	got, err := parseRules(path)
 	require.NoError(t, err)
-	require.Len(t, got, len(want), name)
+	want := slices.Clone(original)
 	for i := range want {
-		require.Len(t, got[i].Rules, len(want[i].Rules), "%s group %s", name, want[i].Name)
-		for j, r := range want[i].Rules {
-			wantFor := min(time.Duration(r.For), localFor)
-			require.Equal(t, wantFor, time.Duration(got[i].Rules[j].For), "%s group %s rule %s", name, want[i].Name, r.Alert)
-			want[i].Rules[j].For, got[i].Rules[j].For = 0, 0
+		want[i].Rules = slices.Clone(want[i].Rules)
+		for j := range want[i].Rules {
+			want[i].Rules[j].For = model.Duration(min(time.Duration(want[i].Rules[j].For), localFor))
 		}
 	}
-	require.Equal(t, want, got, "%s: the copy differs in more than for:", name)
+	require.Equal(t, want, got, "%s: the copy differs from the original in more than the alerts' for:", path)
 }
 
 // promServer is a Prometheus server this test started.
@@ -214,23 +137,17 @@ type promServer struct {
 	log       *lockedBuffer
 }
 
-// startPrometheus writes files (localPrometheusConfig) into a temporary folder and runs the
-// prometheus binary on them, on a free local port, until the test ends. It returns once the
-// server is ready. When the test fails, the server's log is printed.
-func startPrometheus(t *testing.T, bin string, files map[string][]byte) *promServer {
+// startPrometheus runs the prometheus binary on the configuration at configFile
+// (localPrometheusConfig), listening on addr, until the test ends. It returns once the server
+// is ready. When the test fails, the server's log is printed.
+func startPrometheus(t *testing.T, bin, configFile, addr string) *promServer {
 	t.Helper()
-	dir := t.TempDir() // removed after the cleanup below has killed the server
-	for rel, content := range files {
-		path := filepath.Join(dir, rel)
-		require.NoError(t, os.MkdirAll(filepath.Dir(path), 0o755))
-		require.NoError(t, os.WriteFile(path, content, 0o644))
-	}
+	data := t.TempDir() // removed after the cleanup below has killed the server
 
-	addr := freeLocalAddr(t)
 	p := &promServer{url: "http://" + addr, transport: &http.Transport{}, log: &lockedBuffer{}}
 	cmd := exec.Command(bin,
-		"--config.file="+filepath.Join(dir, "prometheus.yml"),
-		"--storage.tsdb.path="+filepath.Join(dir, "data"),
+		"--config.file="+configFile,
+		"--storage.tsdb.path="+data,
 		"--web.listen-address="+addr,
 		// As docker-compose.yml runs it: the latency histograms' exemplars are kept.
 		"--enable-feature=exemplar-storage",
@@ -423,81 +340,4 @@ func (b *lockedBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
-}
-
-func TestObservabilityPrometheusConfig(t *testing.T) {
-	t.Parallel()
-
-	targets := map[string]string{
-		"orders-api": "127.0.0.1:1", "orders-relay": "127.0.0.1:2", "warehouse": "127.0.0.1:3",
-		"warehouse-relay": "127.0.0.1:4", "rabbitmq": "127.0.0.1:5", "rabbitmq-detailed": "127.0.0.1:5",
-	}
-
-	t.Run("every job scrapes its local process, every rule file is copied with short for:", func(t *testing.T) {
-		t.Parallel()
-		files, err := localPrometheusConfig(deployPrometheusConfig, targets)
-		require.NoError(t, err)
-
-		var cfg struct {
-			Global        map[string]any   `yaml:"global"`
-			Alerting      any              `yaml:"alerting"`
-			RuleFiles     []string         `yaml:"rule_files"`
-			ScrapeConfigs []map[string]any `yaml:"scrape_configs"`
-		}
-		require.NoError(t, yaml.Unmarshal(files["prometheus.yml"], &cfg))
-		require.Equal(t, localInterval, cfg.Global["scrape_interval"])
-		require.Equal(t, localInterval, cfg.Global["evaluation_interval"])
-		require.Nil(t, cfg.Alerting, "no Alertmanager in the test")
-		got := map[string]any{}
-		for _, sc := range cfg.ScrapeConfigs {
-			got[sc["job_name"].(string)] = sc["static_configs"]
-		}
-		want := map[string]any{}
-		for job, addr := range targets {
-			want[job] = []any{map[string]any{"targets": []any{addr}}}
-		}
-		require.Equal(t, want, got)
-		i := slices.IndexFunc(cfg.ScrapeConfigs, func(sc map[string]any) bool { return sc["job_name"] == "rabbitmq-detailed" })
-		require.GreaterOrEqual(t, i, 0, "job rabbitmq-detailed")
-		detailed := cfg.ScrapeConfigs[i]
-		require.Equal(t, "/metrics/detailed", detailed["metrics_path"], "kept as it is")
-		require.NotEmpty(t, detailed["params"], "kept as it is")
-
-		rules, err := ruleFilesOf(deployPrometheusConfig)
-		require.NoError(t, err)
-		for _, rel := range rules {
-			original, err := os.ReadFile(filepath.Join(filepath.Dir(deployPrometheusConfig), rel))
-			require.NoError(t, err)
-			requireOnlyForShortened(t, rel, original, files[rel])
-		}
-		require.Len(t, files, len(rules)+1)
-	})
-
-	t.Run("a job without a local process is an error", func(t *testing.T) {
-		t.Parallel()
-		partial := maps.Clone(targets)
-		delete(partial, "warehouse-relay")
-		_, err := localPrometheusConfig(deployPrometheusConfig, partial)
-		require.ErrorContains(t, err, `job "warehouse-relay"`)
-	})
-
-	t.Run("a mapping of a job the configuration lacks is an error", func(t *testing.T) {
-		t.Parallel()
-		extra := maps.Clone(targets)
-		extra["payments"] = "127.0.0.1:6"
-		_, err := localPrometheusConfig(deployPrometheusConfig, extra)
-		require.ErrorContains(t, err, `job "payments"`)
-	})
-
-	t.Run("shortenFor changes only for:", func(t *testing.T) {
-		t.Parallel()
-		in := []byte("groups:\n  - name: g\n    rules:\n      # keep me\n      - alert: A\n        expr: up == 0\n        for: 5m\n        labels:\n          for: 10m\n      - alert: B\n        expr: up == 0\n        for: 1s\n      - record: r:up:sum\n        expr: sum(up)\n")
-		out, err := shortenFor(in, localFor)
-		require.NoError(t, err)
-		require.Contains(t, string(out), "# keep me")
-		requireOnlyForShortened(t, "inline", in, out)
-		groups, err := parseRuleBytes("inline", out)
-		require.NoError(t, err)
-		require.Equal(t, "10m", groups[0].Rules[0].Labels["for"], "a label named for is not a for:")
-	})
 }

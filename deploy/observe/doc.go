@@ -7,7 +7,9 @@
 // and deploy/alertmanager/alertmanager.yml: the same jobs, rules, routes and receivers, with
 // every compose address (orders-api:8080, alertmanager:9093, alert-logger:8080…) rewritten to
 // the 127.0.0.1 address of [Addresses], the one table of the local ports. The rules are
-// copied next to it unchanged.
+// copied next to it unchanged. Tests that run the shop themselves (e2e's TestObservability)
+// pass a table of their own processes' addresses, a shorter interval, and [Options].MaxFor,
+// which cuts the alerts' for: to seconds.
 //
 // The job label is the process role (docs/metrics.md), and the rules rely on it: the relay
 // jobs end in -relay, the API jobs hold the outbox backlog. Under `make run` ([LayoutAll])

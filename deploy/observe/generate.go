@@ -11,8 +11,10 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/common/model"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/outboxshop/outboxshop/pkg/outbox/outboxmetrics"
@@ -40,9 +42,14 @@ type Options struct {
 	// Addresses replaces the table of local addresses; nil: [Addresses]. Tests point the
 	// targets at servers of their own.
 	Addresses []Address
-	// Interval, when set, replaces the scrape and rule evaluation intervals (a test that
-	// cannot wait 15 s). Empty keeps the compose configuration's.
+	// Interval, when set, replaces the scrape and rule evaluation intervals, a job's own
+	// scrape_interval included, and drops every scrape_timeout, which then defaults to the
+	// interval (a test that cannot wait 15 s). Empty keeps the compose configuration's.
 	Interval string
+	// MaxFor, when set, cuts every alert's for: longer than MaxFor to MaxFor in the copies of
+	// the rule files, and changes nothing else in them: comments and key order survive (a test
+	// that cannot wait minutes for an alert). Zero copies the rule files unchanged.
+	MaxFor time.Duration
 }
 
 func (o Options) addresses() []Address {
@@ -61,6 +68,9 @@ func (o Options) table() table {
 // AlertmanagerConfig. Every address of the compose configuration is rewritten through the
 // table; one it does not know is an error.
 func Generate(o Options) error {
+	if o.MaxFor < 0 {
+		return fmt.Errorf("MaxFor %s: want a positive duration, or zero to keep every for:", o.MaxFor)
+	}
 	t := o.table()
 	if err := generatePrometheus(o, t); err != nil {
 		return fmt.Errorf("prometheus configuration: %w", err)
@@ -90,6 +100,7 @@ func generatePrometheus(o Options, t table) error {
 		for _, key := range []string{"scrape_interval", "evaluation_interval"} {
 			setScalar(global, key, o.Interval)
 		}
+		deleteKey(global, "scrape_timeout")
 	}
 
 	for _, am := range seq(mapValue(mapValue(root, "alerting"), "alertmanagers")) {
@@ -104,6 +115,15 @@ func generatePrometheus(o Options, t table) error {
 	}
 	for _, job := range jobs {
 		name := scalar(mapValue(job, "job_name"))
+		if err := onlyStaticTargets(job); err != nil {
+			return fmt.Errorf("%s: job %s: %w", src, name, err)
+		}
+		if o.Interval != "" {
+			if mapValue(job, "scrape_interval") != nil {
+				setScalar(job, "scrape_interval", o.Interval)
+			}
+			deleteKey(job, "scrape_timeout")
+		}
 		rows, err := rewriteTargets(job, t)
 		if err != nil {
 			return fmt.Errorf("%s: job %s: %w", src, name, err)
@@ -114,6 +134,9 @@ func generatePrometheus(o Options, t table) error {
 	}
 
 	doc.HeadComment = header(sourcePrometheus, t.layout)
+	if o.MaxFor > 0 {
+		doc.HeadComment += fmt.Sprintf("\n#\n# In the rule files, every alert's for: longer than %s is cut to %s.", model.Duration(o.MaxFor), model.Duration(o.MaxFor))
+	}
 	// The file's own head comment speaks of compose host names; the header replaces it.
 	if len(root.Content) > 0 {
 		root.Content[0].HeadComment = ""
@@ -122,6 +145,23 @@ func generatePrometheus(o Options, t table) error {
 		return err
 	}
 	return writeYAML(filepath.Join(o.Dir, PrometheusConfig), doc)
+}
+
+// onlyStaticTargets fails for a job whose targets the generator cannot rewrite: one that
+// discovers them (a *_sd_configs key), or one without a static target, which would be
+// scraped at compose host names that do not resolve here, or not at all.
+func onlyStaticTargets(job *yaml.Node) error {
+	for i := 0; i+1 < len(job.Content); i += 2 {
+		if key := job.Content[i].Value; strings.HasSuffix(key, "_sd_configs") {
+			return fmt.Errorf("uses %s: only static_configs targets are rewritten to local addresses", key)
+		}
+	}
+	for _, sc := range seq(mapValue(job, "static_configs")) {
+		if len(seq(mapValue(sc, "targets"))) > 0 {
+			return nil
+		}
+	}
+	return errors.New("has no static_configs target to rewrite to a local address")
 }
 
 // rewriteTargets rewrites the targets of every static_configs entry of a scrape or
@@ -212,7 +252,8 @@ func relayMetricsRegex() (string, error) {
 
 // copyRuleFiles copies the rule files the configuration names (rule_files, relative to it)
 // to the same place relative to the generated one, after removing the copies of an earlier
-// run, so that a rule file deleted from the repository is not loaded any more.
+// run, so that a rule file deleted from the repository is not loaded any more. With
+// o.MaxFor, the copies have their alerts' for: cut (capFor).
 func copyRuleFiles(o Options, root *yaml.Node) error {
 	srcDir := filepath.Dir(filepath.Join(o.Deploy, sourcePrometheus))
 	dstDir := filepath.Dir(filepath.Join(o.Dir, PrometheusConfig))
@@ -245,6 +286,11 @@ func copyRuleFiles(o Options, root *yaml.Node) error {
 			if err != nil {
 				return err
 			}
+			if o.MaxFor > 0 {
+				if raw, err = capFor(raw, o.MaxFor); err != nil {
+					return fmt.Errorf("rule file %s: %w", f, err)
+				}
+			}
 			dst := filepath.Join(dstDir, rel)
 			if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
 				return err
@@ -255,6 +301,39 @@ func copyRuleFiles(o Options, root *yaml.Node) error {
 		}
 	}
 	return nil
+}
+
+// capFor returns a rule file with every alert's for: longer than maxFor set to maxFor, and
+// nothing else changed: it edits the values in the YAML tree, so comments and key order
+// survive, and only the for: key of a rule counts (a label named for is a label). A file with
+// no for: to cut is returned as it is; one with is written anew, which keeps the sources'
+// two-space indentation and drops their blank lines.
+func capFor(raw []byte, maxFor time.Duration) ([]byte, error) {
+	doc, root, err := parseYAML(raw)
+	if err != nil {
+		return nil, err
+	}
+	changed := false
+	for _, group := range seq(mapValue(root, "groups")) {
+		for _, rule := range seq(mapValue(group, "rules")) {
+			v := mapValue(rule, "for")
+			if v == nil {
+				continue
+			}
+			d, err := model.ParseDuration(v.Value)
+			if err != nil {
+				return nil, fmt.Errorf("line %d: for: %w", v.Line, err)
+			}
+			if time.Duration(d) > maxFor {
+				v.Value = model.Duration(maxFor).String()
+				changed = true
+			}
+		}
+	}
+	if !changed {
+		return raw, nil
+	}
+	return encodeYAML(doc)
 }
 
 func generateAlertmanager(o Options, t table) error {
@@ -307,30 +386,47 @@ func readYAML(path string) (doc, root *yaml.Node, err error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	var n yaml.Node
-	if err := yaml.Unmarshal(raw, &n); err != nil {
+	if doc, root, err = parseYAML(raw); err != nil {
 		return nil, nil, fmt.Errorf("%s: %w", path, err)
 	}
+	return doc, root, nil
+}
+
+// parseYAML returns the document node of a YAML document and its top-level mapping.
+func parseYAML(raw []byte) (doc, root *yaml.Node, err error) {
+	var n yaml.Node
+	if err := yaml.Unmarshal(raw, &n); err != nil {
+		return nil, nil, err
+	}
 	if n.Kind != yaml.DocumentNode || len(n.Content) != 1 || n.Content[0].Kind != yaml.MappingNode {
-		return nil, nil, fmt.Errorf("%s: not a YAML mapping", path)
+		return nil, nil, errors.New("not a YAML mapping")
 	}
 	return &n, n.Content[0], nil
 }
 
 func writeYAML(path string, doc *yaml.Node) error {
-	var buf bytes.Buffer
-	enc := yaml.NewEncoder(&buf)
-	enc.SetIndent(2)
-	if err := enc.Encode(doc); err != nil {
-		return fmt.Errorf("%s: %w", path, err)
-	}
-	if err := enc.Close(); err != nil {
+	raw, err := encodeYAML(doc)
+	if err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
 	}
-	return os.WriteFile(path, buf.Bytes(), 0o644)
+	return os.WriteFile(path, raw, 0o644)
+}
+
+// encodeYAML writes a document node indented by two spaces, as the sources are.
+func encodeYAML(doc *yaml.Node) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := yaml.NewEncoder(&buf)
+	enc.SetIndent(2)
+	if err := enc.Encode(doc); err != nil {
+		return nil, err
+	}
+	if err := enc.Close(); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
 }
 
 // mapValue is the value of key in a mapping node, or nil.
@@ -359,6 +455,19 @@ func scalar(n *yaml.Node) string {
 		return ""
 	}
 	return n.Value
+}
+
+// deleteKey removes key and its value from a mapping node, if there.
+func deleteKey(n *yaml.Node, key string) {
+	if n == nil || n.Kind != yaml.MappingNode {
+		return
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == key {
+			n.Content = slices.Delete(n.Content, i, i+2)
+			return
+		}
+	}
 }
 
 // setScalar sets key of a mapping node, adding it when missing.

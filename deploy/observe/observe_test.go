@@ -9,6 +9,7 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -28,6 +29,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/prometheus/common/model"
+	"github.com/prometheus/prometheus/model/rulefmt"
+	promparser "github.com/prometheus/prometheus/promql/parser"
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
 
@@ -160,11 +164,33 @@ func makeRecipe(t *testing.T, makefile, target string) string {
 
 // scrapeConfig is what the tests read of a generated scrape configuration.
 type scrapeConfig struct {
-	JobName       string `yaml:"job_name"`
-	StaticConfigs []struct {
+	JobName        string              `yaml:"job_name"`
+	ScrapeInterval string              `yaml:"scrape_interval"`
+	ScrapeTimeout  string              `yaml:"scrape_timeout"`
+	MetricsPath    string              `yaml:"metrics_path"`
+	Params         map[string][]string `yaml:"params"`
+	StaticConfigs  []struct {
 		Targets []string `yaml:"targets"`
 	} `yaml:"static_configs"`
 	MetricRelabelConfigs []relabelConfig `yaml:"metric_relabel_configs"`
+}
+
+// prometheusConfig is what the tests read of a generated Prometheus configuration.
+type prometheusConfig struct {
+	Global        map[string]string `yaml:"global"`
+	ScrapeConfigs []scrapeConfig    `yaml:"scrape_configs"`
+}
+
+// jobTargets maps each job of a generated configuration to its one target.
+func jobTargets(t *testing.T, cfg prometheusConfig) map[string]string {
+	t.Helper()
+	got := map[string]string{}
+	for _, sc := range cfg.ScrapeConfigs {
+		require.Len(t, sc.StaticConfigs, 1, sc.JobName)
+		require.Len(t, sc.StaticConfigs[0].Targets, 1, sc.JobName)
+		got[sc.JobName] = sc.StaticConfigs[0].Targets[0]
+	}
+	return got
 }
 
 func TestGenerate(t *testing.T) {
@@ -199,9 +225,7 @@ func TestGenerate(t *testing.T) {
 			})
 
 			t.Run("targets", func(t *testing.T) {
-				var cfg struct {
-					ScrapeConfigs []scrapeConfig `yaml:"scrape_configs"`
-				}
+				var cfg prometheusConfig
 				readInto(t, filepath.Join(dir, PrometheusConfig), &cfg)
 				// The services' default ports, which make run uses.
 				ordersAPI, ordersRelay := serviceDefaults(t, "orders")
@@ -218,13 +242,8 @@ func TestGenerate(t *testing.T) {
 					"rabbitmq":          "127.0.0.1:15692",
 					"rabbitmq-detailed": "127.0.0.1:15692",
 				}
-				got := map[string]string{}
-				for _, sc := range cfg.ScrapeConfigs {
-					require.Len(t, sc.StaticConfigs, 1, sc.JobName)
-					require.Len(t, sc.StaticConfigs[0].Targets, 1, sc.JobName)
-					got[sc.JobName] = sc.StaticConfigs[0].Targets[0]
-				}
-				require.Equal(t, want, got)
+				require.Equal(t, want, jobTargets(t, cfg))
+				requireDetailedRabbitMQ(t, cfg)
 			})
 
 			t.Run("each series under the job of its role", func(t *testing.T) {
@@ -298,16 +317,245 @@ func TestGenerate(t *testing.T) {
 
 	t.Run("an address missing from the table", func(t *testing.T) {
 		t.Parallel()
-		deploy := t.TempDir()
-		copyFile(t, filepath.Join(deployDir, sourceAlertmanager), filepath.Join(deploy, sourceAlertmanager))
-		raw, err := os.ReadFile(filepath.Join(deployDir, sourcePrometheus))
-		require.NoError(t, err)
-		raw = bytes.Replace(raw, []byte("warehouse-relay:8091"), []byte("warehouse-relay-2:8091"), 1)
-		require.NoError(t, os.MkdirAll(filepath.Join(deploy, "prometheus"), 0o755))
-		require.NoError(t, os.WriteFile(filepath.Join(deploy, sourcePrometheus), raw, 0o644))
-		err = Generate(Options{Deploy: deploy, Dir: t.TempDir()})
+		deploy := editedDeploy(t, func(s string) string {
+			return strings.Replace(s, "warehouse-relay:8091", "warehouse-relay-2:8091", 1)
+		})
+		err := Generate(Options{Deploy: deploy, Dir: t.TempDir()})
 		require.ErrorContains(t, err, "warehouse-relay-2:8091 is not in the table")
 	})
+
+	t.Run("a row missing from a table of the caller", func(t *testing.T) {
+		t.Parallel()
+		addrs := slices.DeleteFunc(slices.Clone(Addresses), func(a Address) bool { return a.Compose == "warehouse-relay:8091" })
+		err := Generate(Options{Deploy: deployDir, Dir: t.TempDir(), Layout: LayoutRoles, Addresses: addrs})
+		require.ErrorContains(t, err, "job warehouse-relay: warehouse-relay:8091 is not in the table")
+	})
+
+	t.Run("a job whose targets cannot be rewritten", func(t *testing.T) {
+		t.Parallel()
+		for name, tc := range map[string]struct{ edit, want string }{
+			"discovered": {
+				edit: "  - job_name: payments\n    dns_sd_configs:\n      - names: [payments]\n        type: A\n        port: 8070\n",
+				want: "job payments: uses dns_sd_configs",
+			},
+			"no static target": {
+				edit: "  - job_name: payments\n    static_configs:\n      - targets: []\n",
+				want: "job payments: has no static_configs target",
+			},
+		} {
+			t.Run(name, func(t *testing.T) {
+				t.Parallel()
+				deploy := editedDeploy(t, func(s string) string { return s + tc.edit })
+				err := Generate(Options{Deploy: deploy, Dir: t.TempDir()})
+				require.ErrorContains(t, err, tc.want)
+			})
+		}
+	})
+
+	t.Run("Interval replaces every interval and drops every timeout", func(t *testing.T) {
+		t.Parallel()
+		deploy := editedDeploy(t, func(s string) string {
+			s = strings.Replace(s, "  evaluation_interval: 15s\n", "  evaluation_interval: 15s\n  scrape_timeout: 10s\n", 1)
+			return strings.Replace(s, "  - job_name: orders-api\n", "  - job_name: orders-api\n    scrape_interval: 30s\n    scrape_timeout: 20s\n", 1)
+		})
+		dir := t.TempDir()
+		require.NoError(t, Generate(Options{Deploy: deploy, Dir: dir, Interval: "1s"}))
+		var cfg prometheusConfig
+		readInto(t, filepath.Join(dir, PrometheusConfig), &cfg)
+		require.Equal(t, map[string]string{"scrape_interval": "1s", "evaluation_interval": "1s"}, cfg.Global)
+		for _, sc := range cfg.ScrapeConfigs {
+			if sc.JobName == "orders-api" {
+				require.Equal(t, "1s", sc.ScrapeInterval)
+			}
+			require.Empty(t, sc.ScrapeTimeout, sc.JobName)
+		}
+		// A scrape_timeout longer than the interval is an error to Prometheus.
+		runTool(t, lookTool(t, "promtool"), "check", "config", "--syntax-only", filepath.Join(dir, PrometheusConfig))
+	})
+
+	t.Run("a negative MaxFor", func(t *testing.T) {
+		t.Parallel()
+		err := Generate(Options{Deploy: deployDir, Dir: t.TempDir(), MaxFor: -time.Second})
+		require.ErrorContains(t, err, "MaxFor -1s")
+	})
+}
+
+// requireDetailedRabbitMQ checks that the job rabbitmq-detailed kept its path and parameters:
+// only its target is rewritten.
+func requireDetailedRabbitMQ(t *testing.T, cfg prometheusConfig) {
+	t.Helper()
+	i := slices.IndexFunc(cfg.ScrapeConfigs, func(sc scrapeConfig) bool { return sc.JobName == "rabbitmq-detailed" })
+	require.GreaterOrEqual(t, i, 0, "job rabbitmq-detailed")
+	require.Equal(t, "/metrics/detailed", cfg.ScrapeConfigs[i].MetricsPath)
+	require.Equal(t, []string{"queue_coarse_metrics", "queue_consumer_count"}, cfg.ScrapeConfigs[i].Params["family"])
+}
+
+// editedDeploy returns a copy of the compose configuration that Generate reads, its
+// prometheus.yml passed through edit.
+func editedDeploy(t *testing.T, edit func(string) string) string {
+	t.Helper()
+	deploy := t.TempDir()
+	copyFile(t, filepath.Join(deployDir, sourceAlertmanager), filepath.Join(deploy, sourceAlertmanager))
+	rules, err := filepath.Glob(filepath.Join(deployDir, "prometheus", "rules", "*.yml"))
+	require.NoError(t, err)
+	for _, f := range rules {
+		copyFile(t, f, filepath.Join(deploy, "prometheus", "rules", filepath.Base(f)))
+	}
+	raw, err := os.ReadFile(filepath.Join(deployDir, sourcePrometheus))
+	require.NoError(t, err)
+	edited := edit(string(raw))
+	require.NotEqual(t, string(raw), edited, "the edit changed nothing: the source changed?")
+	require.NoError(t, os.WriteFile(filepath.Join(deploy, sourcePrometheus), []byte(edited), 0o644))
+	return deploy
+}
+
+// TestGenerateForTestProcesses generates the configuration as e2e's TestObservability does: the
+// shop's processes on ports of their own, one per role, a short interval, and the alerts'
+// for: cut to seconds.
+func TestGenerateForTestProcesses(t *testing.T) {
+	t.Parallel()
+	const maxFor = 2 * time.Second
+	local := map[string]string{
+		"orders-api:8080": "127.0.0.1:1", "orders-relay:8081": "127.0.0.1:2", "warehouse:8090": "127.0.0.1:3",
+		"warehouse-relay:8091": "127.0.0.1:4", "rabbitmq:15692": "127.0.0.1:5",
+		composePrometheus: "127.0.0.1:6", composeAlertmanager: "127.0.0.1:7", composeAlertLogger: "127.0.0.1:8",
+	}
+	var addrs []Address
+	for _, a := range Addresses {
+		addr, ok := local[a.Compose]
+		require.True(t, ok, "%s has no local address in this test", a.Compose)
+		a.Roles = addr
+		addrs = append(addrs, a)
+	}
+	dir := t.TempDir()
+	require.NoError(t, Generate(Options{Deploy: deployDir, Dir: dir, Layout: LayoutRoles, Addresses: addrs, Interval: "1s", MaxFor: maxFor}))
+
+	t.Run("every job scrapes its process", func(t *testing.T) {
+		t.Parallel()
+		var cfg prometheusConfig
+		readInto(t, filepath.Join(dir, PrometheusConfig), &cfg)
+		require.Equal(t, map[string]string{
+			"orders-api": "127.0.0.1:1", "orders-relay": "127.0.0.1:2", "warehouse": "127.0.0.1:3",
+			"warehouse-relay": "127.0.0.1:4", "rabbitmq": "127.0.0.1:5", "rabbitmq-detailed": "127.0.0.1:5",
+		}, jobTargets(t, cfg))
+		requireDetailedRabbitMQ(t, cfg)
+		require.Equal(t, map[string]string{"scrape_interval": "1s", "evaluation_interval": "1s"}, cfg.Global)
+		for _, sc := range cfg.ScrapeConfigs {
+			require.Empty(t, sc.MetricRelabelConfigs, "one process per role: nothing to split")
+		}
+	})
+
+	t.Run("the rule files with only for: cut", func(t *testing.T) {
+		t.Parallel()
+		src, err := filepath.Glob(filepath.Join(deployDir, "prometheus", "rules", "*.yml"))
+		require.NoError(t, err)
+		require.NotEmpty(t, src)
+		cut := 0
+		for _, f := range src {
+			original, err := os.ReadFile(f)
+			require.NoError(t, err)
+			copied, err := os.ReadFile(filepath.Join(dir, "prometheus", "rules", filepath.Base(f)))
+			require.NoError(t, err)
+			cut += requireOnlyForCut(t, filepath.Base(f), original, copied, maxFor)
+		}
+		require.Positive(t, cut, "no alert of the rule files waits longer than %s: test a shorter MaxFor", maxFor)
+		raw, err := os.ReadFile(filepath.Join(dir, PrometheusConfig))
+		require.NoError(t, err)
+		require.Contains(t, string(raw), "every alert's for: longer than 2s is cut to 2s", "the header says so")
+	})
+
+	t.Run("promtool check config", func(t *testing.T) {
+		t.Parallel()
+		runTool(t, lookTool(t, "promtool"), "check", "config", filepath.Join(dir, PrometheusConfig))
+	})
+}
+
+func TestCapFor(t *testing.T) {
+	t.Parallel()
+	const maxFor = 2 * time.Second
+	in := []byte("groups:\n  - name: g\n    rules:\n      # keep me\n      - alert: A\n        expr: up == 0\n        for: 5m\n        labels:\n          for: 10m\n" +
+		"      - alert: B\n        expr: up == 0\n        for: 1s\n      - record: r:up:sum\n        expr: sum(up)\n")
+	out, err := capFor(in, maxFor)
+	require.NoError(t, err)
+	require.Equal(t, 1, requireOnlyForCut(t, "inline", in, out, maxFor))
+	require.Contains(t, string(out), "# keep me")
+	groups := parseRuleBytes(t, "inline", out)
+	require.Equal(t, "10m", groups[0].Rules[0].Labels["for"], "a label named for is not a for:")
+
+	t.Run("nothing to cut: the file as it is", func(t *testing.T) {
+		in := []byte("groups:\n\n  - name: g\n    rules:\n      - alert: B\n        expr: up == 0\n        for: 1s\n")
+		out, err := capFor(in, maxFor)
+		require.NoError(t, err)
+		require.Equal(t, string(in), string(out))
+	})
+	t.Run("a for: that is no duration", func(t *testing.T) {
+		_, err := capFor([]byte("groups:\n  - name: g\n    rules:\n      - alert: B\n        expr: up == 0\n        for: soon\n"), maxFor)
+		require.ErrorContains(t, err, "line 6: for:")
+	})
+}
+
+// promql parses expressions as Prometheus does by default.
+var promql = promparser.NewParser(promparser.Options{})
+
+// parseRuleBytes parses and validates a rule file as Prometheus does.
+func parseRuleBytes(t *testing.T, name string, raw []byte) []rulefmt.RuleGroup {
+	t.Helper()
+	rgs, errs := rulefmt.Parse(raw, false, model.UTF8Validation, promql, slog.New(slog.DiscardHandler))
+	require.NoError(t, errors.Join(errs...), name)
+	return rgs.Groups
+}
+
+// requireOnlyForCut checks that a rule file whose alerts' for: were cut to maxFor (capFor)
+// means what the original means, but for those for:, and reads as it does: line for line,
+// comments and key order included, but for the blank lines, which the copy loses. It returns
+// how many for: were cut.
+func requireOnlyForCut(t *testing.T, name string, original, cut []byte, maxFor time.Duration) int {
+	t.Helper()
+	want := parseRuleBytes(t, name, original)
+	got := parseRuleBytes(t, name+" (cut)", cut)
+	require.Len(t, got, len(want), name)
+	n := 0
+	for i := range want {
+		require.Len(t, got[i].Rules, len(want[i].Rules), "%s group %s", name, want[i].Name)
+		for j, r := range want[i].Rules {
+			require.Equal(t, min(time.Duration(r.For), maxFor), time.Duration(got[i].Rules[j].For), "%s group %s rule %s", name, want[i].Name, r.Alert)
+			if time.Duration(r.For) > maxFor {
+				n++
+			}
+			want[i].Rules[j].For, got[i].Rules[j].For = 0, 0
+		}
+	}
+	require.Equal(t, want, got, "%s: the copy means more than its for: differently", name)
+
+	nonBlank := func(raw []byte) []string {
+		var lines []string
+		for line := range strings.Lines(string(raw)) {
+			if strings.TrimSpace(line) != "" {
+				lines = append(lines, strings.TrimSuffix(line, "\n"))
+			}
+		}
+		return lines
+	}
+	wantLines, gotLines := nonBlank(original), nonBlank(cut)
+	require.Len(t, gotLines, len(wantLines), "%s: lines", name)
+	// A rule's for: is indented as the key after the dash of its "- alert:"; a deeper one is
+	// in its labels or annotations.
+	alertLine, forLine := regexp.MustCompile(`^(\s*)- alert: `), regexp.MustCompile(`^(\s+for: )(\S+)$`)
+	ruleIndent := -1
+	for i, w := range wantLines {
+		if m := alertLine.FindStringSubmatch(w); m != nil {
+			ruleIndent = len(m[1]) + 2
+		}
+		if m := forLine.FindStringSubmatch(w); m != nil && len(m[1]) == ruleIndent+len("for: ") {
+			d, err := model.ParseDuration(m[2])
+			require.NoError(t, err, "%s line %q", name, w)
+			if time.Duration(d) > maxFor {
+				w = m[1] + model.Duration(maxFor).String()
+			}
+		}
+		require.Equal(t, w, gotLines[i], "%s: non-blank line %d", name, i+1)
+	}
+	return n
 }
 
 // relayExposition returns the names of the series a relay exposes: the metrics of
