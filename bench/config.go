@@ -21,6 +21,7 @@ const (
 	PhaseScale   = "scale"   // 6: claim and mark cost with many published rows
 	PhaseAPI     = "api"     // 7: POST /orders of the orders service
 	PhaseMemory  = "memory"  // 8: peak RSS of a relay process while draining
+	PhaseConsume = "consume" // C: RabbitMQ consume limit; 9: the inbox consumer draining a backlog
 )
 
 // DefaultInFlight is the batches in flight of the pipelined relay's drains: pkg/outbox's
@@ -28,7 +29,7 @@ const (
 const DefaultInFlight = 2
 
 // AllPhases lists every phase in run order.
-var AllPhases = []string{PhaseLimits, PhaseDrain, PhasePeer, PhaseLatency, PhaseScale, PhaseAPI, PhaseMemory}
+var AllPhases = []string{PhaseLimits, PhaseDrain, PhasePeer, PhaseLatency, PhaseScale, PhaseAPI, PhaseMemory, PhaseConsume}
 
 // Sizes are the amounts of work of a run. [FullSizes] is `make bench`; [QuickSizes] is the
 // -quick run, for checking the harness on a busy machine.
@@ -66,9 +67,19 @@ type Sizes struct {
 	APIDuration    time.Duration
 	// MemoryBacklog is the backlog the separate relay process drains (item 8).
 	MemoryBacklog int
+	// ConsumeBacklog is the number of messages in the quorum queue's backlog that each
+	// consumer of item 9 drains: the bare consumers of limit C and the inbox consumer. The
+	// queue is filled anew before every drain, outside the measured time.
+	ConsumeBacklog int
+	// ConsumeConcurrency are the inbox consumer's concurrencies (handlers at once, each in a
+	// transaction of its own) of item 9, all with prefetch [ConsumePrefetch]: at most that.
+	// Each handler of item 9 drains a backlog at each of them.
+	ConsumeConcurrency []int
 }
 
-// FullSizes are the sizes of `make bench`: 8 to 10 minutes on 2 cores.
+// FullSizes are the sizes of `make bench`: 8 to 10 minutes on 2 cores for items 3 to 8, and
+// about 25 more for item 9 (eight drains of 200,000 messages, six of them by the inbox
+// consumer at 600 to 2,000 msg/s there).
 func FullSizes() Sizes {
 	return Sizes{
 		LimitDuration:  5 * time.Second,
@@ -88,6 +99,10 @@ func FullSizes() Sizes {
 		APIConcurrency: 16,
 		APIDuration:    10 * time.Second,
 		MemoryBacklog:  50_000,
+		ConsumeBacklog: 200_000,
+		// The warehouse's (WAREHOUSE_CONSUMER_CONCURRENCY's default), and pkg/inbox's
+		// default: as many as the prefetch.
+		ConsumeConcurrency: []int{8, ConsumePrefetch},
 	}
 }
 
@@ -111,6 +126,10 @@ func QuickSizes() Sizes {
 		APIConcurrency: 16,
 		APIDuration:    3 * time.Second,
 		MemoryBacklog:  10_000,
+		ConsumeBacklog: 10_000,
+		// The warehouse's only: each of the inbox consumer's drains takes 7 to 20 s on a
+		// 2-core machine, and a second concurrency took the run to 2 min 40 s.
+		ConsumeConcurrency: []int{8},
 	}
 }
 
@@ -163,8 +182,13 @@ func (c Config) validate() error {
 	s := c.Sizes
 	if s.Backlog < 1 || s.PeerRows < 1 || s.MemoryBacklog < 1 || s.ConfirmWindow < 1 || s.ScaleBatches < 1 || s.HotBacklog < 1 ||
 		s.APIConcurrency < 1 || len(s.Channels) == 0 || len(s.Concurrency) == 0 || len(s.Relays) == 0 ||
-		len(s.Rates) == 0 || len(s.ScaleRows) == 0 {
+		len(s.Rates) == 0 || len(s.ScaleRows) == 0 || s.ConsumeBacklog < 1 || len(s.ConsumeConcurrency) == 0 {
 		errs = append(errs, errors.New("every size must be positive and every list non-empty"))
+	}
+	for _, n := range s.ConsumeConcurrency {
+		if n < 1 || n > ConsumePrefetch {
+			errs = append(errs, fmt.Errorf("consumer concurrency %d out of range 1..%d (the prefetch)", n, ConsumePrefetch))
+		}
 	}
 	if c.InFlight < 0 || c.InFlight > 64 {
 		errs = append(errs, fmt.Errorf("batches in flight %d out of range 0..64", c.InFlight))

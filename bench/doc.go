@@ -1,5 +1,6 @@
-// Package bench measures the outbox relay against the limits of the servers it sits
-// between, and against a peer, in one run that prints one Markdown table.
+// Package bench measures the outbox relay, and the inbox consumer, against the limits of the
+// servers they sit between, and the relay against a peer, in one run that prints one Markdown
+// table.
 //
 // Every figure is a ratio as well as an absolute number, and every ratio is taken against a
 // figure measured in the same run, on the same machine, minutes apart: absolute numbers
@@ -23,6 +24,14 @@
 //   - 7: POST /orders of the orders service (in this process), driven by loadgen, as a
 //     share of B.
 //   - 8: the peak RSS of a relay process (bench/cmd/relay) while it drains the backlog.
+//   - C, the RabbitMQ consume limit: a backlog of persistent ~1 KiB messages in a quorum
+//     queue declared as the warehouse declares its own, drained by a bare amqp091-go
+//     consumer with prefetch 32 that acknowledges each delivery, then every 16th with
+//     multiple.
+//   - 9: the inbox consumer (pkg/inbox/inboxrabbitmq, prefetch 32, 8 and 32 handlers)
+//     draining the same kind of backlog into a fresh database: with a handler that does
+//     nothing, then with the warehouse's real handler on orders spread over many SKUs and
+//     on the five hot ones; as a share of C and of B.
 //
 // [Run] runs them; [Report] renders the table, and [BuildTable] its rows, with the
 // targets of docs/benchmarks.md marked ✓ or ✗. A target is read off the table: it is never

@@ -19,6 +19,9 @@ const (
 	TargetClaimGrowth     = 1.20 // claim cost at the largest table within 20% of the smallest
 	TargetHotClaim        = 1.50 // claim cost behind one aggregate's backlog ≤ 1.5× the same backlog spread
 	TargetRelayPeakRSSMiB = 40
+	// TargetMultipleAckBrokerCPU: the broker's CPU per 1,000 deliveries acknowledged every
+	// 16th with multiple at most 65% of its CPU per 1,000 acknowledged one by one (limit C).
+	TargetMultipleAckBrokerCPU = 0.65
 )
 
 // Report renders the run: a title, the machine, the command, and the table.
@@ -286,7 +289,115 @@ func BuildTable(r Results) Table {
 		row.Target = AtMost(mib, TargetRelayPeakRSSMiB, "≤ 40 MiB").String()
 		t.Add(row)
 	}
+	for _, row := range consumeRows(r.Consume, r.LimitB) {
+		t.Add(row)
+	}
 	return t
+}
+
+// consumeRows are the rows of item 9: limit C, a bare consumer acknowledging each delivery
+// and then every 16th with multiple (the second as a multiple of the first, with the target
+// on the broker's CPU); then the inbox consumer's drains, each as a share of C acknowledging
+// each delivery (the inbox consumer's own way, at the same prefetch) and of limit B with as
+// many writers as the consumer has handlers, or, when B was not measured with that many, of
+// the run's best B.
+func consumeRows(cs []ConsumeResult, limitB []Measured) []Row {
+	c, cCPU := math.NaN(), (*CPUUsage)(nil)
+	for _, m := range cs {
+		if m.Kind == ConsumeAckEach && m.Err == nil {
+			c, cCPU = m.Rate, m.CPU
+		}
+	}
+	var rows []Row
+	for _, m := range cs {
+		if !m.Kind.Inbox() {
+			ack := "ack per message"
+			if m.Kind == ConsumeAckMultiple {
+				ack = fmt.Sprintf("ack with multiple every %dth", MultipleAckEvery)
+			}
+			row := Row{Item: "C", What: fmt.Sprintf("RabbitMQ consume: %s persistent 1 KiB from a quorum queue (the shop's), prefetch %d, %s", FormatCount(m.Messages), m.Prefetch, ack)}
+			share := math.NaN()
+			if m.Err != nil {
+				row.Result = errorCell(m.Err)
+			} else {
+				row.Result = FormatRate(m.Rate, "msg/s")
+				row.CPU = FormatCPU(m.CPU, "consumer")
+			}
+			if m.Kind == ConsumeAckMultiple {
+				if m.Err == nil {
+					share = Ratio(brokerPerThousand(m.CPU), brokerPerThousand(cCPU))
+					row.Ratio = FormatTimes(Ratio(m.Rate, c)) + " ack per message"
+					if !math.IsNaN(share) {
+						row.Ratio += " · broker CPU per msg " + FormatPercent(share) + " of ack per message's"
+					}
+				}
+				row.Target = AtMost(share, TargetMultipleAckBrokerCPU, "broker CPU per 1,000 ≤ 65% of ack per message's").String()
+			}
+			rows = append(rows, row)
+			continue
+		}
+		row := Row{Item: "9", What: fmt.Sprintf("inbox consumer drain of %s (quorum queue, prefetch %d, concurrency %d): %s",
+			FormatCount(m.Messages), m.Prefetch, m.Concurrency, consumeHandlerText(m.Kind))}
+		rate := math.NaN()
+		if m.Err != nil {
+			row.Result = errorCell(m.Err)
+		} else {
+			rate = m.Rate
+			row.Result = FormatRate(m.Rate, "msg/s")
+			if m.Failed > 0 {
+				row.Result += fmt.Sprintf(" (%s attempts failed and retried)", FormatCount(m.Failed))
+			}
+			row.CPU = FormatCPU(m.CPU, "consumer")
+		}
+		row.Ratio = FormatPercent(Ratio(rate, c)) + " of C (ack per message) · " + shareOfB(rate, m.Concurrency, limitB)
+		rows = append(rows, row)
+	}
+	return rows
+}
+
+// shareOfB renders rate as a share of limit B with n writers, or of the run's best B when B
+// was not measured with n (or failed there).
+func shareOfB(rate float64, n int, limitB []Measured) string {
+	best, bestN := 0.0, 0
+	for _, m := range limitB {
+		if m.Err != nil {
+			continue
+		}
+		if m.N == n {
+			return FormatPercent(Ratio(rate, m.Rate)) + fmt.Sprintf(" of B (%d writers)", n)
+		}
+		if m.Rate > best {
+			best, bestN = m.Rate, m.N
+		}
+	}
+	if bestN == 0 {
+		return fmt.Sprintf("— of B (%d writers)", n)
+	}
+	return FormatPercent(Ratio(rate, best)) + fmt.Sprintf(" of B's best (%d writers)", bestN)
+}
+
+// consumeHandlerText says what the inbox consumer's handler of kind does.
+func consumeHandlerText(k ConsumeKind) string {
+	switch k {
+	case ConsumeInboxNoop:
+		return "a handler that does nothing (the inbox's insert and the commit)"
+	case ConsumeInboxSpread:
+		return fmt.Sprintf("the warehouse's handler, orders spread over %s SKUs", FormatCount(SpreadSKUs))
+	case ConsumeInboxHot:
+		return fmt.Sprintf("the warehouse's handler, every order on one of the %d hot SKUs", len(skus))
+	}
+	return k.String()
+}
+
+// brokerPerThousand is the broker's CPU per 1,000 messages of u, or NaN when unknown.
+func brokerPerThousand(u *CPUUsage) float64 {
+	if u == nil {
+		return math.NaN()
+	}
+	if d := u.PerThousand(u.Broker); d >= 0 {
+		return float64(d)
+	}
+	return math.NaN()
 }
 
 func latencyCheck(l LatencyResult, lat Latencies, limit time.Duration, note string) Check {

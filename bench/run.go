@@ -59,6 +59,8 @@ type Results struct {
 	Hot            *HotResult
 	API            *APIResult
 	Memory         *MemoryResult
+	// Consume are item 9's drains in run order: limit C, then the inbox consumer.
+	Consume []ConsumeResult
 }
 
 // Run measures the phases of cfg, one after the other, writes progress lines to
@@ -145,6 +147,9 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (err error) {
 		m := e.memory(ctx, s.MemoryBacklog)
 		res.Memory = &m
 		e.progress("  %s", resultOrError(FormatMiB(m.PeakRSS), m.Err))
+	}
+	if cfg.runs(PhaseConsume) && ctx.Err() == nil {
+		res.Consume = e.consume(ctx, s)
 	}
 	res.Took = time.Since(res.Started)
 	if _, werr := io.WriteString(out, Report(res)); werr != nil {

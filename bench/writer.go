@@ -55,12 +55,18 @@ type orderCreated struct {
 var padding = strings.Repeat("x", PayloadSize)
 
 // orderEvent returns an order id and its OrderCreated outbox message for exchange, with its
-// id set, a body of PayloadSize bytes and a correlation id, as the orders service writes it.
+// id set, a body of PayloadSize bytes and a correlation id, as the orders service writes it:
+// one line of one of the five [skus], in turn.
 func orderEvent(exchange string, n int) (uuid.UUID, outbox.Message) {
+	return orderEventOf(exchange, n, skus[n%len(skus)])
+}
+
+// orderEventOf is [orderEvent] with its one line on sku.
+func orderEventOf(exchange string, n int, sku string) (uuid.UUID, outbox.Message) {
 	orderID := uuid.Must(uuid.NewV7())
 	ev := orderCreated{
 		Version: 1, OrderID: orderID, CustomerID: "customer-" + strconv.Itoa(n%1000),
-		Items:     []orderLine{{SKU: skus[n%len(skus)], Quantity: 1}},
+		Items:     []orderLine{{SKU: sku, Quantity: 1}},
 		CreatedAt: time.Now().UTC(),
 	}
 	body, _ := json.Marshal(ev) // a struct of plain fields always marshals

@@ -1,8 +1,9 @@
 // Command bench measures the outbox relay's throughput and latency against the raw limits
-// of RabbitMQ and PostgreSQL and against Watermill's forwarder, in one run, and prints one
-// Markdown table (see docs/benchmarks.md).
+// of RabbitMQ and PostgreSQL and against Watermill's forwarder, and the inbox consumer's
+// drain against RabbitMQ's consume limit, in one run, and prints one Markdown table (see
+// docs/benchmarks.md).
 //
-//	go run ./bench/cmd/bench            # the full table (make bench), about 8 minutes
+//	go run ./bench/cmd/bench            # the full table (make bench), about 35 minutes on 2 cores
 //	go run ./bench/cmd/bench -quick     # small sizes, to check the harness
 //
 // It needs a PostgreSQL server on which it may create databases and a RabbitMQ broker;
