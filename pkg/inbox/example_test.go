@@ -257,3 +257,60 @@ func ExampleMigrations() {
 	// goose: [001_inbox.sql]
 	// golang-migrate: [migrations/golang-migrate/001_inbox.down.sql migrations/golang-migrate/001_inbox.up.sql]
 }
+
+// A batch of deliveries in one transaction, each message under its own savepoint: one that
+// fails is rolled back alone, and one delivered twice is processed once. Acknowledge the
+// messages whose Err is nil; the broker redelivers the others.
+func ExampleProcessBatch() {
+	ctx := context.Background()
+	pool, drop := exampleDatabase(ctx)
+	defer drop()
+	if err := inbox.Migrate(ctx, pool); err != nil {
+		panic(err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE stock (sku text PRIMARY KEY, reserved int NOT NULL);
+		INSERT INTO stock VALUES ('sku-1', 0)`); err != nil {
+		panic(err)
+	}
+
+	msgs := []inbox.Message{
+		{ID: "order-41", Type: "order.placed"},
+		{ID: "order-42", Type: "order.placed"},
+		{ID: "order-41", Type: "order.placed"}, // delivered twice
+		{ID: "order-43", Type: "order.placed"},
+	}
+	results, err := inbox.ProcessBatch(ctx, pool, "stock", msgs, func(ctx context.Context, tx pgx.Tx, i int) error {
+		if _, err := tx.Exec(ctx, `UPDATE stock SET reserved = reserved + 1 WHERE sku = $1`, "sku-1"); err != nil {
+			return err
+		}
+		if msgs[i].ID == "order-42" {
+			return errors.New("payment declined") // its reservation is rolled back
+		}
+		return nil
+	})
+	if err != nil {
+		panic(err) // acknowledge none: the broker redelivers them all
+	}
+	for i, r := range results {
+		switch {
+		case r.Err != nil:
+			fmt.Println(msgs[i].ID, "failed:", r.Err) // do not acknowledge
+		case r.Duplicate:
+			fmt.Println(msgs[i].ID, "duplicate")
+		default:
+			fmt.Println(msgs[i].ID, "processed")
+		}
+	}
+
+	var reserved int
+	if err := pool.QueryRow(ctx, `SELECT reserved FROM stock WHERE sku = 'sku-1'`).Scan(&reserved); err != nil {
+		panic(err)
+	}
+	fmt.Println("reserved:", reserved)
+	// Output:
+	// order-41 processed
+	// order-42 failed: handle message "order-42": payment declined
+	// order-41 duplicate
+	// order-43 processed
+	// reserved: 2
+}
