@@ -15,11 +15,13 @@ help: ## Show this help.
 		awk -v on="$$on" -v off="$$off" 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %s%-12s%s %s\n", on, $$1, off, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: test
-test: ## go vet, then go test -race -count=1 -timeout 30m, in every module and in examples/; then tools/adoptcheck.sh (the libraries as copies).
+test: ## go vet, then go test -race -count=1 -timeout 30m, in every module and in examples/; pkg/inbox's consumer again with batches; then tools/adoptcheck.sh (the libraries as copies).
 	@set -e; for dir in $(MODULES); do \
 		echo "==> $${dir#$(CURDIR)/}"; \
 		(cd $$dir && go vet ./... && go test -race -count=1 $(GOTEST_FLAGS) ./...); \
 	done
+	@echo "==> pkg/inbox/inboxrabbitmq with batched inbox transactions (BatchSize 4)"; \
+		cd pkg/inbox && OUTBOXSHOP_TEST_INBOX_BATCH=4 go test -race -count=1 $(GOTEST_FLAGS) ./inboxrabbitmq
 	@echo "==> examples (outside the workspace)"; cd examples && export GOWORK=off GOFLAGS=-mod=readonly && go vet ./... && go test -race -count=1 $(GOTEST_FLAGS) ./...
 	@tools/adoptcheck.sh
 

@@ -22,6 +22,7 @@ import (
 // Defaults for [Config], used for fields left zero; each field's doc says what it means.
 const (
 	DefaultPrefetch        = 32
+	DefaultAckEvery        = 8
 	DefaultMaxDeliveries   = 5
 	DefaultRetryBaseDelay  = time.Second
 	DefaultRetryMaxDelay   = 30 * time.Second
@@ -55,10 +56,25 @@ type Config struct {
 	// Prefetch is the AMQP prefetch count: how many unacknowledged messages the broker hands
 	// the consumer at once. Default 32 ([DefaultPrefetch]), at most 65535.
 	Prefetch int
-	// Concurrency is the number of messages handled at the same time, each in its own
-	// transaction ([Consumer.PoolSize]). Default, and at most, Prefetch: keep it there, so
-	// that in an outage every prefetched message is held, not waiting. 1: one at a time.
+	// Concurrency is the number of inbox transactions at the same time, each of up to
+	// BatchSize messages ([Consumer.PoolSize]). Default Prefetch / BatchSize, at most
+	// Prefetch: keep Concurrency × BatchSize at Prefetch, so that in an outage every
+	// prefetched message is held, not waiting. 1: one at a time.
 	Concurrency int
+
+	// BatchSize is the most deliveries handled in one inbox transaction, each under its own
+	// savepoint, with one commit for all (see the README's Batching). Default 1: each
+	// delivery in its own transaction. At most inbox.MaxBatch.
+	BatchSize int
+	// BatchWait is how long a transaction waits for more deliveries when fewer than
+	// BatchSize have arrived. Default 0: it takes what has arrived and waits for none, so
+	// that a lone message is not delayed.
+	BatchWait time.Duration
+	// AckEvery is how many processed deliveries are acknowledged together, with one ack with
+	// the multiple flag, once every delivery before them is settled; the rest go out at most
+	// a few milliseconds after they were processed. 1 sends each ack at once, alone. Default
+	// 8 ([DefaultAckEvery]), at most Prefetch.
+	AckEvery int
 
 	// MaxDeliveries is how many attempts a message gets, counting only failures that are
 	// neither transient nor permanent, before it is dead-lettered. Default 5
@@ -174,18 +190,27 @@ func (c *Config) checkRequired() []error {
 	return errs
 }
 
-// fillLimits checks and fills in the counts: Prefetch, then Concurrency (which defaults to,
-// and is bounded by, the Prefetch filled in), and MaxDeliveries.
+// fillLimits checks and fills in the counts: Prefetch, BatchSize, then Concurrency (which
+// defaults to, and is bounded by, the Prefetch filled in, per batch) and AckEvery, and
+// MaxDeliveries.
 func (c *Config) fillLimits() []error {
 	var errs []error
 	if c.Prefetch < 0 || c.Prefetch > 65535 {
 		errs = append(errs, fmt.Errorf("prefetch must be between 0 (default %d) and 65535, got %d", DefaultPrefetch, c.Prefetch))
 	}
 	c.Prefetch = cmp.Or(c.Prefetch, DefaultPrefetch)
-	if c.Concurrency < 0 || c.Concurrency > c.Prefetch {
-		errs = append(errs, fmt.Errorf("concurrency must be between 0 (default: prefetch) and prefetch (%d), got %d", c.Prefetch, c.Concurrency))
+	if c.BatchSize < 0 || c.BatchSize > inbox.MaxBatch {
+		errs = append(errs, fmt.Errorf("batch size must be between 0 (default 1) and %d (inbox.MaxBatch), got %d", inbox.MaxBatch, c.BatchSize))
 	}
-	c.Concurrency = cmp.Or(c.Concurrency, c.Prefetch)
+	c.BatchSize = max(1, c.BatchSize)
+	if c.Concurrency < 0 || c.Concurrency > c.Prefetch {
+		errs = append(errs, fmt.Errorf("concurrency must be between 0 (default: prefetch / batch size) and prefetch (%d), got %d", c.Prefetch, c.Concurrency))
+	}
+	c.Concurrency = cmp.Or(c.Concurrency, max(1, c.Prefetch/c.BatchSize))
+	if c.AckEvery < 0 || c.AckEvery > c.Prefetch {
+		errs = append(errs, fmt.Errorf("ack every must be between 0 (default %d) and prefetch (%d), got %d", DefaultAckEvery, c.Prefetch, c.AckEvery))
+	}
+	c.AckEvery = cmp.Or(c.AckEvery, min(DefaultAckEvery, c.Prefetch))
 	if c.MaxDeliveries < 0 {
 		errs = append(errs, fmt.Errorf("max deliveries must be >= 0 (default %d), got %d", DefaultMaxDeliveries, c.MaxDeliveries))
 	}
@@ -207,6 +232,7 @@ func (c *Config) fillDurations() []error {
 		{"publish timeout", c.PublishTimeout},
 		{"shutdown timeout", c.ShutdownTimeout},
 		{"max hold", c.MaxHold},
+		{"batch wait", c.BatchWait},
 	} {
 		if d.value < 0 {
 			errs = append(errs, fmt.Errorf("%s must be >= 0 (0 means the default), got %s", d.name, d.value))

@@ -33,6 +33,8 @@ type Consumer struct {
 	brokers *brokers
 
 	running atomic.Bool
+	// batches sizes the batches (BatchSize > 1).
+	batches *batchSizer
 	// held counts the deliveries held for an in-place retry.
 	held atomic.Int64
 	// holds is the failure streak of the deliveries held after transient failures, one per
@@ -89,6 +91,7 @@ func NewConsumer(pool inbox.TxBeginner, cfg Config) (*Consumer, error) {
 		cfg:     cfg,
 		log:     cfg.Logger.With(slog.String("consumer", cfg.Name), slog.String("queue", cfg.Queue)),
 		brokers: b,
+		batches: newBatchSizer(cfg.BatchSize),
 	}
 	c.tracer = cfg.TracerProvider.Tracer(TracerName)
 	if size := c.PoolSize(); size.Shortfall() > 0 {
@@ -203,13 +206,21 @@ func (c *Consumer) session(ctx context.Context, onConnected func(broker string))
 	defer cancelWait()
 	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
-	s := &session{pub: l.pub, user: l.user, runCtx: ctx, waitCtx: waitCtx, workCtx: workCtx, cancelled: make(chan struct{})}
+	s := &session{pub: l.pub, user: l.user, runCtx: ctx, waitCtx: waitCtx, workCtx: workCtx, cancelled: make(chan struct{}),
+		acks: newAcker(l.ch, c.cfg.AckEvery, c.log)}
 
 	workersDone := c.startWorkers(s, l.deliveries)
 	var cancelling sync.WaitGroup
 	result := c.awaitEnd(ctx, l, s, workersDone, &cancelling)
+	if result != nil {
+		s.acks.close() // the channel is gone: its delivery tags mean nothing any more
+	}
 	cancelWait()
 	c.windDown(ctx, l.conn, workersDone, cancelWork)
+	if result == nil && !l.conn.IsClosed() {
+		s.acks.flush() // a stop: acknowledge what was processed before closing the channel
+	}
+	s.acks.close()
 	_ = l.conn.CloseDeadline(time.Now().Add(5 * time.Second))
 	cancelling.Wait()
 	return result
@@ -287,6 +298,7 @@ func (c *Consumer) startWorkers(s *session, deliveries <-chan amqp.Delivery) <-c
 	go func() {
 		defer close(arrived)
 		for d := range deliveries {
+			s.acks.received(d.DeliveryTag) // before any worker can settle it: see acker
 			arrived <- inbound{Delivery: d, at: time.Now()}
 		}
 	}()
@@ -297,6 +309,7 @@ func (c *Consumer) startWorkers(s *session, deliveries <-chan amqp.Delivery) <-c
 	workersDone := make(chan struct{})
 	go func() {
 		workers.Wait()
+		s.solos.Wait() // only workers start solos
 		close(workersDone)
 	}()
 	return workersDone
@@ -368,6 +381,10 @@ type session struct {
 	// subscription ended with its channel).
 	stopping  atomic.Bool
 	cancelled chan struct{}
+	// acks settles the deliveries of the session's channel.
+	acks *acker
+	// solos are the messages of batches that go on alone (see handleBatch).
+	solos sync.WaitGroup
 }
 
 // inbound is a delivery and when it arrived.
@@ -392,8 +409,12 @@ func (c *Consumer) work(s *session, deliveries <-chan inbound) {
 			// instead would move every prefetched message behind the queue on every
 			// restart.
 			<-s.cancelled
-			_ = d.Nack(false, true)
+			_ = s.acks.nack(d.DeliveryTag)
 			c.hookHandedBack(d.Type, HandBackRequeued)
+			continue
+		}
+		if c.cfg.BatchSize > 1 {
+			c.handleBatch(s, c.gather(s, d, deliveries))
 			continue
 		}
 		c.handle(s, d)

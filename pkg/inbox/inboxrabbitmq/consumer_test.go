@@ -561,6 +561,11 @@ func TestNewConsumer(t *testing.T) {
 			"NegativePrefetch":    {with(valid, func(c *inboxrabbitmq.Config) { c.Prefetch = -1 }), "prefetch"},
 			"HugePrefetch":        {with(valid, func(c *inboxrabbitmq.Config) { c.Prefetch = 70000 }), "prefetch"},
 			"ConcurrencyAbove":    {with(valid, func(c *inboxrabbitmq.Config) { c.Prefetch, c.Concurrency = 2, 3 }), "concurrency"},
+			"NegativeBatch":       {with(valid, func(c *inboxrabbitmq.Config) { c.BatchSize = -1 }), "batch size"},
+			"BatchAboveMax":       {with(valid, func(c *inboxrabbitmq.Config) { c.BatchSize = inbox.MaxBatch + 1 }), "batch size must be between 0 (default 1) and 64"},
+			"NegativeBatchWait":   {with(valid, func(c *inboxrabbitmq.Config) { c.BatchWait = -1 }), "batch wait"},
+			"NegativeAckEvery":    {with(valid, func(c *inboxrabbitmq.Config) { c.AckEvery = -1 }), "ack every"},
+			"AckEveryAbove":       {with(valid, func(c *inboxrabbitmq.Config) { c.Prefetch, c.AckEvery = 4, 5 }), "ack every must be between 0 (default 8) and prefetch (4)"},
 			"NegativeDeliveries":  {with(valid, func(c *inboxrabbitmq.Config) { c.MaxDeliveries = -1 }), "max deliveries"},
 			"NegativeRetryDelay":  {with(valid, func(c *inboxrabbitmq.Config) { c.RetryBaseDelay = -time.Second }), "retry base delay"},
 			"MaxBelowRetryDelay":  {with(valid, func(c *inboxrabbitmq.Config) { c.RetryBaseDelay, c.RetryMaxDelay = time.Second, time.Millisecond }), "retry max delay"},
@@ -608,6 +613,9 @@ func TestNewConsumer(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, inboxrabbitmq.DefaultPrefetch, cfg.Prefetch)
 		require.Equal(t, inboxrabbitmq.DefaultPrefetch, cfg.Concurrency)
+		require.Equal(t, 1, cfg.BatchSize)
+		require.Zero(t, cfg.BatchWait)
+		require.Equal(t, inboxrabbitmq.DefaultAckEvery, cfg.AckEvery)
 		require.Equal(t, inboxrabbitmq.DefaultMaxDeliveries, cfg.MaxDeliveries)
 		require.Equal(t, inboxrabbitmq.DefaultRetryBaseDelay, cfg.RetryBaseDelay)
 		require.Equal(t, inboxrabbitmq.DefaultRetryMaxDelay, cfg.RetryMaxDelay)
@@ -620,6 +628,15 @@ func TestNewConsumer(t *testing.T) {
 		require.NotNil(t, cfg.Logger)
 		require.NotNil(t, cfg.TracerProvider)
 		require.NotNil(t, cfg.Propagator)
+
+		// Batches: Concurrency follows Prefetch per batch; AckEvery is at most Prefetch.
+		cfg, err = with(valid, func(c *inboxrabbitmq.Config) { c.BatchSize = 8 }).WithDefaults()
+		require.NoError(t, err)
+		require.Equal(t, inboxrabbitmq.DefaultPrefetch/8, cfg.Concurrency)
+		cfg, err = with(valid, func(c *inboxrabbitmq.Config) { c.Prefetch, c.BatchSize = 4, 8 }).WithDefaults()
+		require.NoError(t, err)
+		require.Equal(t, 1, cfg.Concurrency)
+		require.Equal(t, 4, cfg.AckEvery)
 
 		// A max delay left zero is at least its base delay.
 		cfg, err = with(valid, func(c *inboxrabbitmq.Config) { c.RetryBaseDelay, c.OutageBaseDelay = time.Hour, time.Hour }).WithDefaults()

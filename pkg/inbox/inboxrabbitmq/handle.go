@@ -70,6 +70,13 @@ var errInterrupted = errors.New("interrupted: the consumer is stopping or lost i
 // the streak says once, and again after each MaxHold, as every hand-back's copy arrives and
 // starts a hold of its own.
 func (c *Consumer) handle(s *session, in inbound) {
+	m := c.newMessage(s, in)
+	c.run(s, m, c.check(s, m))
+}
+
+// newMessage starts the handling of a delivery: its handler's view, its logger and its
+// process span.
+func (c *Consumer) newMessage(s *session, in inbound) *message {
 	m := &message{d: in.Delivery, del: newDelivery(in.Delivery), arrived: in.at, start: time.Now()}
 	m.retries = m.del.DeliveryCount - 1
 	m.log = c.log.With(
@@ -77,11 +84,14 @@ func (c *Consumer) handle(s *session, in inbound) {
 		slog.String("message_type", m.d.Type),
 		slog.Int("delivery_count", m.del.DeliveryCount),
 	)
-	defer c.endHold(m)
 	c.startSpan(s.workCtx, m)
-	defer m.endSpan(OutcomeHandedBack, errInterrupted) // every path ends it before; a safety net
+	return m
+}
 
-	next := c.check(s, m)
+// run takes m through its stages from next to the end, as handle says.
+func (c *Consumer) run(s *session, m *message, next step) {
+	defer c.endHold(m)
+	defer m.endSpan(OutcomeHandedBack, errInterrupted) // every path ends it before; a safety net
 	for next != nil {
 		stage := next
 		var err error
@@ -199,32 +209,39 @@ func (c *Consumer) processStage(s *session, m *message) step {
 			c.processed(s, m, duplicate)
 			return nil, nil
 		}
-		if h := c.cfg.Hooks.HandlerError; h != nil {
-			h(HandlerFailure{Consumer: c.cfg.Name, Type: m.d.Type, Err: err})
-		}
-		// After a failed commit the effect may have happened; the next attempt finds out
-		// through the inbox.
-		cause := err
-		if handlerErr != nil {
-			cause = handlerErr
-		}
-		switch then, r := decide.AfterFailure(ctx.Err() != nil, inbox.Classify(err), m.del.DeliveryCount, c.cfg.MaxDeliveries); then {
-		case decide.Interrupted:
-			return self, fmt.Errorf("%w: %w", errInterrupted, err)
-		case decide.Hold:
-			return self, err
-		case decide.DeadLetter:
-			reason, detail := reasons[r], cause.Error()
-			if reason == ReasonMaxDeliveries {
-				detail = fmt.Sprintf("failed on all %d attempts; last error: %v", m.del.DeliveryCount, cause)
-			}
-			return c.deadLetterStage(s, m, reason, detail), nil
-		default:
-			m.retries = m.del.DeliveryCount
-			return c.retryStage(s, m, cause), nil
-		}
+		return c.afterFailure(ctx, s, m, err, handlerErr)
 	}
 	return self
+}
+
+// afterFailure decides what follows a failed attempt to process m on ctx, which failed with
+// err (handlerErr when the handler's error caused it): the stage to run next, and an error
+// when that is to retry processing after a transient failure or an interruption.
+func (c *Consumer) afterFailure(ctx context.Context, s *session, m *message, err, handlerErr error) (step, error) {
+	if h := c.cfg.Hooks.HandlerError; h != nil {
+		h(HandlerFailure{Consumer: c.cfg.Name, Type: m.d.Type, Err: err})
+	}
+	// After a failed commit the effect may have happened; the next attempt finds out
+	// through the inbox.
+	cause := err
+	if handlerErr != nil {
+		cause = handlerErr
+	}
+	switch then, r := decide.AfterFailure(ctx.Err() != nil, inbox.Classify(err), m.del.DeliveryCount, c.cfg.MaxDeliveries); then {
+	case decide.Interrupted:
+		return c.processStage(s, m), fmt.Errorf("%w: %w", errInterrupted, err)
+	case decide.Hold:
+		return c.processStage(s, m), err
+	case decide.DeadLetter:
+		reason, detail := reasons[r], cause.Error()
+		if reason == ReasonMaxDeliveries {
+			detail = fmt.Sprintf("failed on all %d attempts; last error: %v", m.del.DeliveryCount, cause)
+		}
+		return c.deadLetterStage(s, m, reason, detail), nil
+	default:
+		m.retries = m.del.DeliveryCount
+		return c.retryStage(s, m, cause), nil
+	}
 }
 
 // processed acknowledges a committed or duplicate message.
@@ -233,10 +250,13 @@ func (c *Consumer) processed(s *session, m *message, duplicate bool) {
 		c.failpoint(FailpointAfterCommit)
 	}
 	// Acknowledge only now that the effect is committed (or was, by an earlier delivery).
-	if err := m.d.Ack(false); err != nil {
-		m.log.WarnContext(s.workCtx, "ack after commit failed; the broker will redeliver the message and the inbox will skip it",
-			slog.Any("error", err))
-	}
+	s.acks.ack(m.d.DeliveryTag)
+	c.finishProcessed(s, m, duplicate)
+}
+
+// finishProcessed ends the handling of a processed message that is acknowledged: its span,
+// its hook and its log line.
+func (c *Consumer) finishProcessed(s *session, m *message, duplicate bool) {
 	var sc trace.SpanContext
 	if m.span != nil {
 		sc = m.span.SpanContext()
@@ -300,7 +320,7 @@ func (c *Consumer) publishRetryStage(s *session, m *message) step {
 		if err := s.pub.publish(s.workCtx, "", c.cfg.Queue, copied); err != nil {
 			return self, fmt.Errorf("publish the retry copy: %w", err)
 		}
-		if err := m.d.Ack(false); err != nil {
+		if err := s.acks.ackNow(m.d.DeliveryTag); err != nil {
 			m.log.WarnContext(s.workCtx, "ack of the retried original failed; the inbox absorbs its redelivery if the copy succeeds first",
 				slog.Any("error", err))
 		}
@@ -325,7 +345,7 @@ func (c *Consumer) deadLetterStage(s *session, m *message, reason, detail string
 		if err := s.pub.publish(s.workCtx, c.cfg.DeadLetterExchange, c.cfg.DeadLetterRoutingKey, copied); err != nil {
 			return self, fmt.Errorf("dead-lettering failed (%s): %w", text, err)
 		}
-		if err := m.d.Ack(false); err != nil {
+		if err := s.acks.ackNow(m.d.DeliveryTag); err != nil {
 			m.log.WarnContext(s.workCtx, "ack after dead-lettering failed; the message will be redelivered and dead-lettered again",
 				slog.Any("error", err))
 		}
@@ -371,7 +391,7 @@ func (c *Consumer) handBack(s *session, m *message, cause error) {
 		copied := copyOf(m.d, m.del, s.user)
 		forQueue(&copied, m.retries)
 		if err = s.pub.publish(s.workCtx, "", c.cfg.Queue, copied); err == nil {
-			if err := m.d.Ack(false); err != nil {
+			if err := s.acks.ackNow(m.d.DeliveryTag); err != nil {
 				m.log.WarnContext(s.workCtx, "ack of a handed-back message failed; the inbox absorbs the second of the two copies",
 					slog.Any("error", err))
 			}
@@ -389,7 +409,7 @@ func (c *Consumer) handBack(s *session, m *message, cause error) {
 			return
 		}
 	}
-	if nackErr := m.d.Nack(false, true); nackErr != nil {
+	if nackErr := s.acks.nack(m.d.DeliveryTag); nackErr != nil {
 		m.log.DebugContext(s.workCtx, "nack failed; the broker redelivers the message once the channel is gone", slog.Any("error", nackErr))
 	}
 	c.hookHandedBack(m.d.Type, HandBackRequeued)

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"log/slog"
 	"net/url"
+	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -66,10 +68,22 @@ func setupOn(t *testing.T, dbURL string) *bundle {
 	return b
 }
 
+// batchSize is the BatchSize of every config: 1 unless OUTBOXSHOP_TEST_INBOX_BATCH says
+// otherwise. The Makefile runs this package's tests a second time with batches of 4, so that
+// every guarantee is proven with batched inbox transactions too.
+var batchSize = func() int {
+	n, err := strconv.Atoi(os.Getenv("OUTBOXSHOP_TEST_INBOX_BATCH"))
+	if err != nil || n < 1 {
+		return 1
+	}
+	return n
+}()
+
 // config returns a consumer config for the bundle's queue with short delays, the test logger
 // and hooks that record into b.events.
 func (b *bundle) config(h inboxrabbitmq.Handler) inboxrabbitmq.Config {
 	return inboxrabbitmq.Config{
+		BatchSize:            batchSize,
 		URL:                  b.amqpURL,
 		Queue:                b.top.Queue,
 		Name:                 "orders-projection",

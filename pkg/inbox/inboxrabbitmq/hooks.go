@@ -119,10 +119,13 @@ type FailpointHit struct {
 // Failpoint names passed to [Hooks].Failpoint.
 const (
 	// FailpointBeforeCommit: the handler returned nil, nothing is committed yet. A crash
-	// here rolls back; the redelivery is processed again.
+	// here rolls back; the redelivery is processed again. In a batch it comes after each
+	// message's handler: a crash there rolls back the whole batch, the messages handled
+	// before it and those not handled yet alike.
 	FailpointBeforeCommit = "consumer.before-commit"
 	// FailpointAfterCommit: committed (not a duplicate), not acknowledged yet. A crash here
-	// makes the broker redeliver the message, a duplicate for the inbox.
+	// makes the broker redeliver the message, a duplicate for the inbox. In a batch it comes
+	// once per message committed, before any of the batch is acknowledged.
 	FailpointAfterCommit = "consumer.after-commit"
 )
 

@@ -48,14 +48,18 @@ func TestPoolSize(t *testing.T) {
 			"Enough":    {8, 8, inboxrabbitmq.PoolSize{Needed: 8, Max: 8}},
 			"TooSmall":  {2, 8, inboxrabbitmq.PoolSize{Needed: 8, Max: 2}},
 			"OneByOne":  {1, 1, inboxrabbitmq.PoolSize{Needed: 1, Max: 1}},
-			"Defaulted": {4, 0, inboxrabbitmq.PoolSize{Needed: inboxrabbitmq.DefaultPrefetch, Max: 4}}, // Concurrency = Prefetch = 32
+			"Defaulted": {4, 0, inboxrabbitmq.PoolSize{Needed: inboxrabbitmq.DefaultPrefetch, Max: 4}},      // Concurrency = Prefetch = 32
+			"Batched":   {4, -1, inboxrabbitmq.PoolSize{Needed: inboxrabbitmq.DefaultPrefetch / 8, Max: 4}}, // Concurrency = Prefetch / BatchSize
 		} {
 			t.Run(name, func(t *testing.T) {
 				logs := &logStore{}
 				cfg := b.config(recordEffect)
-				cfg.Prefetch, cfg.Concurrency = 0, tc.concurrency
+				cfg.Prefetch, cfg.Concurrency, cfg.BatchSize = 0, tc.concurrency, 1
 				if tc.concurrency > 0 {
 					cfg.Prefetch = tc.concurrency
+				}
+				if tc.concurrency < 0 {
+					cfg.Concurrency, cfg.BatchSize = 0, 8
 				}
 				cfg.Logger = slog.New(&recordHandler{store: logs})
 				c, err := inboxrabbitmq.NewConsumer(b.sizedPool(t, tc.maxConns), cfg)
@@ -79,7 +83,9 @@ func TestPoolSize(t *testing.T) {
 	t.Run("UnknownSize", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		c, err := inboxrabbitmq.NewConsumer(unsizedPool{b.sizedPool(t, 1)}, b.config(recordEffect))
+		cfg := b.config(recordEffect)
+		cfg.BatchSize = 1
+		c, err := inboxrabbitmq.NewConsumer(unsizedPool{b.sizedPool(t, 1)}, cfg)
 		require.NoError(t, err)
 		require.Equal(t, inboxrabbitmq.PoolSize{Needed: 8}, c.PoolSize())
 		require.Zero(t, c.PoolSize().Shortfall())

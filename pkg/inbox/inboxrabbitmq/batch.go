@@ -1,0 +1,266 @@
+package inboxrabbitmq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outboxshop/outboxshop/pkg/inbox"
+)
+
+// Batched inbox transactions (BatchSize > 1): a worker takes the deliveries that have
+// arrived, up to BatchSize, into one transaction (inbox.Store.ProcessBatch), each under its
+// own savepoint, commits once and acknowledges them together. What goes wrong for one
+// message stays with it; what goes wrong for the transaction costs none of them anything.
+
+// gather returns first and the deliveries that arrived after it, up to the batch size in
+// all (BatchSize, or less after lock conflicts: see batchSizer). It
+// waits at most BatchWait for more; it takes none once the consumer is stopping, and those
+// left in the channel are handed back by work.
+func (c *Consumer) gather(s *session, first inbound, deliveries <-chan inbound) []inbound {
+	size := c.batches.size(time.Now())
+	batch := make([]inbound, 1, size)
+	batch[0] = first
+	var wait <-chan time.Time
+	if c.cfg.BatchWait > 0 {
+		t := time.NewTimer(c.cfg.BatchWait)
+		defer t.Stop()
+		wait = t.C
+	}
+	for len(batch) < size && !s.stopping.Load() {
+		select {
+		case d, ok := <-deliveries:
+			if !ok {
+				return batch
+			}
+			batch = append(batch, d)
+			continue
+		default:
+		}
+		if wait == nil {
+			return batch
+		}
+		select {
+		case d, ok := <-deliveries:
+			if !ok {
+				return batch
+			}
+			batch = append(batch, d)
+		case <-wait:
+			return batch
+		case <-s.waitCtx.Done():
+			return batch
+		}
+	}
+	return batch
+}
+
+// handleBatch takes a batch of deliveries to their ends, as handle does one. Messages
+// refused before a transaction are dead-lettered on their own; the others are processed in
+// one transaction. Those that failed in it, and all of them when the transaction itself
+// failed, then go on alone, each in a goroutine of its own (s.solos), as handle takes them:
+// each message's own failure follows its failure class, and a failed transaction counts for
+// none of them. The worker does not wait for them: in an outage every delivery in hand is
+// held, not waiting behind a held one, and there are at most Prefetch of them.
+func (c *Consumer) handleBatch(s *session, ins []inbound) {
+	var (
+		batch []*message
+		alone []solo
+	)
+	for _, in := range ins {
+		m := c.newMessage(s, in)
+		if reason, detail := refusal(c.cfg, m.del); reason != "" {
+			alone = append(alone, solo{m, c.deadLetterStage(s, m, reason, detail)})
+			continue
+		}
+		batch = append(batch, m)
+	}
+	alone = append(alone, c.processBatch(s, batch)...)
+	for _, a := range alone {
+		s.solos.Go(func() { c.run(s, a.m, a.next) })
+	}
+}
+
+// errBatchCut is what the messages of a batch after a lost lock conflict return instead of
+// calling the handler: the batch commits what came before, which releases its locks, and
+// they go on alone, not charged for anything.
+var errBatchCut = errors.New("the batch was cut short by a lock conflict")
+
+// solo is a message of a batch that goes on alone, from its next stage.
+type solo struct {
+	m    *message
+	next step
+}
+
+// processBatch processes batch in one transaction, acknowledges the messages it processed
+// and returns the others with their next stage.
+func (c *Consumer) processBatch(s *session, batch []*message) []solo {
+	if len(batch) == 0 {
+		return nil
+	}
+	ctx := s.workCtx // a batch is a first attempt: held messages go on alone
+	msgs := make([]inbox.Message, len(batch))
+	for i, m := range batch {
+		msgs[i] = inbox.Message{ID: m.d.MessageId, Type: m.d.Type, ReceivedAt: m.start}
+	}
+	handlerErrs := make([]error, len(batch))
+	cut := false // a handler lost a lock conflict: the rest of the batch goes on alone
+	results, err := c.store.ProcessBatch(ctx, c.pool, c.cfg.Name, msgs, func(ctx context.Context, tx pgx.Tx, i int) error {
+		if cut {
+			return errBatchCut
+		}
+		m := batch[i]
+		if err := c.callHandler(withSpan(ctx, m), tx, m.del, m.log); err != nil {
+			handlerErrs[i] = err
+			cut = lockConflict(err)
+			return err
+		}
+		c.failpoint(FailpointBeforeCommit)
+		return nil
+	})
+	if err != nil {
+		c.batches.ran(time.Now(), lockConflict(err))
+		if len(batch) == 1 { // its own failure, as without batches
+			next, err := c.afterFailure(ctx, s, batch[0], err, handlerErrs[0])
+			return []solo{{batch[0], replay(next, err)}}
+		}
+		return c.batchFailed(ctx, s, batch, err)
+	}
+	conflict := false
+	for _, r := range results {
+		conflict = conflict || lockConflict(r.Err)
+	}
+	c.batches.ran(time.Now(), conflict)
+
+	var (
+		alone []solo
+		tags  []uint64
+	)
+	for i, r := range results {
+		if errors.Is(r.Err, errBatchCut) {
+			alone = append(alone, solo{batch[i], c.processStage(s, batch[i])}) // not attempted
+			continue
+		}
+		if r.Err != nil {
+			next, err := c.afterFailure(ctx, s, batch[i], r.Err, handlerErrs[i])
+			alone = append(alone, solo{batch[i], replay(next, err)})
+			continue
+		}
+		if !r.Duplicate {
+			c.failpoint(FailpointAfterCommit) // once per message committed, as without batches
+		}
+		tags = append(tags, batch[i].d.DeliveryTag)
+	}
+	// Acknowledge only now that the effects are committed, together.
+	s.acks.ack(tags...)
+	for i, r := range results {
+		if r.Err == nil {
+			if r.Duplicate {
+				markDuplicate(batch[i])
+			}
+			c.finishProcessed(s, batch[i], r.Duplicate)
+		}
+	}
+	c.settled(ctx)
+	return alone
+}
+
+// batchFailed returns the messages of a batch whose transaction failed with err, each to be
+// processed again on its own: none of them is charged for it. A transient failure (the
+// database unreachable) then holds each of them; another (a deferred constraint that fails
+// at commit) finds the message at fault, which alone follows its failure class. On a stop
+// or a lost connection they are handed back.
+func (c *Consumer) batchFailed(ctx context.Context, s *session, batch []*message, err error) []solo {
+	alone := make([]solo, len(batch))
+	for i, m := range batch {
+		if h := c.cfg.Hooks.HandlerError; h != nil {
+			h(HandlerFailure{Consumer: c.cfg.Name, Type: m.d.Type, Err: err})
+		}
+		next := c.processStage(s, m)
+		if ctx.Err() != nil || s.stopped() {
+			next = replay(next, fmt.Errorf("%w: %w", errInterrupted, err))
+		}
+		alone[i] = solo{m, next}
+	}
+	c.log.DebugContext(ctx, "batch transaction failed; processing its messages one by one",
+		slog.Int("batch_size", len(batch)), slog.Any("error", err), slog.Bool("transient", inbox.IsTransient(err)))
+	return alone
+}
+
+// replay is a stage that returns next and err at once: the outcome of an attempt made in a
+// batch, for run to carry on from.
+func replay(next step, err error) step {
+	return func() (step, error) { return next, err }
+}
+
+// markDuplicate marks m's span as a duplicate's, as inbox.Process marks the span of its
+// context.
+func markDuplicate(m *message) {
+	if m.span != nil && m.span.IsRecording() {
+		m.span.SetAttributes(inbox.AttrDuplicate.Bool(true))
+	}
+}
+
+// batchSizer adapts the size of the consumer's batches to lock conflicts between them. A
+// batch holds the row locks of all its messages until it commits, so two batches whose
+// handlers update the same few hot rows in another order deadlock, and PostgreSQL takes
+// deadlock_timeout (1s by default) to find out: at full size they would do so on nearly
+// every batch. So a batch that meets a lock conflict (a deadlock, a lock or serialization
+// failure) halves the size of the batches after it, down to 1, and the size grows back by
+// one per second without a conflict, up to BatchSize.
+type batchSizer struct {
+	max int
+
+	mu      sync.Mutex
+	current int
+	// since is when current last changed.
+	since time.Time
+}
+
+func newBatchSizer(limit int) *batchSizer {
+	return &batchSizer{max: limit, current: limit}
+}
+
+// size returns the size of the next batch, at now.
+func (b *batchSizer) size(now time.Time) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.current < b.max {
+		if grow := int(now.Sub(b.since) / time.Second); grow > 0 {
+			b.current = min(b.max, b.current+grow)
+			b.since = now
+		}
+	}
+	return b.current
+}
+
+// ran records a batch's transaction at now, and whether it met a lock conflict.
+func (b *batchSizer) ran(now time.Time, conflict bool) {
+	if !conflict {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.current = max(1, b.current/2)
+	b.since = now
+}
+
+// lockConflict reports whether err is a lost race for a lock with another transaction: a
+// deadlock, a lock that could not be had, a serialization failure.
+func lockConflict(err error) bool {
+	pgErr, ok := errors.AsType[*pgconn.PgError](err)
+	if !ok {
+		return false
+	}
+	switch pgErr.Code {
+	case "40P01", "40001", "55P03": // deadlock_detected, serialization_failure, lock_not_available
+		return true
+	}
+	return false
+}
