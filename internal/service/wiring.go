@@ -156,8 +156,9 @@ func (e RelayEnv) Check(v *envconfig.Checks, prefix string) {
 }
 
 // ConsumerEnv are the consumer's variables with the same defaults in both services, embedded
-// in each service's Config under its prefix as [RelayEnv] is. The concurrency, whose default
-// differs between the services (4 and 8), is each Config's own ConsumerConcurrency field;
+// in each service's Config under its prefix as [RelayEnv] is. The concurrency and the batch
+// size, whose defaults differ between the services (4 and 8; 8 and 1), are each Config's own
+// ConsumerConcurrency and ConsumerBatchSize fields;
 // envconfig.Section(cfg, "Consumer") reads all of them into [ConsumerSettings], where the
 // fields are documented.
 type ConsumerEnv struct {
@@ -166,11 +167,13 @@ type ConsumerEnv struct {
 	ConsumerRetryBaseDelay time.Duration `env:"CONSUMER_RETRY_DELAY" envDefault:"1s"`
 	ConsumerRetryMaxDelay  time.Duration `env:"CONSUMER_MAX_RETRY_DELAY" envDefault:"30s"`
 	ConsumerMaxHold        time.Duration `env:"CONSUMER_MAX_HOLD" envDefault:"15m"`
+	ConsumerAckEvery       int           `env:"CONSUMER_ACK_EVERY" envDefault:"8"`
 }
 
 // Check records in v every consumer setting that cannot work, by its variable's name;
-// concurrency is the service's <prefix>CONSUMER_CONCURRENCY.
-func (e ConsumerEnv) Check(v *envconfig.Checks, prefix string, concurrency int) {
+// concurrency and batch are the service's <prefix>CONSUMER_CONCURRENCY and
+// <prefix>CONSUMER_BATCH_SIZE.
+func (e ConsumerEnv) Check(v *envconfig.Checks, prefix string, concurrency, batch int) {
 	v.Check(e.ConsumerPrefetch > 0 && e.ConsumerPrefetch <= 65535, "%sCONSUMER_PREFETCH must be 1..65535, is %d", prefix, e.ConsumerPrefetch)
 	v.Check(concurrency > 0 && concurrency <= e.ConsumerPrefetch, "%[1]sCONSUMER_CONCURRENCY (%[2]d) must be from 1 to %[1]sCONSUMER_PREFETCH (%[3]d)",
 		prefix, concurrency, e.ConsumerPrefetch)
@@ -179,6 +182,9 @@ func (e ConsumerEnv) Check(v *envconfig.Checks, prefix string, concurrency int) 
 	v.Check(e.ConsumerRetryMaxDelay >= e.ConsumerRetryBaseDelay, "%[1]sCONSUMER_MAX_RETRY_DELAY (%[2]s) must be at least %[1]sCONSUMER_RETRY_DELAY (%[3]s)",
 		prefix, e.ConsumerRetryMaxDelay, e.ConsumerRetryBaseDelay)
 	v.Check(e.ConsumerMaxHold > 0, "%sCONSUMER_MAX_HOLD must be positive, is %s", prefix, e.ConsumerMaxHold)
+	v.Check(batch >= 1 && batch <= inbox.MaxBatch, "%sCONSUMER_BATCH_SIZE must be from 1 to %d, is %d", prefix, inbox.MaxBatch, batch)
+	v.Check(e.ConsumerAckEvery >= 1 && e.ConsumerAckEvery <= e.ConsumerPrefetch, "%[1]sCONSUMER_ACK_EVERY (%[2]d) must be from 1 to %[1]sCONSUMER_PREFETCH (%[3]d)",
+		prefix, e.ConsumerAckEvery, e.ConsumerPrefetch)
 }
 
 // RelaySettings are the outbox relay's settings, the same variables in both services
@@ -218,12 +224,17 @@ type ConsumerSettings struct {
 	// is handed back to the queue (without counting a delivery).
 	RetryMaxDelay time.Duration
 	MaxHold       time.Duration
+	// BatchSize is the messages one inbox transaction takes, each under its own savepoint;
+	// AckEvery the processed messages acknowledged together with one multiple ack.
+	BatchSize int
+	AckEvery  int
 }
 
 // Apply returns c with the settings of s.
 func (s ConsumerSettings) Apply(c inboxrabbitmq.Config) inboxrabbitmq.Config {
 	c.Prefetch, c.Concurrency, c.MaxDeliveries = s.Prefetch, s.Concurrency, s.MaxDeliveries
 	c.RetryBaseDelay, c.RetryMaxDelay, c.MaxHold = s.RetryBaseDelay, s.RetryMaxDelay, s.MaxHold
+	c.BatchSize, c.AckEvery = s.BatchSize, s.AckEvery
 	return c
 }
 

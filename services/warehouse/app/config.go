@@ -36,10 +36,13 @@ type Config struct {
 	DeadLetterQueue string `env:"WAREHOUSE_DEAD_LETTER_QUEUE" envDefault:"warehouse.orders.dead"`
 
 	// Consumer tuning: the settings both services share (internal/service ConsumerEnv,
-	// WAREHOUSE_CONSUMER_PREFETCH, …), and the concurrency; documented on internal/service
-	// ConsumerSettings.
+	// WAREHOUSE_CONSUMER_PREFETCH, …), the concurrency and the batch size; documented on
+	// internal/service ConsumerSettings. A transaction per order: orders go to a few hot
+	// SKUs, whose row locks a batch would hold until its commit, and batches of the hot five
+	// drained slower than single orders (docs/benchmarks.md, item 9).
 	service.ConsumerEnv `env:"WAREHOUSE_"`
 	ConsumerConcurrency int `env:"WAREHOUSE_CONSUMER_CONCURRENCY" envDefault:"8"`
+	ConsumerBatchSize   int `env:"WAREHOUSE_CONSUMER_BATCH_SIZE" envDefault:"1"`
 	// InboxRetention is how long processed message ids are remembered. It must exceed the
 	// longest time in which a duplicate can still arrive.
 	InboxRetention time.Duration `env:"WAREHOUSE_INBOX_RETENTION" envDefault:"168h"`
@@ -79,7 +82,7 @@ func (c Config) Validate() error {
 	c.BrokerEnv.Check(&v, "WAREHOUSE_")
 	v.Check(c.Queue != "" && c.DeadLetterQueue != "", "WAREHOUSE_QUEUE and WAREHOUSE_DEAD_LETTER_QUEUE are required")
 	v.Check(c.DatabaseMaxConns >= 4, "WAREHOUSE_DATABASE_MAX_CONNS must be at least 4, is %d", c.DatabaseMaxConns)
-	c.ConsumerEnv.Check(&v, "WAREHOUSE_", c.ConsumerConcurrency)
+	c.ConsumerEnv.Check(&v, "WAREHOUSE_", c.ConsumerConcurrency, c.ConsumerBatchSize)
 	c.RelayEnv.Check(&v, "WAREHOUSE_")
 	v.Check(int(c.DatabaseMaxConns) >= c.ConsumerConcurrency+c.RelayInFlightBatches+2,
 		"WAREHOUSE_DATABASE_MAX_CONNS (%d) must exceed WAREHOUSE_CONSUMER_CONCURRENCY (%d) by at least WAREHOUSE_RELAY_IN_FLIGHT_BATCHES + 2 (%d: the relay's batches, its maintenance and the API)",
