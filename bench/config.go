@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/outboxshop/outboxshop/pkg/inbox"
 )
 
 // Phases, in the order a run measures them. Each may be run alone with [Config].Phases; a
@@ -73,13 +75,21 @@ type Sizes struct {
 	ConsumeBacklog int
 	// ConsumeConcurrency are the inbox consumer's concurrencies (handlers at once, each in a
 	// transaction of its own) of item 9, all with prefetch [ConsumePrefetch]: at most that.
-	// Each handler of item 9 drains a backlog at each of them.
+	// Each handler of item 9 drains a backlog at each of them, with a transaction and an ack
+	// per message.
 	ConsumeConcurrency []int
+	// ConsumeBatches are the inbox consumer's batch sizes (BatchSize: deliveries per
+	// transaction) of item 9: each handler then drains a backlog in batches of each, with
+	// [ConsumePrefetch] / batch transactions at once (the library's default) and multiple
+	// acks every inboxrabbitmq.DefaultAckEvery. Each is above 1, at most inbox.MaxBatch and
+	// divides the prefetch.
+	ConsumeBatches []int
 }
 
 // FullSizes are the sizes of `make bench`: 8 to 10 minutes on 2 cores for items 3 to 8, and
-// about 25 more for item 9 (eight drains of 200,000 messages, six of them by the inbox
-// consumer at 600 to 2,000 msg/s there).
+// about 25 more for item 9's first eight drains of 200,000 messages (six of them by the inbox
+// consumer a transaction per message, at 600 to 2,000 msg/s there), plus its six drains in
+// batches.
 func FullSizes() Sizes {
 	return Sizes{
 		LimitDuration:  5 * time.Second,
@@ -103,6 +113,8 @@ func FullSizes() Sizes {
 		// The warehouse's (WAREHOUSE_CONSUMER_CONCURRENCY's default), and pkg/inbox's
 		// default: as many as the prefetch.
 		ConsumeConcurrency: []int{8, ConsumePrefetch},
+		// Four and two transactions at once.
+		ConsumeBatches: []int{8, 16},
 	}
 }
 
@@ -130,6 +142,8 @@ func QuickSizes() Sizes {
 		// The warehouse's only: each of the inbox consumer's drains takes 7 to 20 s on a
 		// 2-core machine, and a second concurrency took the run to 2 min 40 s.
 		ConsumeConcurrency: []int{8},
+		// The larger batch only: two transactions at once.
+		ConsumeBatches: []int{16},
 	}
 }
 
@@ -182,12 +196,17 @@ func (c Config) validate() error {
 	s := c.Sizes
 	if s.Backlog < 1 || s.PeerRows < 1 || s.MemoryBacklog < 1 || s.ConfirmWindow < 1 || s.ScaleBatches < 1 || s.HotBacklog < 1 ||
 		s.APIConcurrency < 1 || len(s.Channels) == 0 || len(s.Concurrency) == 0 || len(s.Relays) == 0 ||
-		len(s.Rates) == 0 || len(s.ScaleRows) == 0 || s.ConsumeBacklog < 1 || len(s.ConsumeConcurrency) == 0 {
+		len(s.Rates) == 0 || len(s.ScaleRows) == 0 || s.ConsumeBacklog < 1 || len(s.ConsumeConcurrency) == 0 || len(s.ConsumeBatches) == 0 {
 		errs = append(errs, errors.New("every size must be positive and every list non-empty"))
 	}
 	for _, n := range s.ConsumeConcurrency {
 		if n < 1 || n > ConsumePrefetch {
 			errs = append(errs, fmt.Errorf("consumer concurrency %d out of range 1..%d (the prefetch)", n, ConsumePrefetch))
+		}
+	}
+	for _, b := range s.ConsumeBatches {
+		if b <= 1 || b > inbox.MaxBatch || ConsumePrefetch%b != 0 {
+			errs = append(errs, fmt.Errorf("consumer batch %d: want 2..%d (inbox.MaxBatch) and a divisor of the prefetch, %d", b, inbox.MaxBatch, ConsumePrefetch))
 		}
 	}
 	if c.InFlight < 0 || c.InFlight > 64 {

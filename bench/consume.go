@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"sync"
@@ -73,8 +74,16 @@ func (k ConsumeKind) Inbox() bool { return k >= ConsumeInboxNoop }
 // ConsumeResult is one drain of item 9: limit C or the inbox consumer.
 type ConsumeResult struct {
 	Kind ConsumeKind
-	// Concurrency is the inbox consumer's (handlers at once); 0 for limit C.
+	// Concurrency is the inbox consumer's (transactions at once, each of up to Batch
+	// messages); 0 for limit C.
 	Concurrency int
+	// Batch is the inbox consumer's BatchSize (messages per transaction, each under a
+	// savepoint); 0 for limit C, and 0 or 1 is a transaction per message.
+	Batch int
+	// AckEvery is the inbox consumer's AckEvery (processed deliveries acknowledged together
+	// with one multiple ack; 1: each at once, alone); 0 for limit C, and 0 is the library's
+	// default, [inboxrabbitmq.DefaultAckEvery].
+	AckEvery int
 	// Prefetch is the consumer's AMQP prefetch count.
 	Prefetch int
 	// Messages is the backlog drained.
@@ -93,14 +102,37 @@ type ConsumeResult struct {
 	Err error
 }
 
+// Batched reports whether r is the inbox consumer handling several deliveries per
+// transaction.
+func (r ConsumeResult) Batched() bool { return r.Batch > 1 }
+
+// Mode says how the inbox consumer of r takes its deliveries: "a transaction per message, an
+// ack per message", or "batches of 16 (2 transactions at once), multiple acks every 8".
+func (r ConsumeResult) Mode() string {
+	tx := "a transaction per message"
+	if r.Batched() {
+		tx = fmt.Sprintf("batches of %d (%d transaction%s at once)", r.Batch, r.Concurrency, plural(r.Concurrency))
+	}
+	ack := "an ack per message"
+	if every := cmp.Or(r.AckEvery, inboxrabbitmq.DefaultAckEvery); every > 1 {
+		ack = fmt.Sprintf("multiple acks every %d", every)
+	}
+	return tx + ", " + ack
+}
+
 // consumeVariants returns the drains of item 9 in run order: limit C acknowledging each
-// delivery, then every 16th with multiple; then the inbox consumer with each handler, at each
-// of s.ConsumeConcurrency.
+// delivery, then every 16th with multiple; then, for each handler, the inbox consumer with a
+// transaction and an ack per message at each of s.ConsumeConcurrency, and in batches of each
+// of s.ConsumeBatches, with as many transactions at once as the prefetch holds batches
+// (the library's default) and multiple acks every [inboxrabbitmq.DefaultAckEvery].
 func consumeVariants(s Sizes) []ConsumeResult {
 	out := []ConsumeResult{{Kind: ConsumeAckEach}, {Kind: ConsumeAckMultiple}}
 	for _, k := range []ConsumeKind{ConsumeInboxNoop, ConsumeInboxSpread, ConsumeInboxHot} {
 		for _, c := range s.ConsumeConcurrency {
-			out = append(out, ConsumeResult{Kind: k, Concurrency: c})
+			out = append(out, ConsumeResult{Kind: k, Concurrency: c, Batch: 1, AckEvery: 1})
+		}
+		for _, b := range s.ConsumeBatches {
+			out = append(out, ConsumeResult{Kind: k, Concurrency: ConsumePrefetch / b, Batch: b, AckEvery: inboxrabbitmq.DefaultAckEvery})
 		}
 	}
 	for i := range out {
@@ -135,7 +167,7 @@ func (e *env) consume(ctx context.Context, s Sizes) []ConsumeResult {
 			break
 		}
 		if v.Kind.Inbox() {
-			e.progress("item 9: the inbox consumer drains %s messages: %s, concurrency %d, prefetch %d", FormatCount(v.Messages), v.Kind, v.Concurrency, v.Prefetch)
+			e.progress("item 9: the inbox consumer drains %s messages: %s, concurrency %d, prefetch %d, %s", FormatCount(v.Messages), v.Kind, v.Concurrency, v.Prefetch, v.Mode())
 		} else {
 			e.progress("limit C: a bare consumer drains %s messages: %s, prefetch %d", FormatCount(v.Messages), v.Kind, v.Prefetch)
 		}
@@ -315,29 +347,29 @@ func (e *env) drainBare(ctx context.Context, queue string, admin *queueAdmin, v 
 // stallTimeout ends a drain in which nothing was delivered or processed for that long.
 const stallTimeout = 30 * time.Second
 
-// consumeInbox is one drain of item 9: pkg/inbox/inboxrabbitmq's consumer, with v.Prefetch
-// and v.Concurrency, on a fresh database of its own migrated for the handler of v.Kind (the
-// inbox's migrations, or the warehouse's, which include them), drains a backlog of
-// v.Messages. The clock and the CPU of the bench's process, of the consumer's PostgreSQL
-// backends and of the broker run from the consumer's start until the Processed hook counted
-// every message; then the queue must be empty and the inbox table hold a row per message
-// (and the warehouse a reservation per order).
+// consumeInbox is one drain of item 9: pkg/inbox/inboxrabbitmq's consumer, with v.Prefetch,
+// v.Concurrency, v.Batch and v.AckEvery, on a fresh database of its own migrated for the
+// handler of v.Kind (the inbox's migrations, or the warehouse's, which include them), drains
+// a backlog of v.Messages. The clock and the CPU of the bench's process, of the consumer's
+// PostgreSQL backends and of the broker run from the consumer's start until the Processed
+// hook counted every message; then the queue must be empty and the inbox table hold a row
+// per message (and the warehouse a reservation per order).
 func (e *env) consumeInbox(ctx context.Context, top warehouseamqp.Topology, admin *queueAdmin, v ConsumeResult) ConsumeResult {
 	res := v
-	suffix := fmt.Sprintf("consume_%s_%d", v.Kind, v.Concurrency)
+	suffix := fmt.Sprintf("consume_%s_%d_b%d", v.Kind, v.Concurrency, v.Batch)
 	dbURL, err := e.createDatabase(ctx, suffix, "")
 	if err != nil {
 		res.Err = err
 		return res
 	}
 	defer func() { _ = e.dropDatabase(context.WithoutCancel(ctx), e.dbName(suffix)) }() // free the disk now
-	appName := fmt.Sprintf("bench-%s-inbox-%s-%d-", e.id, v.Kind, v.Concurrency)
+	appName := fmt.Sprintf("bench-%s-inbox-%s-%d-b%d-", e.id, v.Kind, v.Concurrency, v.Batch)
 	url, err := withAppName(dbURL, appName+"pool")
 	if err != nil {
 		res.Err = err
 		return res
 	}
-	// A connection per handler, and one for the checks after the drain.
+	// A connection per transaction at once, and one for the checks after the drain.
 	pool, err := openPool(ctx, url, int32(v.Concurrency+1))
 	if err != nil {
 		res.Err = err
@@ -434,7 +466,7 @@ func (e *env) drainInbox(ctx context.Context, pool *pgxpool.Pool, top warehousea
 	}
 	consumer, err := inboxrabbitmq.NewConsumer(pool, inboxrabbitmq.Config{
 		URL: e.cfg.AMQPURL, Queue: top.Queue, Name: name, Handler: handler,
-		Prefetch: v.Prefetch, Concurrency: v.Concurrency,
+		Prefetch: v.Prefetch, Concurrency: v.Concurrency, BatchSize: v.Batch, AckEvery: v.AckEvery,
 		DeadLetterExchange: top.DeadLetterExchange, DeadLetterRoutingKey: top.Queue,
 		Setup:          top.Declare,
 		RetryBaseDelay: 50 * time.Millisecond, // as item 5's: a retried attempt must not hold up the drain's end

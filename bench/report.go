@@ -22,7 +22,19 @@ const (
 	// TargetMultipleAckBrokerCPU: the broker's CPU per 1,000 deliveries acknowledged every
 	// 16th with multiple at most 65% of its CPU per 1,000 acknowledged one by one (limit C).
 	TargetMultipleAckBrokerCPU = 0.65
+	// TargetBatchedNoopOfC: the inbox consumer in batches with multiple acks, with a handler
+	// that does nothing, at least 70% of limit C acknowledging each delivery.
+	TargetBatchedNoopOfC = 0.70
+	// TargetBatchedSpreadTimes: the inbox consumer in batches with multiple acks, with the
+	// warehouse's handler on spread orders, at least 2× the same drain with a transaction and
+	// an ack per message at concurrency [ConsumeReferenceConcurrency].
+	TargetBatchedSpreadTimes = 2
 )
+
+// ConsumeReferenceConcurrency is the concurrency of the inbox consumer's drain with a
+// transaction per message that its drains in batches are compared with: the warehouse's
+// (WAREHOUSE_CONSUMER_CONCURRENCY's default).
+const ConsumeReferenceConcurrency = 8
 
 // Report renders the run: a title, the machine, the command, and the table.
 func Report(r Results) string {
@@ -298,14 +310,21 @@ func BuildTable(r Results) Table {
 // consumeRows are the rows of item 9: limit C, a bare consumer acknowledging each delivery
 // and then every 16th with multiple (the second as a multiple of the first, with the target
 // on the broker's CPU); then the inbox consumer's drains, each as a share of C acknowledging
-// each delivery (the inbox consumer's own way, at the same prefetch) and of limit B with as
-// many writers as the consumer has handlers, or, when B was not measured with that many, of
-// the run's best B.
+// each delivery (at the same prefetch) and of limit B with as many writers as the consumer
+// has transactions at once, or, when B was not measured with that many, of the run's best
+// B. A drain in batches is also a multiple of the same handler's drain with a transaction
+// per message at [ConsumeReferenceConcurrency], and carries its handler's target, if any:
+// with no handler, a share of C ([TargetBatchedNoopOfC]); with the warehouse's on spread
+// orders, that multiple ([TargetBatchedSpreadTimes]).
 func consumeRows(cs []ConsumeResult, limitB []Measured) []Row {
 	c, cCPU := math.NaN(), (*CPUUsage)(nil)
+	perMessage := map[ConsumeKind]float64{} // at ConsumeReferenceConcurrency
 	for _, m := range cs {
 		if m.Kind == ConsumeAckEach && m.Err == nil {
 			c, cCPU = m.Rate, m.CPU
+		}
+		if m.Kind.Inbox() && !m.Batched() && m.Concurrency == ConsumeReferenceConcurrency && m.Err == nil {
+			perMessage[m.Kind] = m.Rate
 		}
 	}
 	var rows []Row
@@ -336,8 +355,8 @@ func consumeRows(cs []ConsumeResult, limitB []Measured) []Row {
 			rows = append(rows, row)
 			continue
 		}
-		row := Row{Item: "9", What: fmt.Sprintf("inbox consumer drain of %s (quorum queue, prefetch %d, concurrency %d): %s",
-			FormatCount(m.Messages), m.Prefetch, m.Concurrency, consumeHandlerText(m.Kind))}
+		row := Row{Item: "9", What: fmt.Sprintf("inbox consumer drain of %s (quorum queue, prefetch %d, concurrency %d): %s; %s",
+			FormatCount(m.Messages), m.Prefetch, m.Concurrency, consumeHandlerText(m.Kind), m.Mode())}
 		rate := math.NaN()
 		if m.Err != nil {
 			row.Result = errorCell(m.Err)
@@ -349,7 +368,18 @@ func consumeRows(cs []ConsumeResult, limitB []Measured) []Row {
 			}
 			row.CPU = FormatCPU(m.CPU, "consumer")
 		}
-		row.Ratio = FormatPercent(Ratio(rate, c)) + " of C (ack per message) · " + shareOfB(rate, m.Concurrency, limitB)
+		ofC := Ratio(rate, c)
+		row.Ratio = FormatPercent(ofC) + " of C (ack per message) · " + shareOfB(rate, m.Concurrency, limitB)
+		if m.Batched() {
+			times := Ratio(rate, nanIfMissing(perMessage, m.Kind))
+			row.Ratio += fmt.Sprintf(" · %s a transaction per message (concurrency %d)", FormatTimes(times), ConsumeReferenceConcurrency)
+			switch m.Kind {
+			case ConsumeInboxNoop:
+				row.Target = AtLeast(ofC, TargetBatchedNoopOfC, "≥ 70% of C").String()
+			case ConsumeInboxSpread:
+				row.Target = AtLeast(times, TargetBatchedSpreadTimes, "≥ 2×").String()
+			}
+		}
 		rows = append(rows, row)
 	}
 	return rows

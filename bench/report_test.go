@@ -230,3 +230,136 @@ func TestReport(t *testing.T) {
 	require.Contains(t, out, "**quick run**")
 	require.Less(t, strings.Index(out, "command:"), strings.Index(out, "| # |"), "the command is above the table")
 }
+
+// batchedResults is a run of item 9 with round figures: limit C, then for each handler the
+// inbox consumer with a transaction and an ack per message at concurrency 8 (the reference)
+// and 32, and in batches of 8 and 16 with multiple acks every 8. B has no 2 or 4 writers.
+func batchedResults() bench.Results {
+	r := results()
+	r.LimitB = []bench.Measured{{N: 8, Rate: 4_000}, {N: 16, Rate: 5_000}}
+	perMessage := func(k bench.ConsumeKind, concurrency int, rate float64) bench.ConsumeResult {
+		return bench.ConsumeResult{Kind: k, Concurrency: concurrency, Batch: 1, AckEvery: 1, Prefetch: 32, Messages: 200_000, Rate: rate}
+	}
+	batched := func(k bench.ConsumeKind, batch int, rate float64) bench.ConsumeResult {
+		return bench.ConsumeResult{Kind: k, Concurrency: 32 / batch, Batch: batch, AckEvery: 8, Prefetch: 32, Messages: 200_000, Rate: rate}
+	}
+	r.Consume = []bench.ConsumeResult{
+		{Kind: bench.ConsumeAckEach, Prefetch: 32, Messages: 200_000, Rate: 10_000},
+		{Kind: bench.ConsumeAckMultiple, Prefetch: 32, Messages: 200_000, Rate: 15_000},
+		perMessage(bench.ConsumeInboxNoop, 8, 2_000),
+		perMessage(bench.ConsumeInboxNoop, 32, 2_500),
+		batched(bench.ConsumeInboxNoop, 8, 7_500),
+		batched(bench.ConsumeInboxNoop, 16, 6_500),
+		perMessage(bench.ConsumeInboxSpread, 8, 800),
+		perMessage(bench.ConsumeInboxSpread, 32, 1_000),
+		batched(bench.ConsumeInboxSpread, 8, 2_000),
+		batched(bench.ConsumeInboxSpread, 16, 1_500),
+		perMessage(bench.ConsumeInboxHot, 8, 700),
+		perMessage(bench.ConsumeInboxHot, 32, 600),
+		batched(bench.ConsumeInboxHot, 8, 1_750),
+		batched(bench.ConsumeInboxHot, 16, 1_400),
+	}
+	return r
+}
+
+// The rows of item 9 with batches of 8 and 16 beside a transaction per message.
+const (
+	noopBatch8    = "(quorum queue, prefetch 32, concurrency 4): a handler that does nothing (the inbox's insert and the commit); batches of 8 (4 transactions at once), multiple acks every 8"
+	noopBatch16   = "(quorum queue, prefetch 32, concurrency 2): a handler that does nothing (the inbox's insert and the commit); batches of 16 (2 transactions at once), multiple acks every 8"
+	spreadBatch8  = "concurrency 4): the warehouse's handler, orders spread over 10,000 SKUs; batches of 8"
+	spreadBatch16 = "concurrency 2): the warehouse's handler, orders spread over 10,000 SKUs; batches of 16"
+	hotBatch16    = "concurrency 2): the warehouse's handler, every order on one of the 5 hot SKUs; batches of 16"
+)
+
+func TestBatchedConsumeRows(t *testing.T) {
+	t.Parallel()
+
+	t.Run("TextsSayTheBatchAndTheAcks", func(t *testing.T) {
+		t.Parallel()
+		tab := bench.BuildTable(batchedResults())
+		require.Len(t, rows(tab, "inbox consumer drain"), 12)
+		require.Len(t, rows(tab, "; a transaction per message, an ack per message"), 6, "every handler at 8 and 32")
+		require.Len(t, rows(tab, "transactions at once), multiple acks every 8"), 6, "every handler in batches of 8 and 16")
+		noop := row(t, tab, "(quorum queue, prefetch 32, concurrency 8): a handler that does nothing")
+		require.Equal(t, "inbox consumer drain of 200,000 (quorum queue, prefetch 32, concurrency 8): a handler that does nothing (the inbox's insert and the commit); a transaction per message, an ack per message", noop.What)
+		require.Equal(t, "inbox consumer drain of 200,000 "+noopBatch16, row(t, tab, noopBatch16).What)
+		require.Equal(t, "9", row(t, tab, noopBatch16).Item)
+
+		require.Equal(t, "batches of 32 (1 transaction at once), an ack per message", bench.ConsumeResult{Batch: 32, Concurrency: 1, AckEvery: 1}.Mode())
+		require.Equal(t, "a transaction per message, multiple acks every 8", bench.ConsumeResult{Concurrency: 8}.Mode(),
+			"zero: the library's defaults")
+	})
+
+	t.Run("RatiosAndTargets", func(t *testing.T) {
+		t.Parallel()
+		tab := bench.BuildTable(batchedResults())
+		noop8 := row(t, tab, noopBatch8)
+		require.Equal(t, "7,500 msg/s", noop8.Result)
+		require.Equal(t, "75% of C (ack per message) · 150% of B's best (16 writers) · 3.75× a transaction per message (concurrency 8)", noop8.Ratio,
+			"B has no 4 writers; against concurrency 8, not 32")
+		require.Equal(t, "✓ ≥ 70% of C", noop8.Target)
+		noop16 := row(t, tab, noopBatch16)
+		require.Equal(t, "65% of C (ack per message) · 130% of B's best (16 writers) · 3.25× a transaction per message (concurrency 8)", noop16.Ratio)
+		require.Equal(t, "✗ ≥ 70% of C", noop16.Target, "each batched row is read on its own")
+
+		spread8 := row(t, tab, spreadBatch8)
+		require.Equal(t, "20% of C (ack per message) · 40% of B's best (16 writers) · 2.50× a transaction per message (concurrency 8)", spread8.Ratio)
+		require.Equal(t, "✓ ≥ 2×", spread8.Target)
+		spread16 := row(t, tab, spreadBatch16)
+		require.Equal(t, "15% of C (ack per message) · 30% of B's best (16 writers) · 1.88× a transaction per message (concurrency 8)", spread16.Ratio)
+		require.Equal(t, "✗ ≥ 2×", spread16.Target)
+
+		hot16 := row(t, tab, hotBatch16)
+		require.Equal(t, "14% of C (ack per message) · 28% of B's best (16 writers) · 2.00× a transaction per message (concurrency 8)", hot16.Ratio)
+		require.Empty(t, hot16.Target, "no target on the hot SKUs")
+
+		for _, perMessage := range rows(tab, "a transaction per message, an ack per message") {
+			require.Empty(t, perMessage.Target, perMessage.What)
+			require.NotContains(t, perMessage.Ratio, "a transaction per message", perMessage.What)
+		}
+		require.Equal(t, "20% of C (ack per message) · 50% of B (8 writers)",
+			row(t, tab, "concurrency 8): a handler that does nothing (the inbox's insert and the commit); a transaction per message").Ratio)
+	})
+
+	t.Run("MissingPerMessageRow", func(t *testing.T) {
+		t.Parallel()
+		r := batchedResults()
+		r.Consume[6].Err = errors.New("channel closed") // spread, a transaction per message, concurrency 8
+		tab := bench.BuildTable(r)
+		spread8 := row(t, tab, spreadBatch8)
+		require.Equal(t, "20% of C (ack per message) · 40% of B's best (16 writers) · — a transaction per message (concurrency 8)", spread8.Ratio,
+			"concurrency 32's drain is no reference")
+		require.Equal(t, "? ≥ 2× (not measured)", spread8.Target)
+		require.Equal(t, "✓ ≥ 70% of C", row(t, tab, noopBatch8).Target, "the other handlers keep theirs")
+
+		r = batchedResults()
+		r.Consume = append(r.Consume[:10], r.Consume[11:]...) // hot at concurrency 8 not run
+		require.Equal(t, "14% of C (ack per message) · 28% of B's best (16 writers) · — a transaction per message (concurrency 8)",
+			row(t, bench.BuildTable(r), hotBatch16).Ratio)
+	})
+
+	t.Run("MissingC", func(t *testing.T) {
+		t.Parallel()
+		r := batchedResults()
+		r.Consume[0].Err = errors.New("channel closed")
+		tab := bench.BuildTable(r)
+		noop8 := row(t, tab, noopBatch8)
+		require.Equal(t, "— of C (ack per message) · 150% of B's best (16 writers) · 3.75× a transaction per message (concurrency 8)", noop8.Ratio)
+		require.Equal(t, "? ≥ 70% of C (not measured)", noop8.Target)
+		require.Equal(t, "✓ ≥ 2×", row(t, tab, spreadBatch8).Target, "the spread target needs no C")
+	})
+
+	t.Run("AFailedBatchedDrain", func(t *testing.T) {
+		t.Parallel()
+		r := batchedResults()
+		r.Consume[4].Err = errors.New("processed 10 of 200000 messages\nnone for 30s")
+		r.Consume[8].Err = errors.New("too many clients")
+		tab := bench.BuildTable(r)
+		noop8 := row(t, tab, noopBatch8)
+		require.Equal(t, "error: processed 10 of 200000 messages none for 30s", noop8.Result)
+		require.Equal(t, "— of C (ack per message) · — of B's best (16 writers) · — a transaction per message (concurrency 8)", noop8.Ratio)
+		require.Equal(t, "? ≥ 70% of C (not measured)", noop8.Target)
+		require.Equal(t, "? ≥ 2× (not measured)", row(t, tab, spreadBatch8).Target)
+		require.Equal(t, "✗ ≥ 70% of C", row(t, tab, noopBatch16).Target, "the other batch keeps its row")
+	})
+}
