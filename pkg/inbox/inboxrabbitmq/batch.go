@@ -87,6 +87,19 @@ func (c *Consumer) handleBatch(s *session, ins []inbound) {
 	}
 }
 
+// batchLockTimeout bounds a batch's waits for a row lock. A batch holds the locks of all its
+// messages until it commits, so batches that update the same hot rows in other orders
+// deadlock, and PostgreSQL takes deadlock_timeout (1s by default, settable only by a
+// superuser) to notice. A wait this long is a conflict: the batch is cut there (errBatchCut)
+// and the message that waited goes on alone, in a transaction of its own, which waits as
+// long as it needs. A wait that short ends by itself.
+const batchLockTimeout = 100 * time.Millisecond
+
+// batchLockTimeoutSQL sets lock_timeout to $1 milliseconds for the batch's transaction,
+// unless the session's own is shorter.
+const batchLockTimeoutSQL = `SELECT set_config('lock_timeout', $1::bigint || 'ms', true)
+FROM pg_settings WHERE name = 'lock_timeout' AND (setting::bigint = 0 OR setting::bigint > $1::bigint)`
+
 // errBatchCut is what the messages of a batch after a lost lock conflict return instead of
 // calling the handler: the batch commits what came before, which releases its locks, and
 // they go on alone, not charged for anything.
@@ -111,9 +124,16 @@ func (c *Consumer) processBatch(s *session, batch []*message) []solo {
 	}
 	handlerErrs := make([]error, len(batch))
 	cut := false // a handler lost a lock conflict: the rest of the batch goes on alone
+	timed := false
 	results, err := c.store.ProcessBatch(ctx, c.pool, c.cfg.Name, msgs, func(ctx context.Context, tx pgx.Tx, i int) error {
 		if cut {
 			return errBatchCut
+		}
+		if !timed {
+			timed = true
+			if _, err := tx.Exec(ctx, batchLockTimeoutSQL, batchLockTimeout.Milliseconds()); err != nil {
+				return fmt.Errorf("set the batch's lock timeout: %w", err)
+			}
 		}
 		m := batch[i]
 		if err := c.callHandler(withSpan(ctx, m), tx, m.del, m.log); err != nil {

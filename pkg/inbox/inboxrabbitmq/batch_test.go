@@ -524,6 +524,52 @@ func TestBatch(t *testing.T) {
 	// with the process), the second is not, and nothing uncommitted was acknowledged. A new
 	// consumer processes every message exactly once, skipping the committed ones the broker
 	// redelivers as duplicates.
+	// Batches whose handlers update a few hot rows in different orders deadlock. The loser
+	// is not charged: every message is applied once, none is retried as a counted attempt
+	// or dead-lettered, and the consumer keeps going (its batches shrink after a conflict).
+	t.Run("HotRowsDeadlockNothingCounted", func(t *testing.T) {
+		t.Parallel()
+		b := batchSetup(t)
+		ctx := t.Context()
+		_, err := b.pool.Exec(ctx, `CREATE TABLE hot (id int PRIMARY KEY, n int NOT NULL);
+			INSERT INTO hot SELECT g, 0 FROM generate_series(0, 3) g`)
+		require.NoError(t, err)
+		const messages = 120
+		cfg := b.config(func(ctx context.Context, tx pgx.Tx, d inboxrabbitmq.Delivery) error {
+			var i int
+			if _, err := fmt.Sscanf(d.ID, "order-%d", &i); err != nil {
+				return inbox.Permanent(err)
+			}
+			// One hot row per message, as the warehouse's orders on its hot SKUs: messages
+			// alone never deadlock, batches of them do.
+			if _, err := tx.Exec(ctx, `UPDATE hot SET n = n + 1 WHERE id = $1`, i%4); err != nil {
+				return err
+			}
+			return recordEffect(ctx, tx, d)
+		})
+		cfg.Prefetch, cfg.BatchSize, cfg.Concurrency = 32, 8, 4
+		pool := b.sizedPool(t, 8)
+		for i := range messages {
+			b.publish(t, jsonMessage(fmt.Sprintf("order-%d", i)))
+		}
+		_, stop := b.start(t, pool, cfg)
+		testinfra.Eventually(t, time.Minute, func() bool {
+			processed, _ := b.events.counts()
+			return processed >= messages
+		}, "not all processed")
+		stop()
+		require.Equal(t, messages, countRows(t, b.pool, `SELECT count(*) FROM effects`))
+		require.Equal(t, messages, countRows(t, b.pool, `SELECT count(DISTINCT message_id) FROM effects`))
+		require.Equal(t, messages, countRows(t, b.pool, `SELECT sum(n)::int FROM hot`))
+		require.Empty(t, b.events.retries(), "a lock conflict was charged as an attempt")
+		require.Empty(t, b.events.deadReasons())
+		// Four batches at once over four rows, in rotation: they conflict every time.
+		require.NotEmpty(t, b.events.errors(), "no lock conflict: nothing was proven")
+		for _, err := range b.events.errors() {
+			require.True(t, inbox.IsTransient(err), "a lock conflict is transient: %v", err)
+		}
+	})
+
 	t.Run("CrashMidBatch", func(t *testing.T) {
 		t.Parallel()
 		b := batchSetup(t)

@@ -73,7 +73,8 @@ type Config struct {
 	// AckEvery is how many processed deliveries are acknowledged together, with one ack with
 	// the multiple flag, once every delivery before them is settled; the rest go out at most
 	// a few milliseconds after they were processed. 1 sends each ack at once, alone. Default
-	// 8 ([DefaultAckEvery]), at most Prefetch.
+	// 8 ([DefaultAckEvery]) or a quarter of Prefetch, whichever is less, so that the broker
+	// has room to deliver while acks wait; at most Prefetch.
 	AckEvery int
 
 	// MaxDeliveries is how many attempts a message gets, counting only failures that are
@@ -210,7 +211,7 @@ func (c *Config) fillLimits() []error {
 	if c.AckEvery < 0 || c.AckEvery > c.Prefetch {
 		errs = append(errs, fmt.Errorf("ack every must be between 0 (default %d) and prefetch (%d), got %d", DefaultAckEvery, c.Prefetch, c.AckEvery))
 	}
-	c.AckEvery = cmp.Or(c.AckEvery, min(DefaultAckEvery, c.Prefetch))
+	c.AckEvery = cmp.Or(c.AckEvery, max(1, min(DefaultAckEvery, c.Prefetch/4)))
 	if c.MaxDeliveries < 0 {
 		errs = append(errs, fmt.Errorf("max deliveries must be >= 0 (default %d), got %d", DefaultMaxDeliveries, c.MaxDeliveries))
 	}

@@ -636,7 +636,13 @@ func TestNewConsumer(t *testing.T) {
 		cfg, err = with(valid, func(c *inboxrabbitmq.Config) { c.Prefetch, c.BatchSize = 4, 8 }).WithDefaults()
 		require.NoError(t, err)
 		require.Equal(t, 1, cfg.Concurrency)
-		require.Equal(t, 4, cfg.AckEvery)
+		require.Equal(t, 1, cfg.AckEvery, "a quarter of Prefetch")
+		cfg, err = with(valid, func(c *inboxrabbitmq.Config) { c.Prefetch = 16 }).WithDefaults()
+		require.NoError(t, err)
+		require.Equal(t, 4, cfg.AckEvery, "a quarter of Prefetch")
+		cfg, err = with(valid, func(c *inboxrabbitmq.Config) { c.Prefetch, c.AckEvery = 16, 16 }).WithDefaults()
+		require.NoError(t, err)
+		require.Equal(t, 16, cfg.AckEvery, "set: up to Prefetch")
 
 		// A max delay left zero is at least its base delay.
 		cfg, err = with(valid, func(c *inboxrabbitmq.Config) { c.RetryBaseDelay, c.OutageBaseDelay = time.Hour, time.Hour }).WithDefaults()

@@ -15,7 +15,12 @@
 // publish, and no path drops one. A crash between the two leaves both copies in the queue;
 // the inbox takes the second as a duplicate.
 //
-// The inbox folder's README.md says the rest: what the broker counts (The path of a message),
+// With [Config].BatchSize above 1 the consumer processes up to that many deliveries in one
+// transaction (inbox.Store.ProcessBatch), each under a savepoint of its own, and what fails
+// for one message goes its way alone. Processed deliveries are acknowledged together, with
+// the multiple flag, never past a delivery still in hand ([Config].AckEvery).
+//
+// The inbox folder's README.md says the rest (Batches and acknowledgements among it): what the broker counts (The path of a message),
 // how to declare the queues (Topology), several brokers, operations, and the limits.
 //
 // # Status, metrics and tracing
