@@ -167,7 +167,7 @@ type ConsumerEnv struct {
 	ConsumerRetryBaseDelay time.Duration `env:"CONSUMER_RETRY_DELAY" envDefault:"1s"`
 	ConsumerRetryMaxDelay  time.Duration `env:"CONSUMER_MAX_RETRY_DELAY" envDefault:"30s"`
 	ConsumerMaxHold        time.Duration `env:"CONSUMER_MAX_HOLD" envDefault:"15m"`
-	ConsumerAckEvery       int           `env:"CONSUMER_ACK_EVERY" envDefault:"8"`
+	ConsumerAckEvery       int           `env:"CONSUMER_ACK_EVERY" envDefault:"0"`
 }
 
 // Check records in v every consumer setting that cannot work, by its variable's name;
@@ -182,8 +182,9 @@ func (e ConsumerEnv) Check(v *envconfig.Checks, prefix string, concurrency, batc
 	v.Check(e.ConsumerRetryMaxDelay >= e.ConsumerRetryBaseDelay, "%[1]sCONSUMER_MAX_RETRY_DELAY (%[2]s) must be at least %[1]sCONSUMER_RETRY_DELAY (%[3]s)",
 		prefix, e.ConsumerRetryMaxDelay, e.ConsumerRetryBaseDelay)
 	v.Check(e.ConsumerMaxHold > 0, "%sCONSUMER_MAX_HOLD must be positive, is %s", prefix, e.ConsumerMaxHold)
-	v.Check(batch >= 1 && batch <= inbox.MaxBatch, "%sCONSUMER_BATCH_SIZE must be from 1 to %d, is %d", prefix, inbox.MaxBatch, batch)
-	v.Check(e.ConsumerAckEvery >= 1 && e.ConsumerAckEvery <= e.ConsumerPrefetch, "%[1]sCONSUMER_ACK_EVERY (%[2]d) must be from 1 to %[1]sCONSUMER_PREFETCH (%[3]d)",
+	v.Check(batch >= 1 && batch <= min(inbox.MaxBatch, e.ConsumerPrefetch), "%[1]sCONSUMER_BATCH_SIZE (%[2]d) must be from 1 to %[1]sCONSUMER_PREFETCH (%[3]d), at most %[4]d",
+		prefix, batch, e.ConsumerPrefetch, inbox.MaxBatch)
+	v.Check(e.ConsumerAckEvery >= 0 && e.ConsumerAckEvery <= e.ConsumerPrefetch, "%[1]sCONSUMER_ACK_EVERY (%[2]d) must be from 0 (the library's default) to %[1]sCONSUMER_PREFETCH (%[3]d)",
 		prefix, e.ConsumerAckEvery, e.ConsumerPrefetch)
 }
 
@@ -225,7 +226,8 @@ type ConsumerSettings struct {
 	RetryMaxDelay time.Duration
 	MaxHold       time.Duration
 	// BatchSize is the messages one inbox transaction takes, each under its own savepoint;
-	// AckEvery the processed messages acknowledged together with one multiple ack.
+	// AckEvery the processed messages acknowledged together with one multiple ack (0: the
+	// library's default, 8 or a quarter of Prefetch).
 	BatchSize int
 	AckEvery  int
 }

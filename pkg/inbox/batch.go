@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // MaxBatch is the most messages [ProcessBatch] takes in one transaction. Each message runs
@@ -106,7 +107,8 @@ func (s *Store) ProcessBatch(ctx context.Context, db TxBeginner, consumer string
 }
 
 // processSaved processes the i-th message of a batch under its own savepoint. The savepoint
-// and the inbox row's insert go to the server together, in one round trip. The savepoint is
+// and the inbox row's insert go to the server together, in one round trip (see
+// savepointAndInsert). The savepoint is
 // not released: a later message's savepoint nests in it, which costs nothing more, and a
 // rollback to it still undoes exactly this message. It returns an error only when tx itself
 // failed (the savepoint, or the rollback to it).
@@ -114,13 +116,7 @@ func (s *Store) processSaved(ctx context.Context, tx pgx.Tx, consumer string, ms
 	fn func(ctx context.Context, tx pgx.Tx, i int) error,
 ) (Result, error) {
 	savepoint := "inbox_batch_" + strconv.Itoa(i)
-	b := &pgx.Batch{}
-	b.Queue("SAVEPOINT " + savepoint)
-	b.Queue(s.sql.insertMessage, consumer, msg.ID, msg.Type, msg.ReceivedAt)
-	br := tx.SendBatch(ctx, b)
-	_, spErr := br.Exec()
-	tag, insertErr := br.Exec()
-	closeErr := br.Close()
+	tag, spErr, insertErr, closeErr := s.savepointAndInsert(ctx, tx, savepoint, consumer, msg)
 	if spErr != nil {
 		return Result{}, fmt.Errorf("savepoint for message %q: %w", msg.ID, spErr)
 	}
@@ -148,4 +144,28 @@ func (s *Store) processSaved(ctx context.Context, tx pgx.Tx, consumer string, ms
 		return Result{}, fmt.Errorf("roll back message %q (%v): %w", msg.ID, failure, err)
 	}
 	return Result{Err: failure}, nil
+}
+
+// savepointAndInsert sets the savepoint and inserts msg's inbox row, in one round trip. In
+// the simple protocol a batch is one query string, which the server converts to its
+// encoding before it runs any of it: a value it cannot store would fail the savepoint with
+// the insert, and with it the whole batch. There the two go one after the other.
+func (s *Store) savepointAndInsert(ctx context.Context, tx pgx.Tx, savepoint, consumer string, msg Message) (
+	tag pgconn.CommandTag, spErr, insertErr, closeErr error,
+) {
+	if tx.Conn().Config().DefaultQueryExecMode == pgx.QueryExecModeSimpleProtocol {
+		if _, spErr = tx.Exec(ctx, "SAVEPOINT "+savepoint); spErr != nil {
+			return tag, spErr, nil, nil
+		}
+		tag, insertErr = tx.Exec(ctx, s.sql.insertMessage, consumer, msg.ID, msg.Type, msg.ReceivedAt)
+		return tag, nil, insertErr, nil
+	}
+	b := &pgx.Batch{}
+	b.Queue("SAVEPOINT " + savepoint)
+	b.Queue(s.sql.insertMessage, consumer, msg.ID, msg.Type, msg.ReceivedAt)
+	br := tx.SendBatch(ctx, b)
+	_, spErr = br.Exec()
+	tag, insertErr = br.Exec()
+	closeErr = br.Close()
+	return tag, spErr, insertErr, closeErr
 }

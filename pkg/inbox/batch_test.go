@@ -975,4 +975,29 @@ func TestProcessBatch(t *testing.T) {
 			})
 		}
 	})
+
+	// ProcessBatch promises that a message whose inbox row PostgreSQL refused fails alone,
+	// as its Result, marked Permanent. On a pool in the simple protocol (PgBouncer in
+	// transaction pooling), the savepoint and the insert travel as one query string, and
+	// the server converts a query string into its encoding before it runs any of it: a
+	// value it cannot store refuses the savepoint as well, and with it the whole batch.
+	t.Run("RefusedInboxRowFailsItsMessageAloneInSimpleProtocol", func(t *testing.T) {
+		t.Parallel()
+		ctx := t.Context()
+		latin1 := latin1Pool(t)
+		require.NoError(t, inbox.Migrate(ctx, latin1))
+		cfg, err := pgxpool.ParseConfig(latin1.Config().ConnString() + "&default_query_exec_mode=simple_protocol")
+		require.NoError(t, err)
+		simple, err := pgxpool.NewWithConfig(ctx, cfg)
+		require.NoError(t, err)
+		t.Cleanup(simple.Close)
+
+		results, err := inbox.ProcessBatch(ctx, simple, "billing", messages("eur-1", "price-in-€", "eur-3"), nil)
+		require.NoError(t, err, "one message's refused value failed the whole batch")
+		require.Len(t, results, 3)
+		require.Equal(t, inbox.Result{}, results[0])
+		require.Equal(t, inbox.Result{}, results[2])
+		require.True(t, inbox.IsPermanent(results[1].Err), "%v", results[1].Err)
+		require.Equal(t, 2, countRows(t, latin1, `SELECT count(*) FROM inbox_messages`))
+	})
 }

@@ -100,6 +100,25 @@ const batchLockTimeout = 100 * time.Millisecond
 const batchLockTimeoutSQL = `SELECT set_config('lock_timeout', $1::bigint || 'ms', true)
 FROM pg_settings WHERE name = 'lock_timeout' AND (setting::bigint = 0 OR setting::bigint > $1::bigint)`
 
+// lockTimed begins the batches' transactions with their lock timeout set, outside any
+// message's savepoint, whose rollback would undo it. A failure to set it fails the begin:
+// the batch's messages then go on alone, charged nothing.
+type lockTimed struct{ db inbox.TxBeginner }
+
+func (l lockTimed) Begin(ctx context.Context) (pgx.Tx, error) {
+	tx, err := l.db.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := tx.Exec(ctx, batchLockTimeoutSQL, batchLockTimeout.Milliseconds()); err != nil {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = tx.Rollback(rctx)
+		return nil, fmt.Errorf("set the batch's lock timeout: %w", err)
+	}
+	return tx, nil
+}
+
 // errBatchCut is what the messages of a batch after a lost lock conflict return instead of
 // calling the handler: the batch commits what came before, which releases its locks, and
 // they go on alone, not charged for anything.
@@ -124,16 +143,9 @@ func (c *Consumer) processBatch(s *session, batch []*message) []solo {
 	}
 	handlerErrs := make([]error, len(batch))
 	cut := false // a handler lost a lock conflict: the rest of the batch goes on alone
-	timed := false
-	results, err := c.store.ProcessBatch(ctx, c.pool, c.cfg.Name, msgs, func(ctx context.Context, tx pgx.Tx, i int) error {
+	results, err := c.store.ProcessBatch(ctx, lockTimed{c.pool}, c.cfg.Name, msgs, func(ctx context.Context, tx pgx.Tx, i int) error {
 		if cut {
 			return errBatchCut
-		}
-		if !timed {
-			timed = true
-			if _, err := tx.Exec(ctx, batchLockTimeoutSQL, batchLockTimeout.Milliseconds()); err != nil {
-				return fmt.Errorf("set the batch's lock timeout: %w", err)
-			}
 		}
 		m := batch[i]
 		if err := c.callHandler(withSpan(ctx, m), tx, m.del, m.log); err != nil {

@@ -640,6 +640,50 @@ func TestBatch(t *testing.T) {
 		require.Empty(t, b.events.deadReasons())
 		b.requireQueueEmpty(t, b.top.Queue)
 	})
+
+	// A batch bounds its waits for row locks, so that batches that deadlock on hot rows
+	// find out in a tenth of a second instead of deadlock_timeout, for all its messages:
+	// the rollback to a failed message's savepoint must not undo the bound.
+	t.Run("LockTimeoutSurvivesAFailedFirstMessage", func(t *testing.T) {
+		t.Parallel()
+		b := batchSetup(t)
+		calls := newBatchCalls()
+		var (
+			mu   sync.Mutex
+			seen = map[string][]string{} // lock_timeout per call, by message id
+		)
+		cfg := b.batchConfig(func(ctx context.Context, tx pgx.Tx, d inboxrabbitmq.Delivery) error {
+			n, err := calls.addTx(ctx, tx, d)
+			if err != nil {
+				return err
+			}
+			var timeout string
+			if err := tx.QueryRow(ctx, `SELECT current_setting('lock_timeout')`).Scan(&timeout); err != nil {
+				return err
+			}
+			mu.Lock()
+			seen[d.ID] = append(seen[d.ID], timeout)
+			mu.Unlock()
+			if d.ID == "order-0" && n == 1 {
+				return errors.New("warehouse says no") // a counted failure, once
+			}
+			return recordEffect(ctx, tx, d)
+		}, 2, 8)
+
+		for _, id := range []string{"order-0", "order-1"} {
+			b.publish(t, jsonMessage(id))
+		}
+		stop := b.run(t, cfg)
+		waitProcessed(t, b, 2)
+		stop()
+		calls.requireOneBatch(t, "order-0", "order-1")
+
+		mu.Lock()
+		defer mu.Unlock()
+		require.Equal(t, "100ms", seen["order-0"][0], "the batch's first message runs under the lock timeout")
+		require.Equal(t, "100ms", seen["order-1"][0],
+			"the second message of the batch ran without the batch's lock timeout, which the first message's rollback undid")
+	})
 }
 
 // TestBatchCrashChild is the child process of TestBatch/CrashMidBatch; it is skipped in

@@ -59,7 +59,9 @@ type Config struct {
 	// Concurrency is the number of inbox transactions at the same time, each of up to
 	// BatchSize messages ([Consumer.PoolSize]). Default Prefetch / BatchSize, at most
 	// Prefetch: keep Concurrency × BatchSize at Prefetch, so that in an outage every
-	// prefetched message is held, not waiting. 1: one at a time.
+	// prefetched message is held, not waiting. 1: one at a time. With batches, the messages
+	// that go on alone (held, retried, or of a failed batch) run beside these, each in a
+	// transaction of its own: up to Prefetch transactions in all.
 	Concurrency int
 
 	// BatchSize is the most deliveries handled in one inbox transaction, each under its own
@@ -68,7 +70,7 @@ type Config struct {
 	BatchSize int
 	// BatchWait is how long a transaction waits for more deliveries when fewer than
 	// BatchSize have arrived. Default 0: it takes what has arrived and waits for none, so
-	// that a lone message is not delayed.
+	// that a lone message is not delayed. Unused with BatchSize 1.
 	BatchWait time.Duration
 	// AckEvery is how many processed deliveries are acknowledged together, with one ack with
 	// the multiple flag, once every delivery before them is settled; the rest go out at most
@@ -204,6 +206,9 @@ func (c *Config) fillLimits() []error {
 		errs = append(errs, fmt.Errorf("batch size must be between 0 (default 1) and %d (inbox.MaxBatch), got %d", inbox.MaxBatch, c.BatchSize))
 	}
 	c.BatchSize = max(1, c.BatchSize)
+	if c.BatchSize > c.Prefetch {
+		errs = append(errs, fmt.Errorf("batch size (%d) must not exceed prefetch (%d): a batch takes deliveries in hand", c.BatchSize, c.Prefetch))
+	}
 	if c.Concurrency < 0 || c.Concurrency > c.Prefetch {
 		errs = append(errs, fmt.Errorf("concurrency must be between 0 (default: prefetch / batch size) and prefetch (%d), got %d", c.Prefetch, c.Concurrency))
 	}

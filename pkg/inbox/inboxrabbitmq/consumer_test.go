@@ -563,6 +563,7 @@ func TestNewConsumer(t *testing.T) {
 			"ConcurrencyAbove":    {with(valid, func(c *inboxrabbitmq.Config) { c.Prefetch, c.Concurrency = 2, 3 }), "concurrency"},
 			"NegativeBatch":       {with(valid, func(c *inboxrabbitmq.Config) { c.BatchSize = -1 }), "batch size"},
 			"BatchAboveMax":       {with(valid, func(c *inboxrabbitmq.Config) { c.BatchSize = inbox.MaxBatch + 1 }), "batch size must be between 0 (default 1) and 64"},
+			"BatchAbovePrefetch":  {with(valid, func(c *inboxrabbitmq.Config) { c.Prefetch, c.BatchSize = 4, 8 }), "batch size (8) must not exceed prefetch (4)"},
 			"NegativeBatchWait":   {with(valid, func(c *inboxrabbitmq.Config) { c.BatchWait = -1 }), "batch wait"},
 			"NegativeAckEvery":    {with(valid, func(c *inboxrabbitmq.Config) { c.AckEvery = -1 }), "ack every"},
 			"AckEveryAbove":       {with(valid, func(c *inboxrabbitmq.Config) { c.Prefetch, c.AckEvery = 4, 5 }), "ack every must be between 0 (default 8) and prefetch (4)"},
@@ -633,7 +634,7 @@ func TestNewConsumer(t *testing.T) {
 		cfg, err = with(valid, func(c *inboxrabbitmq.Config) { c.BatchSize = 8 }).WithDefaults()
 		require.NoError(t, err)
 		require.Equal(t, inboxrabbitmq.DefaultPrefetch/8, cfg.Concurrency)
-		cfg, err = with(valid, func(c *inboxrabbitmq.Config) { c.Prefetch, c.BatchSize = 4, 8 }).WithDefaults()
+		cfg, err = with(valid, func(c *inboxrabbitmq.Config) { c.Prefetch, c.BatchSize = 4, 4 }).WithDefaults()
 		require.NoError(t, err)
 		require.Equal(t, 1, cfg.Concurrency)
 		require.Equal(t, 1, cfg.AckEvery, "a quarter of Prefetch")

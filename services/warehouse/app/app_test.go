@@ -345,6 +345,14 @@ func TestConfig(t *testing.T) {
 		require.ErrorContains(t, err, "WAREHOUSE_CONSUMER_RETRY_DELAY")
 		_, err = app.LoadConfigFrom(map[string]string{"WAREHOUSE_RELAY_BATCH_SIZE": "0"})
 		require.ErrorContains(t, err, "WAREHOUSE_RELAY_BATCH_SIZE")
+		// A small prefetch with the other consumer settings left alone is fine (the
+		// library's AckEvery follows it); batches and acks beyond it are not.
+		_, err = app.LoadConfigFrom(map[string]string{"WAREHOUSE_CONSUMER_PREFETCH": "2", "WAREHOUSE_CONSUMER_CONCURRENCY": "2"})
+		require.NoError(t, err)
+		_, err = app.LoadConfigFrom(map[string]string{"WAREHOUSE_CONSUMER_PREFETCH": "4", "WAREHOUSE_CONSUMER_CONCURRENCY": "2",
+			"WAREHOUSE_CONSUMER_BATCH_SIZE": "8", "WAREHOUSE_CONSUMER_ACK_EVERY": "5"})
+		require.ErrorContains(t, err, "WAREHOUSE_CONSUMER_BATCH_SIZE (8) must be from 1 to WAREHOUSE_CONSUMER_PREFETCH (4)")
+		require.ErrorContains(t, err, "WAREHOUSE_CONSUMER_ACK_EVERY (5) must be from 0")
 		_, err = app.LoadConfigFrom(map[string]string{"WAREHOUSE_QUEUE": ""})
 		require.NoError(t, err, "an empty variable is unset")
 		_, err = app.LoadConfigFrom(map[string]string{"WAREHOUSE_AMQP_URL": "amqp://a:5672/,http://b/"})
