@@ -87,30 +87,39 @@ func (c *Consumer) handleBatch(s *session, ins []inbound) {
 	}
 }
 
-// batchLockTimeout bounds a batch's waits for a row lock. A batch holds the locks of all its
-// messages until it commits, so batches that update the same hot rows in other orders
-// deadlock, and PostgreSQL takes deadlock_timeout (1s by default, settable only by a
-// superuser) to notice. A wait this long is a conflict: the batch is cut there (errBatchCut)
-// and the message that waited goes on alone, in a transaction of its own, which waits as
-// long as it needs. A wait that short ends by itself.
-const batchLockTimeout = 100 * time.Millisecond
+// batchBeginSQL begins a batch's transaction with a lock timeout of 100 ms, in one round
+// trip (pgx sends a statement without arguments in the simple protocol, which takes two).
+// A batch holds the locks of all its messages until it commits, so batches that update the
+// same hot rows in other orders deadlock, and PostgreSQL takes deadlock_timeout (1s by
+// default, settable only by a superuser) to notice. A wait longer than the timeout is a
+// conflict: the batch is cut there (errBatchCut), and the message that waited goes on
+// alone, in a transaction of its own, which waits as long as it needs. A shorter wait ends
+// by itself.
+const batchBeginSQL = `BEGIN; SET LOCAL lock_timeout = '100ms'`
 
-// batchLockTimeoutSQL sets lock_timeout to $1 milliseconds for the batch's transaction,
-// unless the session's own is shorter.
-const batchLockTimeoutSQL = `SELECT set_config('lock_timeout', $1::bigint || 'ms', true)
-FROM pg_settings WHERE name = 'lock_timeout' AND (setting::bigint = 0 OR setting::bigint > $1::bigint)`
+// batchLockTimeoutSQL sets the lock timeout after a plain begin, for a TxBeginner that
+// cannot begin with batchBeginSQL.
+const batchLockTimeoutSQL = `SET LOCAL lock_timeout = '100ms'`
 
 // lockTimed begins the batches' transactions with their lock timeout set, outside any
 // message's savepoint, whose rollback would undo it. A failure to set it fails the begin:
 // the batch's messages then go on alone, charged nothing.
 type lockTimed struct{ db inbox.TxBeginner }
 
+// txOptionsBeginner is what a *pgxpool.Pool and a *pgx.Conn offer beyond Begin.
+type txOptionsBeginner interface {
+	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
+}
+
 func (l lockTimed) Begin(ctx context.Context) (pgx.Tx, error) {
+	if db, ok := l.db.(txOptionsBeginner); ok {
+		return db.BeginTx(ctx, pgx.TxOptions{BeginQuery: batchBeginSQL})
+	}
 	tx, err := l.db.Begin(ctx)
 	if err != nil {
 		return nil, err
 	}
-	if _, err := tx.Exec(ctx, batchLockTimeoutSQL, batchLockTimeout.Milliseconds()); err != nil {
+	if _, err := tx.Exec(ctx, batchLockTimeoutSQL); err != nil {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
 		_ = tx.Rollback(rctx)
@@ -123,6 +132,11 @@ func (l lockTimed) Begin(ctx context.Context) (pgx.Tx, error) {
 // calling the handler: the batch commits what came before, which releases its locks, and
 // they go on alone, not charged for anything.
 var errBatchCut = errors.New("the batch was cut short by a lock conflict")
+
+// errBatchStopped is what the messages of a batch return instead of calling the handler
+// once the consumer is asked to stop: the batch commits what it handled, and they are handed
+// back, as the deliveries no worker had started.
+var errBatchStopped = errors.New("the consumer is stopping")
 
 // solo is a message of a batch that goes on alone, from its next stage.
 type solo struct {
@@ -146,6 +160,9 @@ func (c *Consumer) processBatch(s *session, batch []*message) []solo {
 	results, err := c.store.ProcessBatch(ctx, lockTimed{c.pool}, c.cfg.Name, msgs, func(ctx context.Context, tx pgx.Tx, i int) error {
 		if cut {
 			return errBatchCut
+		}
+		if s.stopRequested() {
+			return errBatchStopped // handed back, as a delivery not started at a stop
 		}
 		m := batch[i]
 		if err := c.callHandler(withSpan(ctx, m), tx, m.del, m.log); err != nil {
@@ -177,6 +194,10 @@ func (c *Consumer) processBatch(s *session, batch []*message) []solo {
 	for i, r := range results {
 		if errors.Is(r.Err, errBatchCut) {
 			alone = append(alone, solo{batch[i], c.processStage(s, batch[i])}) // not attempted
+			continue
+		}
+		if errors.Is(r.Err, errBatchStopped) {
+			alone = append(alone, solo{batch[i], replay(c.processStage(s, batch[i]), fmt.Errorf("%w: %w", errInterrupted, errBatchStopped))})
 			continue
 		}
 		if r.Err != nil {

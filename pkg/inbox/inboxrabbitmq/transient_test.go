@@ -130,7 +130,7 @@ func TestTransientHandlerErrors(t *testing.T) {
 			_, err := tx.Exec(ctx, `SELECT 1 FROM stock WHERE sku = $1 FOR UPDATE`, sku)
 			return err
 		}
-		b.run(t, b.config(func(ctx context.Context, tx pgx.Tx, d inboxrabbitmq.Delivery) error {
+		cfg := b.config(func(ctx context.Context, tx pgx.Tx, d inboxrabbitmq.Delivery) error {
 			mu.Lock()
 			calls[d.ID] = append(calls[d.ID], d.DeliveryCount)
 			first := len(calls[d.ID]) == 1
@@ -158,7 +158,12 @@ func TestTransientHandlerErrors(t *testing.T) {
 			}
 			bothHeldOnce.Do(func() { close(bothHeld) })
 			return recordEffect(ctx, tx, d)
-		}))
+		})
+		// A transaction per message, for a deadlock PostgreSQL detects: a batch bounds its
+		// lock waits (both would time out instead), which TestBatch's
+		// HotRowsDeadlockNothingCounted proves.
+		cfg.BatchSize = 1
+		b.run(t, cfg)
 
 		b.publish(t, jsonMessage("order-ab"))
 		b.publish(t, jsonMessage("order-ba"))

@@ -38,8 +38,8 @@ type Config struct {
 	// Consumer tuning: the settings both services share (internal/service ConsumerEnv,
 	// WAREHOUSE_CONSUMER_PREFETCH, …), the concurrency and the batch size; documented on
 	// internal/service ConsumerSettings. A transaction per order: orders go to a few hot
-	// SKUs, whose row locks a batch would hold until its commit, and batches of the hot five
-	// drained slower than single orders (docs/benchmarks.md, item 9).
+	// SKUs, whose row locks a batch holds until its commit, and batches of the hot five
+	// drained no faster than single orders (docs/benchmarks.md, item 9).
 	service.ConsumerEnv `env:"WAREHOUSE_"`
 	ConsumerConcurrency int `env:"WAREHOUSE_CONSUMER_CONCURRENCY" envDefault:"8"`
 	ConsumerBatchSize   int `env:"WAREHOUSE_CONSUMER_BATCH_SIZE" envDefault:"1"`
