@@ -18,7 +18,7 @@ func TestRegistry(t *testing.T) {
 		t.Parallel()
 		require.Equal(t, []string{
 			"relay-before-publish", "relay-after-publish", "relay-after-mark",
-			"consumer-before-commit", "consumer-after-commit",
+			"consumer-before-commit", "consumer-after-commit", "consumer-mid-batch",
 			"broker-kill", "network", "orders-db-kill", "poison", "api-after-commit", "broker-node-kill",
 			"outbox-poison", "migrate-under-load", "broker-alarm", "relay-paused", "db-outage-long",
 			"pg-failover", "pg-flap-failover",

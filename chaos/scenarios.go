@@ -55,6 +55,9 @@ func init() {
 		crashScenario("consumer-after-commit", Warehouse, pointConsumerAfterCommit,
 			"warehouse consumer killed after commit, before the ack: the broker redelivers and the inbox skips the redelivery",
 			expectDuplicates(false)),
+		withSettings(crashScenario("consumer-mid-batch", Warehouse, pointConsumerBeforeCommit,
+			"warehouse consumer in batches of 8 killed mid-batch, reservations written for part of it: the batch rolls back whole and the redeliveries apply each order once",
+			nil), batchSettings...),
 		Scenario{
 			Name:    "broker-kill",
 			Summary: "RabbitMQ SIGKILLed mid-load and restarted: durable quorum queues and persistent messages survive, everyone reconnects",
@@ -89,6 +92,17 @@ func hits(rate, seconds float64) int { return max(3, int(rate*seconds)) }
 
 // crashScenario arms a crash point in svc, waits for the process to die there, and lets the
 // supervisor bring it back without it.
+// batchSettings run the warehouse's consumer in batches of 8, four at once (its prefetch
+// of 32), where it runs a transaction per order by default; each batch waits up to 200ms to
+// fill, so that at the scenarios' load (40 orders/s) its batches hold several orders.
+var batchSettings = []string{"WAREHOUSE_CONSUMER_BATCH_SIZE=8", "WAREHOUSE_CONSUMER_CONCURRENCY=4", "WAREHOUSE_CONSUMER_BATCH_WAIT=200ms"}
+
+// withSettings returns s with settings added to its own.
+func withSettings(s Scenario, settings ...string) Scenario {
+	s.Settings = append(append([]string(nil), s.Settings...), settings...)
+	return s
+}
+
 func crashScenario(name string, svc Service, point, summary string, check func(context.Context, *Env, *Outcome)) Scenario {
 	// A relay reaches its points once per batch, which holds several rows when the relay
 	// falls behind (a loaded machine): arm it earlier, so that it fires well within the load.

@@ -168,6 +168,7 @@ type ConsumerEnv struct {
 	ConsumerRetryMaxDelay  time.Duration `env:"CONSUMER_MAX_RETRY_DELAY" envDefault:"30s"`
 	ConsumerMaxHold        time.Duration `env:"CONSUMER_MAX_HOLD" envDefault:"15m"`
 	ConsumerAckEvery       int           `env:"CONSUMER_ACK_EVERY" envDefault:"0"`
+	ConsumerBatchWait      time.Duration `env:"CONSUMER_BATCH_WAIT" envDefault:"0s"`
 }
 
 // Check records in v every consumer setting that cannot work, by its variable's name;
@@ -184,6 +185,7 @@ func (e ConsumerEnv) Check(v *envconfig.Checks, prefix string, concurrency, batc
 	v.Check(e.ConsumerMaxHold > 0, "%sCONSUMER_MAX_HOLD must be positive, is %s", prefix, e.ConsumerMaxHold)
 	v.Check(batch >= 1 && batch <= min(inbox.MaxBatch, e.ConsumerPrefetch), "%[1]sCONSUMER_BATCH_SIZE (%[2]d) must be from 1 to %[1]sCONSUMER_PREFETCH (%[3]d), at most %[4]d",
 		prefix, batch, e.ConsumerPrefetch, inbox.MaxBatch)
+	v.Check(e.ConsumerBatchWait >= 0, "%sCONSUMER_BATCH_WAIT must not be negative, is %s", prefix, e.ConsumerBatchWait)
 	v.Check(e.ConsumerAckEvery >= 0 && e.ConsumerAckEvery <= e.ConsumerPrefetch, "%[1]sCONSUMER_ACK_EVERY (%[2]d) must be from 0 (the library's default) to %[1]sCONSUMER_PREFETCH (%[3]d)",
 		prefix, e.ConsumerAckEvery, e.ConsumerPrefetch)
 }
@@ -225,10 +227,12 @@ type ConsumerSettings struct {
 	// is handed back to the queue (without counting a delivery).
 	RetryMaxDelay time.Duration
 	MaxHold       time.Duration
-	// BatchSize is the messages one inbox transaction takes, each under its own savepoint;
-	// AckEvery the processed messages acknowledged together with one multiple ack (0: the
-	// library's default, 8 or a quarter of Prefetch).
+	// BatchSize is the messages one inbox transaction takes, each under its own savepoint,
+	// and BatchWait how long it waits for them (0: it takes what has arrived); AckEvery the
+	// processed messages acknowledged together with one multiple ack (0: the library's
+	// default, 8 or a quarter of Prefetch).
 	BatchSize int
+	BatchWait time.Duration
 	AckEvery  int
 }
 
@@ -236,7 +240,7 @@ type ConsumerSettings struct {
 func (s ConsumerSettings) Apply(c inboxrabbitmq.Config) inboxrabbitmq.Config {
 	c.Prefetch, c.Concurrency, c.MaxDeliveries = s.Prefetch, s.Concurrency, s.MaxDeliveries
 	c.RetryBaseDelay, c.RetryMaxDelay, c.MaxHold = s.RetryBaseDelay, s.RetryMaxDelay, s.MaxHold
-	c.BatchSize, c.AckEvery = s.BatchSize, s.AckEvery
+	c.BatchSize, c.BatchWait, c.AckEvery = s.BatchSize, s.BatchWait, s.AckEvery
 	return c
 }
 
