@@ -94,6 +94,10 @@ func TestEvery(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatal("a failed run was not retried before the interval")
 		}
+		// The recovery is logged after the second run returned: a stop before that would
+		// end the loop first.
+		testinfra.Eventually(t, 10*time.Second, func() bool { return logs.Count(slog.LevelInfo, "job: recovered") == 1 },
+			"no recovery line: %s", logs.String(slog.LevelDebug))
 		require.NoError(t, stop())
 		require.Equal(t, 1, logs.Count(slog.LevelWarn, "job: failing"), logs.String(slog.LevelDebug))
 		require.Contains(t, logs.String(slog.LevelWarn), "database away", "the first line has the cause")
