@@ -286,6 +286,8 @@ func TestBatchedConsumeRows(t *testing.T) {
 		require.Equal(t, "9", row(t, tab, noopBatch16).Item)
 
 		require.Equal(t, "batches of 32 (1 transaction at once), an ack per message", bench.ConsumeResult{Batch: 32, Concurrency: 1, AckEvery: 1}.Mode())
+		require.Equal(t, "batches of 16 (2 transactions at once), filled for up to 1ms, multiple acks every 8",
+			bench.ConsumeResult{Batch: 16, Concurrency: 2, AckEvery: 8, BatchWait: time.Millisecond}.Mode())
 		require.Equal(t, "a transaction per message, multiple acks every 8", bench.ConsumeResult{Concurrency: 8}.Mode(),
 			"zero: the library's defaults")
 	})

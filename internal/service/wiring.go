@@ -168,7 +168,7 @@ type ConsumerEnv struct {
 	ConsumerRetryMaxDelay  time.Duration `env:"CONSUMER_MAX_RETRY_DELAY" envDefault:"30s"`
 	ConsumerMaxHold        time.Duration `env:"CONSUMER_MAX_HOLD" envDefault:"15m"`
 	ConsumerAckEvery       int           `env:"CONSUMER_ACK_EVERY" envDefault:"0"`
-	ConsumerBatchWait      time.Duration `env:"CONSUMER_BATCH_WAIT" envDefault:"0s"`
+	ConsumerBatchWait      time.Duration `env:"CONSUMER_BATCH_WAIT" envDefault:"1ms"`
 }
 
 // Check records in v every consumer setting that cannot work, by its variable's name;

@@ -12,10 +12,10 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// MaxBatch is the most messages [ProcessBatch] takes in one transaction. Each message runs
-// under its own savepoint, a subtransaction; past 64 of them in one transaction a
-// PostgreSQL backend's cache of subtransaction ids overflows, and every other session's
-// snapshots then read pg_subtrans.
+// MaxBatch is the most messages [ProcessBatch] takes in one transaction. When a batch runs
+// again with a savepoint per message (see ProcessBatch), each savepoint is a
+// subtransaction; past 64 of them in one transaction a PostgreSQL backend's cache of
+// subtransaction ids overflows, and every other session's snapshots then read pg_subtrans.
 const MaxBatch = 64
 
 // Result is what [ProcessBatch] did with one message.
@@ -41,14 +41,19 @@ func ProcessBatch(ctx context.Context, db TxBeginner, consumer string, msgs []Me
 // ProcessBatch applies each of msgs at most once per consumer, in one transaction, and
 // returns one [Result] per message, in order.
 //
-// It begins a transaction on db and, for each message in turn, sets a savepoint, records
-// (consumer, msg.ID) in the inbox table and, when the row is new, calls fn with the
-// transaction and the message's index. When fn returns an error (or the insert fails), the
-// transaction rolls back to the message's savepoint, undoing its inbox row and all it wrote,
-// the message's Result carries the error, and the next message goes on. A message whose ID
-// comes twice in msgs is processed once: the second is a duplicate of the first, unless the
-// first failed. Then ProcessBatch commits with [CommitReplicated], and the Results hold:
-// acknowledge every message whose Err is nil, and only then.
+// It begins a transaction on db, records (consumer, msg.ID) of every message in the inbox
+// table in one statement, calls fn with the transaction and the index of each message whose
+// row is new, in order, and commits with [CommitReplicated]. When a message fails there (its
+// row refused, or fn returned an error), that attempt is rolled back whole and the batch
+// runs again in a new transaction, each message under a savepoint of its own: when fn
+// returns an error (or the insert fails) this time, the transaction rolls back to the
+// message's savepoint, undoing its inbox row and all it wrote, the message's Result carries
+// the error, and the next message goes on. So fn may be called twice for a message within
+// one call, in two transactions of which at most one commits; everything fn does beside tx
+// must bear that, as it must bear a redelivery. A message whose ID comes twice in msgs is
+// processed once: the second is a duplicate of the first, unless the first failed. The
+// Results hold once ProcessBatch returns a nil error: acknowledge every message whose Err is
+// nil, and only then.
 //
 // A non-nil error means the transaction as a whole failed: beginning it, a savepoint, a
 // rollback to one, or the commit. Then the Results are nil and no message may be
@@ -76,28 +81,148 @@ func (s *Store) ProcessBatch(ctx context.Context, db TxBeginner, consumer string
 	if len(msgs) == 0 {
 		return []Result{}, nil
 	}
-	tx, err := db.Begin(ctx)
+	now := time.Now()
+	valid := make([]Message, len(msgs))
+	invalid := make([]error, len(msgs))
+	for i, msg := range msgs {
+		invalid[i] = msg.Validate()
+		if msg.ReceivedAt.IsZero() {
+			msg.ReceivedAt = now
+		}
+		valid[i] = msg
+	}
+	results, err := s.processTogether(ctx, db, consumer, valid, invalid, fn)
+	if !errors.Is(err, errOneFailed) {
+		return results, err
+	}
+	return s.processEachSaved(ctx, db, consumer, valid, invalid, fn)
+}
+
+// errOneFailed is what processTogether returns when a message failed: its transaction was
+// rolled back, and the batch runs again with a savepoint per message.
+var errOneFailed = errors.New("a message of the batch failed")
+
+// insertMessagesSQL records the messages of a batch: $1 consumer, $2 message ids (distinct),
+// $3 their types, $4 when each was received, the arrays of the same length. It returns the
+// ids of the rows it inserted: the others were processed before. Rows go in id order, so
+// that batches that share messages (redeliveries racing) wait for each other's rows in the
+// same order and do not deadlock.
+const insertMessagesSQL = `INSERT INTO {{.Messages}} (consumer, message_id, message_type, received_at)
+SELECT $1, m.id, m.type, m.received_at
+FROM unnest($2::text[], $3::text[], $4::timestamptz[]) AS m(id, type, received_at)
+ORDER BY m.id
+ON CONFLICT (consumer, message_id) DO NOTHING
+RETURNING message_id`
+
+// processTogether is the first attempt at a batch, the one that costs the least when nothing
+// fails: one insert for all its inbox rows, no savepoint, one commit. It returns errOneFailed
+// when a message failed (its row refused, or fn returned an error), after rolling back:
+// nothing of the attempt is committed. Another error is the transaction's, as documented on
+// ProcessBatch.
+func (s *Store) processTogether(ctx context.Context, db TxBeginner, consumer string, msgs []Message, invalid []error,
+	fn func(ctx context.Context, tx pgx.Tx, i int) error,
+) ([]Result, error) {
+	results := make([]Result, len(msgs))
+	first := make(map[string]int, len(msgs)) // the index of each id's first valid message
+	ids := make([]string, 0, len(msgs))
+	types := make([]string, 0, len(msgs))
+	received := make([]time.Time, 0, len(msgs))
+	for i, msg := range msgs {
+		if invalid[i] != nil {
+			results[i].Err = invalid[i]
+			continue
+		}
+		if _, seen := first[msg.ID]; seen {
+			// A duplicate of an earlier message of this batch: when that one fails, the
+			// batch runs again with savepoints, where this one is processed if it must be.
+			results[i].Duplicate = true
+			continue
+		}
+		first[msg.ID] = i
+		ids, types, received = append(ids, msg.ID), append(types, msg.Type), append(received, msg.ReceivedAt)
+	}
+
+	tx, commit, err := beginReplicated(ctx, db)
 	if err != nil {
 		return nil, Transient(fmt.Errorf("begin transaction for a batch of %d messages: %w", len(msgs), err))
 	}
 	// Rolling back after a successful commit is a no-op; see Process.
 	defer rollback(ctx, tx)
 
-	now := time.Now()
+	// failed ends the attempt after message i failed with err: when it is the batch's only
+	// valid message, its failure is the batch's outcome, and nothing is to commit (the
+	// attempt again would only fail it twice); else the batch runs again with savepoints.
+	failed := func(i int, err error) ([]Result, error) {
+		rollback(ctx, tx)
+		if countValid(invalid) == 1 {
+			results[i].Err = err
+			return results, nil
+		}
+		return nil, errOneFailed
+	}
+	isNew := make([]bool, len(msgs))
+	if len(ids) > 0 {
+		rows, err := tx.Query(ctx, s.sql.insertMessages, consumer, ids, types, received)
+		if err == nil {
+			for rows.Next() {
+				var id string
+				if err = rows.Scan(&id); err != nil {
+					rows.Close()
+					break
+				}
+				if i, ok := first[id]; ok {
+					isNew[i] = true
+				}
+			}
+			err = cmp.Or(err, rows.Err())
+		}
+		if err != nil {
+			// The batch again, message by message, finds out whose fault it is.
+			return failed(first[ids[0]], insertFailure(msgs[first[ids[0]]].ID, err))
+		}
+	}
+	for i := range msgs {
+		switch {
+		case invalid[i] != nil || results[i].Duplicate:
+		case !isNew[i]:
+			results[i].Duplicate = true
+		case fn != nil:
+			if err := fn(ctx, tx, i); err != nil {
+				return failed(i, fmt.Errorf("handle message %q: %w", msgs[i].ID, err))
+			}
+		}
+	}
+	if err := commit(ctx, tx); err != nil {
+		if errors.Is(err, ErrCommitUnknown) {
+			err = Transient(err)
+		}
+		return nil, fmt.Errorf("commit a batch of %d messages: %w", len(msgs), err)
+	}
+	return results, nil
+}
+
+// processEachSaved runs a batch in which a message failed: each message under a savepoint
+// of its own, so that one's failure rolls back only what it wrote.
+func (s *Store) processEachSaved(ctx context.Context, db TxBeginner, consumer string, msgs []Message, invalid []error,
+	fn func(ctx context.Context, tx pgx.Tx, i int) error,
+) ([]Result, error) {
+	tx, commit, err := beginReplicated(ctx, db)
+	if err != nil {
+		return nil, Transient(fmt.Errorf("begin transaction for a batch of %d messages: %w", len(msgs), err))
+	}
+	defer rollback(ctx, tx)
+
 	results := make([]Result, len(msgs))
 	for i, msg := range msgs {
-		if err := msg.Validate(); err != nil {
-			results[i].Err = err
+		if invalid[i] != nil {
+			results[i].Err = invalid[i]
 			continue
-		}
-		if msg.ReceivedAt.IsZero() {
-			msg.ReceivedAt = now
 		}
 		if results[i], err = s.processSaved(ctx, tx, consumer, msg, i, fn); err != nil {
 			return nil, err
 		}
 	}
-	if err := CommitReplicated(ctx, tx); err != nil {
+	if err := commit(ctx, tx); err != nil {
 		if errors.Is(err, ErrCommitUnknown) {
 			err = Transient(err)
 		}
@@ -123,13 +248,7 @@ func (s *Store) processSaved(ctx context.Context, tx pgx.Tx, consumer string, ms
 	var failure error
 	switch {
 	case insertErr != nil || closeErr != nil:
-		// Close repeats the insert's error, if any.
-		err := fmt.Errorf("record message %q: %w", msg.ID, cmp.Or(insertErr, closeErr))
-		if isDataException(err) {
-			failure = Permanent(err)
-		} else {
-			failure = Transient(err)
-		}
+		failure = insertFailure(msg.ID, cmp.Or(insertErr, closeErr)) // Close repeats the insert's error, if any
 	case tag.RowsAffected() == 0:
 		return Result{Duplicate: true}, nil
 	case fn != nil:
@@ -168,4 +287,25 @@ func (s *Store) savepointAndInsert(ctx context.Context, tx pgx.Tx, savepoint, co
 	tag, insertErr = br.Exec()
 	closeErr = br.Close()
 	return tag, spErr, insertErr, closeErr
+}
+
+// insertFailure marks the failed insert of message id's inbox row as Process does:
+// [Permanent] when PostgreSQL refused a value, else [Transient].
+func insertFailure(id string, err error) error {
+	err = fmt.Errorf("record message %q: %w", id, err)
+	if isDataException(err) {
+		return Permanent(err)
+	}
+	return Transient(err)
+}
+
+// countValid counts the messages without an error of validation.
+func countValid(invalid []error) int {
+	n := 0
+	for _, err := range invalid {
+		if err == nil {
+			n++
+		}
+	}
+	return n
 }

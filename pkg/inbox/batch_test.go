@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -12,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxshop/outboxshop/pkg/inbox"
@@ -19,16 +22,24 @@ import (
 )
 
 // batchHandler is the fn of a batch: it records an effects row for each message it handles
-// and remembers the indexes it was called with. Handle lets a test replace the body for
-// some messages; it runs after the effect was written, so a failure must roll it back.
+// and remembers the indexes it was called with in the last attempt at the batch (the last
+// transaction it saw), and how many attempts there were. Handle lets a test replace the
+// body for some messages; it runs after the effect was written, so a failure must roll it
+// back.
 type batchHandler struct {
 	consumer string
 	msgs     []inbox.Message
 	called   []int
+	attempts int
+	tx       pgx.Tx
 	handle   func(ctx context.Context, tx pgx.Tx, i int) error
 }
 
 func (h *batchHandler) fn(ctx context.Context, tx pgx.Tx, i int) error {
+	if tx != h.tx {
+		h.tx, h.called = tx, nil
+		h.attempts++
+	}
 	h.called = append(h.called, i)
 	if err := recordEffect(h.consumer, h.msgs[i].ID)(ctx, tx); err != nil {
 		return err
@@ -68,6 +79,58 @@ func (c *cancelAfterCommit) TraceQueryEnd(_ context.Context, _ *pgx.Conn, data p
 	if data.Err == nil && data.CommandTag.String() == "COMMIT" && c.armed.Load() {
 		c.cancel()
 	}
+}
+
+// statementLog is a pgx tracer that records the SQL of every statement sent.
+type statementLog struct {
+	mu  sync.Mutex
+	sql []string
+}
+
+func (l *statementLog) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	l.add(data.SQL)
+	return ctx
+}
+
+func (l *statementLog) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (l *statementLog) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+
+func (l *statementLog) TraceBatchQuery(_ context.Context, _ *pgx.Conn, data pgx.TraceBatchQueryData) {
+	l.add(data.SQL)
+}
+
+func (l *statementLog) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
+func (l *statementLog) add(sql string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.sql = append(l.sql, sql)
+}
+
+func (l *statementLog) reset() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.sql = nil
+}
+
+func (l *statementLog) all() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.sql)
+}
+
+// count returns how many statements began with prefix.
+func (l *statementLog) count(prefix string) int {
+	n := 0
+	for _, sql := range l.all() {
+		if strings.HasPrefix(strings.TrimSpace(sql), prefix) {
+			n++
+		}
+	}
+	return n
 }
 
 func TestProcessBatch(t *testing.T) {
@@ -119,6 +182,7 @@ func TestProcessBatch(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, []inbox.Result{{}, {}, {}}, results)
 		require.Equal(t, []int{0, 1, 2}, h.called)
+		require.Equal(t, 1, h.attempts, "a batch in which nothing failed ran twice")
 		for _, msg := range msgs {
 			require.Equal(t, 1, effects(t, b.pool, msg.ID), msg.ID)
 		}
@@ -286,6 +350,7 @@ func TestProcessBatch(t *testing.T) {
 				require.ErrorContains(t, results[1].Err, `message "m-2"`)
 				require.Equal(t, tc.want, inbox.Classify(results[1].Err), "%v", results[1].Err)
 				require.Equal(t, []int{0, 1, 2}, h.called)
+				require.Equal(t, 2, h.attempts, "the first attempt, rolled back, and the one with savepoints")
 
 				require.Equal(t, 1, effects(t, b.pool, "m-1"))
 				require.Zero(t, effects(t, b.pool, "m-2"), "the failed message's effect was committed")
@@ -739,6 +804,141 @@ func TestProcessBatch(t *testing.T) {
 		require.Equal(t, []inbox.Result{{Duplicate: true}, {Duplicate: true}}, results)
 		require.Empty(t, h.called)
 		require.Equal(t, 2, countRows(t, pool, `SELECT count(*) FROM effects`))
+	})
+
+	t.Run("SavepointsOnlyAfterAFailure", func(t *testing.T) {
+		t.Parallel()
+		tracer := &statementLog{}
+		cfg, err := pgxpool.ParseConfig(testinfra.DatabaseURL(t))
+		require.NoError(t, err)
+		cfg.ConnConfig.Tracer = tracer
+		pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+		require.NoError(t, err)
+		t.Cleanup(pool.Close)
+		require.NoError(t, inbox.Migrate(t.Context(), pool))
+		_, err = pool.Exec(t.Context(), `CREATE TABLE effects (consumer text NOT NULL, message_id text NOT NULL)`)
+		require.NoError(t, err)
+
+		// Nothing fails: three round trips for the batch: the begin, one insert for all
+		// its messages, no savepoint, the commit with its replication barrier.
+		msgs := messages("m-1", "m-2", "m-3", "m-4")
+		tracer.reset()
+		results, err := inbox.ProcessBatch(t.Context(), pool, "billing", msgs, nil)
+		require.NoError(t, err)
+		require.Equal(t, make([]inbox.Result, 4), results)
+		sent := tracer.all()
+		require.Len(t, sent, 3, "%q", sent)
+		require.Equal(t, "begin", sent[0])
+		require.True(t, strings.HasPrefix(sent[1], "INSERT INTO"), "%q", sent)
+		require.True(t, strings.HasSuffix(sent[2], "COMMIT") && strings.Contains(sent[2], "inbox.replicated"), "%q", sent)
+
+		// One fails: the batch again, a savepoint per message.
+		msgs = messages("m-5", "m-6", "m-7")
+		h := &batchHandler{consumer: "billing", msgs: msgs}
+		h.handle = func(_ context.Context, _ pgx.Tx, i int) error {
+			if i == 2 {
+				return errors.New("boom")
+			}
+			return nil
+		}
+		tracer.reset()
+		results, err = inbox.ProcessBatch(t.Context(), pool, "billing", msgs, h.fn)
+		require.NoError(t, err)
+		require.Error(t, results[2].Err)
+		require.Equal(t, 3, tracer.count("SAVEPOINT inbox_batch_"), "%q", tracer.all())
+		require.Equal(t, 1, tracer.count("ROLLBACK TO SAVEPOINT"), "%q", tracer.all())
+		require.Equal(t, []int{0, 1, 2}, h.called)
+		require.Equal(t, 2, h.attempts)
+		require.Equal(t, 2, countRows(t, pool, `SELECT count(*) FROM effects`))
+	})
+
+	t.Run("ABatchsOnlyValidMessageFailsInOneAttempt", func(t *testing.T) {
+		t.Parallel()
+		ctx, b := setup(t)
+		// Nothing else in the batch could commit: its failure is the batch's outcome at
+		// once, with the class its error has, and fn runs once.
+		msgs := []inbox.Message{{ID: ""}, {ID: "m-1"}}
+		h := &batchHandler{consumer: "billing", msgs: msgs}
+		h.handle = func(context.Context, pgx.Tx, int) error { return inbox.Permanent(errors.New("unknown product")) }
+		results, err := inbox.ProcessBatch(ctx, b.pool, "billing", msgs, h.fn)
+		require.NoError(t, err)
+		require.ErrorIs(t, results[0].Err, inbox.ErrNoMessageID)
+		require.ErrorContains(t, results[1].Err, `handle message "m-1": unknown product`)
+		require.Equal(t, inbox.ClassPermanent, inbox.Classify(results[1].Err))
+		require.Equal(t, 1, h.attempts)
+		require.Equal(t, []int{1}, h.called)
+		requireNothingCommitted(t, b.pool)
+
+		// A refused inbox row is classed as Process classes it: the value's fault (class 22)
+		// permanent, anything else transient.
+		_, err = b.pool.Exec(ctx, `
+			CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+			BEGIN
+				IF NEW.message_id = 'm-bad' THEN
+					RAISE EXCEPTION 'bad value' USING ERRCODE = 'invalid_parameter_value';
+				END IF;
+				RAISE EXCEPTION 'denied' USING ERRCODE = 'insufficient_privilege';
+			END $$;
+			CREATE TRIGGER refuse BEFORE INSERT ON inbox_messages FOR EACH ROW EXECUTE FUNCTION refuse()`)
+		require.NoError(t, err)
+		for id, want := range map[string]inbox.Class{"m-bad": inbox.ClassPermanent, "m-denied": inbox.ClassTransient} {
+			results, err = inbox.ProcessBatch(ctx, b.pool, "billing", []inbox.Message{{ID: id}}, nil)
+			require.NoError(t, err)
+			require.ErrorContains(t, results[0].Err, fmt.Sprintf("record message %q", id))
+			require.Equal(t, want, inbox.Classify(results[0].Err), "%v", results[0].Err)
+		}
+	})
+
+	t.Run("RedeliveriesInAnotherOrderDoNotDeadlock", func(t *testing.T) {
+		t.Parallel()
+		ctx, b := setup(t)
+		// Two batches of the same messages in opposite orders, again and again: their inbox
+		// rows are inserted in one order, so one waits for the other and then finds
+		// duplicates, where inserting in message order would deadlock. A trigger slows each
+		// row's insert, so that the two inserts run at the same time.
+		_, err := b.pool.Exec(ctx, `
+			CREATE FUNCTION slow_insert() RETURNS trigger LANGUAGE plpgsql AS $$
+			BEGIN PERFORM pg_sleep(0.001); RETURN NEW; END $$;
+			CREATE TRIGGER slow_insert BEFORE INSERT ON inbox_messages FOR EACH ROW EXECUTE FUNCTION slow_insert()`)
+		require.NoError(t, err)
+		for round := range 20 {
+			ids := make([]string, 8)
+			for i := range ids {
+				ids[i] = fmt.Sprintf("r%d-m%d", round, i)
+			}
+			reversed := make([]string, len(ids))
+			for i, id := range ids {
+				reversed[len(ids)-1-i] = id
+			}
+			var (
+				wg      sync.WaitGroup
+				applied atomic.Int64
+			)
+			for _, order := range [][]string{ids, reversed} {
+				wg.Go(func() {
+					msgs := messages(order...)
+					results, err := inbox.ProcessBatch(ctx, b.pool, "billing", msgs, func(ctx context.Context, tx pgx.Tx, i int) error {
+						// Hold the rows a while, so that the other batch comes to them.
+						if _, err := tx.Exec(ctx, `SELECT pg_sleep(0.002)`); err != nil {
+							return err
+						}
+						return recordEffect("billing", msgs[i].ID)(ctx, tx)
+					})
+					if !assert.NoError(t, err) {
+						return
+					}
+					for i, r := range results {
+						assert.NoError(t, r.Err, "round %d, %s", round, msgs[i].ID)
+						if r.Err == nil && !r.Duplicate {
+							applied.Add(1)
+						}
+					}
+				})
+			}
+			wg.Wait()
+			require.EqualValues(t, len(ids), applied.Load(), "round %d", round)
+		}
+		require.Equal(t, 20*8, countRows(t, b.pool, `SELECT count(*) FROM effects`))
 	})
 
 	t.Run("CancelledContextCommitsNothing", func(t *testing.T) {

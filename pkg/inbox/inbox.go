@@ -152,7 +152,7 @@ func (s *Store) Process(ctx context.Context, db TxBeginner, consumer string, msg
 		receivedAt = time.Now()
 	}
 
-	tx, err := db.Begin(ctx)
+	tx, commit, err := beginReplicated(ctx, db)
 	if err != nil {
 		return false, Transient(fmt.Errorf("begin transaction for message %q: %w", msg.ID, err))
 	}
@@ -173,7 +173,7 @@ func (s *Store) Process(ctx context.Context, db TxBeginner, consumer string, msg
 		// alone (its commit's wait for the standby was cancelled, and Process returned an
 		// error), so the duplicate is confirmed like a commit before it is acknowledged.
 		markDuplicate(ctx)
-		if err := CommitReplicated(ctx, tx); err != nil {
+		if err := commit(ctx, tx); err != nil {
 			return false, Transient(fmt.Errorf("confirm duplicate message %q: %w", msg.ID, err))
 		}
 		return true, nil
@@ -183,7 +183,7 @@ func (s *Store) Process(ctx context.Context, db TxBeginner, consumer string, msg
 			return false, fmt.Errorf("handle message %q: %w", msg.ID, err)
 		}
 	}
-	if err := CommitReplicated(ctx, tx); err != nil {
+	if err := commit(ctx, tx); err != nil {
 		if errors.Is(err, ErrCommitUnknown) {
 			err = Transient(err)
 		}

@@ -63,3 +63,41 @@ func CommitReplicated(ctx context.Context, tx pgx.Tx) error {
 	}
 	return nil
 }
+
+// replicatedCommitSQL commits a transaction begun by beginReplicated: the replication
+// barrier and the COMMIT in one query string, one round trip (pgx sends a statement without
+// arguments in the simple protocol, where a string may hold several). When the barrier
+// fails, the COMMIT does not run, the transaction stays failed, and pgx closes the
+// connection, as after any failed commit.
+const replicatedCommitSQL = replicationBarrier + ";\nCOMMIT"
+
+// txOptionsBeginner is what a *pgxpool.Pool and a *pgx.Conn offer beyond Begin.
+type txOptionsBeginner interface {
+	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
+}
+
+// beginReplicated begins a transaction on db and returns it with the function that commits
+// it as [CommitReplicated] does. On a pool or a connection (a db with BeginTx) the
+// transaction's commit carries the barrier, which saves a round trip per transaction; on a
+// pgx.Tx, whose Begin opens a savepoint, the commit is CommitReplicated itself.
+func beginReplicated(ctx context.Context, db TxBeginner) (pgx.Tx, func(context.Context, pgx.Tx) error, error) {
+	b, ok := db.(txOptionsBeginner)
+	if !ok {
+		tx, err := db.Begin(ctx)
+		return tx, CommitReplicated, err
+	}
+	tx, err := b.BeginTx(ctx, pgx.TxOptions{CommitQuery: replicatedCommitSQL})
+	return tx, commitWithBarrier, err
+}
+
+// commitWithBarrier commits a transaction begun with replicatedCommitSQL as its commit: its
+// outcome is CommitReplicated's.
+func commitWithBarrier(ctx context.Context, tx pgx.Tx) error {
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("%w (%w)", ErrCommitUnknown, err)
+	}
+	return nil
+}

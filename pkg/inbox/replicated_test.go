@@ -79,6 +79,12 @@ func TestDuplicateAcknowledgedOnlyReplicated(t *testing.T) {
 	require.Error(t, err, "a duplicate on the primary alone reported (duplicate %v): its delivery would be acknowledged", dup)
 	require.True(t, inbox.IsTransient(err), "not the message's fault: %v", err)
 	t.Logf("the redelivery while the standby is down: %v", err)
+	// Nor in a batch, in which nothing fails and the commit carries the barrier.
+	batchCtx, cancel := context.WithTimeout(ctx, time.Second)
+	results, err := inbox.ProcessBatch(batchCtx, pool, consumer, []inbox.Message{first}, nil)
+	cancel()
+	require.Error(t, err, "a batch's duplicate on the primary alone reported (results %v)", results)
+	require.True(t, inbox.IsTransient(err), "not the message's fault: %v", err)
 
 	// A message processed while the standby is down is not acknowledged either: its commit
 	// waits for the standby until the deadline, and the outcome is unknown.

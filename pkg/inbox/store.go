@@ -19,8 +19,8 @@ type Store struct {
 // statements are the SQL of a Store, rendered once for its tables from the templates named
 // in [newStatements]. Table names are quoted in them; values are always parameters.
 type statements struct {
-	insertMessage               string
-	cleanupCutoff, cleanupBatch string
+	insertMessage, insertMessages string
+	cleanupCutoff, cleanupBatch   string
 }
 
 // NewStore returns the store of t's tables. It checks t ([Tables.Validate]: the error wraps
@@ -66,6 +66,7 @@ func newStatements(n sqlNames) (statements, error) {
 		tmpl string
 	}{
 		{"insertMessage", &s.insertMessage, insertMessageSQL},
+		{"insertMessages", &s.insertMessages, insertMessagesSQL},
 		{"cleanupCutoff", &s.cleanupCutoff, cleanupCutoffSQL},
 		{"cleanupBatch", &s.cleanupBatch, cleanupBatchSQL},
 	} {

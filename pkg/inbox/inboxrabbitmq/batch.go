@@ -15,9 +15,10 @@ import (
 )
 
 // Batched inbox transactions (BatchSize > 1): a worker takes the deliveries that have
-// arrived, up to BatchSize, into one transaction (inbox.Store.ProcessBatch), each under its
-// own savepoint, commits once and acknowledges them together. What goes wrong for one
-// message stays with it; what goes wrong for the transaction costs none of them anything.
+// arrived, up to BatchSize, into one transaction (inbox.Store.ProcessBatch: once a message
+// failed, the batch again with a savepoint per message), commits once and acknowledges
+// them together. What goes wrong for one message stays with it; what goes wrong for the
+// transaction costs none of them anything.
 
 // gather returns first and the deliveries that arrived after it, up to the batch size in
 // all (BatchSize, or less after lock conflicts: see batchSizer). It
@@ -103,18 +104,43 @@ const batchLockTimeoutSQL = `SET LOCAL lock_timeout = '100ms'`
 
 // lockTimed begins the batches' transactions with their lock timeout set, outside any
 // message's savepoint, whose rollback would undo it. A failure to set it fails the begin:
-// the batch's messages then go on alone, charged nothing.
+// the batch's messages then go on alone, charged nothing. newLockTimed returns it for db.
 type lockTimed struct{ db inbox.TxBeginner }
+
+// lockTimedOptions is lockTimed on a db that takes transaction options (a pool or a
+// connection): it passes them on, with the lock timeout in the begin, so that
+// inbox.Store.ProcessBatch can set what it sets there (a commit that saves a round trip).
+type lockTimedOptions struct {
+	lockTimed
+	opts txOptionsBeginner
+}
 
 // txOptionsBeginner is what a *pgxpool.Pool and a *pgx.Conn offer beyond Begin.
 type txOptionsBeginner interface {
 	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
 }
 
-func (l lockTimed) Begin(ctx context.Context) (pgx.Tx, error) {
-	if db, ok := l.db.(txOptionsBeginner); ok {
-		return db.BeginTx(ctx, pgx.TxOptions{BeginQuery: batchBeginSQL})
+func newLockTimed(db inbox.TxBeginner) inbox.TxBeginner {
+	if opts, ok := db.(txOptionsBeginner); ok {
+		return lockTimedOptions{lockTimed{db}, opts}
 	}
+	return lockTimed{db}
+}
+
+func (l lockTimedOptions) Begin(ctx context.Context) (pgx.Tx, error) {
+	return l.BeginTx(ctx, pgx.TxOptions{})
+}
+
+// BeginTx begins with batchBeginSQL; opts must not set a begin of their own.
+func (l lockTimedOptions) BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error) {
+	if opts.BeginQuery != "" || opts.IsoLevel != "" || opts.AccessMode != "" || opts.DeferrableMode != "" {
+		return nil, errors.New("inbox: a batch's transaction takes no begin options but its lock timeout")
+	}
+	opts.BeginQuery = batchBeginSQL
+	return l.opts.BeginTx(ctx, opts)
+}
+
+func (l lockTimed) Begin(ctx context.Context) (pgx.Tx, error) {
 	tx, err := l.db.Begin(ctx)
 	if err != nil {
 		return nil, err
@@ -156,17 +182,30 @@ func (c *Consumer) processBatch(s *session, batch []*message) []solo {
 		msgs[i] = inbox.Message{ID: m.d.MessageId, Type: m.d.Type, ReceivedAt: m.start}
 	}
 	handlerErrs := make([]error, len(batch))
-	cut := false // a handler lost a lock conflict: the rest of the batch goes on alone
-	results, err := c.store.ProcessBatch(ctx, lockTimed{c.pool}, c.cfg.Name, msgs, func(ctx context.Context, tx pgx.Tx, i int) error {
+	var (
+		pass    pgx.Tx // the transaction of the attempt at the batch under way
+		cut     bool   // a handler lost a lock conflict: the rest of the batch goes on alone
+		started = make([]bool, len(batch))
+	)
+	results, err := c.store.ProcessBatch(ctx, c.lockTimed, c.cfg.Name, msgs, func(ctx context.Context, tx pgx.Tx, i int) error {
+		if tx != pass {
+			// ProcessBatch runs the batch again, with a savepoint per message, after a
+			// message failed in its first attempt, which it rolled back.
+			pass, cut = tx, false
+		}
 		if cut {
 			return errBatchCut
 		}
-		if s.stopRequested() {
-			return errBatchStopped // handed back, as a delivery not started at a stop
+		if s.stopRequested() && !started[i] {
+			// Handed back, as a delivery not started at a stop. One started in the
+			// batch's first attempt is in flight: it runs again, to its end.
+			return errBatchStopped
 		}
+		started[i] = true
 		m := batch[i]
-		if err := c.callHandler(withSpan(ctx, m), tx, m.del, m.log); err != nil {
-			handlerErrs[i] = err
+		err := c.callHandler(withSpan(ctx, m), tx, m.del, m.log)
+		handlerErrs[i] = err
+		if err != nil {
 			cut = lockConflict(err)
 			return err
 		}

@@ -64,13 +64,15 @@ type Config struct {
 	// transaction of its own: up to Prefetch transactions in all.
 	Concurrency int
 
-	// BatchSize is the most deliveries handled in one inbox transaction, each under its own
-	// savepoint, with one commit for all (see the README's Batching). Default 1: each
-	// delivery in its own transaction. At most inbox.MaxBatch.
+	// BatchSize is the most deliveries handled in one inbox transaction, with one commit for
+	// all (see the README's Batches and acknowledgements). Default 1: each delivery in its
+	// own transaction. At most inbox.MaxBatch.
 	BatchSize int
 	// BatchWait is how long a transaction waits for more deliveries when fewer than
 	// BatchSize have arrived. Default 0: it takes what has arrived and waits for none, so
-	// that a lone message is not delayed. Unused with BatchSize 1.
+	// that a lone message is not delayed; in a backlog batches then run about half full, and
+	// a millisecond fills them (the README's Batches and acknowledgements). Unused with
+	// BatchSize 1.
 	BatchWait time.Duration
 	// AckEvery is how many processed deliveries are acknowledged together, with one ack with
 	// the multiple flag, once every delivery before them is settled; the rest go out at most

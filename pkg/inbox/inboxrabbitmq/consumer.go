@@ -25,12 +25,14 @@ const dialTimeout = 15 * time.Second
 
 // Consumer consumes a RabbitMQ queue into the inbox. Create it with [NewConsumer].
 type Consumer struct {
-	pool    inbox.TxBeginner
-	store   *inbox.Store // of cfg.Tables
-	cfg     Config
-	log     *slog.Logger
-	tracer  trace.Tracer
-	brokers *brokers
+	pool inbox.TxBeginner
+	// lockTimed is pool for batches' transactions: see lockTimed.
+	lockTimed inbox.TxBeginner
+	store     *inbox.Store // of cfg.Tables
+	cfg       Config
+	log       *slog.Logger
+	tracer    trace.Tracer
+	brokers   *brokers
 
 	running atomic.Bool
 	// batches sizes the batches (BatchSize > 1).
@@ -86,12 +88,13 @@ func NewConsumer(pool inbox.TxBeginner, cfg Config) (*Consumer, error) {
 	cfg.Tables = store.Tables()
 	b, _ := parseBrokers(cfg.URL, cfg.URLs) // checked by WithDefaults
 	c := &Consumer{
-		pool:    pool,
-		store:   store,
-		cfg:     cfg,
-		log:     cfg.Logger.With(slog.String("consumer", cfg.Name), slog.String("queue", cfg.Queue)),
-		brokers: b,
-		batches: newBatchSizer(cfg.BatchSize),
+		pool:      pool,
+		lockTimed: newLockTimed(pool),
+		store:     store,
+		cfg:       cfg,
+		log:       cfg.Logger.With(slog.String("consumer", cfg.Name), slog.String("queue", cfg.Queue)),
+		brokers:   b,
+		batches:   newBatchSizer(cfg.BatchSize),
 	}
 	c.tracer = cfg.TracerProvider.Tracer(TracerName)
 	if size := c.PoolSize(); size.Shortfall() > 0 {

@@ -16,8 +16,8 @@
 // the inbox takes the second as a duplicate.
 //
 // With [Config].BatchSize above 1 the consumer processes up to that many deliveries in one
-// transaction (inbox.Store.ProcessBatch), each under a savepoint of its own, and what fails
-// for one message goes its way alone. Processed deliveries are acknowledged together, with
+// transaction (inbox.Store.ProcessBatch, which runs the batch again with a savepoint per
+// message once one has failed), and what fails for one message goes its way alone. Processed deliveries are acknowledged together, with
 // the multiple flag, never past a delivery still in hand ([Config].AckEvery).
 //
 // The inbox folder's README.md says the rest (Batches and acknowledgements among it): what the broker counts (The path of a message),
