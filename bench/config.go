@@ -118,7 +118,7 @@ func FullSizes() Sizes {
 	}
 }
 
-// QuickSizes are the sizes of -quick: under two minutes, to check the harness.
+// QuickSizes are the sizes of -quick: about two minutes, to check the harness.
 func QuickSizes() Sizes {
 	return Sizes{
 		LimitDuration:  2 * time.Second,

@@ -28,7 +28,8 @@
 //     queue declared as the warehouse declares its own, drained by a bare amqp091-go
 //     consumer with prefetch 32 that acknowledges each delivery, then every 16th with
 //     multiple.
-//   - 9: the inbox consumer (pkg/inbox/inboxrabbitmq, prefetch 32, 8 and 32 handlers)
+//   - 9: the inbox consumer (pkg/inbox/inboxrabbitmq, prefetch 32: a transaction per message
+//     with 8 and 32 handlers, batches of 8 and 16)
 //     draining the same kind of backlog into a fresh database: with a handler that does
 //     nothing, then with the warehouse's real handler on orders spread over many SKUs and
 //     on the five hot ones; as a share of C and of B.

@@ -3,7 +3,7 @@
 // drain against RabbitMQ's consume limit, in one run, and prints one Markdown table (see
 // docs/benchmarks.md).
 //
-//	go run ./bench/cmd/bench            # the full table (make bench), about 35 minutes on 2 cores
+//	go run ./bench/cmd/bench            # the full table (make bench), over 35 minutes on 2 cores
 //	go run ./bench/cmd/bench -quick     # small sizes, to check the harness
 //
 // It needs a PostgreSQL server on which it may create databases and a RabbitMQ broker;
@@ -39,7 +39,7 @@ func run(ctx context.Context, args []string) error {
 		"PostgreSQL server on which the run creates and drops its databases (default: $OUTBOXSHOP_TEST_POSTGRES_URL, else local)")
 	amqpURL := fs.String("amqp", envOr("OUTBOXSHOP_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
 		"RabbitMQ broker (default: $OUTBOXSHOP_TEST_AMQP_URL, else local)")
-	quick := fs.Bool("quick", false, "small sizes (10k-row backlogs, 3 s per rate): checks the harness in under two minutes")
+	quick := fs.Bool("quick", false, "small sizes (10k-row backlogs, 3 s per rate): checks the harness in about two minutes")
 	phases := fs.String("phases", "", "comma-separated phases to run (default all): "+strings.Join(bench.AllPhases, ","))
 	batch := fs.Int("batch", 0, "relay batch size (default: pkg/outbox's, 100)")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the relay drain phase to this file")
