@@ -133,6 +133,22 @@ func (l *statementLog) count(prefix string) int {
 	return n
 }
 
+// tracedPool returns a pool on a fresh database with the inbox and an effects table, whose
+// connections report to tracer.
+func tracedPool(t *testing.T, tracer pgx.QueryTracer) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(testinfra.DatabaseURL(t))
+	require.NoError(t, err)
+	cfg.ConnConfig.Tracer = tracer
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	require.NoError(t, inbox.Migrate(t.Context(), pool))
+	_, err = pool.Exec(t.Context(), `CREATE TABLE effects (consumer text NOT NULL, message_id text NOT NULL)`)
+	require.NoError(t, err)
+	return pool
+}
+
 func TestProcessBatch(t *testing.T) {
 	t.Parallel()
 
@@ -779,15 +795,7 @@ func TestProcessBatch(t *testing.T) {
 		ctx, cancel := context.WithCancel(t.Context())
 		defer cancel()
 		tracer := &cancelAfterCommit{cancel: cancel}
-		cfg, err := pgxpool.ParseConfig(testinfra.DatabaseURL(t))
-		require.NoError(t, err)
-		cfg.ConnConfig.Tracer = tracer
-		pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
-		require.NoError(t, err)
-		t.Cleanup(pool.Close)
-		require.NoError(t, inbox.Migrate(t.Context(), pool))
-		_, err = pool.Exec(t.Context(), `CREATE TABLE effects (consumer text NOT NULL, message_id text NOT NULL)`)
-		require.NoError(t, err)
+		pool := tracedPool(t, tracer)
 		msgs := messages("m-1", "m-2")
 
 		tracer.armed.Store(true)
@@ -809,15 +817,7 @@ func TestProcessBatch(t *testing.T) {
 	t.Run("SavepointsOnlyAfterAFailure", func(t *testing.T) {
 		t.Parallel()
 		tracer := &statementLog{}
-		cfg, err := pgxpool.ParseConfig(testinfra.DatabaseURL(t))
-		require.NoError(t, err)
-		cfg.ConnConfig.Tracer = tracer
-		pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
-		require.NoError(t, err)
-		t.Cleanup(pool.Close)
-		require.NoError(t, inbox.Migrate(t.Context(), pool))
-		_, err = pool.Exec(t.Context(), `CREATE TABLE effects (consumer text NOT NULL, message_id text NOT NULL)`)
-		require.NoError(t, err)
+		pool := tracedPool(t, tracer)
 
 		// Nothing fails: three round trips for the batch: the begin, one insert for all
 		// its messages, no savepoint, the commit with its replication barrier.
