@@ -70,16 +70,51 @@ func (s *Store) Add(ctx context.Context, tx DBTX, msgs ...Message) error {
 	if err != nil {
 		return err
 	}
-	if len(msgs) == 1 {
-		if _, err := tx.Exec(ctx, s.sql.insertMessage, c.ids[0], c.exchanges[0], c.keys[0], c.types[0], c.aggTypes[0], c.aggIDs[0], c.payloads[0], c.headers[0]); err != nil {
+	query, args := s.insert(c)
+	if _, err := tx.Exec(ctx, query, args...); err != nil {
+		if len(msgs) == 1 {
 			return fmt.Errorf("insert outbox message: %w", err)
 		}
-		return nil
-	}
-	if _, err := tx.Exec(ctx, s.sql.insertMessages, c.ids, c.exchanges, c.keys, c.types, c.aggTypes, c.aggIDs, c.payloads, c.headers); err != nil {
 		return fmt.Errorf("insert %d outbox messages: %w", len(msgs), err)
 	}
 	return nil
+}
+
+// QueueAdd is [Add] for a caller that sends several statements in one round trip: it queues
+// on b the one statement that Add would run for msgs, and the messages are written when b is
+// sent on the caller's transaction (tx.SendBatch), in their place among b's statements. Like
+// Add's, the rows become visible to the relay when, and only when, that transaction commits.
+//
+// QueueAdd checks msgs, fills in their ids and records the trace context of ctx as Add does,
+// before it queues anything: for a message it refuses it returns an error wrapping
+// [ErrInvalidMessage] and leaves b as it was. Otherwise it queues exactly one statement (none
+// for no message), whose result the caller reads among b's results in its place, like any
+// other's: an error there means the messages were not written.
+func QueueAdd(ctx context.Context, b *pgx.Batch, msgs ...Message) error {
+	return defaultStore.QueueAdd(ctx, b, msgs...)
+}
+
+// QueueAdd is [QueueAdd] for the store's table, with the store's propagator.
+func (s *Store) QueueAdd(ctx context.Context, b *pgx.Batch, msgs ...Message) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	c, err := s.columns(ctx, msgs)
+	if err != nil {
+		return err
+	}
+	query, args := s.insert(c)
+	b.Queue(query, args...)
+	return nil
+}
+
+// insert returns the statement that writes the rows of c, and its arguments: insertMessage
+// for one row, insertMessages for several.
+func (s *Store) insert(c columns) (query string, args []any) {
+	if len(c.ids) == 1 {
+		return s.sql.insertMessage, []any{c.ids[0], c.exchanges[0], c.keys[0], c.types[0], c.aggTypes[0], c.aggIDs[0], c.payloads[0], c.headers[0]}
+	}
+	return s.sql.insertMessages, []any{c.ids, c.exchanges, c.keys, c.types, c.aggTypes, c.aggIDs, c.payloads, c.headers}
 }
 
 // AddSQL is [AddSQL] for the store's table, with the store's propagator.

@@ -207,6 +207,46 @@ func ExampleAddSQL() {
 	// pending: 1
 }
 
+// A handler that already sends its statements in one round trip (a pgx.Batch) queues its
+// events on the same batch with QueueAdd: the change and the event travel together, one
+// round trip, and commit together.
+func ExampleQueueAdd() {
+	ctx := context.Background()
+	pool, _, cleanup := exampleEnv()
+	defer cleanup()
+	if err := outbox.Migrate(ctx, pool); err != nil {
+		log.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, "CREATE TABLE shipments (id text PRIMARY KEY, order_id text)"); err != nil {
+		log.Fatal(err)
+	}
+
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		var b pgx.Batch
+		b.Queue("INSERT INTO shipments (id, order_id) VALUES ($1, $2)", "ship-7", "order-1")
+		err := outbox.QueueAdd(ctx, &b, outbox.Message{
+			Exchange: "example.events", RoutingKey: "shipment.created", Type: "ShipmentCreated",
+			AggregateType: "shipment", AggregateID: "ship-7", Payload: json.RawMessage(`{"shipment_id":"ship-7"}`),
+		})
+		if err != nil {
+			return err // wraps outbox.ErrInvalidMessage; nothing was queued
+		}
+		// One result per queued statement, in order: the shipment's, then the event's.
+		return tx.SendBatch(ctx, &b).Close()
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	s, err := outbox.ReadStats(ctx, pool)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("pending:", s.Pending)
+	// Output:
+	// pending: 1
+}
+
 // Cleanup keeps the table small: published rows older than the retention go, in batches.
 func ExampleCleanup() {
 	ctx := context.Background()
