@@ -27,7 +27,8 @@ type DBTX = pgdb.DBTX
 // the consumer to roll back and retry.
 func (s *Store) ApplyOrderCreated(ctx context.Context, tx pgx.Tx, ev warehouse.OrderCreated, meta warehouse.EventMeta) (warehouse.OrderOutcome, error) {
 	now := s.now()
-	d, err := Reserve(ctx, tx, ev.OrderID, ev.Items, meta.CausationID, now)
+	var w writes
+	d, err := reserve(ctx, tx, &w, ev.OrderID, ev.Items, meta.CausationID, now)
 	if err != nil {
 		return warehouse.OrderOutcome{}, fmt.Errorf("reserve order %s: %w", ev.OrderID, err)
 	}
@@ -47,10 +48,23 @@ func (s *Store) ApplyOrderCreated(ctx context.Context, tx pgx.Tx, ev warehouse.O
 	if err != nil {
 		return warehouse.OrderOutcome{}, err
 	}
-	if err := s.outbox.Add(ctx, tx, msg); err != nil {
-		return warehouse.OrderOutcome{}, fmt.Errorf("order %s: write %s to the outbox: %w", ev.OrderID, msg.Type, err)
+	if err := s.answer(ctx, tx, &w, ev.OrderID, msg); err != nil {
+		return warehouse.OrderOutcome{}, err
 	}
 	return warehouse.OrderOutcome{Decision: d, AnswerID: msg.ID}, nil
+}
+
+// answer queues msg, the answer to an order's event, on w after the writes that record the
+// decision, and sends them all: one round trip.
+func (s *Store) answer(ctx context.Context, tx pgx.Tx, w *writes, orderID uuid.UUID, msg outbox.Message) error {
+	if err := s.outbox.QueueAdd(ctx, &w.b, msg); err != nil {
+		return fmt.Errorf("order %s: write %s to the outbox: %w", orderID, msg.Type, err)
+	}
+	w.what = append(w.what, "write "+msg.Type+" to the outbox")
+	if err := w.send(ctx, tx); err != nil {
+		return fmt.Errorf("order %s: %w", orderID, err)
+	}
+	return nil
 }
 
 // ApplyOrderCancelled applies an OrderCancelled inside tx, the consumer's inbox transaction:
@@ -60,7 +74,8 @@ func (s *Store) ApplyOrderCreated(ctx context.Context, tx pgx.Tx, ev warehouse.O
 // A failure is returned as it is, for the consumer to roll back and retry.
 func (s *Store) ApplyOrderCancelled(ctx context.Context, tx pgx.Tx, ev warehouse.OrderCancelled, meta warehouse.EventMeta) (warehouse.OrderOutcome, error) {
 	now := s.now()
-	d, released, err := Release(ctx, tx, ev.OrderID, meta.CausationID, now)
+	var w writes
+	d, released, err := release(ctx, tx, &w, ev.OrderID, meta.CausationID, now)
 	if err != nil {
 		return warehouse.OrderOutcome{}, fmt.Errorf("release order %s: %w", ev.OrderID, err)
 	}
@@ -76,8 +91,8 @@ func (s *Store) ApplyOrderCancelled(ctx context.Context, tx pgx.Tx, ev warehouse
 	if err != nil {
 		return warehouse.OrderOutcome{}, err
 	}
-	if err := s.outbox.Add(ctx, tx, msg); err != nil {
-		return warehouse.OrderOutcome{}, fmt.Errorf("order %s: write %s to the outbox: %w", ev.OrderID, msg.Type, err)
+	if err := s.answer(ctx, tx, &w, ev.OrderID, msg); err != nil {
+		return warehouse.OrderOutcome{}, err
 	}
 	return warehouse.OrderOutcome{Decision: d, Released: released, AnswerID: msg.ID}, nil
 }
@@ -92,12 +107,22 @@ func (s *Store) ApplyOrderCancelled(ctx context.Context, tx pgx.Tx, ev warehouse
 //     tombstone, stays CANCELLED and records the late order.
 //   - ActionIgnore: nothing is written.
 //
-// [Store.ApplyOrderCreated] writes the answer to the outbox in the same transaction.
+// [Store.ApplyOrderCreated] writes the answer to the outbox in the same transaction, in the
+// round trip that records the outcome.
 func Reserve(ctx context.Context, tx pgx.Tx, orderID uuid.UUID, lines []warehouse.Line, messageID string, now time.Time) (warehouse.Decision, error) {
-	if err := lockOrder(ctx, tx, orderID); err != nil {
-		return warehouse.Decision{}, err
+	var w writes
+	d, err := reserve(ctx, tx, &w, orderID, lines, messageID, now)
+	if err != nil {
+		return d, err
 	}
-	existing, err := loadReservation(ctx, tx, orderID)
+	return d, w.send(ctx, tx)
+}
+
+// reserve is [Reserve] with the writes that record the outcome queued on w rather than
+// sent, for the caller to send with the answer. A new order costs three round trips: the
+// order's lock with its reservation (none yet), the stock taken, and w.
+func reserve(ctx context.Context, tx pgx.Tx, w *writes, orderID uuid.UUID, lines []warehouse.Line, messageID string, now time.Time) (warehouse.Decision, error) {
+	existing, err := lockAndLoad(ctx, tx, orderID)
 	if err != nil {
 		return warehouse.Decision{}, err
 	}
@@ -106,17 +131,17 @@ func Reserve(ctx context.Context, tx pgx.Tx, orderID uuid.UUID, lines []warehous
 	case warehouse.ActionIgnore:
 		return d, nil
 	case warehouse.ActionReject: // a tombstone: the order arrives after its cancellation
-		if _, err := tx.Exec(ctx, markCreatedSQL, orderID, messageID, now); err != nil {
-			return d, dbError("record late order", err)
-		}
-		return d, insertLines(ctx, tx, orderID, lines)
+		w.queue("record late order", markCreatedSQL, orderID, messageID, now)
+		w.queue("insert reservation lines", insertReservationLinesSQL, orderID, warehouse.SKUs(lines), warehouse.Quantities(lines))
+		return d, nil
 	case warehouse.ActionReserve:
 	default:
 		return d, fmt.Errorf("reserve order %s: unexpected decision %s", orderID, d)
 	}
 
 	// The stock rows are locked as late as possible, since their locks are held until the
-	// commit: taking stock is the first thing, and what follows it is one round trip.
+	// commit: taking stock is the first thing, and what follows it is one round trip (w,
+	// with the answer).
 	taken, err := takeStock(ctx, tx, lines, now)
 	if err != nil {
 		return d, err
@@ -130,36 +155,55 @@ func Reserve(ctx context.Context, tx pgx.Tx, orderID uuid.UUID, lines []warehous
 		}
 		d = warehouse.CheckStock(lines, available)
 		if d.Action == warehouse.ActionReserve {
-			if _, err := tx.Exec(ctx, addStockSQL, warehouse.SKUs(lines), negated(lines), now); err != nil {
-				return d, dbError("update stock", err)
-			}
+			w.queue("update stock", addStockSQL, warehouse.SKUs(lines), negated(lines), now)
 		}
 	}
-	return d, recordReservation(ctx, tx, orderID, lines, d, messageID, now)
+	recordReservation(w, orderID, lines, d, messageID, now)
+	return d, nil
 }
 
-// recordReservation writes the reservation of an OrderCreated, its lines and, when it is
-// reserved, the 'reserve' ledger rows: three statements in one round trip.
-func recordReservation(ctx context.Context, tx pgx.Tx, orderID uuid.UUID, lines []warehouse.Line, d warehouse.Decision, messageID string, now time.Time) error {
+// recordReservation queues the writes of an OrderCreated's reservation on w: the
+// reservation, its lines and, when it is reserved, the 'reserve' ledger rows.
+func recordReservation(w *writes, orderID uuid.UUID, lines []warehouse.Line, d warehouse.Decision, messageID string, now time.Time) {
 	status := warehouse.StatusRejected
 	if d.Action == warehouse.ActionReserve {
 		status = warehouse.StatusReserved
 	}
 	skus := warehouse.SKUs(lines)
-	var b pgx.Batch
-	b.Queue(insertReservationSQL, orderID, status, d.Reason, messageID, "", now)
-	b.Queue(insertReservationLinesSQL, orderID, skus, warehouse.Quantities(lines))
+	w.queue("insert reservation", insertReservationSQL, orderID, status, d.Reason, messageID, "", now)
+	w.queue("insert reservation lines", insertReservationLinesSQL, orderID, skus, warehouse.Quantities(lines))
 	if d.Action == warehouse.ActionReserve {
-		b.Queue(insertMovementsSQL, skus, negated(lines), kindReserve, orderID, messageID, now)
+		w.queue("insert stock movements", insertMovementsSQL, skus, negated(lines), kindReserve, orderID, messageID, now)
 	}
-	res := tx.SendBatch(ctx, &b)
-	for _, what := range []string{"insert reservation", "insert reservation lines", "insert stock movements"}[:b.Len()] {
+}
+
+// writes are statements whose results the caller needs only as success or failure, queued
+// to be sent in one round trip, each named for its error.
+type writes struct {
+	b    pgx.Batch
+	what []string
+}
+
+// queue adds a statement, what naming it in its error.
+func (w *writes) queue(what, sql string, args ...any) {
+	w.b.Queue(sql, args...)
+	w.what = append(w.what, what)
+}
+
+// send sends the queued statements in one round trip on tx, and returns the first failure,
+// named. It sends nothing when nothing is queued.
+func (w *writes) send(ctx context.Context, tx pgx.Tx) error {
+	if w.b.Len() == 0 {
+		return nil
+	}
+	res := tx.SendBatch(ctx, &w.b)
+	for _, what := range w.what {
 		if _, err := res.Exec(); err != nil {
 			_ = res.Close()
 			return dbError(what, err)
 		}
 	}
-	return dbError("record reservation", res.Close())
+	return dbError(w.what[len(w.what)-1], res.Close())
 }
 
 // takeStock takes every line's quantity from stock, all or nothing, with one conditional
@@ -229,12 +273,21 @@ func negated(lines []warehouse.Line) []int64 {
 //   - ActionAcknowledgeCancel: the rejected reservation records the cancellation.
 //   - ActionIgnore: nothing is written.
 //
-// [Store.ApplyOrderCancelled] writes the answer to the outbox in the same transaction.
+// [Store.ApplyOrderCancelled] writes the answer to the outbox in the same transaction, in the
+// round trip that records the outcome.
 func Release(ctx context.Context, tx pgx.Tx, orderID uuid.UUID, messageID string, now time.Time) (warehouse.Decision, []warehouse.Line, error) {
-	if err := lockOrder(ctx, tx, orderID); err != nil {
-		return warehouse.Decision{}, nil, err
+	var w writes
+	d, lines, err := release(ctx, tx, &w, orderID, messageID, now)
+	if err != nil {
+		return d, nil, err
 	}
-	existing, err := loadReservation(ctx, tx, orderID)
+	return d, lines, w.send(ctx, tx)
+}
+
+// release is [Release] with the writes that record the outcome queued on w rather than
+// sent, for the caller to send with the answer.
+func release(ctx context.Context, tx pgx.Tx, w *writes, orderID uuid.UUID, messageID string, now time.Time) (warehouse.Decision, []warehouse.Line, error) {
+	existing, err := lockAndLoad(ctx, tx, orderID)
 	if err != nil {
 		return warehouse.Decision{}, nil, err
 	}
@@ -243,11 +296,11 @@ func Release(ctx context.Context, tx pgx.Tx, orderID uuid.UUID, messageID string
 	case warehouse.ActionIgnore:
 		return d, nil, nil
 	case warehouse.ActionTombstone:
-		_, err := tx.Exec(ctx, insertReservationSQL, orderID, warehouse.StatusCancelled, warehouse.ReasonOrderCancelled, "", messageID, now)
-		return d, nil, dbError("insert tombstone", err)
+		w.queue("insert tombstone", insertReservationSQL, orderID, warehouse.StatusCancelled, warehouse.ReasonOrderCancelled, "", messageID, now)
+		return d, nil, nil
 	case warehouse.ActionAcknowledgeCancel:
-		_, err := tx.Exec(ctx, markCancelledSQL, orderID, existing.Status, existing.Reason, messageID, now)
-		return d, nil, dbError("record cancellation", err)
+		w.queue("record cancellation", markCancelledSQL, orderID, existing.Status, existing.Reason, messageID, now)
+		return d, nil, nil
 	case warehouse.ActionRelease:
 	default:
 		return d, nil, fmt.Errorf("release order %s: unexpected decision %s", orderID, d)
@@ -261,12 +314,10 @@ func Release(ctx context.Context, tx pgx.Tx, orderID uuid.UUID, messageID string
 	if len(available) != len(lines) {
 		return d, nil, fmt.Errorf("release order %s: %d of its %d SKUs are missing from stock", orderID, len(lines)-len(available), len(lines))
 	}
-	if err := move(ctx, tx, lines, +1, kindRelease, orderID, messageID, now); err != nil {
-		return d, nil, err
-	}
-	if _, err := tx.Exec(ctx, markCancelledSQL, orderID, warehouse.StatusReleased, warehouse.ReasonOrderCancelled, messageID, now); err != nil {
-		return d, nil, dbError("mark reservation released", err)
-	}
+	skus, deltas := warehouse.SKUs(lines), warehouse.Quantities(lines)
+	w.queue("update stock", addStockSQL, skus, deltas, now)
+	w.queue("insert stock movements", insertMovementsSQL, skus, deltas, kindRelease, orderID, messageID, now)
+	w.queue("mark reservation released", markCancelledSQL, orderID, warehouse.StatusReleased, warehouse.ReasonOrderCancelled, messageID, now)
 	return d, lines, nil
 }
 
@@ -283,11 +334,45 @@ func GetReservation(ctx context.Context, db DBTX, orderID uuid.UUID) (warehouse.
 	return *r, nil
 }
 
-func lockOrder(ctx context.Context, tx pgx.Tx, orderID uuid.UUID) error {
-	if _, err := tx.Exec(ctx, lockOrderSQL, orderLockClass, orderID.String()); err != nil {
-		return dbError("lock order "+orderID.String(), err)
+// lockAndLoad takes the order's lock and reads its reservation with its lines (nil if it
+// has none) in one round trip: the reads run after the lock is granted, so they see what
+// the order's previous transaction committed.
+func lockAndLoad(ctx context.Context, tx pgx.Tx, orderID uuid.UUID) (*warehouse.Reservation, error) {
+	var b pgx.Batch
+	b.Queue(lockOrderSQL, orderLockClass, orderID.String())
+	b.Queue(selectReservationSQL, orderID)
+	b.Queue(selectReservationLinesSQL, orderID)
+	res := tx.SendBatch(ctx, &b)
+	r, err := readReservation(res, orderID)
+	if closeErr := res.Close(); err == nil && closeErr != nil {
+		err = dbError("lock and load order "+orderID.String(), closeErr)
 	}
-	return nil
+	return r, err
+}
+
+// readReservation reads lockAndLoad's results.
+func readReservation(res pgx.BatchResults, orderID uuid.UUID) (*warehouse.Reservation, error) {
+	if _, err := res.Exec(); err != nil {
+		return nil, dbError("lock order "+orderID.String(), err)
+	}
+	r := warehouse.Reservation{OrderID: orderID}
+	err := res.QueryRow().Scan(&r.Status, &r.Reason, &r.CreatedMessageID, &r.CancelledMessageID, &r.CreatedAt, &r.UpdatedAt)
+	found := !errors.Is(err, pgx.ErrNoRows)
+	if err != nil && found {
+		return nil, dbError("load reservation", err)
+	}
+	rows, err := res.Query()
+	if err != nil {
+		return nil, dbError("load reservation lines", err)
+	}
+	r.Lines, err = pgx.CollectRows(rows, pgx.RowToStructByPos[warehouse.Line])
+	if err != nil {
+		return nil, dbError("load reservation lines", err)
+	}
+	if !found {
+		return nil, nil
+	}
+	return &r, nil
 }
 
 // loadReservation returns the order's reservation with its lines, or nil.
@@ -332,27 +417,4 @@ func lockStock(ctx context.Context, tx pgx.Tx, skus []string) (map[string]int64,
 		return nil, dbError("lock stock", err)
 	}
 	return available, nil
-}
-
-func insertLines(ctx context.Context, tx pgx.Tx, orderID uuid.UUID, lines []warehouse.Line) error {
-	if _, err := tx.Exec(ctx, insertReservationLinesSQL, orderID, warehouse.SKUs(lines), warehouse.Quantities(lines)); err != nil {
-		return dbError("insert reservation lines", err)
-	}
-	return nil
-}
-
-// move adds sign·quantity to the stock of every line and writes the ledger rows.
-func move(ctx context.Context, tx pgx.Tx, lines []warehouse.Line, sign int64, kind string, orderID uuid.UUID, messageID string, now time.Time) error {
-	skus := warehouse.SKUs(lines)
-	deltas := warehouse.Quantities(lines)
-	for i := range deltas {
-		deltas[i] *= sign
-	}
-	if _, err := tx.Exec(ctx, addStockSQL, skus, deltas, now); err != nil {
-		return dbError("update stock", err)
-	}
-	if _, err := tx.Exec(ctx, insertMovementsSQL, skus, deltas, kind, orderID, messageID, now); err != nil {
-		return dbError("insert stock movements", err)
-	}
-	return nil
 }

@@ -29,8 +29,8 @@ type StoreConfig struct {
 // Store is the warehouse's PostgreSQL store: the stock behind the HTTP API and the seed
 // command, and the orders' events applied inside the consumer's transaction
 // ([Store.ApplyOrderCreated], [Store.ApplyOrderCancelled]), which write the stock change and
-// its answer (outbox.Add) in that one transaction. Every method returns a *warehouse.Error
-// with CodeUnavailable when the database cannot be reached.
+// its answer (outbox.QueueAdd, sent with the change) in that one transaction. Every method
+// returns a *warehouse.Error with CodeUnavailable when the database cannot be reached.
 //
 // Every method whose result the API answers (or the seed command prints) runs in a
 // transaction committed through pgdb.InTx (outbox.CommitReplicated), reads included, as the
