@@ -119,10 +119,11 @@ func Reserve(ctx context.Context, tx pgx.Tx, orderID uuid.UUID, lines []warehous
 }
 
 // reserve is [Reserve] with the writes that record the outcome queued on w rather than
-// sent, for the caller to send with the answer. A new order costs three round trips: the
-// order's lock with its reservation (none yet), the stock taken, and w.
+// sent, for the caller to send with the answer. A new order costs two round trips: the
+// order's lock, its reservation (none yet) and the stock taken in one (lockLoadAndTake), then
+// w.
 func reserve(ctx context.Context, tx pgx.Tx, w *writes, orderID uuid.UUID, lines []warehouse.Line, messageID string, now time.Time) (warehouse.Decision, error) {
-	existing, err := lockAndLoad(ctx, tx, orderID)
+	existing, taken, err := lockLoadAndTake(ctx, tx, orderID, lines, now)
 	if err != nil {
 		return warehouse.Decision{}, err
 	}
@@ -134,18 +135,14 @@ func reserve(ctx context.Context, tx pgx.Tx, w *writes, orderID uuid.UUID, lines
 		w.queue("record late order", markCreatedSQL, orderID, messageID, now)
 		w.queue("insert reservation lines", insertReservationLinesSQL, orderID, warehouse.SKUs(lines), warehouse.Quantities(lines))
 		return d, nil
-	case warehouse.ActionReserve:
+	case warehouse.ActionReserve: // no reservation: lockLoadAndTake took the stock if it could
 	default:
 		return d, fmt.Errorf("reserve order %s: unexpected decision %s", orderID, d)
 	}
 
 	// The stock rows are locked as late as possible, since their locks are held until the
-	// commit: taking stock is the first thing, and what follows it is one round trip (w,
-	// with the answer).
-	taken, err := takeStock(ctx, tx, lines, now)
-	if err != nil {
-		return d, err
-	}
+	// commit: they were taken in the order's first round trip, and what follows is one more
+	// (w, with the answer).
 	if !taken {
 		// A line is short or unknown: decide under the stock rows' locks, which also reads
 		// the levels the rejection reports; stock that came back in between is reserved.
@@ -206,29 +203,56 @@ func (w *writes) send(ctx context.Context, tx pgx.Tx) error {
 	return dbError(w.what[len(w.what)-1], res.Close())
 }
 
-// takeStock takes every line's quantity from stock, all or nothing, with one conditional
-// UPDATE per line (… WHERE available >= quantity), sent in one round trip in the lines'
-// order. lines are sorted by SKU, so every transaction locks the stock rows it shares with
-// another in the same order and two reservations never deadlock; each row is locked by the
-// UPDATE that changes it, with no SELECT … FOR UPDATE before it. When a line's SKU is
-// unknown or short it returns false, with nothing taken: an order of several lines takes
-// them under a savepoint and rolls back to it.
-func takeStock(ctx context.Context, tx pgx.Tx, lines []warehouse.Line, now time.Time) (bool, error) {
-	if len(lines) == 0 {
-		return true, nil
-	}
+// lockLoadAndTake sends in one round trip the order's lock, the reads of its reservation
+// and lines (lockAndLoad), and the stock of every line taken, all or nothing, if the order has
+// no reservation yet: one conditional UPDATE per line (takeStockSQL: … WHERE available >=
+// quantity AND the order has no reservation), in the lines' order. lines are sorted by SKU,
+// so every transaction locks the stock rows it shares with another in the same order and two
+// reservations never deadlock; each row is locked by the UPDATE that changes it, with no
+// SELECT … FOR UPDATE before it. Each statement of the round trip runs after the one before
+// it, with a snapshot of its own: the UPDATEs see the reservation that the reads saw, since
+// the order's lock, granted first, keeps any other from being written meanwhile.
+//
+// It returns the reservation (nil if none) and, for an order without one, whether the stock
+// was taken: false when a line's SKU is unknown or short, with nothing taken (an order of
+// several lines takes them under a savepoint and rolls back to it, a second round trip). For
+// an order with a reservation nothing is taken, and taken is false.
+func lockLoadAndTake(ctx context.Context, tx pgx.Tx, orderID uuid.UUID, lines []warehouse.Line, now time.Time) (existing *warehouse.Reservation, taken bool, err error) {
 	var b pgx.Batch
+	queueLockAndLoad(&b, orderID)
 	several := len(lines) > 1
 	if several {
 		b.Queue(takeStockSavepointSQL)
 	}
 	for _, l := range lines {
-		b.Queue(takeStockSQL, l.SKU, l.Quantity, now)
+		b.Queue(takeStockSQL, l.SKU, l.Quantity, now, orderID)
 	}
 	res := tx.SendBatch(ctx, &b)
+	existing, err = readReservation(res, orderID)
+	if err == nil {
+		taken, err = readTaken(res, lines, several)
+	}
+	if closeErr := res.Close(); err == nil && closeErr != nil {
+		err = dbError("lock order "+orderID.String()+" and take stock", closeErr)
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	if existing != nil {
+		return existing, false, nil // the UPDATEs changed nothing
+	}
+	if !taken && several {
+		if _, err := tx.Exec(ctx, takeStockRollbackSQL); err != nil {
+			return nil, false, dbError("give back stock", err)
+		}
+	}
+	return nil, taken, nil
+}
+
+// readTaken reads the results of lockLoadAndTake's UPDATEs: whether each changed its row.
+func readTaken(res pgx.BatchResults, lines []warehouse.Line, several bool) (bool, error) {
 	if several {
 		if _, err := res.Exec(); err != nil {
-			_ = res.Close()
 			return false, dbError("take stock", err)
 		}
 	}
@@ -236,19 +260,10 @@ func takeStock(ctx context.Context, tx pgx.Tx, lines []warehouse.Line, now time.
 	for _, l := range lines {
 		tag, err := res.Exec()
 		if err != nil {
-			_ = res.Close()
 			return false, dbError("take stock of "+l.SKU, err)
 		}
 		if tag.RowsAffected() != 1 {
 			taken = false
-		}
-	}
-	if err := res.Close(); err != nil {
-		return false, dbError("take stock", err)
-	}
-	if !taken && several {
-		if _, err := tx.Exec(ctx, takeStockRollbackSQL); err != nil {
-			return false, dbError("give back stock", err)
 		}
 	}
 	return taken, nil
@@ -339,9 +354,7 @@ func GetReservation(ctx context.Context, db DBTX, orderID uuid.UUID) (warehouse.
 // the order's previous transaction committed.
 func lockAndLoad(ctx context.Context, tx pgx.Tx, orderID uuid.UUID) (*warehouse.Reservation, error) {
 	var b pgx.Batch
-	b.Queue(lockOrderSQL, orderLockClass, orderID.String())
-	b.Queue(selectReservationSQL, orderID)
-	b.Queue(selectReservationLinesSQL, orderID)
+	queueLockAndLoad(&b, orderID)
 	res := tx.SendBatch(ctx, &b)
 	r, err := readReservation(res, orderID)
 	if closeErr := res.Close(); err == nil && closeErr != nil {
@@ -350,7 +363,14 @@ func lockAndLoad(ctx context.Context, tx pgx.Tx, orderID uuid.UUID) (*warehouse.
 	return r, err
 }
 
-// readReservation reads lockAndLoad's results.
+// queueLockAndLoad queues lockAndLoad's statements on b.
+func queueLockAndLoad(b *pgx.Batch, orderID uuid.UUID) {
+	b.Queue(lockOrderSQL, orderLockClass, orderID.String())
+	b.Queue(selectReservationSQL, orderID)
+	b.Queue(selectReservationLinesSQL, orderID)
+}
+
+// readReservation reads the results of queueLockAndLoad's statements.
 func readReservation(res pgx.BatchResults, orderID uuid.UUID) (*warehouse.Reservation, error) {
 	if _, err := res.Exec(); err != nil {
 		return nil, dbError("lock order "+orderID.String(), err)

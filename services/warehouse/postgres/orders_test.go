@@ -85,6 +85,58 @@ func TestReserve(t *testing.T) {
 		b.requireConsistent(t)
 	})
 
+	t.Run("a second OrderCreated of several lines changes nothing", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		id := newOrderID()
+		lines := []warehouse.Line{{SKU: "BAG-1", Quantity: 4}, {SKU: "PEN-1", Quantity: 1}}
+		require.Equal(t, warehouse.ActionReserve, b.reserve(t, id, lines).Action)
+		before := map[string]int64{"BAG-1": b.available(t, "BAG-1"), "PEN-1": b.available(t, "PEN-1")}
+		require.Equal(t, warehouse.ActionIgnore, b.reserve(t, id, lines).Action)
+		require.Equal(t, before, map[string]int64{"BAG-1": b.available(t, "BAG-1"), "PEN-1": b.available(t, "PEN-1")})
+		require.Equal(t, map[string]int{"reserve": 2}, b.movements(t, id))
+		b.requireConsistent(t)
+	})
+
+	// The copies of one order's event race: the order's lock lets one through at a time, and
+	// the stock each later copy would take sees the reservation the first committed (every
+	// statement of the round trip that takes stock reads after the lock was granted).
+	t.Run("copies of one order at once take its stock once", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		id := newOrderID()
+		lines := []warehouse.Line{{SKU: "BAG-1", Quantity: 1}, {SKU: "PEN-1", Quantity: 2}}
+		bag, pen := b.available(t, "BAG-1"), b.available(t, "PEN-1")
+		const copies = 8
+		var (
+			wg      sync.WaitGroup
+			actions = make(chan warehouse.Action, copies)
+			start   = make(chan struct{})
+		)
+		for i := range copies {
+			wg.Go(func() {
+				<-start
+				err := pgx.BeginFunc(context.Background(), b.pool, func(tx pgx.Tx) error {
+					d, err := postgres.Reserve(context.Background(), tx, id, lines, fmt.Sprint("copy-", i), time.Now())
+					actions <- d.Action
+					return err
+				})
+				assert.NoError(t, err) // not require: this is not the test's goroutine
+			})
+		}
+		close(start)
+		wg.Wait()
+		close(actions)
+		count := map[warehouse.Action]int{}
+		for a := range actions {
+			count[a]++
+		}
+		require.Equal(t, map[warehouse.Action]int{warehouse.ActionReserve: 1, warehouse.ActionIgnore: copies - 1}, count)
+		require.Equal(t, bag-1, b.available(t, "BAG-1"))
+		require.Equal(t, pen-2, b.available(t, "PEN-1"))
+		b.requireConsistent(t)
+	})
+
 	t.Run("concurrent orders never oversell and never deadlock", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)

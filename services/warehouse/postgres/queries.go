@@ -35,9 +35,11 @@ const (
 	// that two transactions never wait for each other in a cycle.
 	lockStockSQL = `SELECT sku, available FROM stock WHERE sku = ANY($1::text[]) ORDER BY sku FOR UPDATE`
 
-	// takeStockSQL takes $2 of SKU $1 if there is that much: one row changed, else none
-	// (short or unknown). The reservation's lines run it in SKU order.
-	takeStockSQL = `UPDATE stock SET available = available - $2, updated_at = $3 WHERE sku = $1 AND available >= $2`
+	// takeStockSQL takes $2 of SKU $1 if there is that much and order $4 has no reservation
+	// yet: one row changed, else none (short, unknown, or an order seen before). The
+	// reservation's lines run it in SKU order, after the order's lock.
+	takeStockSQL = `UPDATE stock SET available = available - $2, updated_at = $3
+WHERE sku = $1 AND available >= $2 AND NOT EXISTS (SELECT FROM reservations WHERE order_id = $4)`
 	// takeStockSavepointSQL and takeStockRollbackSQL make an order's takeStockSQL all or
 	// nothing when one of its lines is short.
 	takeStockSavepointSQL = `SAVEPOINT take_stock`
