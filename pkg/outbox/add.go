@@ -35,8 +35,8 @@ const insertMessages = `
 INSERT INTO {{.Messages}} (id, exchange, routing_key, type, aggregate_type, aggregate_id, payload, headers)
 SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[]::json[], $8::text[]::jsonb[])`
 
-// ErrInvalidMessage is wrapped by the errors of [Message.Validate], and so of [Add] and
-// [AddSQL] for a message they refuse.
+// ErrInvalidMessage is wrapped by the errors of [Message.Validate], and so of [Add], [AddSQL]
+// and [QueueAdd] for a message they refuse.
 var ErrInvalidMessage = errors.New("outbox: invalid message")
 
 // Add writes msgs to the outbox inside tx, the caller's transaction: they become visible to

@@ -1,11 +1,11 @@
 // Package outbox is a transactional outbox for PostgreSQL (pgx v5).
 //
 // [Add] writes events into the outbox table inside the caller's transaction ([AddSQL]
-// through database/sql), so that the business change and its events commit, or roll back,
-// together. A [Relay] then publishes the committed rows through a [Publisher] (package
-// outboxrabbitmq has the RabbitMQ one) and marks them published. The package-level
-// functions work on the default [Tables]; a [Store] has each of them as a method, for
-// tables of your naming.
+// through database/sql, [QueueAdd] on the caller's pgx.Batch), so that the business change
+// and its events commit, or roll back, together. A [Relay] then publishes the committed rows
+// through a [Publisher] (package outboxrabbitmq has the RabbitMQ one) and marks them
+// published. The package-level functions work on the default [Tables]; a [Store] has each of
+// them as a method, for tables of your naming.
 //
 // This documentation is the reference; the folder's README.md explains the design and
 // operations, cited here as README.md#section.

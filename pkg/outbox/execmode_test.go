@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxshop/outboxshop/pkg/outbox"
@@ -48,9 +49,10 @@ func (p *failFirst) Publish(ctx context.Context, msgs []outbox.Message) []error 
 // TestQueryExecModes runs the library on pools in every pgx query exec mode. A pool behind
 // PgBouncer in transaction pooling uses exec or simple_protocol (no named prepared
 // statements), and some adopters set describe_exec or cache_describe: every statement must
-// bind its parameters in each of them. Each mode migrates, adds one message and several
-// in one transaction, publishes them, marks a failure and a refusal, buries a message,
-// lists and requeues it, reads the stats and cleans up.
+// bind its parameters in each of them. Each mode migrates, adds one message and several in
+// one transaction (with Add, and with QueueAdd among other statements), publishes them,
+// marks a failure and a refusal, buries a message, lists and requeues it, reads the stats
+// and cleans up.
 func TestQueryExecModes(t *testing.T) {
 	t.Parallel()
 	for mode := range testinfra.QueryExecModes {
@@ -74,6 +76,20 @@ func TestQueryExecModes(t *testing.T) {
 			all = append(all, b.write(t, b.msg("several", 0), b.msg("several", 1), b.msg("failed", 0), b.msg("refused", 0))...)
 			dead := b.write(t, b.msg("permanent", 0))[0]
 			all = append(all, dead)
+			// QueueAdd's statement among a caller's, one message and several: in
+			// simple_protocol the batch is one string of statements.
+			for _, queued := range [][]outbox.Message{{b.msg("queued", 0)}, {b.msg("queued", 1), b.msg("queued", 2)}} {
+				require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					var batch pgx.Batch
+					batch.Queue("SELECT $1::text", "before")
+					if err := outbox.QueueAdd(ctx, &batch, queued...); err != nil {
+						return err
+					}
+					batch.Queue("SELECT $1::text", "after")
+					return tx.SendBatch(ctx, &batch).Close()
+				}))
+				all = append(all, queued...)
+			}
 
 			cfg := fastConfig(t)
 			b.startRelay(t, pool, pub, cfg)

@@ -21,8 +21,9 @@ type Store struct {
 	propagator propagation.TextMapPropagator
 }
 
-// WithPropagator returns a copy of s whose Add and AddSQL record the trace context through p
-// instead of the global propagator (nil). Give the relay the same ([Config].Propagator).
+// WithPropagator returns a copy of s whose Add, AddSQL and QueueAdd record the trace context
+// through p instead of the global propagator (nil). Give the relay the same
+// ([Config].Propagator).
 func (s *Store) WithPropagator(p propagation.TextMapPropagator) *Store {
 	c := *s
 	c.propagator = p

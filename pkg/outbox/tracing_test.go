@@ -163,6 +163,18 @@ func TestTracing(t *testing.T) {
 		h := b.rowHeaders(t, m)
 		require.Equal(t, "tenant=acme", h[outbox.HeaderBaggage])
 		require.NotContains(t, h, outbox.HeaderTraceparent)
+
+		queued := []outbox.Message{b.msg("order-2", 1)}
+		require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+			var batch pgx.Batch
+			if err := store.QueueAdd(ctx, &batch, queued...); err != nil {
+				return err
+			}
+			return tx.SendBatch(ctx, &batch).Close()
+		}))
+		h = b.rowHeaders(t, queued[0])
+		require.Equal(t, "tenant=acme", h[outbox.HeaderBaggage], "QueueAdd: the store's propagator too")
+		require.NotContains(t, h, outbox.HeaderTraceparent)
 	})
 
 	t.Run("without a span Add records nothing", func(t *testing.T) {
