@@ -84,8 +84,9 @@ type StockReleased struct {
 
 // EventMeta is what an answer carries besides its body (internal/events, the same in both
 // services): the correlation id of the saga (the consumed message's) and the id of the
-// message that caused it, the consumed one. The trace context is not part of it: outbox.Add
-// records the one of the writing ctx, the consumer's process span, in the answer's headers.
+// message that caused it, the consumed one. The trace context is not part of it: the outbox
+// (outbox.QueueAdd) records the one of the writing ctx, the consumer's process span, in the
+// answer's headers.
 type EventMeta = events.Meta
 
 // decodeEvent reads an event body under the input policy of internal/input (valid UTF-8, one

@@ -353,6 +353,12 @@ func TestConfig(t *testing.T) {
 			"WAREHOUSE_CONSUMER_BATCH_SIZE": "8", "WAREHOUSE_CONSUMER_ACK_EVERY": "5"})
 		require.ErrorContains(t, err, "WAREHOUSE_CONSUMER_BATCH_SIZE (8) must be from 1 to WAREHOUSE_CONSUMER_PREFETCH (4)")
 		require.ErrorContains(t, err, "WAREHOUSE_CONSUMER_ACK_EVERY (5) must be from 0")
+		_, err = app.LoadConfigFrom(map[string]string{"WAREHOUSE_CONSUMER_PREFETCH": "64", "WAREHOUSE_CONSUMER_CONCURRENCY": "1",
+			"WAREHOUSE_CONSUMER_BATCH_SIZE": "33"})
+		require.ErrorContains(t, err, "WAREHOUSE_CONSUMER_BATCH_SIZE must be at most 32")
+		_, err = app.LoadConfigFrom(map[string]string{"WAREHOUSE_CONSUMER_PREFETCH": "64", "WAREHOUSE_CONSUMER_CONCURRENCY": "2",
+			"WAREHOUSE_CONSUMER_BATCH_SIZE": "32"})
+		require.NoError(t, err)
 		_, err = app.LoadConfigFrom(map[string]string{"WAREHOUSE_QUEUE": ""})
 		require.NoError(t, err, "an empty variable is unset")
 		_, err = app.LoadConfigFrom(map[string]string{"WAREHOUSE_AMQP_URL": "amqp://a:5672/,http://b/"})

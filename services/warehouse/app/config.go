@@ -5,6 +5,7 @@ import (
 
 	"github.com/outboxshop/outboxshop/internal/envconfig"
 	"github.com/outboxshop/outboxshop/internal/service"
+	"github.com/outboxshop/outboxshop/pkg/inbox"
 
 	warehouseamqp "github.com/outboxshop/outboxshop/services/warehouse/amqp"
 )
@@ -83,6 +84,11 @@ func (c Config) Validate() error {
 	v.Check(c.Queue != "" && c.DeadLetterQueue != "", "WAREHOUSE_QUEUE and WAREHOUSE_DEAD_LETTER_QUEUE are required")
 	v.Check(c.DatabaseMaxConns >= 4, "WAREHOUSE_DATABASE_MAX_CONNS must be at least 4, is %d", c.DatabaseMaxConns)
 	c.ConsumerEnv.Check(&v, "WAREHOUSE_", c.ConsumerConcurrency, c.ConsumerBatchSize)
+	// An order of several lines takes its stock under a savepoint; in a batch run again with
+	// a savepoint per message, that is two subtransactions per order, and a backend caches
+	// the ids of at most inbox.MaxBatch of them before every snapshot in the database pays.
+	v.Check(c.ConsumerBatchSize <= inbox.MaxBatch/2, "WAREHOUSE_CONSUMER_BATCH_SIZE must be at most %d (an order may take two subtransactions of a batch), is %d",
+		inbox.MaxBatch/2, c.ConsumerBatchSize)
 	c.RelayEnv.Check(&v, "WAREHOUSE_")
 	v.Check(int(c.DatabaseMaxConns) >= c.ConsumerConcurrency+c.RelayInFlightBatches+2,
 		"WAREHOUSE_DATABASE_MAX_CONNS (%d) must exceed WAREHOUSE_CONSUMER_CONCURRENCY (%d) by at least WAREHOUSE_RELAY_IN_FLIGHT_BATCHES + 2 (%d: the relay's batches, its maintenance and the API)",

@@ -48,23 +48,24 @@ func (s *Store) ApplyOrderCreated(ctx context.Context, tx pgx.Tx, ev warehouse.O
 	if err != nil {
 		return warehouse.OrderOutcome{}, err
 	}
-	if err := s.answer(ctx, tx, &w, ev.OrderID, msg); err != nil {
-		return warehouse.OrderOutcome{}, err
+	if err := s.answer(ctx, tx, &w, msg); err != nil {
+		return warehouse.OrderOutcome{}, fmt.Errorf("reserve order %s: %w", ev.OrderID, err)
 	}
 	return warehouse.OrderOutcome{Decision: d, AnswerID: msg.ID}, nil
 }
 
 // answer queues msg, the answer to an order's event, on w after the writes that record the
 // decision, and sends them all: one round trip.
-func (s *Store) answer(ctx context.Context, tx pgx.Tx, w *writes, orderID uuid.UUID, msg outbox.Message) error {
+func (s *Store) answer(ctx context.Context, tx pgx.Tx, w *writes, msg outbox.Message) error {
+	what := "write " + msg.Type + " to the outbox"
+	queued := w.b.Len()
 	if err := s.outbox.QueueAdd(ctx, &w.b, msg); err != nil {
-		return fmt.Errorf("order %s: write %s to the outbox: %w", orderID, msg.Type, err)
+		return fmt.Errorf("%s: %w", what, err)
 	}
-	w.what = append(w.what, "write "+msg.Type+" to the outbox")
-	if err := w.send(ctx, tx); err != nil {
-		return fmt.Errorf("order %s: %w", orderID, err)
+	for range w.b.Len() - queued { // one statement, as QueueAdd promises; named whatever it is
+		w.what = append(w.what, what)
 	}
-	return nil
+	return w.send(ctx, tx)
 }
 
 // ApplyOrderCancelled applies an OrderCancelled inside tx, the consumer's inbox transaction:
@@ -91,8 +92,8 @@ func (s *Store) ApplyOrderCancelled(ctx context.Context, tx pgx.Tx, ev warehouse
 	if err != nil {
 		return warehouse.OrderOutcome{}, err
 	}
-	if err := s.answer(ctx, tx, &w, ev.OrderID, msg); err != nil {
-		return warehouse.OrderOutcome{}, err
+	if err := s.answer(ctx, tx, &w, msg); err != nil {
+		return warehouse.OrderOutcome{}, fmt.Errorf("release order %s: %w", ev.OrderID, err)
 	}
 	return warehouse.OrderOutcome{Decision: d, Released: released, AnswerID: msg.ID}, nil
 }
@@ -119,9 +120,10 @@ func Reserve(ctx context.Context, tx pgx.Tx, orderID uuid.UUID, lines []warehous
 }
 
 // reserve is [Reserve] with the writes that record the outcome queued on w rather than
-// sent, for the caller to send with the answer. A new order costs two round trips: the
-// order's lock, its reservation (none yet) and the stock taken in one (lockLoadAndTake), then
-// w.
+// sent, for the caller to send with the answer. A new order whose stock is there costs two
+// round trips: the order's lock, its reservation (none yet) and the stock taken in one
+// (lockLoadAndTake), then w; one that is short costs two more (the savepoint's rollback,
+// when it has several lines, and the decision under the stock rows' locks).
 func reserve(ctx context.Context, tx pgx.Tx, w *writes, orderID uuid.UUID, lines []warehouse.Line, messageID string, now time.Time) (warehouse.Decision, error) {
 	existing, taken, err := lockLoadAndTake(ctx, tx, orderID, lines, now)
 	if err != nil {
@@ -135,14 +137,18 @@ func reserve(ctx context.Context, tx pgx.Tx, w *writes, orderID uuid.UUID, lines
 		w.queue("record late order", markCreatedSQL, orderID, messageID, now)
 		w.queue("insert reservation lines", insertReservationLinesSQL, orderID, warehouse.SKUs(lines), warehouse.Quantities(lines))
 		return d, nil
-	case warehouse.ActionReserve: // no reservation: lockLoadAndTake took the stock if it could
+	case warehouse.ActionReserve:
+		// takeStockSQL took the stock if the order had no reservation, the one case in which
+		// DecideCreated reserves: were that ever to change, nothing was taken.
+		if existing != nil {
+			return d, fmt.Errorf("reserve order %s: %s for an order with a reservation (%s): takeStockSQL took nothing", orderID, d, existing.Status)
+		}
 	default:
 		return d, fmt.Errorf("reserve order %s: unexpected decision %s", orderID, d)
 	}
 
-	// The stock rows are locked as late as possible, since their locks are held until the
-	// commit: they were taken in the order's first round trip, and what follows is one more
-	// (w, with the answer).
+	// The stock rows' locks are held until the commit: they were taken in the order's first
+	// round trip, and what follows it is one more (w, with the answer).
 	if !taken {
 		// A line is short or unknown: decide under the stock rows' locks, which also reads
 		// the levels the rejection reports; stock that came back in between is reserved.
@@ -200,7 +206,7 @@ func (w *writes) send(ctx context.Context, tx pgx.Tx) error {
 			return dbError(what, err)
 		}
 	}
-	return dbError(w.what[len(w.what)-1], res.Close())
+	return dbError("record the outcome", res.Close())
 }
 
 // lockLoadAndTake sends in one round trip the order's lock, the reads of its reservation

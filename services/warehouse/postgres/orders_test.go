@@ -8,9 +8,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxshop/outboxshop/internal/testinfra"
 	"github.com/outboxshop/outboxshop/services/warehouse"
 	"github.com/outboxshop/outboxshop/services/warehouse/postgres"
 )
@@ -100,31 +102,50 @@ func TestReserve(t *testing.T) {
 
 	// The copies of one order's event race: the order's lock lets one through at a time, and
 	// the stock each later copy would take sees the reservation the first committed (every
-	// statement of the round trip that takes stock reads after the lock was granted).
+	// statement of the round trip that takes stock reads after the lock was granted). The
+	// test holds the order's lock until every copy waits for it, its stock statements
+	// already sent.
 	t.Run("copies of one order at once take its stock once", func(t *testing.T) {
 		t.Parallel()
+		ctx := context.Background()
 		b := setup(t)
 		id := newOrderID()
 		lines := []warehouse.Line{{SKU: "BAG-1", Quantity: 1}, {SKU: "PEN-1", Quantity: 2}}
 		bag, pen := b.available(t, "BAG-1"), b.available(t, "PEN-1")
 		const copies = 8
+		cfg := b.pool.Config()
+		cfg.MaxConns = copies + 2 // the copies, the holder, the check
+		pool, err := pgxpool.NewWithConfig(ctx, cfg)
+		require.NoError(t, err)
+		defer pool.Close()
+		holder, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { _ = holder.Rollback(ctx) }()
+		const orderLockClass = 0x57484f55 // lockOrderSQL's first key
+		_, err = holder.Exec(ctx, "SELECT pg_advisory_xact_lock($1, hashtext($2))", int32(orderLockClass), id.String())
+		require.NoError(t, err)
+
 		var (
 			wg      sync.WaitGroup
 			actions = make(chan warehouse.Action, copies)
-			start   = make(chan struct{})
 		)
 		for i := range copies {
 			wg.Go(func() {
-				<-start
-				err := pgx.BeginFunc(context.Background(), b.pool, func(tx pgx.Tx) error {
-					d, err := postgres.Reserve(context.Background(), tx, id, lines, fmt.Sprint("copy-", i), time.Now())
+				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					d, err := postgres.Reserve(ctx, tx, id, lines, fmt.Sprint("copy-", i), time.Now())
 					actions <- d.Action
 					return err
 				})
 				assert.NoError(t, err) // not require: this is not the test's goroutine
 			})
 		}
-		close(start)
+		testinfra.Eventually(t, 30*time.Second, func() bool {
+			var waiting int
+			err := pool.QueryRow(ctx, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND classid::bigint = $1",
+				int64(orderLockClass)).Scan(&waiting)
+			return err == nil && waiting == copies
+		}, "the copies did not all wait for the order's lock")
+		require.NoError(t, holder.Commit(ctx))
 		wg.Wait()
 		close(actions)
 		count := map[warehouse.Action]int{}
@@ -270,6 +291,36 @@ func TestRelease(t *testing.T) {
 		require.Equal(t, warehouse.ActionIgnore, b.reserve(t, id, []warehouse.Line{{SKU: "TEE-1", Quantity: 3}}).Action)
 		d, _ = b.release(t, id, "c2")
 		require.Equal(t, warehouse.ActionIgnore, d.Action)
+		b.requireConsistent(t)
+	})
+
+	t.Run("before its order of several lines, and the late order takes none of them", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		id := newOrderID()
+		d, _ := b.release(t, id, "c1")
+		require.Equal(t, warehouse.ActionTombstone, d.Action)
+		tee, bag := b.available(t, "TEE-1"), b.available(t, "BAG-1")
+		// In one transaction, as in an inbox batch: the late order, then a new one, which
+		// reserves after the savepoint the late order left behind.
+		other := newOrderID()
+		var late, next warehouse.Decision
+		require.NoError(t, pgx.BeginFunc(context.Background(), b.pool, func(tx pgx.Tx) error {
+			var err error
+			late, err = postgres.Reserve(context.Background(), tx, id, []warehouse.Line{{SKU: "BAG-1", Quantity: 1}, {SKU: "TEE-1", Quantity: 3}}, "m1", time.Now())
+			if err != nil {
+				return err
+			}
+			next, err = postgres.Reserve(context.Background(), tx, other, []warehouse.Line{{SKU: "BAG-1", Quantity: 1}, {SKU: "TEE-1", Quantity: 1}}, "m2", time.Now())
+			return err
+		}))
+		require.Equal(t, warehouse.ActionReject, late.Action)
+		require.Equal(t, warehouse.ReasonOrderCancelled, late.Reason)
+		require.Empty(t, b.movements(t, id))
+		require.Len(t, b.reservation(t, id).Lines, 2)
+		require.Equal(t, warehouse.ActionReserve, next.Action)
+		require.Equal(t, tee-1, b.available(t, "TEE-1"), "only the new order's line")
+		require.Equal(t, bag-1, b.available(t, "BAG-1"))
 		b.requireConsistent(t)
 	})
 

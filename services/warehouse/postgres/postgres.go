@@ -11,14 +11,18 @@
 // advisory lock on the order id, so that an OrderCreated and an OrderCancelled of the same
 // order never interleave (and their outbox rows are written in commit order). A reservation
 // then takes each line's quantity with one conditional UPDATE (… WHERE available >=
-// quantity) per line, in SKU order, all in one round trip: the row lock a hot SKU's
-// transactions queue for is taken by the statement that changes the row, as late as
-// possible, and held through the commit as any row lock is. When a line is short, its
-// lines are rolled back to a savepoint and the decision is taken again under SELECT …
-// ORDER BY sku FOR UPDATE, which also reads the levels the rejection reports; a release
-// locks the same way. Every transaction locks SKUs in the same order, so two of them never
-// deadlock, and stock never goes negative (the CHECK (available >= 0) constraint is the
-// safety net).
+// quantity, and the order has no reservation yet) per line, in SKU order, sent in the round
+// trip of the order's lock and the reads of its reservation, each statement running once the
+// one before it is done: the row lock a hot SKU's transactions queue for is taken by the
+// statement that changes the row, and held through the commit as any row lock is; what
+// follows is one more round trip, the reservation's rows with the answer's outbox row
+// (outbox.QueueAdd). When a line is short, its lines are rolled back to a savepoint and the
+// decision is taken again under SELECT … ORDER BY sku FOR UPDATE, which also reads the levels
+// the rejection reports; a release locks the same way. Every transaction locks SKUs in the
+// same order, so two of them never deadlock over stock rows (transactions of one inbox
+// batch hold each other's locks longer: the consumer cuts a batch at a deadlock or a lock
+// wait past its timeout), and stock never goes negative (the CHECK (available >= 0)
+// constraint is the safety net).
 package postgres
 
 import (

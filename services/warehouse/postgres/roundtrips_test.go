@@ -35,8 +35,11 @@ func (r *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEnd
 // TestRoundTrips: the handlers' statements, the outbox's answer included, go to PostgreSQL in
 // as few round trips as their decisions allow, since a consumer's batch runs its messages'
 // handlers one after another on one connection: a new order reserves in two (the order's
-// lock with its reservation and the stock taken, then the records with the answer), a redelivered
-// one is ignored in one, a cancellation releases in three.
+// lock with its reservation and the stock taken, then the records with the answer), a
+// redelivered one is ignored in one, a cancellation releases in three; a short order of one
+// line is rejected in three, of several in four (the savepoint's rollback). Counted on a
+// connection that has prepared every statement already (the pool's statement cache), as a
+// consumer's connections have after their first orders.
 func TestRoundTrips(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -44,6 +47,7 @@ func TestRoundTrips(t *testing.T) {
 	require.NoError(t, err)
 	var rt roundTrips
 	cfg.ConnConfig.Tracer = &rt
+	cfg.MaxConns = 1 // one connection, whose statement cache the warm-up fills
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
@@ -51,7 +55,7 @@ func TestRoundTrips(t *testing.T) {
 	store, err := postgres.NewStore(pool, postgres.StoreConfig{Exchange: "test.events"})
 	require.NoError(t, err)
 	b := &bundle{pool: pool, store: store}
-	b.setStock(t, map[string]int64{"BOOK-1": 10, "MUG-1": 10})
+	b.setStock(t, map[string]int64{"BOOK-1": 10, "MUG-1": 10, "LAMP-1": 0})
 
 	// apply runs fn in a transaction and returns the round trips between its BEGIN and its
 	// COMMIT.
@@ -66,28 +70,43 @@ func TestRoundTrips(t *testing.T) {
 		}))
 		return n
 	}
-	orderID := uuid.Must(uuid.NewV7())
-	lines := []warehouse.Line{{SKU: "BOOK-1", Quantity: 2}, {SKU: "MUG-1", Quantity: 1}}
-	created := func(msgID string) func(tx pgx.Tx) error {
+	created := func(orderID uuid.UUID, lines []warehouse.Line, msgID string, want warehouse.Action) func(tx pgx.Tx) error {
 		return func(tx pgx.Tx) error {
 			out, err := store.ApplyOrderCreated(ctx, tx, warehouse.OrderCreated{Header: events.Header{OrderID: orderID}, Items: lines},
 				warehouse.EventMeta{CausationID: msgID})
-			require.NotEqual(t, warehouse.ActionReject, out.Decision.Action)
+			require.Equal(t, want, out.Decision.Action)
 			return err
 		}
 	}
+	cancelled := func(orderID uuid.UUID, msgID string) func(tx pgx.Tx) error {
+		return func(tx pgx.Tx) error {
+			out, err := store.ApplyOrderCancelled(ctx, tx, warehouse.OrderCancelled{Header: events.Header{OrderID: orderID}}, warehouse.EventMeta{CausationID: msgID})
+			require.Equal(t, warehouse.ActionRelease, out.Decision.Action)
+			return err
+		}
+	}
+	lines := []warehouse.Line{{SKU: "BOOK-1", Quantity: 2}, {SKU: "MUG-1", Quantity: 1}}
+	short := []warehouse.Line{{SKU: "LAMP-1", Quantity: 1}}
+	shortOfTwo := []warehouse.Line{{SKU: "BOOK-1", Quantity: 1}, {SKU: "LAMP-1", Quantity: 1}}
 
-	require.EqualValues(t, 2, apply(created("m-1")), "a new order")
+	// The warm-up: every path once, on orders of its own.
+	warm := uuid.Must(uuid.NewV7())
+	apply(created(warm, lines, "w-1", warehouse.ActionReserve))
+	apply(created(warm, lines, "w-1", warehouse.ActionIgnore))
+	apply(cancelled(warm, "w-2"))
+	apply(created(uuid.Must(uuid.NewV7()), short, "w-3", warehouse.ActionReject))
+	apply(created(uuid.Must(uuid.NewV7()), shortOfTwo, "w-4", warehouse.ActionReject))
+
+	orderID := uuid.Must(uuid.NewV7())
+	require.EqualValues(t, 2, apply(created(orderID, lines, "m-1", warehouse.ActionReserve)), "a new order")
 	require.Equal(t, warehouse.StatusReserved, b.reservation(t, orderID).Status)
-	require.EqualValues(t, 1, apply(created("m-1")), "a redelivery, ignored")
-	require.EqualValues(t, 3, apply(func(tx pgx.Tx) error {
-		out, err := store.ApplyOrderCancelled(ctx, tx, warehouse.OrderCancelled{Header: events.Header{OrderID: orderID}}, warehouse.EventMeta{CausationID: "c-1"})
-		require.Equal(t, warehouse.ActionRelease, out.Decision.Action)
-		return err
-	}), "a cancellation that releases")
+	require.EqualValues(t, 1, apply(created(orderID, lines, "m-1", warehouse.ActionIgnore)), "a redelivery, ignored")
+	require.EqualValues(t, 3, apply(cancelled(orderID, "c-1")), "a cancellation that releases")
 	require.Equal(t, warehouse.StatusReleased, b.reservation(t, orderID).Status)
+	require.EqualValues(t, 3, apply(created(uuid.Must(uuid.NewV7()), short, "m-2", warehouse.ActionReject)), "a short order of one line")
+	require.EqualValues(t, 4, apply(created(uuid.Must(uuid.NewV7()), shortOfTwo, "m-3", warehouse.ActionReject)), "a short order of two lines")
 	require.EqualValues(t, 10, b.available(t, "BOOK-1"))
 	var answers int
 	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM outbox_messages").Scan(&answers))
-	require.Equal(t, 2, answers, "StockReserved and StockReleased, each written with its records")
+	require.Equal(t, 2*4, answers, "each answer written with its records (StockReserved, StockReleased, StockRejected)")
 }
