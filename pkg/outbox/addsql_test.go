@@ -59,6 +59,32 @@ func awkward(b *bundle, aggregate string) []outbox.Message {
 	return msgs
 }
 
+// requireSameRows checks that the rows of got, written by another path than Add, hold what
+// the rows of want, written by Add before them, hold, and come after them in the table's
+// order, so that they are published after them in the same aggregate.
+func (b *bundle) requireSameRows(t *testing.T, want, got []outbox.Message) {
+	t.Helper()
+	ctx := context.Background()
+	const row = `SELECT exchange, routing_key, type, aggregate_type, aggregate_id, payload::text, headers, attempts,
+		published_at IS NULL AND dead_at IS NULL FROM outbox_messages WHERE id = $1`
+	read := func(id uuid.UUID) []any {
+		var ex, key, typ, aggType, aggID, payload string
+		var headers map[string]string
+		var attempts int
+		var pending bool
+		require.NoError(t, b.pool.QueryRow(ctx, row, id).Scan(&ex, &key, &typ, &aggType, &aggID, &payload, &headers, &attempts, &pending))
+		return []any{ex, key, typ, aggType, aggID, payload, headers, attempts, pending}
+	}
+	require.Len(t, got, len(want))
+	for i := range want {
+		require.Equal(t, read(want[i].ID), read(got[i].ID))
+	}
+	var wantSeq, gotSeq int64
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT max(seq) FROM outbox_messages WHERE id = ANY($1)", ids(want)).Scan(&wantSeq))
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT min(seq) FROM outbox_messages WHERE id = ANY($1)", ids(got)).Scan(&gotSeq))
+	require.Less(t, wantSeq, gotSeq, "written after, so published after, in the same aggregate")
+}
+
 // TestAddSQL: a message added through database/sql is stored and published exactly like one
 // added through pgx, and a bad one is refused the same way.
 func TestAddSQL(t *testing.T) {
@@ -118,23 +144,7 @@ func TestAddSQL(t *testing.T) {
 		viaPgx := b.write(t, awkward(b, "agg")...)
 		viaSQL := awkward(b, "agg")
 		require.NoError(t, addSQL(ctx, db, viaSQL...))
-		const row = `SELECT exchange, routing_key, type, aggregate_type, aggregate_id, payload::text, headers, attempts,
-			published_at IS NULL AND dead_at IS NULL FROM outbox_messages WHERE id = $1`
-		read := func(id uuid.UUID) []any {
-			var ex, key, typ, aggType, aggID, payload string
-			var headers map[string]string
-			var attempts int
-			var pending bool
-			require.NoError(t, b.pool.QueryRow(ctx, row, id).Scan(&ex, &key, &typ, &aggType, &aggID, &payload, &headers, &attempts, &pending))
-			return []any{ex, key, typ, aggType, aggID, payload, headers, attempts, pending}
-		}
-		for i := range viaPgx {
-			require.Equal(t, read(viaPgx[i].ID), read(viaSQL[i].ID))
-		}
-		var pgxSeq, sqlSeq int64
-		require.NoError(t, b.pool.QueryRow(ctx, "SELECT max(seq) FROM outbox_messages WHERE id = ANY($1)", ids(viaPgx)).Scan(&pgxSeq))
-		require.NoError(t, b.pool.QueryRow(ctx, "SELECT min(seq) FROM outbox_messages WHERE id = ANY($1)", ids(viaSQL)).Scan(&sqlSeq))
-		require.Less(t, pgxSeq, sqlSeq, "written after, so published after, in the same aggregate")
+		b.requireSameRows(t, viaPgx, viaSQL)
 	})
 
 	t.Run("RefusesLikeAdd", func(t *testing.T) {

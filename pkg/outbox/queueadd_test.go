@@ -75,23 +75,7 @@ func TestQueueAdd(t *testing.T) {
 			require.NotEqual(t, uuid.Nil, m.ID, "QueueAdd fills in the id, as Add does")
 		}
 
-		const row = `SELECT exchange, routing_key, type, aggregate_type, aggregate_id, payload::text, headers, attempts,
-			published_at IS NULL AND dead_at IS NULL FROM outbox_messages WHERE id = $1`
-		read := func(id uuid.UUID) []any {
-			var ex, key, typ, aggType, aggID, payload string
-			var headers map[string]string
-			var attempts int
-			var pending bool
-			require.NoError(t, b.pool.QueryRow(ctx, row, id).Scan(&ex, &key, &typ, &aggType, &aggID, &payload, &headers, &attempts, &pending))
-			return []any{ex, key, typ, aggType, aggID, payload, headers, attempts, pending}
-		}
-		for i := range viaAdd {
-			require.Equal(t, read(viaAdd[i].ID), read(queued[i].ID))
-		}
-		var addSeq, queuedSeq int64
-		require.NoError(t, b.pool.QueryRow(ctx, "SELECT max(seq) FROM outbox_messages WHERE id = ANY($1)", ids(viaAdd)).Scan(&addSeq))
-		require.NoError(t, b.pool.QueryRow(ctx, "SELECT min(seq) FROM outbox_messages WHERE id = ANY($1)", ids(queued)).Scan(&queuedSeq))
-		require.Less(t, addSeq, queuedSeq, "written after, so published after, in the same aggregate")
+		b.requireSameRows(t, viaAdd, queued)
 		require.Equal(t, len(viaAdd)+len(queued)+1, b.count(t, "true"))
 	})
 
