@@ -66,7 +66,20 @@ type PostgresServer struct {
 // CI=true.
 func StartPostgresPair(t testing.TB) *PostgresPair {
 	t.Helper()
-	p, err := startPostgresPair()
+	return startPair(t)
+}
+
+// StartLogicalPostgresPair is [StartPostgresPair] with both servers at wal_level=logical, for
+// tests that read the primary's changes through a logical replication slot. On PostgreSQL 15
+// the standby has no slot of its own: once promoted, it decodes for new slots only.
+func StartLogicalPostgresPair(t testing.TB) *PostgresPair {
+	t.Helper()
+	return startPair(t, "-c", "wal_level=logical")
+}
+
+func startPair(t testing.TB, settings ...string) *PostgresPair {
+	t.Helper()
+	p, err := startPostgresPair(settings...)
 	if p != nil {
 		t.Cleanup(p.stop)
 	}
@@ -83,7 +96,7 @@ func StartPostgresPair(t testing.TB) *PostgresPair {
 // startPostgresPair makes the pair: its directories, the primary, the standby cloned from
 // it, and the wait until the standby is synchronous. It returns the pair as far as it got,
 // for its cleanup, with the error that stopped it.
-func startPostgresPair() (*PostgresPair, error) {
+func startPostgresPair(settings ...string) (*PostgresPair, error) {
 	binDir, err := postgresBinDir()
 	if err != nil {
 		return nil, err
@@ -98,7 +111,7 @@ func startPostgresPair() (*PostgresPair, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if err := p.startServers(ctx); err != nil {
+	if err := p.startServers(ctx, settings...); err != nil {
 		return p, err
 	}
 	return p, p.waitSynchronous(ctx)
@@ -149,22 +162,22 @@ func newPostgresPair(binDir string, cred *syscall.Credential) (*PostgresPair, er
 }
 
 // startServers initialises the primary and starts it, clones the standby from it with
-// pg_basebackup -R, and starts the standby.
-func (p *PostgresPair) startServers(ctx context.Context) error {
+// pg_basebackup -R, and starts the standby, each server with the extra settings given.
+func (p *PostgresPair) startServers(ctx context.Context, settings ...string) error {
 	if out, err := p.run(ctx, "initdb", "-D", p.Primary.data, "-U", "postgres", "--auth=trust",
 		"-E", "UTF8", "--no-locale", "--no-sync"); err != nil {
 		return fmt.Errorf("initdb: %w\n%s", err, out)
 	}
 	// Only the primary's command line names the synchronous standby: once promoted, the
 	// standby has none to wait for, and its commits return at once.
-	if err := p.Primary.start(ctx, "-c", "synchronous_standby_names=FIRST 1 ("+standbyName+")"); err != nil {
+	if err := p.Primary.start(ctx, append([]string{"-c", "synchronous_standby_names=FIRST 1 (" + standbyName + ")"}, settings...)...); err != nil {
 		return err
 	}
 	if out, err := p.run(ctx, "pg_basebackup", "-h", "127.0.0.1", "-p", strconv.Itoa(p.Primary.Port),
 		"-U", "postgres", "-D", p.Standby.data, "-R", "-X", "stream", "--no-sync"); err != nil {
 		return fmt.Errorf("pg_basebackup: %w\n%s", err, out)
 	}
-	return p.Standby.start(ctx)
+	return p.Standby.start(ctx, settings...)
 }
 
 // waitSynchronous waits until the primary streams to the standby synchronously: before
