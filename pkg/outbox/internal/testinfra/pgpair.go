@@ -320,10 +320,10 @@ func (p *PostgresPair) RestartPrimary(t testing.TB) {
 	}
 }
 
-// restart starts a killed server again with the arguments of its first start. Its old
-// backends may still hold its shared memory for a moment (each is in a session of its own,
-// which the postmaster's SIGKILL does not reach: they exit when they see the postmaster
-// gone), and a postmaster that finds it in use refuses to start: it is tried again.
+// restart starts a killed server again with the arguments of its first start. A
+// postmaster that finds the old shared memory block still in use refuses to start (the
+// kernel may take a moment to release it after the last process attached to it died): it is
+// tried again.
 func (s *PostgresServer) restart() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -399,25 +399,85 @@ func (s *PostgresServer) start(ctx context.Context, extra ...string) error {
 	}
 }
 
-// kill SIGKILLs the server's process group and waits until none of it is left: a backend
-// that outlived its postmaster would hold the shared memory.
+// kill SIGKILLs the server, its postmaster and every process the postmaster started, as a
+// crash of its machine would, and returns once none of them runs. Each child of the
+// postmaster (backend, walsender, walreceiver, …) runs in a session of its own (PostgreSQL
+// calls setsid), which a signal to the postmaster's process group does not reach; left
+// alone, a walreceiver or a backend goes on for a moment after its postmaster died: long
+// enough for a standby to acknowledge a synchronous commit, or for a primary's backend to
+// commit and replicate one. So the postmaster is stopped first, that it start no process
+// while its children are listed, and then all are killed.
 func (s *PostgresServer) kill() error {
 	if s.pgid == 0 {
 		return nil
 	}
+	_ = syscall.Kill(s.pgid, syscall.SIGSTOP)
+	children := childProcesses(s.pgid)
 	_ = syscall.Kill(-s.pgid, syscall.SIGKILL)
+	for _, pid := range children {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
 	select {
 	case <-s.exited:
 	case <-time.After(30 * time.Second):
 		return fmt.Errorf("%s: postmaster still running 30s after SIGKILL", s.name)
 	}
-	for deadline := time.Now().Add(30 * time.Second); syscall.Kill(-s.pgid, 0) == nil; time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); syscall.Kill(-s.pgid, 0) == nil || anyRunning(children); time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%s: backends still running 30s after SIGKILL", s.name)
+			return fmt.Errorf("%s: processes still running 30s after SIGKILL", s.name)
 		}
 	}
 	s.pgid = 0
 	return nil
+}
+
+// childProcesses returns the processes whose parent is pid, from /proc.
+func childProcesses(pid int) []int {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	var out []int
+	for _, e := range entries {
+		child, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if _, ppid, ok := procStat(child); ok && ppid == pid {
+			out = append(out, child)
+		}
+	}
+	return out
+}
+
+// anyRunning reports whether one of pids has not exited (a zombie has).
+func anyRunning(pids []int) bool {
+	for _, pid := range pids {
+		if state, _, ok := procStat(pid); ok && state != "Z" && state != "X" {
+			return true
+		}
+	}
+	return false
+}
+
+// procStat reads the state and the parent of process pid from /proc/<pid>/stat; ok is false
+// when there is no such process.
+func procStat(pid int) (state string, ppid int, ok bool) {
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return "", 0, false
+	}
+	// pid (comm) state ppid …; comm may hold spaces and parentheses: it ends at the last ')'.
+	i := strings.LastIndexByte(string(stat), ')')
+	if i < 0 {
+		return "", 0, false
+	}
+	fields := strings.Fields(string(stat[i+1:]))
+	if len(fields) < 2 {
+		return "", 0, false
+	}
+	ppid, err = strconv.Atoi(fields[1])
+	return fields[0], ppid, err == nil
 }
 
 // stop kills both servers and removes their directories.
