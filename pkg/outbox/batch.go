@@ -255,7 +255,7 @@ func (r *Relay) cycle(ctx context.Context) (cycleResult, error) {
 // claimNext claims the next batch in a transaction of its own. It returns nil, and no
 // error, when no row is due.
 func (r *Relay) claimNext(ctx context.Context) (_ *batch, err error) {
-	if !r.maint.inRun.Load() { // Run maintains on a goroutine of its own
+	if !r.maint.inRun.Load() && !r.lane { // Run maintains on a goroutine of its own
 		r.maint.maybeRun(ctx)
 	}
 
@@ -488,7 +488,7 @@ func (r *Relay) claim(ctx context.Context, tx pgx.Tx) (msgs []Message, unreadabl
 	if err := tx.QueryRow(ctx, claimSettings, ms, ms).Scan(&ignored, &ignored, &ignored, &srv.synchronous, &srv.started); err != nil {
 		return nil, nil, srv, fmt.Errorf("set timeouts: %w", err)
 	}
-	rows, err := tx.Query(ctx, r.sql.claimBatch, r.cfg.BatchSize)
+	rows, err := tx.Query(ctx, r.claimSQL, r.cfg.BatchSize)
 	if err != nil {
 		return nil, nil, srv, err
 	}

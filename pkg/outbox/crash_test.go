@@ -28,6 +28,8 @@ const (
 	childAMQPEnv   = "OUTBOXSHOP_TEST_CHILD_AMQP"
 	childFailpoint = "OUTBOXSHOP_TEST_CHILD_FAILPOINT"
 	childBatchSize = "OUTBOXSHOP_TEST_CHILD_BATCH_SIZE"
+	// childWALURL, when set, makes the child a WAL relay reading through that URL.
+	childWALURL = "OUTBOXSHOP_TEST_CHILD_WAL_URL"
 )
 
 // runChild is the child process: run a relay that dies the first time it reaches the crash
@@ -48,7 +50,7 @@ func runChild() {
 	if n, err := strconv.Atoi(os.Getenv(childBatchSize)); err == nil {
 		batchSize = n
 	}
-	r, err := outbox.NewRelay(pool, pub, outbox.Config{
+	cfg := outbox.Config{
 		BatchSize: batchSize,
 		Hooks: outbox.Hooks{Failpoint: func(hit outbox.FailpointHit) {
 			if hit.Name == os.Getenv(childFailpoint) {
@@ -56,7 +58,13 @@ func runChild() {
 				select {} // the signal is on its way
 			}
 		}},
-	})
+	}
+	var r interface{ Run(context.Context) error }
+	if url := os.Getenv(childWALURL); url != "" {
+		r, err = outbox.NewWALRelay(pool, pub, cfg, outbox.WALConfig{URL: url})
+	} else {
+		r, err = outbox.NewRelay(pool, pub, cfg)
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "child:", err)
 		os.Exit(3)
@@ -72,11 +80,12 @@ func killedRelay(t *testing.T, dbURL, amqpURL, failpoint string) {
 }
 
 // killedRelayBatching is killedRelay with a relay of batchSize rows per batch.
-func killedRelayBatching(t *testing.T, dbURL, amqpURL, failpoint string, batchSize int) {
+func killedRelayBatching(t *testing.T, dbURL, amqpURL, failpoint string, batchSize int, env ...string) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), childEnv+"=1", childDBEnv+"="+dbURL, childAMQPEnv+"="+amqpURL, childFailpoint+"="+failpoint,
 		childBatchSize+"="+strconv.Itoa(batchSize))
+	cmd.Env = append(cmd.Env, env...)
 	out, err := cmd.CombinedOutput()
 	var exit *exec.ExitError
 	require.True(t, errors.As(err, &exit), "child relay: %v\n%s", err, out)

@@ -29,6 +29,9 @@ const (
 	FailpointAfterPublish = "relay.after-publish"
 	// FailpointAfterMark: rows marked published; the transaction is not committed yet.
 	FailpointAfterMark = "relay.after-mark"
+	// FailpointAfterCommit, in a [WALRelay]'s stream only: the batch's marks are committed;
+	// the slot's position does not count the batch yet.
+	FailpointAfterCommit = "relay.after-commit"
 )
 
 // NotifyChannel is the PostgreSQL channel the trigger of the default [Tables] notifies on
@@ -317,6 +320,12 @@ type Relay struct {
 
 	// maint takes rows that wait behind their aggregate's head out of the claim's way.
 	maint *maintenance
+	// claimSQL is the claim: sql.claimBatch, or for a WAL relay's retry lane
+	// sql.claimHanded, which takes only the rows the stream handed over (walrelay.go). A
+	// lane runs no maintenance passes: the stream's rows, which it leaves alone, are what
+	// they would walk.
+	claimSQL string
+	lane     bool
 
 	// The failure streaks of the relay's loops: each spaces its loop's attempts with the
 	// outage backoff and logs a failure once (package retry).
@@ -373,7 +382,8 @@ func NewRelay(pool RelayDB, pub Publisher, cfg Config) (*Relay, error) {
 	if sn, ok := pub.(MessagingSystemNamer); ok && cfg.MessagingSystem == "" {
 		cfg.MessagingSystem = sn.MessagingSystem()
 	}
-	r := &Relay{db: pool, listenDB: listenDB, pub: pub, cfg: cfg, sql: store.sql, state: StateStarting, tracer: cfg.TracerProvider.Tracer(TracerName)}
+	r := &Relay{db: pool, listenDB: listenDB, pub: pub, cfg: cfg, sql: store.sql, claimSQL: store.sql.claimBatch,
+		state: StateStarting, tracer: cfg.TracerProvider.Tracer(TracerName)}
 	outage := retry.Backoff{Base: cfg.OutageBaseDelay, Max: cfg.OutageMaxDelay}
 	streak := func(what string) *retry.Streak {
 		return &retry.Streak{What: what, Logger: cfg.Logger, Backoff: outage}
@@ -535,7 +545,9 @@ func (r *Relay) startBackground(ctx context.Context, wake chan<- struct{}) (stop
 		wg.Go(func() { r.listen(bctx, wake) })
 	}
 	r.maint.inRun.Store(true)
-	wg.Go(func() { r.maint.loop(bctx, wake) })
+	if !r.lane {
+		wg.Go(func() { r.maint.loop(bctx, wake) })
+	}
 	return func() {
 		cancel()
 		wg.Wait()

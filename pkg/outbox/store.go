@@ -40,6 +40,10 @@ type statements struct {
 	claimBatch, markPublished, markFailed string
 	markDeferred, releaseNext             string
 	markWaiting, repairWaiting            string
+	// The WAL relay's (walrelay.go).
+	claimHanded, markHeld, handPending string
+	heldAggregates, stillHeld          string
+	publicationHas                     string
 	// listen is LISTEN on the table's notify channel.
 	listen string
 }
@@ -101,6 +105,12 @@ func newStatements(n sqlNames) (statements, error) {
 		{"releaseNext", &s.releaseNext, releaseNext},
 		{"markWaiting", &s.markWaiting, markWaiting},
 		{"repairWaiting", &s.repairWaiting, repairWaiting},
+		{"claimHanded", &s.claimHanded, claimHanded},
+		{"markHeld", &s.markHeld, markHeld},
+		{"handPending", &s.handPending, handPending},
+		{"heldAggregates", &s.heldAggregates, heldAggregates},
+		{"stillHeld", &s.stillHeld, stillHeld},
+		{"publicationHas", &s.publicationHas, publicationHas},
 	} {
 		sql, err := renderStatement(st.name, st.tmpl, n)
 		if err != nil {

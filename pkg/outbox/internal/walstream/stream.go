@@ -1,6 +1,6 @@
 // Package walstream reads the outbox table's committed INSERTs from a logical replication
 // slot (pgoutput, PostgreSQL's built-in output plugin), one transaction at a time and in
-// commit order, as [outbox.Message] values: the reading half of a relay that tails the
+// commit order, as outbox.Message values: the reading half of a relay that tails the
 // transaction log instead of polling the table. The server keeps the slot's WAL until
 // [Stream.Confirm] says it is done with it, so a reader that stops, crashes or restarts
 // starts again after the last confirmed commit: nothing is skipped, and what came after that
@@ -17,23 +17,42 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
-
-	"github.com/outboxshop/outboxshop/pkg/outbox"
 )
+
+// Row is an outbox row as outbox.Message holds it: the same fields, in the same order, so
+// that outbox converts one into the other (this package cannot import it: outbox's WAL
+// relay imports this package).
+type Row struct {
+	ID            uuid.UUID
+	Exchange      string
+	RoutingKey    string
+	Type          string
+	AggregateType string
+	AggregateID   string
+	Payload       json.RawMessage
+	Headers       map[string]string
+	CreatedAt     time.Time
+	Attempts      int
+}
 
 // Commit is one committed transaction's outbox rows, in the order they were inserted, and the
 // position to confirm once every one of them is published (or dead): the end of its commit.
 type Commit struct {
 	End      pglogrepl.LSN
-	Messages []outbox.Message
-	// Seqs are the rows' seq column, for marking them in the table.
+	Messages []Row
+	// Seqs are the rows' seq column.
 	Seqs []int64
+	// Unreadable holds, by index, the rows whose columns are not what the outbox writes
+	// (headers that are not a JSON object of strings, written by hand, say): the reader
+	// settles them as poison rather than stop the stream.
+	Unreadable map[int]error
 }
 
 // Config says what to read.
@@ -49,6 +68,16 @@ type Config struct {
 	// StatusInterval is how often the stream tells the server its position while it waits,
 	// well inside the server's wal_sender_timeout. Default one second.
 	StatusInterval time.Duration
+	// Start is where the stream starts when it is past the slot's confirmed position: commits
+	// that end at or before it are not streamed again (a reader that knows more than the
+	// slot does, having confirmed what the server had not yet heard of). 0: the slot's.
+	Start pglogrepl.LSN
+	// Created, when set, is called once Open has created the slot, before the stream starts,
+	// with the name of a snapshot that sees exactly the transactions committed before the
+	// slot's first streamed commit (SET TRANSACTION SNAPSHOT, in a REPEATABLE READ
+	// transaction of another connection). If it fails, Open drops the slot again and fails:
+	// the next Open creates it again and calls Created again.
+	Created func(ctx context.Context, snapshot string) error
 }
 
 // Stream reads a slot. It is not safe for concurrent use.
@@ -57,7 +86,11 @@ type Stream struct {
 	conn       *pgconn.PgConn
 	relations  map[uint32]*pglogrepl.RelationMessage
 	lastStatus time.Time
-	confirmed  pglogrepl.LSN
+	// confirmed is what the stream reports to the server; Confirm and Advance raise it.
+	confirmed atomic.Uint64
+	// reported is the position the server was last told; lastEnd the end of the last commit
+	// Next returned.
+	reported, lastEnd pglogrepl.LSN
 }
 
 // Open connects to the database in replication mode, creates the slot if it does not exist,
@@ -80,15 +113,29 @@ func Open(ctx context.Context, cfg Config) (*Stream, error) {
 		return nil, fmt.Errorf("walstream: connect for replication: %w", err)
 	}
 	s := &Stream{cfg: cfg, conn: conn, relations: map[uint32]*pglogrepl.RelationMessage{}}
-	if _, err := pglogrepl.CreateReplicationSlot(ctx, conn, cfg.Slot, "pgoutput", pglogrepl.CreateReplicationSlotOptions{}); err != nil {
-		var pgErr *pgconn.PgError
-		if !errors.As(err, &pgErr) || pgErr.Code != "42710" { // duplicate_object: it exists
-			_ = conn.Close(ctx)
-			return nil, fmt.Errorf("walstream: create slot %s: %w", cfg.Slot, err)
-		}
+	s.confirmed.Store(uint64(cfg.Start))
+	action := "NOEXPORT_SNAPSHOT"
+	if cfg.Created != nil {
+		action = "EXPORT_SNAPSHOT"
 	}
-	// From 0: the server starts at the slot's confirmed_flush_lsn.
-	err = pglogrepl.StartReplication(ctx, conn, cfg.Slot, 0, pglogrepl.StartReplicationOptions{
+	created, err := pglogrepl.CreateReplicationSlot(ctx, conn, cfg.Slot, "pgoutput", pglogrepl.CreateReplicationSlotOptions{SnapshotAction: action})
+	switch {
+	case err == nil:
+		if cfg.Created != nil {
+			// The snapshot lives until the next command on this connection.
+			if err := cfg.Created(ctx, created.SnapshotName); err != nil {
+				derr := pglogrepl.DropReplicationSlot(ctx, conn, cfg.Slot, pglogrepl.DropReplicationSlotOptions{})
+				_ = conn.Close(ctx)
+				return nil, errors.Join(fmt.Errorf("walstream: slot %s created: %w", cfg.Slot, err), derr)
+			}
+		}
+	case isCode(err, "42710"): // duplicate_object: it exists
+	default:
+		_ = conn.Close(ctx)
+		return nil, fmt.Errorf("walstream: create slot %s: %w", cfg.Slot, err)
+	}
+	// The server starts at the slot's confirmed_flush_lsn, or at Start if that is later.
+	err = pglogrepl.StartReplication(ctx, conn, cfg.Slot, cfg.Start, pglogrepl.StartReplicationOptions{
 		PluginArgs: []string{"proto_version '1'", "publication_names " + quoteLiteral(cfg.Publication)},
 	})
 	if err != nil {
@@ -98,28 +145,62 @@ func Open(ctx context.Context, cfg Config) (*Stream, error) {
 	return s, nil
 }
 
+// isCode reports whether err is a PostgreSQL error of the given SQLSTATE.
+func isCode(err error, code string) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == code
+}
+
 // quoteLiteral quotes s as an SQL string literal.
 func quoteLiteral(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
 }
 
-// Close ends the stream.
-func (s *Stream) Close(ctx context.Context) error { return s.conn.Close(ctx) }
+// Close tells the server the confirmed position, if it has not heard it yet, and ends the
+// stream.
+func (s *Stream) Close(ctx context.Context) error {
+	var err error
+	if s.Confirmed() > s.reported {
+		err = s.status(ctx)
+	}
+	return errors.Join(err, s.conn.Close(ctx))
+}
 
 // Confirm tells the server that everything up to lsn is done: the slot may drop the WAL
 // before it, and a restart streams from there.
 func (s *Stream) Confirm(ctx context.Context, lsn pglogrepl.LSN) error {
-	if lsn > s.confirmed {
-		s.confirmed = lsn
-	}
+	s.Advance(lsn)
 	return s.status(ctx)
 }
 
+// Advance raises the confirmed position to lsn, as Confirm does, but tells the server only
+// with the stream's next status (in Next, at once if it is receiving, or in Close). Unlike
+// every other method, it may be called from any goroutine.
+func (s *Stream) Advance(lsn pglogrepl.LSN) {
+	for {
+		cur := s.confirmed.Load()
+		if uint64(lsn) <= cur || s.confirmed.CompareAndSwap(cur, uint64(lsn)) {
+			return
+		}
+	}
+}
+
+// Confirmed is the confirmed position.
+func (s *Stream) Confirmed() pglogrepl.LSN { return pglogrepl.LSN(s.confirmed.Load()) }
+
+// Status tells the server the confirmed position now.
+func (s *Stream) Status(ctx context.Context) error { return s.status(ctx) }
+
 func (s *Stream) status(ctx context.Context) error {
 	s.lastStatus = time.Now()
-	return pglogrepl.SendStandbyStatusUpdate(ctx, s.conn, pglogrepl.StandbyStatusUpdate{
-		WALWritePosition: s.confirmed, WALFlushPosition: s.confirmed, WALApplyPosition: s.confirmed,
-	})
+	lsn := s.Confirmed()
+	if err := pglogrepl.SendStandbyStatusUpdate(ctx, s.conn, pglogrepl.StandbyStatusUpdate{
+		WALWritePosition: lsn, WALFlushPosition: lsn, WALApplyPosition: lsn,
+	}); err != nil {
+		return err
+	}
+	s.reported = lsn
+	return nil
 }
 
 // Next returns the next committed transaction that inserted outbox rows. Transactions that
@@ -127,7 +208,7 @@ func (s *Stream) status(ctx context.Context) error {
 func (s *Stream) Next(ctx context.Context) (Commit, error) {
 	var cur *Commit
 	for {
-		if time.Since(s.lastStatus) > s.cfg.StatusInterval {
+		if time.Since(s.lastStatus) > s.cfg.StatusInterval || s.Confirmed() > s.reported {
 			if err := s.status(ctx); err != nil {
 				return Commit{}, fmt.Errorf("walstream: send status: %w", err)
 			}
@@ -151,6 +232,13 @@ func (s *Stream) Next(ctx context.Context) (Commit, error) {
 				if err != nil {
 					return Commit{}, fmt.Errorf("walstream: keepalive: %w", err)
 				}
+				// Past the end of the last commit returned, and between transactions: every
+				// commit up to the server's position is in hand, so once those are confirmed,
+				// that position is too. Without this, a quiet outbox in a busy database would
+				// keep all the WAL written since its last row.
+				if cur == nil && s.Confirmed() >= s.lastEnd {
+					s.Advance(ka.ServerWALEnd)
+				}
 				if ka.ReplyRequested {
 					if err := s.status(ctx); err != nil {
 						return Commit{}, fmt.Errorf("walstream: send status: %w", err)
@@ -166,6 +254,7 @@ func (s *Stream) Next(ctx context.Context) (Commit, error) {
 					return Commit{}, err
 				}
 				if done != nil {
+					s.lastEnd = done.End
 					return *done, nil
 				}
 			}
@@ -195,7 +284,13 @@ func (s *Stream) apply(data []byte, cur **Commit) (*Commit, error) {
 		}
 		msg, seq, err := decodeRow(rel, m.Tuple)
 		if err != nil {
-			return nil, err
+			if msg.ID == uuid.Nil {
+				return nil, err // not even its id: not an outbox table after all
+			}
+			if (*cur).Unreadable == nil {
+				(*cur).Unreadable = map[int]error{}
+			}
+			(*cur).Unreadable[len((*cur).Messages)] = err
 		}
 		(*cur).Messages = append((*cur).Messages, msg)
 		(*cur).Seqs = append((*cur).Seqs, seq)
@@ -210,11 +305,13 @@ func (s *Stream) apply(data []byte, cur **Commit) (*Commit, error) {
 	return nil, nil
 }
 
-// decodeRow reads an outbox row from its text columns.
-func decodeRow(rel *pglogrepl.RelationMessage, tuple *pglogrepl.TupleData) (outbox.Message, int64, error) {
+// decodeRow reads an outbox row from its text columns. When a column does not decode, it
+// returns the error with what it read of the others.
+func decodeRow(rel *pglogrepl.RelationMessage, tuple *pglogrepl.TupleData) (Row, int64, error) {
 	var (
-		m   outbox.Message
-		seq int64
+		m    Row
+		seq  int64
+		errs []error
 	)
 	for i, col := range tuple.Columns {
 		if col.DataType != pglogrepl.TupleDataTypeText {
@@ -240,15 +337,18 @@ func decodeRow(rel *pglogrepl.RelationMessage, tuple *pglogrepl.TupleData) (outb
 		case "payload":
 			m.Payload = json.RawMessage(v)
 		case "headers":
-			err = json.Unmarshal(col.Data, &m.Headers)
+			if err = json.Unmarshal(col.Data, &m.Headers); err != nil {
+				m.Headers = nil
+				err = fmt.Errorf("headers are not a JSON object of strings: %w", err)
+			}
 		case "created_at":
 			m.CreatedAt, err = time.Parse("2006-01-02 15:04:05.999999-07", v) // ISO, UTC: Open's settings
 		case "attempts":
 			m.Attempts, err = strconv.Atoi(v)
 		}
 		if err != nil {
-			return outbox.Message{}, 0, fmt.Errorf("walstream: column %s: %w", rel.Columns[i].Name, err)
+			errs = append(errs, fmt.Errorf("column %s: %w", rel.Columns[i].Name, err))
 		}
 	}
-	return m, seq, nil
+	return m, seq, errors.Join(errs...)
 }

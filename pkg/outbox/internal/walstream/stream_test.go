@@ -21,10 +21,10 @@ func msg(agg string, n int) outbox.Message {
 		Payload: json.RawMessage(fmt.Sprintf(`{"n": %d}`, n))}
 }
 
-func ids(msgs []outbox.Message) []string {
+func ids[M outbox.Message | walstream.Row](msgs []M) []string {
 	out := make([]string, len(msgs))
 	for i, m := range msgs {
-		out[i] = m.ID.String()
+		out[i] = outbox.Message(m).ID.String()
 	}
 	return out
 }

@@ -1,0 +1,976 @@
+package outbox
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/outboxshop/outboxshop/pkg/outbox/internal/retry"
+	"github.com/outboxshop/outboxshop/pkg/outbox/internal/walstream"
+)
+
+// The WAL relay's statements (see [WALRelay] for the rules they keep).
+
+// claimHanded is the retry lane's claim: claimBatch restricted to the rows the stream handed
+// to the table (last_error set). The head rule still looks at every pending row, so a handed
+// row never goes out before an older pending row of its aggregate.
+var claimHanded = mustReplace(claimBatch,
+	"AND NOT o.waiting AND",
+	"AND NOT o.waiting AND o.last_error IS NOT NULL AND")
+
+// mustReplace replaces old, which must be in s, once.
+func mustReplace(s, old, new string) string {
+	if !strings.Contains(s, old) {
+		panic("outbox: statement has no " + old)
+	}
+	return strings.Replace(s, old, new, 1)
+}
+
+// markHeld hands rows to the retry lane without publishing them: their aggregate has an
+// older row there. A row that already has a last_error keeps it (it was handed before a
+// restart streamed it again, say), and a row that is no longer pending stays as it is. It
+// returns how many of the rows it sees, whatever their state (see dispatcher.mark).
+const markHeld = `
+WITH held AS (
+    UPDATE {{.Messages}} SET last_error = $2
+    WHERE id = ANY($1::uuid[]) AND published_at IS NULL AND dead_at IS NULL AND last_error IS NULL
+    RETURNING 1)
+SELECT count(*) FROM {{.Messages}} WHERE id = ANY($1::uuid[])`
+
+// handPending hands every pending row to the retry lane: run with the snapshot of a slot
+// just created, it takes the rows committed before the slot's first streamed commit,
+// which the slot will never stream.
+const handPending = `
+UPDATE {{.Messages}} SET last_error = $1
+WHERE published_at IS NULL AND dead_at IS NULL AND last_error IS NULL`
+
+// heldAggregates lists the aggregates that have rows in the retry lane.
+const heldAggregates = `
+SELECT DISTINCT aggregate_type, aggregate_id FROM {{.Messages}}
+WHERE published_at IS NULL AND dead_at IS NULL AND last_error IS NOT NULL`
+
+// stillHeld returns those of the given aggregates that still have rows in the retry lane.
+const stillHeld = `
+SELECT a.aggregate_type, a.aggregate_id
+FROM unnest($1::text[], $2::text[]) AS a(aggregate_type, aggregate_id)
+WHERE EXISTS (
+    SELECT 1 FROM {{.Messages}} o
+    WHERE o.aggregate_type = a.aggregate_type AND o.aggregate_id = a.aggregate_id
+      AND o.published_at IS NULL AND o.dead_at IS NULL AND o.last_error IS NOT NULL)`
+
+// publicationHas tells whether publication $1 exists, publishes inserts, and holds the
+// outbox table ($2, its quoted name).
+const publicationHas = `
+SELECT p.pubinsert,
+       p.puballtables OR EXISTS (
+           SELECT 1 FROM pg_publication_rel r
+           WHERE r.prpubid = p.oid AND r.prrelid = to_regclass($2))
+FROM pg_publication p WHERE p.pubname = $1`
+
+
+// Reasons the WAL relay writes in last_error when it hands a row to its retry lane.
+const (
+	reasonHeld    = "held: an older message of its aggregate is being retried"
+	reasonBefore  = "pending when the WAL relay's slot was created"
+	walSlotMaxLen = 63 // PostgreSQL's NAMEDATALEN - 1
+)
+
+// WALConfig says where a [WALRelay] reads its table's inserts.
+type WALConfig struct {
+	// URL connects to the outbox's database as a role with the REPLICATION attribute (or a
+	// superuser), in replication mode; the relay adds replication=database itself. Required.
+	URL string
+	// Slot is the logical replication slot the relay reads, created at its first start:
+	// lower-case letters, digits and underscores, at most 63. Default: [Tables.WALName].
+	Slot string
+	// Publication is the publication of the outbox table for INSERTs
+	// ([Store.CreatePublication]). Default: [Tables.WALName].
+	Publication string
+	// StatusInterval is how often the relay tells the server its position while no
+	// confirmation moves it, well inside the server's wal_sender_timeout. Default 1s.
+	StatusInterval time.Duration
+}
+
+var walSlotName = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
+
+// WALName is the default name of the publication and the replication slot of a WAL relay
+// of t's table ([WALConfig]): the table's name, after its schema's when Schema is set, in
+// lower case with every character a slot name cannot hold turned into "_", shortened with a
+// hash past 63 bytes.
+func (t Tables) WALName() string {
+	t = t.WithDefaults()
+	name := t.Messages
+	if t.Schema != "" {
+		name = t.Schema + "_" + name
+	}
+	name = strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9', r == '_':
+			return r
+		case r >= 'A' && r <= 'Z':
+			return r - 'A' + 'a'
+		}
+		return '_'
+	}, name)
+	if len(name) > walSlotMaxLen {
+		h := fnv.New32a()
+		h.Write([]byte(t.Schema + "." + t.Messages))
+		name = fmt.Sprintf("%s_%08x", name[:walSlotMaxLen-9], h.Sum32())
+	}
+	return name
+}
+
+// CreatePublication creates the publication a [WALRelay] of the store's table reads: name
+// (empty: [Tables.WALName]) for INSERTs into the table, nothing else. It does nothing when
+// the publication exists and holds the table for INSERTs, and fails when one of that name
+// exists but does not. It needs to own the table (a migration's role, typically).
+func (s *Store) CreatePublication(ctx context.Context, db DBTX, name string) error {
+	name = cmp.Or(name, s.tables.WALName())
+	ok, err := s.checkPublication(ctx, db, name)
+	if ok || !errors.Is(err, errNoPublication) {
+		return err
+	}
+	// A utility statement: no parameters, so the names are quoted into it.
+	create := "CREATE PUBLICATION " + pgx.Identifier{name}.Sanitize() + " FOR TABLE " +
+		s.tables.sqlNames().Messages + " WITH (publish = 'insert')"
+	if _, err := db.Exec(ctx, create); err != nil {
+		return fmt.Errorf("outbox: create publication %s: %w", name, err)
+	}
+	return nil
+}
+
+var errNoPublication = errors.New("no such publication")
+
+// checkPublication reports whether publication name holds the table for INSERTs; the error
+// says why not, wrapping errNoPublication when it does not exist.
+func (s *Store) checkPublication(ctx context.Context, db DBTX, name string) (bool, error) {
+	var inserts, holds bool
+	err := db.QueryRow(ctx, s.sql.publicationHas, name, s.tables.sqlNames().MessagesText).Scan(&inserts, &holds)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return false, fmt.Errorf("outbox: publication %s: %w", name, errNoPublication)
+	case err != nil:
+		return false, fmt.Errorf("outbox: read publication %s: %w", name, err)
+	case !holds:
+		return false, fmt.Errorf("outbox: publication %s does not hold the table %s: ALTER PUBLICATION %s ADD TABLE %s",
+			name, s.tables.qualified(s.tables.Messages), name, s.tables.qualified(s.tables.Messages))
+	case !inserts:
+		return false, fmt.Errorf("outbox: publication %s does not publish INSERTs: ALTER PUBLICATION %s SET (publish = 'insert')", name, name)
+	}
+	return true, nil
+}
+
+// ErrWALSetup is wrapped by the errors with which [WALRelay.Run] returns because the
+// database is not set up for it: each says what to change.
+var ErrWALSetup = errors.New("outbox: the database is not set up for the WAL relay")
+
+// WALRelay publishes the outbox by tailing the transaction log: it reads the table's
+// committed INSERTs from a logical replication slot (PostgreSQL's pgoutput), in commit
+// order, and publishes them through the [Publisher] with confirms, as the polling [Relay]
+// does, with the same [Config], the same table, the same [Add], and the same guarantees
+// but where this comment says otherwise (README.md#polling-or-the-wal).
+//
+// How a row goes out: the stream's rows are sent in batches of up to [Config].BatchSize,
+// [Config].InFlightBatches of them in flight at once, but never two that hold rows of one
+// aggregate: so an aggregate's rows go out in commit order, on one channel. The outcome of
+// a batch is marked in the table as the polling relay marks it (published_at, or attempts,
+// last_error and dead_at), in a short transaction; and the slot's position is confirmed
+// only past commits whose every row is marked. A restart, after a crash at any point,
+// streams again from that position: nothing is lost, and what is published again is at most
+// the rows of the batches in flight and of those marked since the server last heard the
+// position (it is told after every batch, and at least every StatusInterval).
+//
+// What the stream does not publish, it hands to the table, to the relay's retry lane (a
+// polling relay that claims only such rows, with the polling relay's rules): a row whose
+// publish failed for its own reason or was refused by the broker, with its attempt counted
+// as the polling relay counts it; and every later row of an aggregate that has a row
+// there, so that order holds (a row of the stream's batch after the failed one, sent with
+// it, goes out before its retry: at most a batch). Such rows carry a last_error. A broker
+// outage hands nothing: the stream pauses, with the outage backoff, and publishes the same
+// rows again. A permanent failure (poison) marks the row dead at once, and the stream goes
+// on.
+//
+// The slot is created at the first start, and the rows pending then, which it will never
+// stream, are handed to the retry lane in the same snapshot. Only one WALRelay can stream a
+// slot: a second waits, with the outage backoff, until the first is gone.
+type WALRelay struct {
+	lane *Relay // the retry lane; its machinery also publishes and marks the stream's batches
+	db   WALRelayDB
+	cfg  Config
+	wal  WALConfig
+	sql  statements
+	// failures spaces the stream's restarts with the outage backoff and logs each streak.
+	failures *retry.Streak
+
+	running atomic.Bool
+	mu      sync.Mutex
+	state   State
+}
+
+// WALRelayDB is what a WAL relay needs of the database, besides its replication connection:
+// a [RelayDB] that also runs queries. A *pgxpool.Pool satisfies it.
+type WALRelayDB interface {
+	RelayDB
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// NewWALRelay returns a relay that publishes the rows of cfg.Tables' outbox table in
+// pool's database through pub, reading them from wal's slot. It fills in and checks cfg and
+// wal; it does not touch the database before Run.
+func NewWALRelay(pool WALRelayDB, pub Publisher, cfg Config, wal WALConfig) (*WALRelay, error) {
+	if wal.URL == "" {
+		return nil, errors.New("outbox: NewWALRelay needs WALConfig.URL, the database URL for a replication connection")
+	}
+	cfg.DisableNotify = true // the lane polls: its rows come from UPDATEs, which do not notify
+	cfg, err := cfg.WithDefaults()
+	if err != nil {
+		return nil, err
+	}
+	// The lane logs as part of the relay, and its state is not the relay's.
+	laneCfg := cfg
+	laneCfg.Logger = cfg.Logger.With("lane", "retry")
+	laneCfg.Hooks.StateChanged = nil
+	lane, err := NewRelay(pool, pub, laneCfg)
+	if err != nil {
+		return nil, err
+	}
+	wal.Slot = cmp.Or(wal.Slot, cfg.Tables.WALName())
+	wal.Publication = cmp.Or(wal.Publication, cfg.Tables.WALName())
+	wal.StatusInterval = cmp.Or(wal.StatusInterval, time.Second)
+	if !walSlotName.MatchString(wal.Slot) {
+		return nil, fmt.Errorf("outbox: WAL relay: slot name %q: lower-case letters, digits and underscores, at most 63", wal.Slot)
+	}
+	if wal.StatusInterval < 0 {
+		return nil, fmt.Errorf("outbox: WAL relay: status interval must be >= 0 (0 means 1s), got %s", wal.StatusInterval)
+	}
+	lane.lane = true
+	lane.claimSQL = lane.sql.claimHanded
+	w := &WALRelay{lane: lane, db: pool, cfg: cfg, wal: wal, sql: lane.sql, state: StateStarting}
+	w.failures = &retry.Streak{What: "outbox WAL relay", Logger: cfg.Logger,
+		Backoff: retry.Backoff{Base: cfg.OutageBaseDelay, Max: cfg.OutageMaxDelay}}
+	return w, nil
+}
+
+// State reports what the relay's stream is doing now.
+func (w *WALRelay) State() State {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.state
+}
+
+func (w *WALRelay) setState(to State, cause error) {
+	w.mu.Lock()
+	from := w.state
+	w.state = to
+	w.mu.Unlock()
+	if from == to {
+		return
+	}
+	w.cfg.Logger.Info("outbox WAL relay state", "state", to, "previous", from)
+	if h := w.cfg.Hooks.StateChanged; h != nil {
+		w.lane.hook(func() { h(StateChange{From: from, To: to, Err: cause}) })
+	}
+}
+
+// Run streams and publishes until ctx is cancelled, then finishes the batches in flight and
+// returns nil; or returns an error wrapping [ErrWALSetup] when the database is not set up
+// for it (wal_level, the role, the publication, the server's limits), at once rather than
+// retry what only an operator can change. It rides out the broker and the database going
+// away as [Relay.Run] does. Run may be called again after it returned, but not twice at once.
+func (w *WALRelay) Run(ctx context.Context) error {
+	if !w.running.CompareAndSwap(false, true) {
+		return errors.New("outbox: WAL relay is already running")
+	}
+	defer w.running.Store(false)
+	lctx, stopLane := context.WithCancel(ctx)
+	var lane sync.WaitGroup
+	defer lane.Wait()
+	defer stopLane()
+	lane.Go(func() { _ = w.lane.Run(lctx) }) // returns nil once lctx ends, or "already running"
+
+	var confirmed pglogrepl.LSN
+	for {
+		err := w.session(ctx, &confirmed)
+		if ctx.Err() != nil {
+			w.setState(StateStopped, nil)
+			return nil
+		}
+		if errors.Is(err, ErrWALSetup) {
+			w.setState(StateStopped, err)
+			return err
+		}
+		w.setState(stateFor(err), err)
+		if !retry.Sleep(ctx, w.failures.Fail(ctx, err)) {
+			w.setState(StateStopped, nil)
+			return nil
+		}
+	}
+}
+
+// walRow is a row of the stream on its way out.
+type walRow struct {
+	msg        Message
+	unreadable error
+	commit     *walCommit
+	ord        int64 // its place in the stream, to put rows back in order
+}
+
+// walCommit is a streamed transaction: its end, and how many of its rows are not settled.
+type walCommit struct {
+	end       pglogrepl.LSN
+	unsettled int
+}
+
+// walBatch is a batch of the stream in flight.
+type walBatch struct {
+	rows []walRow
+	aggs map[aggregateKey]bool
+	done chan struct{}
+	// After done: the rows left as they were (the broker was unavailable, or did not take
+	// them), the outage that ended the batch, and the aggregates it handed to the lane.
+	untouched []walRow
+	err       error
+	handed    []aggregateKey
+}
+
+type aggregateKey struct{ typ, id string }
+
+func keyOf(m Message) aggregateKey { return aggregateKey{m.AggregateType, m.AggregateID} }
+
+// session streams from the slot until an error, or ctx ends. confirmed is the position
+// this process confirmed, kept across sessions.
+func (w *WALRelay) session(ctx context.Context, confirmed *pglogrepl.LSN) error {
+	if ok, err := w.lane.storeOf().checkPublication(ctx, w.db, w.wal.Publication); !ok {
+		if errors.Is(err, errNoPublication) || strings.Contains(fmt.Sprint(err), "does not") {
+			return fmt.Errorf("%w: %w (create it with Store.CreatePublication, or CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert'))",
+				ErrWALSetup, err, w.wal.Publication, w.cfg.Tables.qualified(w.cfg.Tables.Messages))
+		}
+		return databaseError{err}
+	}
+	st, err := walstream.Open(ctx, walstream.Config{
+		URL: w.wal.URL, Slot: w.wal.Slot, Publication: w.wal.Publication,
+		Schema: w.cfg.Tables.Schema, Table: w.cfg.Tables.Messages,
+		StatusInterval: w.wal.StatusInterval, Start: *confirmed,
+		Created: w.handPending,
+	})
+	if err != nil {
+		return w.classify(err)
+	}
+	defer st.Close(context.WithoutCancel(ctx)) //nolint:errcheck // a last status, best effort
+	// After Open: a slot it created has handed the rows pending before it to the lane.
+	held, err := w.loadHeld(ctx)
+	if err != nil {
+		return databaseError{err}
+	}
+	w.cfg.Logger.Info("outbox WAL relay streaming", "slot", w.wal.Slot, "publication", w.wal.Publication, "from", st.Confirmed().String())
+	w.setState(StateRunning, nil)
+	w.failures.Succeed(ctx)
+
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	commits := make(chan walstream.Commit, 16)
+	readErr := make(chan error, 1)
+	var reader sync.WaitGroup
+	defer reader.Wait()
+	defer cancel()
+	reader.Go(func() { readErr <- w.read(sctx, st, commits) })
+
+	d := &dispatcher{w: w, st: st, held: held, confirmed: confirmed}
+	return d.run(sctx, commits, readErr)
+}
+
+// read receives the stream's commits into commits until an error or ctx ends. While the
+// dispatcher is busy it keeps telling the server its position, so that the walsender does
+// not time out a relay that waits for the broker.
+func (w *WALRelay) read(ctx context.Context, st *walstream.Stream, commits chan<- walstream.Commit) error {
+	tick := time.NewTicker(w.wal.StatusInterval)
+	defer tick.Stop()
+	for {
+		c, err := st.Next(ctx)
+		if err != nil {
+			return w.classify(err)
+		}
+		for sent := false; !sent; {
+			select {
+			case commits <- c:
+				sent = true
+			case <-tick.C:
+				if err := st.Status(ctx); err != nil {
+					return databaseError{fmt.Errorf("replication status: %w", err)}
+				}
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+	}
+}
+
+// classify blames a stream's error: the database's set-up ([ErrWALSetup]), or the database.
+func (w *WALRelay) classify(err error) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return databaseError{err}
+	}
+	switch pgErr.Code {
+	case "55000": // object_not_in_prerequisite_state: wal_level
+		if strings.Contains(pgErr.Message, "wal_level") {
+			return fmt.Errorf("%w: %w (set wal_level = logical in postgresql.conf and restart the server)", ErrWALSetup, err)
+		}
+	case "42501": // insufficient_privilege
+		return fmt.Errorf("%w: %w (the role of WALConfig.URL needs REPLICATION: ALTER ROLE … REPLICATION)", ErrWALSetup, err)
+	case "53400": // configuration_limit_exceeded: all replication slots are in use
+		return fmt.Errorf("%w: %w (raise max_replication_slots and restart the server, or drop an unused slot)", ErrWALSetup, err)
+	case "53300": // too_many_connections: max_wal_senders
+		if strings.Contains(pgErr.Message, "wal_senders") {
+			return fmt.Errorf("%w: %w (raise max_wal_senders and restart the server)", ErrWALSetup, err)
+		}
+	case "42704": // undefined_object: the publication, from pgoutput
+		return fmt.Errorf("%w: %w (create it with Store.CreatePublication)", ErrWALSetup, err)
+	case "55006": // object_in_use: another relay streams the slot; wait for it to go
+		return databaseError{fmt.Errorf("slot %s is streamed by another process; waiting: %w", w.wal.Slot, err)}
+	}
+	return databaseError{err}
+}
+
+// handPending hands the rows pending at the slot's creation to the retry lane, in the slot's
+// snapshot: exactly the rows the slot will never stream.
+func (w *WALRelay) handPending(ctx context.Context, snapshot string) error {
+	tx, err := w.db.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("hand the pending rows to the retry lane: %w", err)
+	}
+	defer rollback(ctx, tx)
+	// The snapshot must be imported first, at REPEATABLE READ; its name is the server's.
+	if _, err := tx.Exec(ctx, "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"); err != nil {
+		return fmt.Errorf("hand the pending rows to the retry lane: %w", err)
+	}
+	if _, err := tx.Exec(ctx, "SET TRANSACTION SNAPSHOT "+quoteLiteral(snapshot)); err != nil {
+		return fmt.Errorf("hand the pending rows to the retry lane: import snapshot: %w", err)
+	}
+	tag, err := tx.Exec(ctx, w.sql.handPending, reasonBefore)
+	if err != nil {
+		return fmt.Errorf("hand the pending rows to the retry lane: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("hand the pending rows to the retry lane: commit: %w", err)
+	}
+	if n := tag.RowsAffected(); n > 0 {
+		w.cfg.Logger.Info("outbox WAL relay: slot created; the rows pending before it go out through the retry lane",
+			"slot", w.wal.Slot, "rows", n)
+	}
+	return nil
+}
+
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+// loadHeld reads the aggregates that have rows in the retry lane.
+func (w *WALRelay) loadHeld(ctx context.Context) (map[aggregateKey]bool, error) {
+	rows, err := w.db.Query(ctx, w.sql.heldAggregates)
+	if err != nil {
+		return nil, fmt.Errorf("read the aggregates in the retry lane: %w", err)
+	}
+	held := map[aggregateKey]bool{}
+	for rows.Next() {
+		var k aggregateKey
+		if err := rows.Scan(&k.typ, &k.id); err != nil {
+			return nil, err
+		}
+		held[k] = true
+	}
+	return held, rows.Err()
+}
+
+// dispatcher turns one session's commits into batches, and settles them.
+type dispatcher struct {
+	w  *WALRelay
+	st *walstream.Stream
+	// held are the aggregates with rows in the retry lane: their rows are handed there too.
+	// Only the dispatcher's goroutine reads or writes it.
+	held map[aggregateKey]bool
+	// queue holds the rows not yet in a batch, in stream order; inflight the batches sent,
+	// in the order they were sent.
+	queue    []walRow
+	inflight []*walBatch
+	ord      int64
+
+	mu        sync.Mutex // guards commits and confirmed
+	commits   []*walCommit
+	confirmed *pglogrepl.LSN
+
+	lastRefresh time.Time
+	// pause is how long to wait before sending again, after rows came back unsent; outage
+	// is set while the broker is found unavailable.
+	pause  time.Duration
+	outage bool
+}
+
+func (d *dispatcher) run(ctx context.Context, commits <-chan walstream.Commit, readErr <-chan error) error {
+	defer d.wait()
+	for {
+		if d.pause > 0 {
+			if !retry.Sleep(ctx, d.pause) {
+				return ctx.Err()
+			}
+			d.pause = 0
+		}
+		if err := d.fill(ctx, commits, readErr); err != nil {
+			return err
+		}
+		if d.refreshDue() {
+			if err := d.refresh(ctx); err != nil {
+				return databaseError{err}
+			}
+		}
+		if len(d.queue) == 0 {
+			if err := d.waitOne(ctx, commits, readErr); err != nil {
+				return err
+			}
+			continue
+		}
+		b := d.next()
+		var err error
+		for err == nil && d.pause == 0 && d.blocked(b) {
+			err = d.waitOne(ctx, nil, readErr)
+		}
+		switch {
+		case err != nil:
+			return err
+		case d.pause > 0: // rows came back unsent: b goes back too, in order
+			d.requeue(b.rows)
+		default:
+			d.send(ctx, b)
+		}
+	}
+}
+
+// fill takes in the commits the stream has ready, up to two batches' worth of rows. With
+// nothing to do, it waits for one, at most PollInterval (for the refresh).
+func (d *dispatcher) fill(ctx context.Context, commits <-chan walstream.Commit, readErr <-chan error) error {
+	for len(d.queue) < 2*d.w.cfg.BatchSize {
+		select {
+		case c := <-commits:
+			d.add(c)
+			continue
+		case err := <-readErr:
+			return err
+		case <-ctx.Done():
+			return ctx.Err()
+		default:
+		}
+		if len(d.queue) > 0 || len(d.inflight) > 0 {
+			return nil
+		}
+		t := time.NewTimer(d.w.cfg.PollInterval)
+		select {
+		case c := <-commits:
+			d.add(c)
+		case err := <-readErr:
+			t.Stop()
+			return err
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+			return nil
+		}
+		t.Stop()
+	}
+	return nil
+}
+
+// add queues a commit's rows.
+func (d *dispatcher) add(c walstream.Commit) {
+	wc := &walCommit{end: c.End, unsettled: len(c.Messages)}
+	d.mu.Lock()
+	d.commits = append(d.commits, wc)
+	d.mu.Unlock()
+	for i, m := range c.Messages {
+		d.ord++
+		d.queue = append(d.queue, walRow{msg: Message(m), unreadable: c.Unreadable[i], commit: wc, ord: d.ord})
+	}
+}
+
+// next takes the next batch from the queue: up to BatchSize rows.
+func (d *dispatcher) next() *walBatch {
+	n := min(len(d.queue), d.w.cfg.BatchSize)
+	b := &walBatch{rows: slices.Clone(d.queue[:n]), aggs: map[aggregateKey]bool{}, done: make(chan struct{})}
+	d.queue = d.queue[n:]
+	for _, r := range b.rows {
+		b.aggs[keyOf(r.msg)] = true
+	}
+	return b
+}
+
+// blocked reports whether b must wait: the pipeline is full, or a batch in flight holds
+// rows of one of its aggregates.
+func (d *dispatcher) blocked(b *walBatch) bool {
+	if len(d.inflight) >= d.w.cfg.InFlightBatches {
+		return true
+	}
+	for _, f := range d.inflight {
+		for k := range b.aggs {
+			if f.aggs[k] {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// waitOne waits for the oldest batch in flight to end (or for a commit, when commits is
+// given, to take it in meanwhile), and collects what ended.
+func (d *dispatcher) waitOne(ctx context.Context, commits <-chan walstream.Commit, readErr <-chan error) error {
+	if len(d.inflight) == 0 {
+		return nil
+	}
+	select {
+	case <-d.inflight[0].done:
+	case c := <-commits:
+		d.add(c)
+	case err := <-readErr:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return d.collect(ctx)
+}
+
+// collect takes the ended batches off the front of inflight and records the aggregates they
+// handed to the lane. A batch that came back with rows unsent stops the sending: once every
+// batch in flight has ended, their unsent rows go back to the queue, in stream order, and
+// pause says how long to wait (the outage backoff when the broker was unavailable). A
+// database error ends the session.
+func (d *dispatcher) collect(ctx context.Context) error {
+	for len(d.inflight) > 0 {
+		f := d.inflight[0]
+		select {
+		case <-f.done:
+		default:
+			return nil
+		}
+		if f.err != nil || len(f.untouched) > 0 {
+			return d.stop(ctx)
+		}
+		for _, k := range f.handed {
+			d.held[k] = true
+		}
+		d.inflight = d.inflight[1:]
+		if d.outage {
+			d.outage = false
+			d.w.failures.Succeed(ctx)
+			d.w.setState(StateRunning, nil)
+		}
+	}
+	return nil
+}
+
+// stop waits for every batch in flight, then puts their unsent rows back (see collect).
+func (d *dispatcher) stop(ctx context.Context) error {
+	d.wait()
+	var back []walRow
+	var outage error
+	for _, f := range d.inflight {
+		for _, k := range f.handed {
+			d.held[k] = true
+		}
+		var dbErr databaseError
+		if errors.As(f.err, &dbErr) {
+			d.inflight = nil
+			return f.err
+		}
+		back = append(back, f.untouched...)
+		outage = cmp.Or(outage, f.err)
+	}
+	d.inflight = nil
+	d.requeue(back)
+	d.pause = d.w.cfg.OutageBaseDelay // not sent, the broker not known to be down
+	if outage != nil {
+		d.outage = true
+		d.w.setState(StateBrokerUnavailable, outage)
+		d.pause = d.w.failures.Fail(ctx, outage)
+	}
+	return nil
+}
+
+// requeue puts rows back in the queue, in stream order.
+func (d *dispatcher) requeue(rows []walRow) {
+	d.queue = append(rows, d.queue...)
+	slices.SortStableFunc(d.queue, func(a, b walRow) int { return cmp.Compare(a.ord, b.ord) })
+}
+
+// wait waits for every batch in flight to end.
+func (d *dispatcher) wait() {
+	for _, f := range d.inflight {
+		<-f.done
+	}
+}
+
+// refreshDue: the held aggregates are looked at again once per PollInterval.
+func (d *dispatcher) refreshDue() bool {
+	return len(d.held) > 0 && time.Since(d.lastRefresh) >= d.w.cfg.PollInterval
+}
+
+// refresh lets the stream publish again the aggregates whose rows the lane has all settled.
+// Only those without a batch in flight are looked at: a batch in flight may still hand one
+// of their rows over.
+func (d *dispatcher) refresh(ctx context.Context) error {
+	d.lastRefresh = time.Now()
+	var types, ids []string
+	for k := range d.held {
+		busy := false
+		for _, f := range d.inflight {
+			busy = busy || f.aggs[k]
+		}
+		if !busy {
+			types, ids = append(types, k.typ), append(ids, k.id)
+		}
+	}
+	if len(types) == 0 {
+		return nil
+	}
+	rows, err := d.w.db.Query(ctx, d.w.sql.stillHeld, types, ids)
+	if err != nil {
+		return fmt.Errorf("read the aggregates still in the retry lane: %w", err)
+	}
+	still := map[aggregateKey]bool{}
+	for rows.Next() {
+		var k aggregateKey
+		if err := rows.Scan(&k.typ, &k.id); err != nil {
+			return err
+		}
+		still[k] = true
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("read the aggregates still in the retry lane: %w", err)
+	}
+	for i := range types {
+		if k := (aggregateKey{types[i], ids[i]}); !still[k] {
+			delete(d.held, k)
+		}
+	}
+	return nil
+}
+
+// send starts b on its way: the rows of held aggregates are handed to the lane, the others
+// published; both are marked in one transaction, and the slot's position advanced.
+func (d *dispatcher) send(ctx context.Context, b *walBatch) {
+	var pub, hand []walRow
+	for _, r := range b.rows {
+		if d.held[keyOf(r.msg)] {
+			hand = append(hand, r)
+		} else {
+			pub = append(pub, r)
+		}
+	}
+	d.inflight = append(d.inflight, b)
+	go func() {
+		defer close(b.done)
+		d.finish(context.WithoutCancel(ctx), b, pub, hand)
+	}()
+}
+
+// finish publishes pub, marks the outcome and hands hand over, then settles what it
+// decided. It records in b what the dispatcher needs to know.
+func (d *dispatcher) finish(ctx context.Context, b *walBatch, pub, hand []walRow) {
+	r := d.w.lane
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout+2*r.cfg.ClaimTimeout)
+	defer cancel()
+	msgs := make([]Message, len(pub))
+	var unreadable map[int]error
+	for i, row := range pub {
+		msgs[i] = row.msg
+		if row.unreadable != nil {
+			if unreadable == nil {
+				unreadable = map[int]error{}
+			}
+			unreadable[i] = row.unreadable
+		}
+	}
+	var s settlement
+	var spans *batchSpans
+	if err := d.barrier(ctx); err != nil {
+		b.untouched, b.err = pub, databaseError{err}
+		return
+	}
+	if len(msgs) > 0 {
+		spans = r.startSpans(ctx, msgs, time.Now())
+		outcomes := r.publish(ctx, time.Now().Add(r.cfg.PublishTimeout), msgs, unreadable, spans)
+		confirmedAt := time.Now()
+		r.failpoint(FailpointAfterPublish)
+		s = settle(msgs, outcomes, r.rowStreaks.of(msgs), r.rules)
+		r.rowStreaks.set(msgs, s.streaks)
+		s.result.ConfirmedAt = confirmedAt
+		s.result.PublishedSpans = r.report(ctx, msgs, &s, spans)
+		s.marks.doneTypes, s.marks.doneIDs = nil, nil // nothing waits: the lane runs no maintenance
+	}
+	var err error
+	defer func() { spans.end(s.result.ConfirmedAt, err) }()
+
+	settled := make([]walRow, 0, len(b.rows))
+	for i, f := range s.fates {
+		switch f.outcome {
+		case OutcomeUntouched:
+			b.untouched = append(b.untouched, pub[i])
+			continue
+		case OutcomeFailed, OutcomeDeferred:
+			b.handed = append(b.handed, keyOf(pub[i].msg))
+		}
+		settled = append(settled, pub[i])
+	}
+	settled = append(settled, hand...)
+	if err = d.markVisible(ctx, &s.marks, hand); err != nil {
+		b.err = err
+		return
+	}
+	r.failpoint(FailpointAfterCommit)
+	if h := r.cfg.Hooks.BatchDone; h != nil && len(msgs) > 0 {
+		r.hook(func() { h(s.result) })
+	}
+	d.settle(settled)
+	if s.unavailable != nil {
+		b.err = brokerError{fmt.Errorf("publish outbox batch: %w", s.unavailable)}
+	}
+}
+
+// barrier returns once the rows the stream has sent are on the server's synchronous
+// standbys, if it has any: a transaction of its own (replicationBarrier, one round trip)
+// whose commit comes after theirs in the WAL. PostgreSQL 15's walsenders stream a commit
+// as soon as it is flushed on the primary, before the standbys have it, and a failover
+// then would take back a row the relay had published.
+func (d *dispatcher) barrier(ctx context.Context) error {
+	var emitted, ignored *string
+	var started time.Time
+	if err := d.w.db.QueryRow(ctx, replicationBarrier).Scan(&emitted, &ignored, &started); err != nil {
+		return fmt.Errorf("wait until the streamed rows are on the synchronous standbys: %w", err)
+	}
+	return nil
+}
+
+// errNotVisible: a mark found fewer of the batch's rows than it marks.
+var errNotVisible = errors.New("rows streamed are not visible in the table yet")
+
+// markVisible runs mark until it finds every row of the batch. The stream sends a commit
+// once it is in the WAL, and the writer's transaction becomes visible to others a moment
+// later (after its wait for the synchronous standbys, if any): a mark that ran in between
+// would miss rows, and a row missed would stay pending, or, handed to the lane, never go
+// out. It tries again, backing off, for at most PublishTimeout; then the session ends, and
+// the rows are streamed again. A row deleted by hand before the relay marked it never
+// shows: the relay then logs its failure once per outage backoff until the slot moves on.
+func (d *dispatcher) markVisible(ctx context.Context, m *marks, hand []walRow) error {
+	deadline := time.Now().Add(d.w.cfg.PublishTimeout)
+	wait := time.Millisecond
+	for {
+		err := d.mark(ctx, m, hand)
+		if !errors.Is(err, errNotVisible) || time.Now().After(deadline) {
+			return err
+		}
+		if !retry.Sleep(ctx, wait) {
+			return databaseError{err}
+		}
+		wait = min(2*wait, 100*time.Millisecond)
+	}
+}
+
+// mark records a batch's marks, and hands hand over, in one transaction, which it rolls back
+// when a statement finds fewer rows than it marks (errNotVisible).
+func (d *dispatcher) mark(ctx context.Context, m *marks, hand []walRow) error {
+	r := d.w.lane
+	if len(m.published)+len(m.failed.ids)+len(m.deferred.ids)+len(hand) == 0 {
+		return nil
+	}
+	tx, err := d.w.db.Begin(ctx)
+	if err != nil {
+		return databaseError{fmt.Errorf("mark outbox batch: begin: %w", err)}
+	}
+	defer rollback(ctx, tx)
+	short := func(what string, tag pgconn.CommandTag, want int) error {
+		if n := tag.RowsAffected(); n < int64(want) {
+			return databaseError{fmt.Errorf("%s: %d of %d: %w", what, n, want, errNotVisible)}
+		}
+		return nil
+	}
+	if len(m.published) > 0 {
+		tag, err := tx.Exec(ctx, r.sql.markPublished, m.published)
+		if err != nil {
+			return databaseError{fmt.Errorf("mark %d outbox rows published: %w", len(m.published), err)}
+		}
+		if err := short("mark outbox rows published", tag, len(m.published)); err != nil {
+			return err
+		}
+	}
+	if f := &m.failed; len(f.ids) > 0 {
+		tag, err := tx.Exec(ctx, r.sql.markFailed, f.ids, f.errs, f.delays, f.dead)
+		if err != nil {
+			return databaseError{fmt.Errorf("mark %d outbox rows failed: %w", len(f.ids), err)}
+		}
+		if err := short("mark outbox rows failed", tag, len(f.ids)); err != nil {
+			return err
+		}
+	}
+	if f := &m.deferred; len(f.ids) > 0 {
+		tag, err := tx.Exec(ctx, r.sql.markDeferred, f.ids, f.errs, f.delays)
+		if err != nil {
+			return databaseError{fmt.Errorf("defer %d outbox rows: %w", len(f.ids), err)}
+		}
+		if err := short("defer outbox rows", tag, len(f.ids)); err != nil {
+			return err
+		}
+	}
+	if len(hand) > 0 {
+		ids := make([]pgtype.UUID, len(hand))
+		for i, row := range hand {
+			ids[i] = pgtype.UUID{Bytes: row.msg.ID, Valid: true}
+		}
+		var seen int64
+		if err := tx.QueryRow(ctx, d.w.sql.markHeld, ids, reasonHeld).Scan(&seen); err != nil {
+			return databaseError{fmt.Errorf("hand %d outbox rows to the retry lane: %w", len(hand), err)}
+		}
+		if seen < int64(len(hand)) {
+			return databaseError{fmt.Errorf("hand outbox rows to the retry lane: %d of %d: %w", seen, len(hand), errNotVisible)}
+		}
+	}
+	r.failpoint(FailpointAfterMark)
+	if err := tx.Commit(ctx); err != nil {
+		return databaseError{fmt.Errorf("commit outbox batch: %w", err)}
+	}
+	return nil
+}
+
+// settle counts rows settled against their commits, and advances the slot's position past
+// the commits at the front that are all settled.
+func (d *dispatcher) settle(rows []walRow) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, r := range rows {
+		r.commit.unsettled--
+	}
+	n := 0
+	for n < len(d.commits) && d.commits[n].unsettled == 0 {
+		*d.confirmed = d.commits[n].end
+		n++
+	}
+	if n > 0 {
+		d.commits = d.commits[n:]
+		d.st.Advance(*d.confirmed)
+	}
+
+}
+
+// storeOf returns a Store of the relay's statements, for its checks.
+func (r *Relay) storeOf() *Store {
+	return &Store{tables: r.cfg.Tables, sql: r.sql}
+}

@@ -1,0 +1,354 @@
+package outbox_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxshop/outboxshop/pkg/outbox"
+	"github.com/outboxshop/outboxshop/pkg/outbox/internal/testinfra"
+)
+
+// TestWALRelay runs the WAL relay against a private primary at wal_level=logical and the
+// shared broker. One pair serves the subtests, each in a database of its own.
+func TestWALRelay(t *testing.T) {
+	t.Parallel()
+	pair := testinfra.StartLogicalPostgresPair(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+
+	// setup makes database db with the outbox migrated and its publication, and a bundle
+	// (broker topology, publisher) around it.
+	setup := func(t *testing.T, db string) (*bundle, string) {
+		t.Helper()
+		pair.CreateDatabase(t, db)
+		url := pair.Primary.URL(db)
+		pool, err := pgxpool.New(ctx, url)
+		require.NoError(t, err)
+		t.Cleanup(pool.Close)
+		require.NoError(t, outbox.Migrate(ctx, pool))
+		store, err := outbox.NewStore(outbox.Tables{})
+		require.NoError(t, err)
+		require.NoError(t, store.CreatePublication(ctx, pool, ""))
+		require.NoError(t, store.CreatePublication(ctx, pool, ""), "a second time: nothing to do")
+		t.Cleanup(func() { // a slot keeps its database from being dropped
+			_, _ = pool.Exec(context.Background(), "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = current_database()")
+		})
+		amqpURL := testinfra.AMQPURL(t)
+		b := &bundle{pool: pool, amqpURL: amqpURL, top: testinfra.DeclareTopology(t, amqpURL)}
+		b.pub = newPublisher(t, amqpURL)
+		return b, url
+	}
+	// run runs a WAL relay until stop is called (or the test ends) and returns Run's error.
+	run := func(t *testing.T, b *bundle, url string, cfg outbox.Config) (w *outbox.WALRelay, stop func() error) {
+		t.Helper()
+		w, err := outbox.NewWALRelay(b.pool, b.pub, cfg, outbox.WALConfig{URL: url, StatusInterval: 100 * time.Millisecond})
+		require.NoError(t, err)
+		rctx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- w.Run(rctx) }()
+		var once sync.Once
+		var runErr error
+		stop = func() error {
+			once.Do(func() { cancel(); runErr = <-done })
+			return runErr
+		}
+		t.Cleanup(func() { _ = stop() })
+		return w, stop
+	}
+	// streaming runs a relay as run does, and waits until it streams.
+	streaming := func(t *testing.T, b *bundle, url string, cfg outbox.Config) (w *outbox.WALRelay, stop func() error) {
+		t.Helper()
+		w, stop = run(t, b, url, cfg)
+		deadline := time.Now().Add(30 * time.Second)
+		for w.State() != outbox.StateRunning {
+			require.True(t, time.Now().Before(deadline), "the relay does not stream: %s", w.State())
+			time.Sleep(5 * time.Millisecond)
+		}
+		return w, stop
+	}
+	// eventually waits, up to 30 s, for cond.
+	eventually := func(t *testing.T, what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("after 30s: %s", what)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	// firstOrder returns, per aggregate, the ids in the order of their first delivery.
+	firstOrder := func(r *received) map[string][]string {
+		seen := map[string]bool{}
+		order := map[string][]string{}
+		for _, d := range r.all() {
+			if seen[d.MessageId] {
+				continue
+			}
+			seen[d.MessageId] = true
+			agg, _ := d.Headers["aggregate_id"].(string)
+			order[agg] = append(order[agg], d.MessageId)
+		}
+		return order
+	}
+
+	t.Run("PublishesEveryRowInCommitOrder", func(t *testing.T) {
+		b, url := setup(t, "every_row")
+		got := consume(t, b.amqpURL, b.top.Queue)
+		cfg := fastConfig(t)
+		cfg.BatchSize = 50
+		cfg.InFlightBatches = 4
+		streaming(t, b, url, cfg)
+
+		// Eight writers, each the only writer of its aggregate, in transactions of one to
+		// three rows; the stream sees them interleaved.
+		const writers, perWriter = 8, 150
+		want := map[string][]string{}
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for w := range writers {
+			agg := fmt.Sprintf("agg-%d", w)
+			wg.Go(func() {
+				for n := 0; n < perWriter; {
+					var msgs []outbox.Message
+					for k := 0; k < 1+n%3 && n < perWriter; k++ {
+						msgs = append(msgs, b.msg(agg, n))
+						n++
+					}
+					msgs = b.write(t, msgs...)
+					mu.Lock()
+					for _, m := range msgs {
+						want[agg] = append(want[agg], m.ID.String())
+					}
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+		eventually(t, "every row delivered", func() bool { return len(got.ids()) == writers*perWriter })
+		require.Equal(t, want, firstOrder(got), "each aggregate's rows in commit order")
+		eventually(t, "every row marked published", func() bool { return b.count(t, "published_at IS NOT NULL") == writers*perWriter })
+		require.Zero(t, b.count(t, "last_error IS NOT NULL"), "nothing went through the retry lane")
+	})
+
+	t.Run("RowsPendingBeforeTheSlotGoOutThroughTheRetryLane", func(t *testing.T) {
+		b, url := setup(t, "before_slot")
+		got := consume(t, b.amqpURL, b.top.Queue)
+		var want []string
+		for n := range 20 {
+			want = append(want, b.write(t, b.msg("early", n))[0].ID.String())
+		}
+		b.write(t, b.msg("other", 0))
+		run(t, b, url, fastConfig(t))
+		// Once the relay streams, rows of the same aggregate: they wait behind the early
+		// ones, in the retry lane.
+		eventually(t, "the relay streams", func() bool { return b.count(t, "last_error IS NOT NULL") == 21 })
+		for n := 20; n < 30; n++ {
+			want = append(want, b.write(t, b.msg("early", n))[0].ID.String())
+		}
+		eventually(t, "every row delivered", func() bool { return len(got.ids()) == 31 })
+		require.Equal(t, want, firstOrder(got)["early"], "the aggregate's rows in order, across the lane and the stream")
+		eventually(t, "every row marked published", func() bool { return b.count(t, "published_at IS NOT NULL") == 31 })
+		// The lane emptied, the aggregate streams again.
+		late := b.write(t, b.msg("early", 30))[0].ID.String()
+		eventually(t, "the late row delivered", func() bool { return got.ids()[late] == 1 })
+	})
+
+	t.Run("PoisonIsDeadAndTheStreamGoesOn", func(t *testing.T) {
+		b, url := setup(t, "poison")
+		got := consume(t, b.amqpURL, b.top.Queue)
+		cfg := fastConfig(t)
+		cfg.MaxMessageBytes = 1 << 10
+		run(t, b, url, cfg)
+		big := b.msg("big", 0)
+		big.Payload = json.RawMessage(`{"p":"` + strings.Repeat("x", 2<<10) + `"}`)
+		bigID := b.write(t, big)[0].ID
+		// A row written by hand whose headers are not a JSON object of strings.
+		_, err := b.pool.Exec(ctx, `INSERT INTO outbox_messages (id, exchange, routing_key, type, aggregate_type, aggregate_id, payload, headers)
+			VALUES (gen_random_uuid(), $1, 'k', 'T', 'test', 'hand', '{}', '{"n": 1}')`, b.top.Exchange)
+		require.NoError(t, err)
+		var healthy []outbox.Message
+		for n := range 50 {
+			healthy = append(healthy, b.msg(fmt.Sprintf("h%d", n), n))
+		}
+		b.write(t, healthy...)
+		eventually(t, "the healthy rows delivered", func() bool { return len(got.ids()) == 50 })
+		eventually(t, "both poison rows dead", func() bool { return b.count(t, "dead_at IS NOT NULL") == 2 })
+		var lastErr string
+		require.NoError(t, b.pool.QueryRow(ctx, "SELECT last_error FROM outbox_messages WHERE id = $1", bigID).Scan(&lastErr))
+		require.Contains(t, lastErr, "too large")
+		require.NoError(t, b.pool.QueryRow(ctx, "SELECT last_error FROM outbox_messages WHERE aggregate_id = 'hand'").Scan(&lastErr))
+		require.Contains(t, lastErr, "headers")
+	})
+
+	t.Run("UnroutableGoesToTheRetryLaneAndHoldsItsAggregate", func(t *testing.T) {
+		b, url := setup(t, "unroutable")
+		got := consume(t, b.amqpURL, b.top.Queue)
+		cfg := fastConfig(t)
+		cfg.MaxAttempts = 3
+		run(t, b, url, cfg)
+		lost := b.msg("held", 0)
+		lost.Exchange = "amq.direct" // routes nowhere
+		lostID := b.write(t, lost)[0].ID
+		after := b.write(t, b.msg("held", 1))[0].ID.String()
+		other := b.write(t, b.msg("free", 0))[0].ID.String()
+		eventually(t, "the unroutable row dead after its attempts", func() bool { return b.count(t, "dead_at IS NOT NULL AND attempts = 3") == 1 })
+		eventually(t, "the rows after it delivered", func() bool { ids := got.ids(); return ids[after] == 1 && ids[other] == 1 })
+		var published bool
+		require.NoError(t, b.pool.QueryRow(ctx, "SELECT published_at IS NOT NULL FROM outbox_messages WHERE id = $1", lostID).Scan(&published))
+		require.False(t, published)
+	})
+
+	t.Run("RestartsWhereItStopped", func(t *testing.T) {
+		b, url := setup(t, "restart")
+		got := consume(t, b.amqpURL, b.top.Queue)
+		cfg := fastConfig(t)
+		cfg.BatchSize = 20
+		_, stop := streaming(t, b, url, cfg)
+		var all []string
+		for n := range 200 {
+			all = append(all, b.write(t, b.msg(fmt.Sprintf("r%d", n%10), n))[0].ID.String())
+		}
+		eventually(t, "some rows delivered", func() bool { return len(got.ids()) >= 50 })
+		require.NoError(t, stop())
+		for n := 200; n < 300; n++ {
+			all = append(all, b.write(t, b.msg(fmt.Sprintf("r%d", n%10), n))[0].ID.String())
+		}
+		run(t, b, url, cfg)
+		eventually(t, "every row delivered", func() bool {
+			return len(got.ids()) == 300
+		})
+		time.Sleep(time.Second)
+		rows, _ := b.pool.Query(ctx, "SELECT id::text, seq, attempts, last_error IS NOT NULL FROM outbox_messages WHERE published_at IS NULL")
+		for rows.Next() {
+			var id string
+			var seq, att int
+			var le bool
+			_ = rows.Scan(&id, &seq, &att, &le)
+			t.Logf("pending %s seq %d attempts %d handed %v delivered %d", id, seq, att, le, got.ids()[id])
+		}
+		eventually(t, "every row marked published", func() bool { return b.count(t, "published_at IS NOT NULL") == 300 })
+		for _, id := range all {
+			require.Equal(t, 1, got.ids()[id], "a stop finishes its batches and tells the server: nothing twice")
+		}
+	})
+
+	t.Run("KilledAtEachPoint", func(t *testing.T) {
+		for i, tc := range []struct {
+			failpoint string
+			published bool // the broker had the batch when the relay died
+			marked    bool // and the table says so
+		}{
+			{outbox.FailpointBeforePublish, false, false},
+			{outbox.FailpointAfterPublish, true, false},
+			{outbox.FailpointAfterMark, true, false},
+			{outbox.FailpointAfterCommit, true, true},
+		} {
+			t.Run(tc.failpoint, func(t *testing.T) {
+				b, url := setup(t, fmt.Sprintf("killed_%d", i))
+				_, stop := streaming(t, b, url, fastConfig(t)) // the slot, before the rows
+				require.NoError(t, stop())
+				const n = 25
+				var msgs []outbox.Message
+				for k := range n {
+					msgs = append(msgs, b.msg(fmt.Sprintf("order-%d", k), k))
+				}
+				b.write(t, msgs...) // one commit: one batch
+
+				killedRelayBatching(t, b.pool.Config().ConnString(), b.amqpURL, tc.failpoint, 1000, childWALURL+"="+url)
+				if tc.marked {
+					require.Equal(t, n, b.count(t, "published_at IS NOT NULL"), "the batch's marks committed")
+				} else {
+					require.Equal(t, n, b.count(t, "published_at IS NULL"), "the killed relay's marks rolled back")
+				}
+
+				effects := consumeThroughInbox(t, b.pool, b.amqpURL, b.top.Queue)
+				streaming(t, b, url, fastConfig(t))
+				testinfra.Eventually(t, waitFor, func() bool { return b.count(t, "published_at IS NOT NULL") == n }, "all rows published after restart")
+				testinfra.Eventually(t, waitFor, func() bool { return effects.applied() == n }, "every effect applied")
+				var rows, maxApplied int
+				require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*), coalesce(max(applied), 0) FROM test_effects").Scan(&rows, &maxApplied))
+				require.Equal(t, n, rows)
+				require.Equal(t, 1, maxApplied)
+				if tc.published {
+					// The slot had not heard of the batch: it is streamed, and published, again.
+					testinfra.Eventually(t, waitFor, func() bool { return effects.duplicates() == n }, "the batch published again")
+				} else {
+					require.Zero(t, effects.duplicates())
+				}
+				require.Zero(t, b.count(t, "last_error IS NOT NULL"), "the stream published it all")
+			})
+		}
+	})
+
+	t.Run("SetUpErrors", func(t *testing.T) {
+		b, url := setup(t, "setup_errors")
+		cfg := fastConfig(t)
+		check := func(t *testing.T, url, publication, want string) {
+			t.Helper()
+			w, err := outbox.NewWALRelay(b.pool, b.pub, cfg, outbox.WALConfig{URL: url, Publication: publication})
+			require.NoError(t, err)
+			rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			defer cancel()
+			err = w.Run(rctx)
+			require.ErrorIs(t, err, outbox.ErrWALSetup)
+			require.Contains(t, err.Error(), want)
+		}
+		t.Run("NoPublication", func(t *testing.T) { check(t, url, "missing", "Store.CreatePublication") })
+		t.Run("NoReplicationRole", func(t *testing.T) {
+			_, err := b.pool.Exec(ctx, "CREATE ROLE app LOGIN")
+			require.NoError(t, err)
+			check(t, strings.Replace(url, "postgres@", "app@", 1), "", "REPLICATION")
+		})
+		t.Run("WALLevelReplica", func(t *testing.T) {
+			// The shared server runs at wal_level=replica.
+			shared := testinfra.NewPool(t)
+			require.NoError(t, outbox.Migrate(ctx, shared))
+			store, err := outbox.NewStore(outbox.Tables{})
+			require.NoError(t, err)
+			var exists bool
+			require.NoError(t, shared.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)", outbox.Tables{}.WALName()).Scan(&exists))
+			if !exists {
+				err := store.CreatePublication(ctx, shared, "")
+				var pgErr interface{ SQLState() string }
+				if errors.As(err, &pgErr) && pgErr.SQLState() == "23505" {
+					err = nil // another test made it at the same moment
+				}
+				require.NoError(t, err)
+			}
+			w, err := outbox.NewWALRelay(shared, b.pub, cfg, outbox.WALConfig{URL: shared.Config().ConnString()})
+			require.NoError(t, err)
+			rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			defer cancel()
+			err = w.Run(rctx)
+			require.ErrorIs(t, err, outbox.ErrWALSetup)
+			require.Contains(t, err.Error(), "wal_level")
+		})
+	})
+
+	t.Run("ReadsTheSlotOnlyOnce", func(t *testing.T) {
+		b, url := setup(t, "one_reader")
+		got := consume(t, b.amqpURL, b.top.Queue)
+		cfg := fastConfig(t)
+		_, stop1 := run(t, b, url, cfg)
+		first := b.write(t, b.msg("a", 0))[0].ID.String()
+		eventually(t, "the first relay streams", func() bool { return got.ids()[first] == 1 })
+		second, stop2 := run(t, b, url, cfg)
+		eventually(t, "the second relay waits", func() bool { return second.State() == outbox.StateDatabaseUnavailable })
+		require.NoError(t, stop1())
+		next := b.write(t, b.msg("a", 1))[0].ID.String()
+		eventually(t, "the second takes over", func() bool { return got.ids()[next] == 1 })
+		require.NoError(t, stop2())
+		require.Equal(t, 1, got.ids()[first])
+	})
+
+}
