@@ -80,7 +80,6 @@ SELECT p.pubinsert,
            WHERE r.prpubid = p.oid AND r.prrelid = to_regclass($2))
 FROM pg_publication p WHERE p.pubname = $1`
 
-
 // Reasons the WAL relay writes in last_error when it hands a row to its retry lane.
 const (
 	reasonHeld    = "held: an older message of its aggregate is being retried"
