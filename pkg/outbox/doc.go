@@ -16,7 +16,9 @@
 //     golang-migrate (README.md#the-schema).
 //   - Writing: [Add] in your transaction (README.md#writing-messages).
 //   - Publishing: [NewRelay] and [Relay.Run] in as many processes as you like; [Relay.Ready]
-//     for a readiness probe (README.md#running-the-relay, README.md#sizing-the-pool).
+//     for a readiness probe (README.md#running-the-relay, README.md#sizing-the-pool). Or
+//     [NewWALRelay], which reads the committed rows from a logical replication slot instead
+//     of polling the table ([Store.CreatePublication]; README.md#polling-or-the-wal).
 //   - Operating: [RunCleanup] in one process; [ReadStats], [ListDead] and [Requeue];
 //     [CommitReplicated] with synchronous standbys (README.md#operations).
 //   - Your own table names or schema: [NewStore], and the same Tables in [Config].Tables

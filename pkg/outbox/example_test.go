@@ -293,6 +293,48 @@ func ExampleCommitReplicated() {
 	// 201 {"id":42}
 }
 
+// ExampleNewWALRelay publishes the outbox from the transaction log instead of polling the
+// table: the database runs at wal_level=logical, the relay connects as a role with
+// REPLICATION, and the publication of the outbox table exists (a migration's step). It has
+// no Output: the test server runs at wal_level=replica; TestWALRelay runs it on a server of
+// its own.
+func ExampleNewWALRelay() {
+	ctx := context.Background()
+	dbURL := os.Getenv("DATABASE_URL") // a role with REPLICATION
+	pool, err := pgxpool.New(ctx, dbURL)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	pub, err := outboxrabbitmq.New(outboxrabbitmq.Config{URL: os.Getenv("AMQP_URL")})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pub.Close()
+
+	// Once, with the migrations: the table, and the publication the relay reads.
+	store, err := outbox.NewStore(outbox.Tables{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := store.Migrate(ctx, pool); err != nil {
+		log.Fatal(err)
+	}
+	if err := store.CreatePublication(ctx, pool, ""); err != nil {
+		log.Fatal(err)
+	}
+
+	// The slot (outbox_messages) is created at the first Run; the rows pending then go out
+	// through the relay's retry lane.
+	relay, err := outbox.NewWALRelay(pool, pub, outbox.Config{}, outbox.WALConfig{URL: dbURL})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := relay.Run(ctx); err != nil { // until ctx ends
+		log.Fatal(err) // errors.Is(err, outbox.ErrWALSetup): the database needs a change
+	}
+}
+
 // exampleEnv gives an example a fresh database and the broker URL.
 func exampleEnv() (pool *pgxpool.Pool, amqpURL string, cleanup func()) {
 	ctx := context.Background()

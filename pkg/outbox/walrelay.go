@@ -190,7 +190,8 @@ var ErrWALSetup = errors.New("outbox: the database is not set up for the WAL rel
 // only past commits whose every row is marked. A restart, after a crash at any point,
 // streams again from that position: nothing is lost, and what is published again is at most
 // the rows of the batches in flight and of those marked since the server last heard the
-// position (it is told after every batch, and at least every StatusInterval).
+// position (it is told as soon as the relay reads the stream again, and at least every
+// StatusInterval).
 //
 // What the stream does not publish, it hands to the table, to the relay's retry lane (a
 // polling relay that claims only such rows, with the polling relay's rules): a row whose
