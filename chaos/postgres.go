@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxshop/outboxshop/internal/testinfra"
 )
 
 // pgDirs are where Debian and the PostgreSQL images keep the server binaries.
@@ -135,7 +137,7 @@ func (s *pgServer) kill(ctx context.Context) error {
 	if s.proc == nil {
 		return nil
 	}
-	backends := childPIDs(s.proc.pid)
+	backends := testinfra.ChildProcesses(s.proc.pid)
 	if err := signalGroup(s.proc.pid, syscall.SIGKILL); err != nil {
 		return err
 	}
@@ -146,7 +148,7 @@ func (s *pgServer) kill(ctx context.Context) error {
 		return err
 	}
 	err := poll(ctx, 20*time.Millisecond, func() (bool, error) {
-		return !slices.ContainsFunc(backends, func(pid int) bool { return !pidGone(pid) }), nil
+		return !slices.ContainsFunc(backends, func(pid int) bool { return !testinfra.ProcessGone(pid) }), nil
 	})
 	if err != nil {
 		return fmt.Errorf("%s: backends of the killed postmaster did not exit: %w", s.name, err)

@@ -149,24 +149,3 @@ func TestAbbreviateIDs(t *testing.T) {
 	require.Equal(t, []string{"a", "b", "and 1 more"}, abbreviateIDs(items, 2))
 	require.Equal(t, []string{"a", "b", "c"}, items, "the input is left alone")
 }
-
-func TestProcState(t *testing.T) {
-	t.Parallel()
-	state, ppid, err := procState("4242 (postgres: walsender (x)) S 4200 4242 4242 0 -1 4194560")
-	require.NoError(t, err)
-	require.Equal(t, byte('S'), state)
-	require.Equal(t, 4200, ppid)
-	state, _, err = procState("7 (z) Z 1 7 7")
-	require.NoError(t, err)
-	require.Equal(t, byte('Z'), state)
-	_, _, err = procState("no parentheses")
-	require.Error(t, err)
-	_, _, err = procState("1 (x) S")
-	require.Error(t, err)
-
-	t.Run("ThisProcess", func(t *testing.T) {
-		t.Parallel()
-		require.False(t, pidGone(1), "init is there")
-		require.True(t, pidGone(1<<30), "no such pid")
-	})
-}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -410,7 +411,7 @@ func (s *PostgresServer) kill() error {
 		return nil
 	}
 	_ = syscall.Kill(s.pgid, syscall.SIGSTOP)
-	children := childProcesses(s.pgid)
+	children := ChildProcesses(s.pgid)
 	_ = syscall.Kill(-s.pgid, syscall.SIGKILL)
 	for _, pid := range children {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
@@ -429,53 +430,9 @@ func (s *PostgresServer) kill() error {
 	return nil
 }
 
-// childProcesses returns the processes whose parent is pid, from /proc.
-func childProcesses(pid int) []int {
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil
-	}
-	var out []int
-	for _, e := range entries {
-		child, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if _, ppid, ok := procStat(child); ok && ppid == pid {
-			out = append(out, child)
-		}
-	}
-	return out
-}
-
 // anyRunning reports whether one of pids has not exited (a zombie has).
 func anyRunning(pids []int) bool {
-	for _, pid := range pids {
-		if state, _, ok := procStat(pid); ok && state != "Z" && state != "X" {
-			return true
-		}
-	}
-	return false
-}
-
-// procStat reads the state and the parent of process pid from /proc/<pid>/stat; ok is false
-// when there is no such process.
-func procStat(pid int) (state string, ppid int, ok bool) {
-	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return "", 0, false
-	}
-	// pid (comm) state ppid …; comm may hold spaces and parentheses: it ends at the last ')'.
-	i := strings.LastIndexByte(string(stat), ')')
-	if i < 0 {
-		return "", 0, false
-	}
-	fields := strings.Fields(string(stat[i+1:]))
-	if len(fields) < 2 {
-		return "", 0, false
-	}
-	ppid, err = strconv.Atoi(fields[1])
-	return fields[0], ppid, err == nil
+	return slices.ContainsFunc(pids, func(pid int) bool { return !ProcessGone(pid) })
 }
 
 // stop kills both servers and removes their directories.
