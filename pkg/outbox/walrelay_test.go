@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -163,6 +165,57 @@ func TestWALRelay(t *testing.T) {
 		eventually(t, "the late row delivered", func() bool { return got.ids()[late] == 1 })
 	})
 
+	t.Run("ASlotWithoutItsHandOverIsCreatedAgain", func(t *testing.T) {
+		// A relay died between creating the slot and handing the rows pending then to the
+		// retry lane: the slot exists, its record does not, and the rows would be left to
+		// nobody (the slot never streams them, the lane takes only rows handed to it).
+		b, url := setup(t, "hand_over")
+		got := consume(t, b.amqpURL, b.top.Queue)
+		var want []string
+		for n := range 10 {
+			want = append(want, b.write(t, b.msg(fmt.Sprintf("before-%d", n), n))[0].ID.String())
+		}
+		_, err := b.pool.Exec(ctx, "SELECT pg_create_logical_replication_slot($1, 'pgoutput')", outbox.Tables{}.WALName())
+		require.NoError(t, err)
+		want = append(want, b.write(t, b.msg("after", 0))[0].ID.String())
+		streaming(t, b, url, fastConfig(t))
+		eventually(t, "every row delivered", func() bool { return len(got.ids()) == len(want) })
+		for _, id := range want {
+			require.Equal(t, 1, got.ids()[id])
+		}
+		eventually(t, "every row marked published", func() bool { return b.count(t, "published_at IS NOT NULL") == len(want) })
+	})
+
+	t.Run("RowsGoneFromTheTableDoNotStopTheStream", func(t *testing.T) {
+		b, url := setup(t, "gone")
+		got := consume(t, b.amqpURL, b.top.Queue)
+		_, stop := streaming(t, b, url, fastConfig(t))
+		require.NoError(t, stop())
+		// One inserted and deleted by the same transaction; one deleted by hand before the
+		// relay streams it; rows after each.
+		undone := b.msg("undone", 0)
+		require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+			if err := outbox.Add(ctx, tx, undone); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, "DELETE FROM outbox_messages WHERE aggregate_id = 'undone'")
+			return err
+		}))
+		b.write(t, b.msg("by-hand", 0))
+		_, err := b.pool.Exec(ctx, "DELETE FROM outbox_messages WHERE aggregate_id = 'by-hand'")
+		require.NoError(t, err)
+		var after []string
+		for n := range 5 {
+			after = append(after, b.write(t, b.msg(fmt.Sprintf("after-%d", n), n))[0].ID.String())
+		}
+		streaming(t, b, url, fastConfig(t))
+		eventually(t, "the rows after them delivered", func() bool {
+			ids := got.ids()
+			return !slices.ContainsFunc(after, func(id string) bool { return ids[id] == 0 })
+		})
+		eventually(t, "and marked", func() bool { return b.count(t, "published_at IS NOT NULL") == len(after) })
+	})
+
 	t.Run("PoisonIsDeadAndTheStreamGoesOn", func(t *testing.T) {
 		b, url := setup(t, "poison")
 		got := consume(t, b.amqpURL, b.top.Queue)
@@ -304,6 +357,28 @@ func TestWALRelay(t *testing.T) {
 			require.Contains(t, err.Error(), want)
 		}
 		t.Run("NoPublication", func(t *testing.T) { check(t, url, "missing", "Store.CreatePublication") })
+		t.Run("RowFilter", func(t *testing.T) {
+			_, err := b.pool.Exec(ctx, "CREATE PUBLICATION filtered FOR TABLE outbox_messages WHERE (aggregate_type <> 'x') WITH (publish = 'insert')")
+			require.NoError(t, err)
+			check(t, url, "filtered", "row filter")
+		})
+		t.Run("ColumnList", func(t *testing.T) {
+			_, err := b.pool.Exec(ctx, "CREATE PUBLICATION narrow FOR TABLE outbox_messages (id, seq, exchange) WITH (publish = 'insert')")
+			require.NoError(t, err)
+			check(t, url, "narrow", "column list")
+		})
+		t.Run("UpdatesOnly", func(t *testing.T) {
+			_, err := b.pool.Exec(ctx, "CREATE PUBLICATION updates FOR TABLE outbox_messages WITH (publish = 'update')")
+			require.NoError(t, err)
+			check(t, url, "updates", "INSERTs")
+		})
+		t.Run("APublicationOfTheSchemaWillDo", func(t *testing.T) {
+			_, err := b.pool.Exec(ctx, "CREATE PUBLICATION whole FOR TABLES IN SCHEMA public WITH (publish = 'insert')")
+			require.NoError(t, err)
+			store, err := outbox.NewStore(outbox.Tables{})
+			require.NoError(t, err)
+			require.NoError(t, store.CreatePublication(ctx, b.pool, "whole"), "it holds the table: nothing to do")
+		})
 		t.Run("NoReplicationRole", func(t *testing.T) {
 			_, err := b.pool.Exec(ctx, "CREATE ROLE app LOGIN")
 			require.NoError(t, err)

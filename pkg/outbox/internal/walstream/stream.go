@@ -45,7 +45,9 @@ type Row struct {
 // Commit is one committed transaction's outbox rows, in the order they were inserted, and the
 // position to confirm once every one of them is published (or dead): the end of its commit.
 type Commit struct {
-	End      pglogrepl.LSN
+	End pglogrepl.LSN
+	// Xid is the transaction's id (32 bits, as the stream has it).
+	Xid      uint32
 	Messages []Row
 	// Seqs are the rows' seq column.
 	Seqs []int64
@@ -124,8 +126,11 @@ func Open(ctx context.Context, cfg Config) (*Stream, error) {
 		if cfg.Created != nil {
 			// The snapshot lives until the next command on this connection.
 			if err := cfg.Created(ctx, created.SnapshotName); err != nil {
-				derr := pglogrepl.DropReplicationSlot(ctx, conn, cfg.Slot, pglogrepl.DropReplicationSlotOptions{})
-				_ = conn.Close(ctx)
+				// Also when ctx is what ended Created: a slot whose hand-over failed must go.
+				dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+				defer cancel()
+				derr := pglogrepl.DropReplicationSlot(dctx, conn, cfg.Slot, pglogrepl.DropReplicationSlotOptions{})
+				_ = conn.Close(dctx)
 				return nil, errors.Join(fmt.Errorf("walstream: slot %s created: %w", cfg.Slot, err), derr)
 			}
 		}
@@ -143,6 +148,24 @@ func Open(ctx context.Context, cfg Config) (*Stream, error) {
 		return nil, fmt.Errorf("walstream: start streaming slot %s: %w", cfg.Slot, err)
 	}
 	return s, nil
+}
+
+// Drop drops the slot named in cfg, through a replication connection of cfg.URL.
+func Drop(ctx context.Context, cfg Config) error {
+	pgcfg, err := pgconn.ParseConfig(cfg.URL)
+	if err != nil {
+		return fmt.Errorf("walstream: parse the database URL: %w", err)
+	}
+	pgcfg.RuntimeParams["replication"] = "database"
+	conn, err := pgconn.ConnectConfig(ctx, pgcfg)
+	if err != nil {
+		return fmt.Errorf("walstream: connect for replication: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck // after the command
+	if err := pglogrepl.DropReplicationSlot(ctx, conn, cfg.Slot, pglogrepl.DropReplicationSlotOptions{}); err != nil {
+		return fmt.Errorf("walstream: drop slot %s: %w", cfg.Slot, err)
+	}
+	return nil
 }
 
 // isCode reports whether err is a PostgreSQL error of the given SQLSTATE.
@@ -273,7 +296,7 @@ func (s *Stream) apply(data []byte, cur **Commit) (*Commit, error) {
 	case *pglogrepl.RelationMessage:
 		s.relations[m.RelationID] = m
 	case *pglogrepl.BeginMessage:
-		*cur = &Commit{}
+		*cur = &Commit{Xid: m.Xid}
 	case *pglogrepl.InsertMessage:
 		rel, ok := s.relations[m.RelationID]
 		if !ok {
