@@ -93,23 +93,36 @@ FROM generate_series(1, $2::int) g`, bb.top.Exchange, rows)
 	require.NoError(b, err)
 	_, err = bb.pool.Exec(ctx, "VACUUM ANALYZE outbox_messages")
 	require.NoError(b, err)
+	return timeDrain(b, rows, func(h outbox.Hooks) runner {
+		r, err := outbox.NewRelay(bb.pool, bb.pub, outbox.Config{DisableNotify: true, InFlightBatches: inFlight, Hooks: h})
+		require.NoError(b, err)
+		return r
+	})
+}
+
+// runner is a relay of either kind.
+type runner interface{ Run(ctx context.Context) error }
+
+// timeDrain runs the relay newRelay makes with the given hooks until it has published rows
+// rows, and returns how long that took.
+func timeDrain(b *testing.B, rows int, newRelay func(outbox.Hooks) runner) time.Duration {
+	b.Helper()
+	ctx := context.Background()
 	var published atomic.Int64
 	done := make(chan struct{})
-	r, err := outbox.NewRelay(bb.pool, bb.pub, outbox.Config{DisableNotify: true, InFlightBatches: inFlight,
-		Hooks: outbox.Hooks{BatchDone: func(res outbox.BatchResult) {
-			if published.Add(int64(len(res.Published))) == int64(rows) {
-				close(done)
-			}
-		}}})
-	require.NoError(b, err)
+	r := newRelay(outbox.Hooks{BatchDone: func(res outbox.BatchResult) {
+		if published.Add(int64(len(res.Published))) == int64(rows) {
+			close(done)
+		}
+	}})
 	runCtx, stop := context.WithCancel(ctx)
 	stopped := make(chan error, 1)
 	start := time.Now()
 	go func() { stopped <- r.Run(runCtx) }()
 	select {
 	case <-done:
-	case <-time.After(5 * time.Minute):
-		b.Fatalf("drained %d of %d rows in 5m", published.Load(), rows)
+	case <-time.After(10 * time.Minute):
+		b.Fatalf("drained %d of %d rows in 10m", published.Load(), rows)
 	}
 	took := time.Since(start)
 	stop()

@@ -3,7 +3,6 @@ package outbox_test
 import (
 	"context"
 	"fmt"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -53,36 +52,16 @@ FROM generate_series($2::int, $2::int + 99) g`, bb.top.Exchange, done)
 		_, err := pool.Exec(ctx, "VACUUM ANALYZE outbox_messages")
 		require.NoError(b, err)
 	}
-	// drain runs relay until rows rows are published, and returns its rows/s.
-	drain := func(rows int, newRelay func(outbox.Hooks) interface{ Run(context.Context) error }) float64 {
-		b.Helper()
-		var published atomic.Int64
-		done := make(chan struct{})
-		r := newRelay(outbox.Hooks{BatchDone: func(res outbox.BatchResult) {
-			if published.Add(int64(len(res.Published))) == int64(rows) {
-				close(done)
-			}
-		}})
-		runCtx, stop := context.WithCancel(ctx)
-		stopped := make(chan error, 1)
-		start := time.Now()
-		go func() { stopped <- r.Run(runCtx) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Minute):
-			b.Fatalf("drained %d of %d rows in 10m", published.Load(), rows)
-		}
-		took := time.Since(start)
-		stop()
-		require.NoError(b, <-stopped)
-		return float64(rows) / took.Seconds()
+	// drain runs a relay until rows rows are published, and returns its rows/s.
+	drain := func(rows int, newRelay func(outbox.Hooks) runner) float64 {
+		return float64(rows) / timeDrain(b, rows, newRelay).Seconds()
 	}
-	polling := func(h outbox.Hooks) interface{ Run(context.Context) error } {
+	polling := func(h outbox.Hooks) runner {
 		r, err := outbox.NewRelay(pool, bb.pub, outbox.Config{DisableNotify: true, BatchSize: batch, InFlightBatches: 2, Hooks: h})
 		require.NoError(b, err)
 		return r
 	}
-	wal := func(h outbox.Hooks) interface{ Run(context.Context) error } {
+	wal := func(h outbox.Hooks) runner {
 		r, err := outbox.NewWALRelay(pool, bb.pub, outbox.Config{BatchSize: batch, InFlightBatches: 4, Hooks: h}, outbox.WALConfig{URL: url})
 		require.NoError(b, err)
 		return r
