@@ -63,6 +63,8 @@ type handRow struct {
 type poisonBundle struct {
 	*bundle
 	t *testing.T
+	// start runs the relay until the test ends; nil: a polling relay (bundle.startRelay).
+	start func(t *testing.T, pub outbox.Publisher, cfg outbox.Config)
 }
 
 const (
@@ -378,7 +380,11 @@ func runPoisonCase(t *testing.T, b *poisonBundle, c poisonCase, pubCfg outboxrab
 		cfg.MaxAttempts = c.maxAttempts
 	}
 	cfg.Hooks = w.hooks()
-	b.startRelay(t, b.pool, pub, cfg)
+	if b.start != nil {
+		b.start(t, pub, cfg)
+	} else {
+		b.startRelay(t, b.pool, pub, cfg)
+	}
 
 	// BatchDone reports a cycle after its commit: wait for the hooks, then read the rows.
 	testinfra.Eventually(t, waitFor, func() bool {

@@ -13,10 +13,12 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxshop/outboxshop/pkg/outbox"
 	"github.com/outboxshop/outboxshop/pkg/outbox/internal/testinfra"
+	"github.com/outboxshop/outboxshop/pkg/outbox/outboxrabbitmq"
 )
 
 // TestWALRelay runs the WAL relay against a private primary at wal_level=logical and the
@@ -142,6 +144,25 @@ func TestWALRelay(t *testing.T) {
 		require.Zero(t, b.count(t, "last_error IS NOT NULL"), "nothing went through the retry lane")
 	})
 
+	t.Run("ConcurrentWritersOfOneAggregateGoOutInCommitOrder", func(t *testing.T) {
+		// Two transactions write one aggregate at once; the one that inserted first commits
+		// last. The stream has them in commit order, and so does the queue.
+		b, url := setup(t, "concurrent")
+		got := consume(t, b.amqpURL, b.top.Queue)
+		streaming(t, b, url, fastConfig(t))
+		first, err := b.pool.Begin(ctx)
+		require.NoError(t, err)
+		defer first.Rollback(ctx) //nolint:errcheck // after the commit: nothing
+		earlyMsgs := []outbox.Message{b.msg("shared", 0)}
+		require.NoError(t, outbox.Add(ctx, first, earlyMsgs...)) // Add gives the slice's messages their ids
+		early := earlyMsgs[0]
+		late := b.write(t, b.msg("shared", 1))[0]
+		eventually(t, "the later insert, committed first, delivered", func() bool { return got.ids()[late.ID.String()] == 1 })
+		require.NoError(t, first.Commit(ctx))
+		eventually(t, "both delivered", func() bool { return len(got.ids()) == 2 })
+		require.Equal(t, []string{late.ID.String(), early.ID.String()}, firstOrder(got)["shared"], "commit order, not insert order")
+	})
+
 	t.Run("RowsPendingBeforeTheSlotGoOutThroughTheRetryLane", func(t *testing.T) {
 		b, url := setup(t, "before_slot")
 		got := consume(t, b.amqpURL, b.top.Queue)
@@ -243,6 +264,91 @@ func TestWALRelay(t *testing.T) {
 		require.Contains(t, lastErr, "headers")
 	})
 
+	t.Run("PoisonCorpus", func(t *testing.T) {
+		// The polling relay's corpus (TestPoisonCorpus), through the stream: each case's
+		// rows are written while the slot exists and no relay runs, then streamed.
+		b, url := setup(t, "corpus")
+		_, stop := streaming(t, b, url, fastConfig(t))
+		require.NoError(t, stop())
+		pb := &poisonBundle{bundle: b, t: t}
+		pb.start = func(t *testing.T, pub outbox.Publisher, cfg outbox.Config) {
+			w, err := outbox.NewWALRelay(b.pool, pub, cfg, outbox.WALConfig{URL: url, StatusInterval: 100 * time.Millisecond})
+			require.NoError(t, err)
+			rctx, cancel := context.WithCancel(ctx)
+			done := make(chan error, 1)
+			go func() { done <- w.Run(rctx) }()
+			t.Cleanup(func() {
+				cancel()
+				require.NoError(t, <-done)
+			})
+		}
+		for _, c := range poisonCases() {
+			if c.want == refusedByAdd {
+				continue // Add's refusals: no row, nothing for a relay
+			}
+			t.Run(c.name, func(t *testing.T) {
+				pb.t = t
+				pb.reset(t)
+				runPoisonCase(t, pb, c, outboxrabbitmq.Config{})
+			})
+		}
+	})
+
+	t.Run("BrokerAlarmAndOutagePauseTheStream", func(t *testing.T) {
+		// A private broker: a memory alarm, then the node killed and started again. Each
+		// pauses the stream (broker_unavailable) without losing its place or costing an
+		// attempt; everything goes out once the broker is back.
+		node := testinfra.StartRabbitNode(t)
+		b, url := setup(t, "broker")
+		b.amqpURL, b.top = node.URL, testinfra.DeclareTopology(t, node.URL)
+		b.pub = newPublisher(t, node.URL)
+		var mu sync.Mutex
+		var states []outbox.State
+		state := func() []outbox.State { mu.Lock(); defer mu.Unlock(); return slices.Clone(states) }
+		cfg := fastConfig(t)
+		cfg.PublishTimeout = 2 * time.Second
+		cfg.Hooks.StateChanged = func(c outbox.StateChange) { mu.Lock(); states = append(states, c.To); mu.Unlock() }
+		w, _ := streaming(t, b, url, cfg)
+		b.write(t, b.msg("warm-up", 0))
+		eventually(t, "warm-up published", func() bool { return b.count(t, "published_at IS NOT NULL") == 1 })
+		rows := func(prefix string) []outbox.Message {
+			msgs := make([]outbox.Message, 50)
+			for i := range msgs {
+				msgs[i] = b.msg(fmt.Sprintf("%s-%d", prefix, i), i)
+			}
+			return b.write(t, msgs...)
+		}
+
+		node.Ctl(t, "set_vm_memory_high_watermark", "0")
+		alarmed := true
+		defer func() {
+			if alarmed {
+				node.Ctl(t, "set_vm_memory_high_watermark", "0.4")
+			}
+		}()
+		rows("alarm")
+		eventually(t, "the relay reports the broker unavailable", func() bool { return w.State() == outbox.StateBrokerUnavailable })
+		require.Zero(t, b.count(t, "published_at IS NOT NULL AND aggregate_id LIKE 'alarm-%'"), "nothing is published under the alarm")
+		node.Ctl(t, "set_vm_memory_high_watermark", "0.4")
+		alarmed = false
+		eventually(t, "everything published after the alarm", func() bool {
+			return b.count(t, "published_at IS NOT NULL AND aggregate_id LIKE 'alarm-%'") == 50
+		})
+		eventually(t, "running again", func() bool { return w.State() == outbox.StateRunning })
+
+		node.Kill(t)
+		rows("outage")
+		eventually(t, "the relay reports the broker unavailable", func() bool { return w.State() == outbox.StateBrokerUnavailable })
+		node.Restart(t)
+		eventually(t, "everything published after the outage", func() bool {
+			return b.count(t, "published_at IS NOT NULL AND aggregate_id LIKE 'outage-%'") == 50
+		})
+		require.Zero(t, b.count(t, "dead_at IS NOT NULL OR attempts > 0 OR last_error IS NOT NULL"), "no attempt counted, nothing handed to the lane")
+		require.GreaterOrEqual(t, queueDepth(t, node.URL, b.top.Queue), 101, "every row reached the queue, at least once")
+		require.Contains(t, state(), outbox.StateBrokerUnavailable)
+		require.NotContains(t, state(), outbox.StateDatabaseUnavailable, "the broker's outage is blamed on the broker")
+	})
+
 	t.Run("UnroutableGoesToTheRetryLaneAndHoldsItsAggregate", func(t *testing.T) {
 		b, url := setup(t, "unroutable")
 		got := consume(t, b.amqpURL, b.top.Queue)
@@ -259,6 +365,26 @@ func TestWALRelay(t *testing.T) {
 		var published bool
 		require.NoError(t, b.pool.QueryRow(ctx, "SELECT published_at IS NOT NULL FROM outbox_messages WHERE id = $1", lostID).Scan(&published))
 		require.False(t, published)
+
+		// Routable now, requeued: the lane publishes it again.
+		conn, err := amqp.Dial(b.amqpURL)
+		require.NoError(t, err)
+		defer conn.Close()
+		ch, err := conn.Channel()
+		require.NoError(t, err)
+		q, err := ch.QueueDeclare("", false, true, true, false, nil)
+		require.NoError(t, err)
+		require.NoError(t, ch.QueueBind(q.Name, lost.RoutingKey, "amq.direct", false, nil))
+		n, err := outbox.Requeue(ctx, b.pool, lostID)
+		require.NoError(t, err)
+		require.EqualValues(t, 1, n)
+		eventually(t, "the requeued row published", func() bool {
+			return b.count(t, "published_at IS NOT NULL AND id = '"+lostID.String()+"'") == 1
+		})
+		eventually(t, "and delivered", func() bool {
+			q, err := ch.QueueDeclarePassive(q.Name, false, true, true, false, nil) // exclusive: this connection's
+			return err == nil && q.Messages == 1
+		})
 	})
 
 	t.Run("RestartsWhereItStopped", func(t *testing.T) {
