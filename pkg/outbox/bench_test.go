@@ -101,7 +101,9 @@ FROM generate_series(1, $2::int) g`, bb.top.Exchange, rows)
 }
 
 // runner is a relay of either kind.
-type runner interface{ Run(ctx context.Context) error }
+type runner interface {
+	Run(ctx context.Context) error
+}
 
 // timeDrain runs the relay newRelay makes with the given hooks until it has published rows
 // rows, and returns how long that took.
