@@ -56,7 +56,7 @@ func TestMigrationToolsMakeMigratesSchema(t *testing.T) {
 		migrate    func(context.Context, *pgxpool.Pool) error
 		versions   int
 	}{
-		{"outbox", outbox.Migrations, func(ctx context.Context, p *pgxpool.Pool) error { return outbox.Migrate(ctx, p) }, 2},
+		{"outbox", outbox.Migrations, func(ctx context.Context, p *pgxpool.Pool) error { return outbox.Migrate(ctx, p) }, 3},
 		{"inbox", inbox.Migrations, func(ctx context.Context, p *pgxpool.Pool) error { return inbox.Migrate(ctx, p) }, 1},
 	} {
 		t.Run(lib.name, func(t *testing.T) {

@@ -391,6 +391,6 @@ func ExampleMigrations() {
 	fmt.Println("goose:", goose)
 	fmt.Println("golang-migrate:", golangMigrate)
 	// Output:
-	// goose: [001_outbox.sql 002_waiting_and_json_payload.sql]
-	// golang-migrate: [migrations/golang-migrate/001_outbox.down.sql migrations/golang-migrate/001_outbox.up.sql migrations/golang-migrate/002_waiting_and_json_payload.down.sql migrations/golang-migrate/002_waiting_and_json_payload.up.sql]
+	// goose: [001_outbox.sql 002_waiting_and_json_payload.sql 003_handed.sql]
+	// golang-migrate: [migrations/golang-migrate/001_outbox.down.sql migrations/golang-migrate/001_outbox.up.sql migrations/golang-migrate/002_waiting_and_json_payload.down.sql migrations/golang-migrate/002_waiting_and_json_payload.up.sql migrations/golang-migrate/003_handed.down.sql migrations/golang-migrate/003_handed.up.sql]
 }

@@ -63,7 +63,7 @@ func TestMigrateTables(t *testing.T) {
 	fresh := testinfra.NewPool(t)
 	require.NoError(t, Migrate(ctx, fresh))
 	want := describe(t, fresh, "public")
-	require.Equal(t, []int{1, 2}, versions(t, fresh, Tables{}))
+	require.Equal(t, []int{1, 2, 3}, versions(t, fresh, Tables{}))
 
 	// A database made by the previous Migrate: the same files, recorded as versions 1 and 2
 	// in the same version table.
@@ -74,10 +74,11 @@ func TestMigrateTables(t *testing.T) {
 		_, err := pool.Exec(ctx, `CREATE TABLE outbox_migrations (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now());
 			INSERT INTO outbox_migrations (version) VALUES (1), (2)`)
 		require.NoError(t, err)
-		require.Equal(t, want, describe(t, pool, "public"), "the templates make another schema than the previous files")
+		require.Equal(t, filter(want, "_handed", false), describe(t, pool, "public"),
+			"the templates make another schema than the previous files (but for version 3's index)")
 		require.NoError(t, Migrate(ctx, pool))
 		require.Equal(t, want, describe(t, pool, "public"))
-		require.Equal(t, []int{1, 2}, versions(t, pool, Tables{}))
+		require.Equal(t, []int{1, 2, 3}, versions(t, pool, Tables{}))
 	})
 
 	// A table made by a version that recorded no versions (only 001 existed).
@@ -87,7 +88,7 @@ func TestMigrateTables(t *testing.T) {
 		applyLegacy(t, pool, 1)
 		require.NoError(t, Migrate(ctx, pool))
 		require.Equal(t, want, describe(t, pool, "public"))
-		require.Equal(t, []int{1, 2}, versions(t, pool, Tables{}))
+		require.Equal(t, []int{1, 2, 3}, versions(t, pool, Tables{}))
 	})
 
 	// Another schema, another name, names that need quoting, and the default tables beside
@@ -109,7 +110,7 @@ func TestMigrateTables(t *testing.T) {
 		require.Equal(t, want, filter(describe(t, pool, "public"), "payments", false), "the default tables changed")
 		for _, tables := range others {
 			t.Run(tables.String(), func(t *testing.T) {
-				require.Equal(t, []int{1, 2}, versions(t, pool, tables))
+				require.Equal(t, []int{1, 2, 3}, versions(t, pool, tables))
 				requireNotifies(t, pool, tables)
 			})
 		}
@@ -144,7 +145,7 @@ func TestMigrateTables(t *testing.T) {
 			require.NoError(t, <-errs)
 		}
 		for _, tables := range tables {
-			require.Equal(t, []int{1, 2}, versions(t, pool, tables))
+			require.Equal(t, []int{1, 2, 3}, versions(t, pool, tables))
 		}
 	})
 
@@ -189,7 +190,7 @@ func TestMigrateTables(t *testing.T) {
 				}
 				require.NoError(t, migrate(ctx, pool, tables))
 				require.NoError(t, migrate(ctx, pool, tables), "again")
-				require.Equal(t, []int{1, 2}, versions(t, pool, tables))
+				require.Equal(t, []int{1, 2, 3}, versions(t, pool, tables))
 				requireNotifies(t, pool, tables)
 			})
 		}
@@ -212,7 +213,7 @@ func TestMigrateTables(t *testing.T) {
 			require.ErrorContains(t, err, "Tables.Migrations", "%s after %s", second, first)
 			second.Migrations = second.WithDefaults().Messages + "_versions"
 			require.NoError(t, migrate(ctx, pool, second), "with a version table of its own")
-			require.Equal(t, []int{1, 2}, versions(t, pool, second))
+			require.Equal(t, []int{1, 2, 3}, versions(t, pool, second))
 		}
 	})
 
