@@ -256,6 +256,10 @@ var ErrWALSetup = errors.New("outbox: the database is not set up for the WAL rel
 // rows again. A permanent failure (poison) marks the row dead at once, and the stream goes
 // on.
 //
+// Its pool needs 2·InFlightBatches + 2 connections: one per batch in flight (its barrier,
+// then its marks), the lane's (a polling relay's [Relay.PoolSize]), and one for the
+// stream's own reads; the stream's replication connection is its own, outside the pool.
+//
 // The slot is created at the first start, and the rows pending then, which it will never
 // stream, are handed to the retry lane in the same snapshot; <table>_wal_slots records the
 // hand-over in the same transaction, and a slot found without its record is dropped and
