@@ -72,23 +72,13 @@ func TestWALRelay(t *testing.T) {
 	streaming := func(t *testing.T, b *bundle, url string, cfg outbox.Config) (w *outbox.WALRelay, stop func() error) {
 		t.Helper()
 		w, stop = run(t, b, url, cfg)
-		deadline := time.Now().Add(30 * time.Second)
-		for w.State() != outbox.StateRunning {
-			require.True(t, time.Now().Before(deadline), "the relay does not stream: %s", w.State())
-			time.Sleep(5 * time.Millisecond)
-		}
+		testinfra.Eventually(t, 30*time.Second, func() bool { return w.State() == outbox.StateRunning }, "the relay streams")
 		return w, stop
 	}
 	// eventually waits, up to 30 s, for cond.
 	eventually := func(t *testing.T, what string, cond func() bool) {
 		t.Helper()
-		deadline := time.Now().Add(30 * time.Second)
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("after 30s: %s", what)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		testinfra.Eventually(t, 30*time.Second, cond, "%s", what)
 	}
 	// firstOrder returns, per aggregate, the ids in the order of their first delivery.
 	firstOrder := func(r *received) map[string][]string {
@@ -406,15 +396,6 @@ func TestWALRelay(t *testing.T) {
 		eventually(t, "every row delivered", func() bool {
 			return len(got.ids()) == 300
 		})
-		time.Sleep(time.Second)
-		rows, _ := b.pool.Query(ctx, "SELECT id::text, seq, attempts, last_error IS NOT NULL FROM outbox_messages WHERE published_at IS NULL")
-		for rows.Next() {
-			var id string
-			var seq, att int
-			var le bool
-			_ = rows.Scan(&id, &seq, &att, &le)
-			t.Logf("pending %s seq %d attempts %d handed %v delivered %d", id, seq, att, le, got.ids()[id])
-		}
 		eventually(t, "every row marked published", func() bool { return b.count(t, "published_at IS NOT NULL") == 300 })
 		for _, id := range all {
 			require.Equal(t, 1, got.ids()[id], "a stop finishes its batches and tells the server: nothing twice")
