@@ -236,15 +236,18 @@ var ErrWALSetup = errors.New("outbox: the database is not set up for the WAL rel
 // but where this comment says otherwise (README.md#polling-or-the-wal).
 //
 // How a row goes out: the stream's rows are sent in batches of up to [Config].BatchSize,
-// [Config].InFlightBatches of them in flight at once, but never two that hold rows of one
-// aggregate: so an aggregate's rows go out in commit order, on one channel. The outcome of
-// a batch is marked in the table as the polling relay marks it (published_at, or attempts,
-// last_error and dead_at), in a short transaction; and the slot's position is confirmed
-// only past commits whose every row is marked. A restart, after a crash at any point,
-// streams again from that position: nothing is lost, and what is published again is at most
-// the rows of the batches in flight and of those marked since the server last heard the
-// position (it is told as soon as the relay reads the stream again, and at least every
-// StatusInterval).
+// [Config].InFlightBatches of them in flight at once. A batch that holds rows of an
+// aggregate an earlier batch in flight holds publishes only once the broker confirmed every
+// row of that earlier batch (its marks may still run): so an aggregate's rows reach the
+// broker in commit order, and one aggregate's backlog flows a batch per confirm, not a row
+// per relay cycle. The outcome of a batch is marked in the table as the polling relay marks
+// it (published_at, or attempts, last_error and dead_at), in a short transaction; and the
+// slot's position is confirmed only past commits whose every row is marked. A restart,
+// after a crash at any point, streams again from that position: nothing is lost, and what
+// is published again is at most the rows of the batches in flight, of the transactions
+// not yet wholly marked (a position is the end of a commit), and of those marked since the
+// server last heard the position (it is told as soon as the relay reads the stream again,
+// and at least every StatusInterval).
 //
 // What the stream does not publish, it hands to the table, to the relay's retry lane (a
 // polling relay that claims only such rows, with the polling relay's rules): a row whose
@@ -400,6 +403,14 @@ type walBatch struct {
 	rows []walRow
 	aggs map[aggregateKey]bool
 	done chan struct{}
+	// preds are the batches in flight, when it was sent, that hold rows of its aggregates:
+	// it publishes once each has released it. released is closed once the batch's outcome
+	// no longer holds back the rows after it: as soon as the broker confirmed every row it
+	// published (before its marks), or else when it ends; stops, set before, says the rows
+	// after it must not go out now (some of its own were left unsent, or it failed).
+	preds    []*walBatch
+	released chan struct{}
+	stops    bool
 	// After done: the rows left as they were (the broker was unavailable, or did not take
 	// them), the outage that ended the batch, and the aggregates it handed to the lane.
 	untouched []walRow
@@ -732,7 +743,7 @@ func (d *dispatcher) add(c walstream.Commit) {
 // next takes the next batch from the queue: up to BatchSize rows.
 func (d *dispatcher) next() *walBatch {
 	n := min(len(d.queue), d.w.cfg.BatchSize)
-	b := &walBatch{rows: slices.Clone(d.queue[:n]), aggs: map[aggregateKey]bool{}, done: make(chan struct{})}
+	b := &walBatch{rows: slices.Clone(d.queue[:n]), aggs: map[aggregateKey]bool{}, done: make(chan struct{}), released: make(chan struct{})}
 	d.queue = d.queue[n:]
 	for _, r := range b.rows {
 		b.aggs[keyOf(r.msg)] = true
@@ -740,20 +751,11 @@ func (d *dispatcher) next() *walBatch {
 	return b
 }
 
-// blocked reports whether b must wait: the pipeline is full, or a batch in flight holds
-// rows of one of its aggregates.
-func (d *dispatcher) blocked(b *walBatch) bool {
-	if len(d.inflight) >= d.w.cfg.InFlightBatches {
-		return true
-	}
-	for _, f := range d.inflight {
-		for k := range b.aggs {
-			if f.aggs[k] {
-				return true
-			}
-		}
-	}
-	return false
+// blocked reports whether b must wait: the pipeline is full. A batch in flight that holds
+// rows of one of b's aggregates does not block it: b is sent, runs its barrier, and waits
+// for that batch's release before it publishes (see finish).
+func (d *dispatcher) blocked(*walBatch) bool {
+	return len(d.inflight) >= d.w.cfg.InFlightBatches
 }
 
 // waitOne waits for the oldest batch in flight to end (or for a commit, when commits is
@@ -901,6 +903,14 @@ func (d *dispatcher) send(ctx context.Context, b *walBatch) {
 			pub = append(pub, r)
 		}
 	}
+	for _, f := range d.inflight {
+		for k := range b.aggs {
+			if f.aggs[k] {
+				b.preds = append(b.preds, f)
+				break
+			}
+		}
+	}
 	d.inflight = append(d.inflight, b)
 	go func() {
 		defer close(b.done)
@@ -910,10 +920,33 @@ func (d *dispatcher) send(ctx context.Context, b *walBatch) {
 
 // finish publishes pub, marks the outcome and hands hand over, then settles what it
 // decided. It records in b what the dispatcher needs to know.
+//
+// It publishes only once every batch before it that holds rows of its aggregates has
+// released it: an aggregate's rows reach the broker in commit order, each batch's only after
+// the broker confirmed the one before, and they never overtake a row that failed. A batch
+// before it that left rows unsent stops it (all its rows go back to the queue, in order);
+// one that handed an aggregate to the lane makes it hand that aggregate's rows too.
 func (d *dispatcher) finish(ctx context.Context, b *walBatch, pub, hand []walRow) {
+	defer func() {
+		select {
+		case <-b.released:
+		default:
+			b.stops = len(b.untouched) > 0 || b.err != nil
+			close(b.released)
+		}
+	}()
 	r := d.w.lane
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout+2*r.cfg.ClaimTimeout)
 	defer cancel()
+	if err := d.barrier(ctx); err != nil {
+		b.untouched, b.err = pub, databaseError{err}
+		return
+	}
+	pub, hand, ok := d.afterPreds(b, pub, hand)
+	if !ok {
+		b.untouched = append(pub, hand...) // back to the queue, in order, hand included
+		return
+	}
 	msgs := make([]Message, len(pub))
 	var unreadable map[int]error
 	for i, row := range pub {
@@ -927,10 +960,6 @@ func (d *dispatcher) finish(ctx context.Context, b *walBatch, pub, hand []walRow
 	}
 	var s settlement
 	var spans *batchSpans
-	if err := d.barrier(ctx); err != nil {
-		b.untouched, b.err = pub, databaseError{err}
-		return
-	}
 	if len(msgs) > 0 {
 		spans = r.startSpans(ctx, msgs, time.Now())
 		outcomes := r.publish(ctx, time.Now().Add(r.cfg.PublishTimeout), msgs, unreadable, spans)
@@ -957,6 +986,9 @@ func (d *dispatcher) finish(ctx context.Context, b *walBatch, pub, hand []walRow
 		settled = append(settled, pub[i])
 	}
 	settled = append(settled, hand...)
+	if len(b.untouched) == 0 && len(b.handed) == 0 && s.unavailable == nil {
+		close(b.released) // all confirmed: the next rows of its aggregates may go out
+	}
 	if err = d.markVisible(ctx, &s.marks, hand, b.rows); err != nil {
 		b.err = err
 		return
@@ -969,6 +1001,34 @@ func (d *dispatcher) finish(ctx context.Context, b *walBatch, pub, hand []walRow
 	if s.unavailable != nil {
 		b.err = brokerError{fmt.Errorf("publish outbox batch: %w", s.unavailable)}
 	}
+}
+
+// afterPreds waits until b's predecessors released it, and returns its rows to publish and
+// to hand over as their outcomes say; false when one of them stops it.
+func (d *dispatcher) afterPreds(b *walBatch, pub, hand []walRow) ([]walRow, []walRow, bool) {
+	handed := map[aggregateKey]bool{}
+	for _, p := range b.preds {
+		<-p.released // bounded: p's finish runs under its own timeout
+		if p.stops {
+			return pub, hand, false
+		}
+		for _, k := range p.handed {
+			handed[k] = true
+		}
+	}
+	if len(handed) == 0 {
+		return pub, hand, true
+	}
+	keep := pub[:0:0]
+	for _, r := range pub {
+		if handed[keyOf(r.msg)] {
+			hand = append(hand, r)
+		} else {
+			keep = append(keep, r)
+		}
+	}
+	slices.SortFunc(hand, func(a, b walRow) int { return cmp.Compare(a.ord, b.ord) })
+	return keep, hand, true
 }
 
 // barrier returns once the rows the stream has sent are on the server's synchronous

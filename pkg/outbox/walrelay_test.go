@@ -297,14 +297,20 @@ func TestWALRelay(t *testing.T) {
 		state := func() []outbox.State { mu.Lock(); defer mu.Unlock(); return slices.Clone(states) }
 		cfg := fastConfig(t)
 		cfg.PublishTimeout = 2 * time.Second
+		cfg.BatchSize, cfg.InFlightBatches = 5, 4
 		cfg.Hooks.StateChanged = func(c outbox.StateChange) { mu.Lock(); states = append(states, c.To); mu.Unlock() }
 		w, _ := streaming(t, b, url, cfg)
 		b.write(t, b.msg("warm-up", 0))
 		eventually(t, "warm-up published", func() bool { return b.count(t, "published_at IS NOT NULL") == 1 })
+		// Half the rows are of one aggregate, so that batches wait behind the one before
+		// them that the broker did not take (batches of 5, four in flight).
 		rows := func(prefix string) []outbox.Message {
 			msgs := make([]outbox.Message, 50)
 			for i := range msgs {
 				msgs[i] = b.msg(fmt.Sprintf("%s-%d", prefix, i), i)
+				if i%2 == 0 {
+					msgs[i] = b.msg(prefix+"-hot", i)
+				}
 			}
 			return b.write(t, msgs...)
 		}
@@ -375,6 +381,38 @@ func TestWALRelay(t *testing.T) {
 			q, err := ch.QueueDeclarePassive(q.Name, false, true, true, false, nil) // exclusive: this connection's
 			return err == nil && q.Messages == 1
 		})
+	})
+
+	t.Run("OneAggregateFlowsInBatchesAndWaitsBehindAFailure", func(t *testing.T) {
+		// One transaction writes 60 rows of one aggregate: batches of 5, four in flight, each
+		// published once the one before it is confirmed. Row 7 routes nowhere: the rest of
+		// its batch (8, 9) was sent with it, but no later row goes out before it is settled
+		// (dead after its attempts); then they all do, in commit order.
+		b, url := setup(t, "one_aggregate")
+		got := consume(t, b.amqpURL, b.top.Queue)
+		cfg := fastConfig(t)
+		cfg.BatchSize, cfg.InFlightBatches, cfg.MaxAttempts = 5, 4, 3
+		streaming(t, b, url, cfg)
+		msgs := make([]outbox.Message, 60)
+		for i := range msgs {
+			msgs[i] = b.msg("hot", i)
+		}
+		msgs[7].Exchange = "amq.direct" // routes nowhere
+		msgs = b.write(t, msgs...)
+		eventually(t, "the unroutable row dead after its attempts", func() bool { return b.count(t, "dead_at IS NOT NULL AND attempts = 3") == 1 })
+		eventually(t, "every other row delivered", func() bool { return len(got.ids()) == 59 })
+		var want []string
+		for i, m := range msgs {
+			if i != 7 {
+				want = append(want, m.ID.String())
+			}
+		}
+		require.Equal(t, want, firstOrder(got)["hot"], "commit order")
+		var overtook int
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM outbox_messages o, outbox_messages f
+WHERE f.id = $1 AND o.seq > (SELECT seq FROM outbox_messages WHERE id = $2) AND o.published_at < f.dead_at`, msgs[7].ID, msgs[9].ID).Scan(&overtook))
+		require.Zero(t, overtook, "no row of a later batch published before the failed row was settled")
+		eventually(t, "every other row marked published", func() bool { return b.count(t, "published_at IS NOT NULL") == 59 })
 	})
 
 	t.Run("RestartsWhereItStopped", func(t *testing.T) {
