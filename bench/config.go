@@ -23,7 +23,8 @@ const (
 	PhaseScale   = "scale"   // 6: claim and mark cost with many published rows
 	PhaseAPI     = "api"     // 7: POST /orders of the orders service
 	PhaseMemory  = "memory"  // 8: peak RSS of a relay process while draining
-	PhaseConsume = "consume" // C: RabbitMQ consume limit; 9: the inbox consumer draining a backlog
+	PhaseWAL     = "wal"     // 10: the WAL relay beside the polling relay, on a private server at wal_level=logical
+	PhaseConsume = "consume" // C: RabbitMQ consume limit; 9: the inbox consumer draining a backlog (the longest: last)
 )
 
 // DefaultInFlight is the batches in flight of the pipelined relay's drains: pkg/outbox's
@@ -31,7 +32,7 @@ const (
 const DefaultInFlight = 2
 
 // AllPhases lists every phase in run order.
-var AllPhases = []string{PhaseLimits, PhaseDrain, PhasePeer, PhaseLatency, PhaseScale, PhaseAPI, PhaseMemory, PhaseConsume}
+var AllPhases = []string{PhaseLimits, PhaseDrain, PhasePeer, PhaseLatency, PhaseScale, PhaseAPI, PhaseMemory, PhaseWAL, PhaseConsume}
 
 // Sizes are the amounts of work of a run. [FullSizes] is `make bench`; [QuickSizes] is the
 // -quick run, for checking the harness on a busy machine.
@@ -84,6 +85,12 @@ type Sizes struct {
 	// acks every inboxrabbitmq.DefaultAckEvery. Each is above 1, at most inbox.MaxBatch and
 	// divides the prefetch.
 	ConsumeBatches []int
+	// HotPollBound bounds the polling relay's drain of item 10's backlog of one aggregate
+	// (Backlog rows), which it drains a row per cycle: its rate is what it published by then.
+	HotPollBound time.Duration
+	// SustainedDuration is how long item 10's sustained run writes at 80% of the WAL
+	// relay's drain rate.
+	SustainedDuration time.Duration
 }
 
 // FullSizes are the sizes of `make bench`: 8 to 10 minutes on 2 cores for items 3 to 8, and
@@ -114,7 +121,9 @@ func FullSizes() Sizes {
 		// default: as many as the prefetch.
 		ConsumeConcurrency: []int{8, ConsumePrefetch},
 		// Four and two transactions at once.
-		ConsumeBatches: []int{8, 16},
+		ConsumeBatches:    []int{8, 16},
+		HotPollBound:      20 * time.Second,
+		SustainedDuration: 60 * time.Second,
 	}
 }
 
@@ -143,7 +152,9 @@ func QuickSizes() Sizes {
 		// 2-core machine, and a second concurrency took the run to 2 min 40 s.
 		ConsumeConcurrency: []int{8},
 		// The larger batch only: two transactions at once.
-		ConsumeBatches: []int{16},
+		ConsumeBatches:    []int{16},
+		HotPollBound:      5 * time.Second,
+		SustainedDuration: 5 * time.Second,
 	}
 }
 
@@ -196,7 +207,8 @@ func (c Config) validate() error {
 	s := c.Sizes
 	if s.Backlog < 1 || s.PeerRows < 1 || s.MemoryBacklog < 1 || s.ConfirmWindow < 1 || s.ScaleBatches < 1 || s.HotBacklog < 1 ||
 		s.APIConcurrency < 1 || len(s.Channels) == 0 || len(s.Concurrency) == 0 || len(s.Relays) == 0 ||
-		len(s.Rates) == 0 || len(s.ScaleRows) == 0 || s.ConsumeBacklog < 1 || len(s.ConsumeConcurrency) == 0 || len(s.ConsumeBatches) == 0 {
+		len(s.Rates) == 0 || len(s.ScaleRows) == 0 || s.ConsumeBacklog < 1 || len(s.ConsumeConcurrency) == 0 || len(s.ConsumeBatches) == 0 ||
+		s.HotPollBound <= 0 || s.SustainedDuration <= 0 {
 		errs = append(errs, errors.New("every size must be positive and every list non-empty"))
 	}
 	for _, n := range s.ConsumeConcurrency {

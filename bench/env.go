@@ -34,6 +34,8 @@ type env struct {
 	backlogDB   string
 	backlogRows int
 	drainTop    *topology
+	// The template of item 10's databases (see walTemplate), under setupMu.
+	walTemplateDB string
 	// The broker's pid on this machine, found once (see brokerPID); 0 when not found.
 	brokerOnce sync.Once
 	brokerPid  int

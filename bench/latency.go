@@ -31,6 +31,12 @@ type LatencyResult struct {
 	Notify bool
 	// Tracing is how the relay traces.
 	Tracing Tracing
+	// Relay is the relay of item 10 ([RelayPoll] or [RelayWAL]); empty in item 5 (the
+	// polling relay on the configured server). Sustained marks item 10's sustained run.
+	Relay     string
+	Sustained bool
+	// Duration is the measured span (after the warm-up).
+	Duration time.Duration
 	// Confirm is commit → broker confirm; Reserved is commit → the warehouse's inbox commit;
 	// Handled is commit → the warehouse's handler starting on it (the part of Reserved spent
 	// on the way and waiting in the queue).
@@ -143,6 +149,8 @@ type latencyRig struct {
 	top        warehouseamqp.Topology
 	sw         atomic.Pointer[stopwatch]
 	stopConsum func()
+	// publication: the orders outbox has the WAL relay's publication (item 10).
+	publication bool
 }
 
 func (e *env) newLatencyRig(ctx context.Context) (*latencyRig, error) {
@@ -238,7 +246,7 @@ func (e *env) newLatencyRig(ctx context.Context) (*latencyRig, error) {
 	}
 	// Prime the pipeline: the first orders find cold connections, caches and plans, and the
 	// backlog they leave would otherwise be measured in the first run.
-	if r := rig.run(ctx, 100, true, TracingOff, 0, time.Second); r.Err != nil {
+	if r := rig.run(ctx, 100, true, TracingOff, 0, time.Second, ""); r.Err != nil {
 		return nil, fmt.Errorf("prime the pipeline: %w", r.Err)
 	}
 	return rig, nil
@@ -247,8 +255,11 @@ func (e *env) newLatencyRig(ctx context.Context) (*latencyRig, error) {
 // run writes orders at rate for warmup + d with an open-loop pacer (16 writers), through a
 // relay woken by LISTEN/NOTIFY or polling every 100 ms, and measures the orders scheduled
 // after the warm-up.
-func (rig *latencyRig) run(ctx context.Context, rate int, notify bool, tracing Tracing, warmup, d time.Duration) LatencyResult {
-	res := LatencyResult{Rate: rate, Notify: notify, Tracing: tracing}
+//
+// relay is item 10's: [RelayWAL] runs the WAL relay, with a pool of its own, instead of the
+// polling relay; "" and [RelayPoll] the polling relay.
+func (rig *latencyRig) run(ctx context.Context, rate int, notify bool, tracing Tracing, warmup, d time.Duration, relay string) LatencyResult {
+	res := LatencyResult{Rate: rate, Notify: notify, Tracing: tracing, Relay: relay, Duration: d}
 	sw := newStopwatch()
 	rig.sw.Store(sw)
 	defer rig.sw.Store(nil)
@@ -286,18 +297,26 @@ func (rig *latencyRig) run(ctx context.Context, rate int, notify bool, tracing T
 		defer func() { _ = shutdown(context.WithoutCancel(ctx)) }()
 		cfg.TracerProvider, cfg.Propagator = tp, prop
 	}
-	relay, err := outbox.NewRelay(pool, pub, cfg)
-	if err != nil {
-		res.Err = err
-		return res
-	}
 	relayCtx, stopRelay := context.WithCancel(ctx)
 	relayDone := make(chan struct{})
-	go func() {
-		defer close(relayDone)
-		_ = relay.Run(relayCtx)
-	}()
 	defer func() { stopRelay(); <-relayDone }()
+	if relay == RelayWAL {
+		if err := rig.startWAL(relayCtx, pub, cfg, relayDone); err != nil {
+			res.Err = err
+			return res
+		}
+	} else {
+		r, err := outbox.NewRelay(pool, pub, cfg)
+		if err != nil {
+			close(relayDone)
+			res.Err = err
+			return res
+		}
+		go func() {
+			defer close(relayDone)
+			_ = r.Run(relayCtx)
+		}()
+	}
 
 	// The pacer hands out each order at its scheduled time; the writers commit them. When
 	// every writer is busy and the queue is full, the order is dropped rather than queued:
@@ -370,6 +389,54 @@ func (rig *latencyRig) run(ctx context.Context, rate int, notify bool, tracing T
 		}
 	}
 	return res
+}
+
+// startWAL starts a WAL relay on the orders database, with a pool of its own, runs it until
+// ctx ends, closing done then, and returns once it streams.
+func (rig *latencyRig) startWAL(ctx context.Context, pub outbox.Publisher, cfg outbox.Config, done chan<- struct{}) error {
+	if !rig.publication {
+		if err := rig.createPublication(ctx); err != nil {
+			close(done)
+			return err
+		}
+		rig.publication = true
+	}
+	pool, err := openPool(ctx, rig.ordersURL, int32(2*outbox.DefaultInFlightBatches+2))
+	if err != nil {
+		close(done)
+		return err
+	}
+	w, err := outbox.NewWALRelay(pool, pub, cfg, outbox.WALConfig{URL: rig.ordersURL})
+	if err != nil {
+		pool.Close()
+		close(done)
+		return err
+	}
+	go func() {
+		defer close(done)
+		defer pool.Close()
+		_ = w.Run(ctx)
+	}()
+	for deadline := time.Now().Add(time.Minute); w.State() != outbox.StateRunning; time.Sleep(20 * time.Millisecond) { // polling the relay's state
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return errors.Join(ctx.Err(), errors.New("the WAL relay did not stream within a minute"))
+		}
+	}
+	return nil
+}
+
+// createPublication makes the orders outbox's publication for the WAL relay.
+func (rig *latencyRig) createPublication(ctx context.Context) error {
+	pool, err := openPool(ctx, rig.ordersURL, 1)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	store, err := outbox.NewStore(outbox.Tables{})
+	if err != nil {
+		return err
+	}
+	return store.CreatePublication(ctx, pool, "")
 }
 
 // latencyWriters is how many writers a latency run has.

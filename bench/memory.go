@@ -33,21 +33,12 @@ const relayPackage = "github.com/outboxshop/outboxshop/bench/cmd/relay"
 // /proc/<pid>/status once it reported the backlog drained.
 func (e *env) memory(ctx context.Context, rows int) MemoryResult {
 	res := MemoryResult{Rows: rows}
-	bin := e.cfg.RelayBinary
-	if bin == "" {
-		dir, err := os.MkdirTemp("", "bench-relay-")
-		if err != nil {
-			res.Err = err
-			return res
-		}
-		defer os.RemoveAll(dir)
-		bin = filepath.Join(dir, "relay")
-		out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, relayPackage).CombinedOutput()
-		if err != nil {
-			res.Err = fmt.Errorf("go build %s (run the bench from the repository): %w: %s", relayPackage, err, bytes.TrimSpace(out))
-			return res
-		}
+	bin, cleanup, err := e.relayBinary(ctx)
+	if err != nil {
+		res.Err = err
+		return res
 	}
+	defer cleanup()
 	name, dbURL, top, err := e.copyBacklog(ctx, "memory", rows)
 	if err != nil {
 		res.Err = err
@@ -103,6 +94,26 @@ func (e *env) memory(ctx context.Context, rows int) MemoryResult {
 		res.PeakRSS, res.Rate = hwm, float64(rows)/secs
 	}
 	return res
+}
+
+// relayBinary returns the relay program: Config.RelayBinary, or ./bench/cmd/relay built
+// afresh into a temporary directory that cleanup removes.
+func (e *env) relayBinary(ctx context.Context) (bin string, cleanup func(), err error) {
+	if e.cfg.RelayBinary != "" {
+		return e.cfg.RelayBinary, func() {}, nil
+	}
+	dir, err := os.MkdirTemp("", "bench-relay-")
+	if err != nil {
+		return "", func() {}, err
+	}
+	cleanup = func() { _ = os.RemoveAll(dir) }
+	bin = filepath.Join(dir, "relay")
+	out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, relayPackage).CombinedOutput()
+	if err != nil {
+		cleanup()
+		return "", func() {}, fmt.Errorf("go build %s (run the bench from the repository): %w: %s", relayPackage, err, bytes.TrimSpace(out))
+	}
+	return bin, cleanup, nil
 }
 
 // readVmHWM reads the peak resident set size of process pid from /proc/<pid>/status.

@@ -29,6 +29,17 @@ const (
 	// warehouse's handler on spread orders, at least 2× the same drain with a transaction and
 	// an ack per message at concurrency [ConsumeReferenceConcurrency].
 	TargetBatchedSpreadTimes = 2
+	// Item 10, the WAL relay: its drain of a spread backlog at least 85% of limit A (1
+	// channel), of one aggregate's at least 75%, and at least 10× Watermill's forwarder;
+	// commit→confirm p99 at most 8 ms and commit→reservation p99 at most 20 ms at
+	// [TargetLatencyRate]; commit→confirm p99 at most 50 ms writing at 80% of its drain rate.
+	TargetWALDrainOfLimitA    = 0.85
+	TargetWALHotOfLimitA      = 0.75
+	TargetWALTimesPeer        = 10
+	TargetWALConfirmP99       = 8 * time.Millisecond
+	TargetWALReservedP99      = 20 * time.Millisecond
+	TargetWALSustainedP99     = 50 * time.Millisecond
+	TargetWALSustainedOfDrain = 0.80
 )
 
 // ConsumeReferenceConcurrency is the concurrency of the inbox consumer's drain with a
@@ -304,7 +315,139 @@ func BuildTable(r Results) Table {
 	for _, row := range consumeRows(r.Consume, r.LimitB) {
 		t.Add(row)
 	}
+	if w := r.WAL; w != nil {
+		peer := math.NaN()
+		if r.Peer != nil && r.Peer.Err == nil {
+			peer = r.Peer.Rate
+		}
+		for _, row := range walRows(*w, nanIfMissing(limitA, 1), limitACPU[1], peer) {
+			t.Add(row)
+		}
+	}
 	return t
+}
+
+// walRows are the rows of item 10: the two relays' drains as shares of limit A with one
+// channel (a relay publishes on one connection per batch in flight, as A's one-channel
+// row is its best with batched writes), the WAL relay's also as a multiple of the polling
+// relay's and of Watermill's forwarder; the latencies; the writers beside each relay; and
+// the kill.
+func walRows(w WALResult, limitA float64, limitACPU *CPUUsage, peer float64) []Row {
+	where := "private server"
+	if w.Err != nil {
+		return []Row{{Item: "10", What: "WAL relay beside the polling relay (" + where + ")", Result: errorCell(w.Err)}}
+	}
+	rows := []Row{{Item: "10", What: "the private server of item 10", Result: w.Server}}
+	for _, d := range w.Drains {
+		name := "polling relay"
+		if d.Relay == RelayWAL {
+			name = "WAL relay"
+		}
+		row := Row{Item: "10", What: fmt.Sprintf("%s drain of %s rows%s, batch %d, %s", name, FormatCount(d.Rows), hotText(d.Hot), w.Batch, inFlightText(w.InFlight))}
+		ratio := math.NaN()
+		if d.Err != nil {
+			row.Result = errorCell(d.Err)
+		} else {
+			row.Result = FormatRate(d.Rate, "rows/s")
+			if d.Bounded {
+				row.Result += fmt.Sprintf(" (%s published in the time bound)", FormatCount(d.Published))
+			}
+			ratio = Ratio(d.Rate, limitA)
+			row.CPU = FormatCPU(d.CPU, "relay")
+		}
+		row.Ratio = FormatPercent(ratio) + " of A (1 ch)"
+		if d.Relay == RelayWAL {
+			if poll := w.drainRate(RelayPoll, d.Hot); poll > 0 && d.Err == nil {
+				row.Ratio += " · " + FormatTimes(Ratio(d.Rate, poll)) + " polling"
+			}
+			if d.Hot {
+				row.Target = AtLeast(ratio, TargetWALHotOfLimitA, "≥ 75% of A").String()
+			} else {
+				row.Target = AtLeast(ratio, TargetWALDrainOfLimitA, "≥ 85% of A").String()
+			}
+		}
+		if share := CPUShare(limitACPU, d.CPU); d.Err == nil && !math.IsNaN(share) {
+			row.Ratio += " · A's CPU per msg " + FormatPercent(share) + " of this row's"
+		}
+		rows = append(rows, row)
+		if d.Relay == RelayWAL && !d.Hot {
+			times := math.NaN()
+			if d.Err == nil {
+				times = Ratio(d.Rate, peer)
+			}
+			rows = append(rows, Row{Item: "10", What: "… the WAL relay's drain against Watermill's forwarder (item 4)",
+				Ratio: FormatTimes(times), Target: AtLeast(times, TargetWALTimesPeer, "≥ 10× peer").String()})
+		}
+	}
+	for _, l := range w.Latency {
+		name := "polling relay"
+		if l.Relay == RelayWAL {
+			name = "WAL relay"
+		}
+		what := fmt.Sprintf("@ %s orders/s, %s", FormatCount(l.Rate), name)
+		if l.Sustained {
+			what = fmt.Sprintf("sustained @ %s orders/s (80%% of the WAL relay's drain) for %s, %s", FormatCount(l.Rate), l.Duration, name)
+		}
+		if l.Achieved > 0 {
+			what += fmt.Sprintf(" (achieved %s/s)", FormatCount(int(math.Round(l.Achieved))))
+		}
+		confirm := Row{Item: "10", What: "commit → broker confirm " + what}
+		reserved := Row{Item: "10", What: "commit → warehouse inbox commit " + what}
+		if l.Err != nil {
+			confirm.Result, reserved.Result = errorCell(l.Err), errorCell(l.Err)
+		} else {
+			confirm.Result, reserved.Result = FormatLatencies(l.Confirm), FormatLatencies(l.Reserved)
+			if l.Missing > 0 {
+				reserved.Result += fmt.Sprintf("; %s of %s not reserved within %s of the last order (saturated: lower bounds)",
+					FormatCount(l.Missing), FormatCount(l.Reserved.N+l.Missing), catchUp)
+			}
+			if l.Sustained && l.Achieved > 0 {
+				confirm.Ratio = "achieved " + FormatPercent(Ratio(l.Achieved, w.drainRate(RelayWAL, false))) + " of the WAL relay's drain"
+			}
+		}
+		switch {
+		case l.Relay == RelayWAL && l.Sustained:
+			confirm.Target = latencyCheck(l, l.Confirm, TargetWALSustainedP99, "").String()
+		case l.Relay == RelayWAL:
+			confirm.Target = latencyCheck(l, l.Confirm, TargetWALConfirmP99, "").String()
+			reserved.Target = latencyCheck(l, l.Reserved, TargetWALReservedP99, "").String()
+		}
+		rows = append(rows, confirm)
+		if !l.Sustained {
+			rows = append(rows, reserved)
+		}
+	}
+	none := math.NaN()
+	for _, m := range w.Writers {
+		if m.Relay == RelayNone && m.Err == nil {
+			none = m.Rate
+		}
+	}
+	for _, m := range w.Writers {
+		what := map[string]string{RelayNone: "no relay", RelayPoll: "the polling relay publishing", RelayWAL: "the WAL relay publishing"}[m.Relay]
+		row := Row{Item: "10", What: fmt.Sprintf("writers (B's transaction), %d writers, %s", m.Writers, what)}
+		if m.Err != nil {
+			row.Result = errorCell(m.Err)
+		} else {
+			row.Result = FormatRate(m.Rate, "tx/s")
+			if m.Relay != RelayNone {
+				row.Ratio = FormatPercent(Ratio(m.Rate, none)) + " of no relay"
+			}
+		}
+		rows = append(rows, row)
+	}
+	if k := w.Kill; k != nil {
+		row := Row{Item: "10", What: fmt.Sprintf("WAL relay process SIGKILLed mid-drain of %s rows, then started again", FormatCount(k.Rows))}
+		if k.Err != nil {
+			row.Result = errorCell(k.Err)
+		} else {
+			row.Result = fmt.Sprintf("%s duplicates · first publish %s after the restart · all published %s after the kill",
+				FormatCount(int(k.Duplicates)), FormatLatency(k.FirstPublish), FormatLatency(k.Drained))
+			row.Ratio = fmt.Sprintf("killed at %s of %s in the queue · 0 lost", FormatCount(int(k.KilledAt)), FormatCount(k.Rows))
+		}
+		rows = append(rows, row)
+	}
+	return rows
 }
 
 // consumeRows are the rows of item 9: limit C, a bare consumer acknowledging each delivery

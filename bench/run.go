@@ -61,6 +61,8 @@ type Results struct {
 	Memory         *MemoryResult
 	// Consume are item 9's drains in run order: limit C, then the inbox consumer.
 	Consume []ConsumeResult
+	// WAL is item 10: the WAL relay beside the polling relay.
+	WAL *WALResult
 }
 
 // Run measures the phases of cfg, one after the other, writes progress lines to
@@ -147,6 +149,9 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (err error) {
 		m := e.memory(ctx, s.MemoryBacklog)
 		res.Memory = &m
 		e.progress("  %s", resultOrError(FormatMiB(m.PeakRSS), m.Err))
+	}
+	if cfg.runs(PhaseWAL) && ctx.Err() == nil {
+		res.WAL = e.walPhase(ctx, s, WindowBatch(s, res.InFlight), res.InFlight)
 	}
 	if cfg.runs(PhaseConsume) && ctx.Err() == nil {
 		res.Consume = e.consume(ctx, s)
@@ -263,7 +268,7 @@ func (e *env) latencies(ctx context.Context, s Sizes, limitB []Measured) []Laten
 				out = append(out, LatencyResult{Rate: rate, Ceiling: asked == CeilingRate, Notify: notify, Err: rerr})
 				continue
 			}
-			r := rig.run(ctx, rate, notify, TracingOff, s.Warmup, s.RateDuration)
+			r := rig.run(ctx, rate, notify, TracingOff, s.Warmup, s.RateDuration, "")
 			r.Ceiling = asked == CeilingRate
 			out = append(out, r)
 			e.progress("  confirm %s; reserved %s", resultOrError(FormatLatencies(r.Confirm), r.Err), FormatLatencies(r.Reserved))
@@ -276,7 +281,7 @@ func (e *env) latencies(ctx context.Context, s Sizes, limitB []Measured) []Laten
 			break
 		}
 		e.progress("item 5: %d orders/s, LISTEN/NOTIFY, %s", TargetLatencyRate, tracing)
-		r := rig.run(ctx, TargetLatencyRate, true, tracing, s.Warmup, s.RateDuration)
+		r := rig.run(ctx, TargetLatencyRate, true, tracing, s.Warmup, s.RateDuration, "")
 		out = append(out, r)
 		e.progress("  confirm %s; reserved %s", resultOrError(FormatLatencies(r.Confirm), r.Err), FormatLatencies(r.Reserved))
 	}

@@ -456,3 +456,37 @@ func (s *PostgresServer) logTail() string {
 	}
 	return strings.Join(lines, "\n")
 }
+
+// StartServer starts a private PostgreSQL server alone, with the settings given after the
+// testinfra's own (["-c", "wal_level=logical"], say: a later setting wins), for a program
+// rather than a test: the bench measures the WAL relay on one, leaving the shared server as
+// it is. The server is [PostgresPair]'s primary without a standby; it dies with the program.
+// stop kills it and removes its directory; it is to be called also when err is not nil.
+func StartServer(settings ...string) (s *PostgresServer, stop func(), err error) {
+	binDir, err := postgresBinDir()
+	if err != nil {
+		return nil, func() {}, err
+	}
+	cred, err := rootlessCredential("postgres")
+	if err != nil {
+		return nil, func() {}, err
+	}
+	p, err := newPostgresPair(binDir, cred)
+	if p == nil {
+		return nil, func() {}, err
+	}
+	p.Standby = nil // never started: stop skips it
+	if err != nil {
+		return nil, p.stop, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if out, err := p.run(ctx, "initdb", "-D", p.Primary.data, "-U", "postgres", "--auth=trust",
+		"-E", "UTF8", "--no-locale", "--no-sync"); err != nil {
+		return nil, p.stop, fmt.Errorf("initdb: %w\n%s", err, out)
+	}
+	if err := p.Primary.start(ctx, settings...); err != nil {
+		return nil, p.stop, err
+	}
+	return p.Primary, p.stop, nil
+}

@@ -3,10 +3,12 @@
 // it as a separate process to read its peak RSS while it drains a backlog (item 8), so it
 // links no more than a relay needs.
 //
-//	relay -database-url URL -amqp-url URL [-batch N] [-rows N]
+//	relay -database-url URL -amqp-url URL [-batch N] [-rows N] [-wal-url URL] [-first]
 //
 // With -rows it prints "drained <rows> <seconds>" once the BatchDone hook counted that many
-// rows published, and keeps running until SIGINT or SIGTERM.
+// rows published, and keeps running until SIGINT or SIGTERM. With -wal-url it runs a
+// pkg/outbox WALRelay instead, reading its slot through that URL (item 10 kills it
+// mid-drain). With -first it prints "published <seconds>" once its first batch is published.
 package main
 
 import (
@@ -42,6 +44,8 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	amqpURL := fs.String("amqp-url", "amqp://guest:guest@127.0.0.1:5672/", "the broker")
 	batch := fs.Int("batch", 0, "rows per relay cycle (0: pkg/outbox's default)")
 	rows := fs.Int64("rows", 0, `print "drained" once this many rows were published`)
+	walURL := fs.String("wal-url", "", "run the WAL relay, reading its slot through this URL")
+	first := fs.Bool("first", false, `print "published" once the first batch is published`)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -57,15 +61,27 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	defer pub.Close()
 	var published atomic.Int64
 	start := time.Now()
-	relay, err := outbox.NewRelay(pool, pub, outbox.Config{
+	cfg := outbox.Config{
 		BatchSize: *batch,
 		Hooks: outbox.Hooks{BatchDone: func(b outbox.BatchResult) {
 			n := published.Add(int64(len(b.Published)))
-			if before := n - int64(len(b.Published)); *rows > 0 && before < *rows && n >= *rows {
+			before := n - int64(len(b.Published))
+			if *first && before == 0 && n > 0 {
+				fmt.Fprintf(stdout, "published %.3f\n", time.Since(start).Seconds())
+			}
+			if *rows > 0 && before < *rows && n >= *rows {
 				fmt.Fprintf(stdout, "drained %d %.3f\n", n, time.Since(start).Seconds())
 			}
 		}},
-	})
+	}
+	if *walURL != "" {
+		relay, err := outbox.NewWALRelay(pool, pub, cfg, outbox.WALConfig{URL: *walURL})
+		if err != nil {
+			return err
+		}
+		return relay.Run(ctx)
+	}
+	relay, err := outbox.NewRelay(pool, pub, cfg)
 	if err != nil {
 		return err
 	}
