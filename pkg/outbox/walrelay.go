@@ -936,10 +936,12 @@ func (d *dispatcher) finish(ctx context.Context, b *walBatch, pub, hand []walRow
 		}
 	}()
 	r := d.w.lane
-	ctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout+2*r.cfg.ClaimTimeout)
-	defer cancel()
-	if err := d.barrier(ctx); err != nil {
-		b.untouched, b.err = pub, databaseError{err}
+	bound := r.cfg.PublishTimeout + 2*r.cfg.ClaimTimeout
+	bctx, cancel := context.WithTimeout(ctx, bound)
+	berr := d.barrier(bctx)
+	cancel()
+	if berr != nil {
+		b.untouched, b.err = pub, databaseError{berr}
 		return
 	}
 	pub, hand, ok := d.afterPreds(b, pub, hand)
@@ -947,6 +949,10 @@ func (d *dispatcher) finish(ctx context.Context, b *walBatch, pub, hand []walRow
 		b.untouched = append(pub, hand...) // back to the queue, in order, hand included
 		return
 	}
+	// The publish and the marks get their bound once the wait for the batches before is
+	// over: that wait is theirs, not this batch's, and must not be blamed on the broker.
+	ctx, cancel = context.WithTimeout(ctx, bound)
+	defer cancel()
 	msgs := make([]Message, len(pub))
 	var unreadable map[int]error
 	for i, row := range pub {
