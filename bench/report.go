@@ -386,7 +386,8 @@ func walRows(w WALResult, limitA float64, limitACPU *CPUUsage, peer float64) []R
 		}
 		what := fmt.Sprintf("@ %s orders/s, %s", FormatCount(l.Rate), name)
 		if l.Sustained {
-			what = fmt.Sprintf("sustained @ %s orders/s (80%% of the WAL relay's drain) for %s, %s", FormatCount(l.Rate), l.Duration, name)
+			what = fmt.Sprintf("sustained @ %s orders/s (80%% of the lower of the WAL relay's drain and the writers' rate beside it) for %s, %s",
+				FormatCount(l.Rate), l.Duration, name)
 		}
 		if l.Achieved > 0 {
 			what += fmt.Sprintf(" (achieved %s/s)", FormatCount(int(math.Round(l.Achieved))))

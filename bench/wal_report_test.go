@@ -74,7 +74,7 @@ func TestWALRows(t *testing.T) {
 		require.Empty(t, row(t, tab, "commit → broker confirm @ 300 orders/s, polling relay").Target)
 		require.Equal(t, "✓ p99 ≤ 8.00 ms", row(t, tab, "commit → broker confirm @ 300 orders/s, WAL relay").Target)
 		require.Equal(t, "✗ p99 ≤ 20.0 ms", row(t, tab, "commit → warehouse inbox commit @ 300 orders/s, WAL relay").Target)
-		sustained := row(t, tab, "commit → broker confirm sustained @ 7,200 orders/s (80% of the WAL relay's drain) for 1m0s, WAL relay (achieved 4,500/s)")
+		sustained := row(t, tab, "commit → broker confirm sustained @ 7,200 orders/s (80% of the lower of the WAL relay's drain and the writers' rate beside it) for 1m0s, WAL relay (achieved 4,500/s)")
 		require.Equal(t, "p50 10.0 ms · p99 40.0 ms · p99.9 90.0 ms", sustained.Result)
 		require.Equal(t, "achieved 50% of the WAL relay's drain", sustained.Ratio)
 		require.Equal(t, "✓ p99 ≤ 50.0 ms", sustained.Target)
@@ -87,6 +87,18 @@ func TestWALRows(t *testing.T) {
 		kill := row(t, tab, "WAL relay process SIGKILLed mid-drain of 200,000 rows")
 		require.Equal(t, "1,000 duplicates · first publish 300 ms after the restart · all published 20.0 s after the kill", kill.Result)
 		require.Equal(t, "killed at 100,012 of 200,000 in the queue · 0 lost", kill.Ratio)
+	})
+
+	t.Run("SustainableRate", func(t *testing.T) {
+		t.Parallel()
+		w := walResults().WAL
+		require.InDelta(t, 9_000, w.SustainableRate(), 0, "the writers beside the WAL relay failed: its drain")
+		w.Writers[2] = bench.WALWriters{Relay: bench.RelayWAL, Writers: 16, Rate: 3_500}
+		require.InDelta(t, 3_500, w.SustainableRate(), 0, "the writers are the lower ceiling")
+		w.Drains[1].Err = errors.New("slot in use")
+		require.InDelta(t, 3_500, w.SustainableRate(), 0)
+		w.Writers = nil
+		require.Zero(t, w.SustainableRate(), "nothing measured")
 	})
 
 	t.Run("NoServer", func(t *testing.T) {
