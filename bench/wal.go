@@ -551,7 +551,7 @@ func (e *env) walKill(ctx context.Context, rows, batch int) WALKill {
 		return res
 	}
 	defer cleanup()
-	db, err := e.newWALDB(ctx, "wal_kill", rows, false, 2)
+	db, err := e.newWALDB(ctx, "wal_kill", rows, false, int32(2*outbox.DefaultInFlightBatches+2))
 	if err != nil {
 		res.Err = err
 		return res

@@ -49,7 +49,12 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	pool, err := pgxpool.New(ctx, *dbURL)
+	pcfg, err := pgxpool.ParseConfig(*dbURL)
+	if err != nil {
+		return err
+	}
+	pcfg.MaxConns = max(pcfg.MaxConns, 2*outbox.DefaultInFlightBatches+2) // the WAL relay's, above a polling relay's
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return err
 	}
