@@ -71,7 +71,7 @@ bench-micro: ## Go micro-benchmarks of pkg/outbox, pkg/inbox and the warehouse's
 	done
 
 .PHONY: bench
-bench: ## Relay throughput and latency vs. the raw limits and Watermill, inbox consumer vs. the consume limit, one table (~35 min; BENCH_FLAGS=-quick).
+bench: ## Relay throughput and latency vs. the raw limits and Watermill, the WAL relay beside it, inbox consumer vs. the consume limit, one table (~45 min; BENCH_FLAGS=-quick).
 	@go run ./bench/cmd/bench $(BENCH_FLAGS)
 
 .PHONY: chaos
