@@ -299,7 +299,7 @@ func (rig *latencyRig) run(ctx context.Context, rate int, notify bool, tracing T
 	}
 	relayCtx, stopRelay := context.WithCancel(ctx)
 	relayDone := make(chan struct{})
-	defer func() { stopRelay(); <-relayDone }()
+	defer func() { stopRelay(); <-relayDone }() // a closed channel: also after the reset's stop
 	if relay == RelayWAL {
 		if err := rig.startWAL(relayCtx, pub, cfg, relayDone); err != nil {
 			res.Err = err
@@ -384,6 +384,10 @@ func (rig *latencyRig) run(ctx context.Context, rate int, notify bool, tracing T
 	confirm, handled, reserved, missing := sw.latencies()
 	res.Confirm, res.Handled, res.Reserved, res.Missing = Summarize(confirm), Summarize(handled), Summarize(reserved), missing
 	if missing > 0 {
+		// The relay stops first: its marks would take the reset's row locks in another
+		// order (a deadlock).
+		stopRelay()
+		<-relayDone
 		if err := rig.reset(ctx, pool, sw); err != nil {
 			res.Err = fmt.Errorf("reset after a saturated run: %w", err)
 		}
