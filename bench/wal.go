@@ -156,6 +156,10 @@ func (e *env) walPhase(ctx context.Context, s Sizes, batch, inFlight int) *WALRe
 		if rate < 10 {
 			r.Err = errors.Join(err, errors.New("neither the WAL relay's drain nor the writers beside it were measured in this run"))
 		} else if err == nil {
+			// Commit→confirm alone: the warehouse's consumer, which cannot keep up with the
+			// writers on a small machine, would take the CPU the relay is measured with. The
+			// queue keeps what is published; the run's reset purges it.
+			rig.stopConsum()
 			r = rig.run(ctx, rate, true, TracingOff, s.Warmup, s.SustainedDuration, RelayWAL)
 			r.Sustained = true
 		}
