@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -52,28 +53,14 @@ func (e *env) memory(ctx context.Context, rows int) MemoryResult {
 	}
 	defer snk.Close()
 
-	cmd := exec.CommandContext(ctx, bin, "-database-url", dbURL, "-amqp-url", e.cfg.AMQPURL,
-		"-batch", strconv.Itoa(e.cfg.BatchSize), "-rows", strconv.Itoa(rows))
 	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	stdout, err := cmd.StdoutPipe()
+	cmd, lines, err := startProcess(ctx, &stderr, bin, "-database-url", dbURL, "-amqp-url", e.cfg.AMQPURL,
+		"-batch", strconv.Itoa(e.cfg.BatchSize), "-rows", strconv.Itoa(rows))
 	if err != nil {
 		res.Err = err
 		return res
 	}
-	if err := cmd.Start(); err != nil {
-		res.Err = fmt.Errorf("start %s: %w", bin, err)
-		return res
-	}
 	pid := cmd.Process.Pid
-	lines := make(chan string, 16)
-	go func() {
-		defer close(lines)
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			lines <- sc.Text()
-		}
-	}()
 	var drained string
 	select {
 	case drained = <-lines:
@@ -114,6 +101,29 @@ func (e *env) relayBinary(ctx context.Context) (bin string, cleanup func(), err 
 		return "", func() {}, fmt.Errorf("go build %s (run the bench from the repository): %w: %s", relayPackage, err, bytes.TrimSpace(out))
 	}
 	return bin, cleanup, nil
+}
+
+// startProcess starts bin with args, its standard error to stderr (nil: discarded), and
+// returns it with its standard output's lines.
+func startProcess(ctx context.Context, stderr io.Writer, bin string, args ...string) (*exec.Cmd, <-chan string, error) {
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Stderr = stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, nil, fmt.Errorf("start %s: %w", bin, err)
+	}
+	lines := make(chan string, 16)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
+	return cmd, lines, nil
 }
 
 // readVmHWM reads the peak resident set size of process pid from /proc/<pid>/status.

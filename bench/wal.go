@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -394,6 +393,20 @@ func (db *walDB) move(ctx context.Context, rows int) error {
 	return err
 }
 
+// fill readies db for a drain by relay: the WAL relay's slot first, then the backlog of rows
+// rows in the outbox; and returns the sink of its queue.
+func (db *walDB) fill(ctx context.Context, e *env, relay string, rows int) (*sink, error) {
+	if relay == RelayWAL {
+		if err := db.slot(ctx, e); err != nil {
+			return nil, err
+		}
+	}
+	if err := db.move(ctx, rows); err != nil {
+		return nil, err
+	}
+	return e.startSink(db.top.Queue, 200*time.Millisecond)
+}
+
 // newRelay makes a relay of kind relay on db's pool.
 func (e *env) newRelay(db *walDB, relay string, pub outbox.Publisher, cfg outbox.Config) (interface {
 	Run(context.Context) error
@@ -422,14 +435,8 @@ func (e *env) walDrain(ctx context.Context, relay string, hot bool, rows, batch,
 		return res
 	}
 	defer db.close(ctx, e)
-	if relay == RelayWAL {
-		err = db.slot(ctx, e)
-	}
-	if err == nil {
-		err = db.move(ctx, rows)
-	}
-	snk, serr := e.startSink(db.top.Queue, 200*time.Millisecond)
-	if err = errors.Join(err, serr); err != nil {
+	snk, err := db.fill(ctx, e, relay, rows)
+	if err != nil {
 		res.Err = err
 		return res
 	}
@@ -561,35 +568,15 @@ func (e *env) walKill(ctx context.Context, rows, batch int) WALKill {
 		return res
 	}
 	defer db.close(ctx, e)
-	err = db.slot(ctx, e)
-	if err == nil {
-		err = db.move(ctx, rows)
-	}
-	snk, serr := e.startSink(db.top.Queue, 200*time.Millisecond)
-	if err = errors.Join(err, serr); err != nil {
+	snk, err := db.fill(ctx, e, RelayWAL, rows)
+	if err != nil {
 		res.Err = err
 		return res
 	}
 	defer snk.Close()
 	start := func() (*exec.Cmd, <-chan string, error) {
-		cmd := exec.CommandContext(ctx, bin, "-database-url", db.url, "-amqp-url", e.cfg.AMQPURL,
+		return startProcess(ctx, nil, bin, "-database-url", db.url, "-amqp-url", e.cfg.AMQPURL,
 			"-batch", strconv.Itoa(batch), "-wal-url", db.url, "-first")
-		stdout, err := cmd.StdoutPipe()
-		if err != nil {
-			return nil, nil, err
-		}
-		if err := cmd.Start(); err != nil {
-			return nil, nil, fmt.Errorf("start %s: %w", bin, err)
-		}
-		lines := make(chan string, 16)
-		go func() {
-			defer close(lines)
-			sc := bufio.NewScanner(stdout)
-			for sc.Scan() {
-				lines <- sc.Text()
-			}
-		}()
-		return cmd, lines, nil
 	}
 	first, _, err := start()
 	if err != nil {
