@@ -104,7 +104,9 @@ func (e *env) walPhase(ctx context.Context, s Sizes, batch, inFlight int) *WALRe
 	cfg := e.cfg
 	cfg.PostgresURL = srv.URL("postgres")
 	pe := newEnv(cfg)
-	pe.id, pe.start, pe.log = e.id, e.start, e.log
+	// An id of its own: its exchanges and queues are on the same broker as the run's, and
+	// item 5's warehouse consumer, still running, would take its messages.
+	pe.id, pe.start, pe.log = e.id+"w", e.start, e.log
 	defer func() { _ = pe.close(ctx) }()
 	res.Server = pe.serverVersion(ctx) + ", wal_level=logical, fsync on, shared_buffers 128MB, no standby"
 
@@ -263,11 +265,7 @@ func (e *env) walTemplate(ctx context.Context, rows int) (string, topology, erro
 	if _, err := conn.Exec(ctx, "VACUUM ANALYZE bench_backlog"); err != nil {
 		return "", topology{}, fmt.Errorf("vacuum analyze the backlog: %w", err)
 	}
-	store, err := outbox.NewStore(outbox.Tables{})
-	if err != nil {
-		return "", topology{}, err
-	}
-	if err := store.CreatePublication(ctx, conn, ""); err != nil {
+	if err := createPublication(ctx, conn); err != nil {
 		return "", topology{}, err
 	}
 	e.walTemplateDB = name
@@ -356,25 +354,46 @@ func (db *walDB) slot(ctx context.Context, e *env) error {
 // runUntilStreaming runs w until it streams, calls then, and stops it.
 func runUntilStreaming(ctx context.Context, w *outbox.WALRelay, then func()) error {
 	rctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- w.Run(rctx) }()
-	defer func() { cancel(); <-done }()
-	deadline := time.Now().Add(time.Minute)
-	for w.State() != outbox.StateRunning {
-		select {
-		case err := <-done:
-			done <- err
-			return fmt.Errorf("the WAL relay stopped before it streamed: %w", err)
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(20 * time.Millisecond): // polling the relay's state
-		}
-		if time.Now().After(deadline) {
-			return errors.New("the WAL relay did not stream within a minute")
-		}
+	ran, err := startStreaming(rctx, w)
+	defer func() { cancel(); <-ran }()
+	if err != nil {
+		return err
 	}
 	then()
 	return nil
+}
+
+// startStreaming runs w until ctx ends, and returns once it streams, with the channel closed
+// when Run returned; or with an error, when Run returned before it streamed (with Run's
+// error), ctx ended, or a minute passed.
+func startStreaming(ctx context.Context, w *outbox.WALRelay) (<-chan struct{}, error) {
+	ran := make(chan struct{})
+	var runErr error
+	go func() { defer close(ran); runErr = w.Run(ctx) }()
+	deadline := time.Now().Add(time.Minute)
+	for w.State() != outbox.StateRunning {
+		select {
+		case <-ran:
+			return ran, fmt.Errorf("the WAL relay stopped before it streamed: %w", runErr)
+		case <-ctx.Done():
+			return ran, ctx.Err()
+		case <-time.After(20 * time.Millisecond): // polling the relay's state
+		}
+		if time.Now().After(deadline) {
+			return ran, errors.New("the WAL relay did not stream within a minute")
+		}
+	}
+	return ran, nil
+}
+
+// createPublication makes the publication of the default outbox table for the WAL relay
+// (nothing when it exists).
+func createPublication(ctx context.Context, db outbox.DBTX) error {
+	store, err := outbox.NewStore(outbox.Tables{})
+	if err != nil {
+		return err
+	}
+	return store.CreatePublication(ctx, db, "")
 }
 
 // move writes the backlog into the outbox, in transactions of 1,000 rows, as fillBacklog
