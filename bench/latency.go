@@ -149,8 +149,6 @@ type latencyRig struct {
 	top        warehouseamqp.Topology
 	sw         atomic.Pointer[stopwatch]
 	stopConsum func()
-	// publication: the orders outbox has the WAL relay's publication (item 10).
-	publication bool
 }
 
 func (e *env) newLatencyRig(ctx context.Context) (*latencyRig, error) {
@@ -298,24 +296,24 @@ func (rig *latencyRig) run(ctx context.Context, rate int, notify bool, tracing T
 		cfg.TracerProvider, cfg.Propagator = tp, prop
 	}
 	relayCtx, stopRelay := context.WithCancel(ctx)
-	relayDone := make(chan struct{})
-	defer func() { stopRelay(); <-relayDone }() // a closed channel: also after the reset's stop
+	defer stopRelay()
+	var relayDone <-chan struct{}
 	if relay == RelayWAL {
-		if err := rig.startWAL(relayCtx, pub, cfg, relayDone); err != nil {
-			res.Err = err
-			return res
-		}
+		relayDone, err = rig.startWAL(relayCtx, pub, cfg)
 	} else {
-		r, err := outbox.NewRelay(pool, pub, cfg)
-		if err != nil {
-			close(relayDone)
-			res.Err = err
-			return res
+		var r *outbox.Relay
+		if r, err = outbox.NewRelay(pool, pub, cfg); err == nil {
+			ran := make(chan struct{})
+			go func() { defer close(ran); _ = r.Run(relayCtx) }()
+			relayDone = ran
 		}
-		go func() {
-			defer close(relayDone)
-			_ = r.Run(relayCtx)
-		}()
+	}
+	if relayDone != nil {
+		defer func() { stopRelay(); <-relayDone }() // a closed channel: also after the reset's stop
+	}
+	if err != nil {
+		res.Err = err
+		return res
 	}
 
 	// The pacer hands out each order at its scheduled time; the writers commit them. When
@@ -395,52 +393,22 @@ func (rig *latencyRig) run(ctx context.Context, rate int, notify bool, tracing T
 	return res
 }
 
-// startWAL starts a WAL relay on the orders database, with a pool of its own, runs it until
-// ctx ends, closing done then, and returns once it streams.
-func (rig *latencyRig) startWAL(ctx context.Context, pub outbox.Publisher, cfg outbox.Config, done chan<- struct{}) error {
-	if !rig.publication {
-		if err := rig.createPublication(ctx); err != nil {
-			close(done)
-			return err
-		}
-		rig.publication = true
-	}
+// startWAL starts a WAL relay on the orders database (its publication made first), with a
+// pool of its own closed at the end of the run, runs it until ctx ends, and returns once it
+// streams, with the channel closed when Run returned.
+func (rig *latencyRig) startWAL(ctx context.Context, pub outbox.Publisher, cfg outbox.Config) (<-chan struct{}, error) {
 	pool, err := openPool(ctx, rig.ordersURL, int32(2*outbox.DefaultInFlightBatches+2))
 	if err != nil {
-		close(done)
-		return err
+		return nil, err
+	}
+	if err := createPublication(ctx, pool); err != nil {
+		return nil, err
 	}
 	w, err := outbox.NewWALRelay(pool, pub, cfg, outbox.WALConfig{URL: rig.ordersURL})
 	if err != nil {
-		pool.Close()
-		close(done)
-		return err
+		return nil, err
 	}
-	go func() {
-		defer close(done)
-		defer pool.Close()
-		_ = w.Run(ctx)
-	}()
-	for deadline := time.Now().Add(time.Minute); w.State() != outbox.StateRunning; time.Sleep(20 * time.Millisecond) { // polling the relay's state
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return errors.Join(ctx.Err(), errors.New("the WAL relay did not stream within a minute"))
-		}
-	}
-	return nil
-}
-
-// createPublication makes the orders outbox's publication for the WAL relay.
-func (rig *latencyRig) createPublication(ctx context.Context) error {
-	pool, err := openPool(ctx, rig.ordersURL, 1)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	store, err := outbox.NewStore(outbox.Tables{})
-	if err != nil {
-		return err
-	}
-	return store.CreatePublication(ctx, pool, "")
+	return startStreaming(ctx, w)
 }
 
 // latencyWriters is how many writers a latency run has.

@@ -32,7 +32,8 @@ const (
 	// Item 10, the WAL relay: its drain of a spread backlog at least 85% of limit A (1
 	// channel), of one aggregate's at least 75%, and at least 10× Watermill's forwarder;
 	// commit→confirm p99 at most 8 ms and commit→reservation p99 at most 20 ms at
-	// [TargetLatencyRate]; commit→confirm p99 at most 50 ms writing at 80% of its drain rate.
+	// [TargetLatencyRate]; commit→confirm p99 at most 50 ms writing at 80% of what it can
+	// sustain ([WALResult.SustainableRate]).
 	TargetWALDrainOfLimitA    = 0.85
 	TargetWALHotOfLimitA      = 0.75
 	TargetWALTimesPeer        = 10
@@ -327,23 +328,25 @@ func BuildTable(r Results) Table {
 	return t
 }
 
+// relayName names a relay of item 10 in the table.
+func relayName(relay string) string {
+	if relay == RelayWAL {
+		return "WAL relay"
+	}
+	return "polling relay"
+}
+
 // walRows are the rows of item 10: the two relays' drains as shares of limit A with one
-// channel (a relay publishes on one connection per batch in flight, as A's one-channel
-// row is its best with batched writes), the WAL relay's also as a multiple of the polling
-// relay's and of Watermill's forwarder; the latencies; the writers beside each relay; and
-// the kill.
+// channel (one relay, as row 3's one-relay rows), the WAL relay's also as a multiple of the
+// polling relay's and of Watermill's forwarder; the latencies; the writers beside each
+// relay; and the kill.
 func walRows(w WALResult, limitA float64, limitACPU *CPUUsage, peer float64) []Row {
-	where := "private server"
 	if w.Err != nil {
-		return []Row{{Item: "10", What: "WAL relay beside the polling relay (" + where + ")", Result: errorCell(w.Err)}}
+		return []Row{{Item: "10", What: "WAL relay beside the polling relay (private server)", Result: errorCell(w.Err)}}
 	}
 	rows := []Row{{Item: "10", What: "the private server of item 10", Result: w.Server}}
 	for _, d := range w.Drains {
-		name := "polling relay"
-		if d.Relay == RelayWAL {
-			name = "WAL relay"
-		}
-		row := Row{Item: "10", What: fmt.Sprintf("%s drain of %s rows%s, batch %d, %s", name, FormatCount(d.Rows), hotText(d.Hot), w.Batch, inFlightText(w.InFlight))}
+		row := Row{Item: "10", What: fmt.Sprintf("%s drain of %s rows%s, batch %d, %s", relayName(d.Relay), FormatCount(d.Rows), hotText(d.Hot), w.Batch, inFlightText(w.InFlight))}
 		ratio := math.NaN()
 		if d.Err != nil {
 			row.Result = errorCell(d.Err)
@@ -380,10 +383,7 @@ func walRows(w WALResult, limitA float64, limitACPU *CPUUsage, peer float64) []R
 		}
 	}
 	for _, l := range w.Latency {
-		name := "polling relay"
-		if l.Relay == RelayWAL {
-			name = "WAL relay"
-		}
+		name := relayName(l.Relay)
 		what := fmt.Sprintf("@ %s orders/s, %s", FormatCount(l.Rate), name)
 		if l.Sustained {
 			what = fmt.Sprintf("sustained @ %s orders/s (80%% of the lower of the WAL relay's drain and the writers' rate beside it) for %s, %s",

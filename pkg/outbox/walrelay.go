@@ -679,7 +679,7 @@ func (d *dispatcher) run(ctx context.Context, commits <-chan walstream.Commit, r
 		}
 		b := d.next()
 		var err error
-		for err == nil && d.pause == 0 && d.blocked(b) {
+		for err == nil && d.pause == 0 && d.full() {
 			err = d.waitOne(ctx, nil, readErr)
 		}
 		switch {
@@ -751,10 +751,10 @@ func (d *dispatcher) next() *walBatch {
 	return b
 }
 
-// blocked reports whether b must wait: the pipeline is full. A batch in flight that holds
-// rows of one of b's aggregates does not block it: b is sent, runs its barrier, and waits
-// for that batch's release before it publishes (see finish).
-func (d *dispatcher) blocked(*walBatch) bool {
+// full reports whether the next batch must wait: InFlightBatches are in flight. A batch in
+// flight that holds rows of one of the next batch's aggregates does not hold it back: it is
+// sent, runs its barrier, and waits for that batch's release before it publishes (finish).
+func (d *dispatcher) full() bool {
 	return len(d.inflight) >= d.w.cfg.InFlightBatches
 }
 
