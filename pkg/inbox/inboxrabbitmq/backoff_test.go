@@ -39,6 +39,9 @@ func TestOutageBackoff(t *testing.T) {
 			proxy := testinfra.NewProxy(t, hostPort(t, b.amqpURL))
 			logger, logs := testinfra.NewLogs(t)
 			cfg := b.config(recordEffect)
+			// Each ack at once, before the Processed hook: waitProcessed then means acknowledged,
+			// and no ack is still waiting to go out when the broker is cut.
+			cfg.AckEvery = 1
 			cfg.URL = proxy.RewriteURL(t, b.amqpURL)
 			cfg.Logger = logger
 			c, err := inboxrabbitmq.NewConsumer(b.pool, cfg)
@@ -88,6 +91,9 @@ func TestOutageBackoff(t *testing.T) {
 		pool, proxy := b.proxiedPool(t)
 		logger, logs := testinfra.NewLogs(t)
 		cfg := b.config(recordEffect)
+		// Each ack at once, before the Processed hook: waitProcessed then means acknowledged,
+		// and no ack is still waiting to go out when the broker is cut.
+		cfg.AckEvery = 1
 		cfg.Logger = logger
 		cfg.RetryBaseDelay, cfg.RetryMaxDelay = 100*time.Millisecond, 500*time.Millisecond
 		b.start(t, pool, cfg)
@@ -134,6 +140,9 @@ func TestOutageBackoff(t *testing.T) {
 		pool, proxy := b.proxiedPool(t)
 		logger, logs := testinfra.NewLogs(t)
 		cfg := b.config(recordEffect)
+		// Each ack at once, before the Processed hook: waitProcessed then means acknowledged,
+		// and no ack is still waiting to go out when the broker is cut.
+		cfg.AckEvery = 1
 		cfg.Logger = logger
 		cfg.RetryBaseDelay, cfg.RetryMaxDelay = 20*time.Millisecond, 100*time.Millisecond
 		cfg.MaxHold = 300 * time.Millisecond
@@ -178,7 +187,7 @@ func TestOutageBackoff(t *testing.T) {
 	})
 }
 
-// waitProcessed waits until n messages were processed and acknowledged.
+// waitProcessed waits until n messages were processed: acknowledged too with AckEvery 1.
 func waitProcessed(t *testing.T, b *bundle, n int) {
 	t.Helper()
 	testinfra.Eventually(t, 30*time.Second, func() bool {
