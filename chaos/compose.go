@@ -16,6 +16,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/outboxshop/outboxshop/internal/testinfra"
 )
 
 // ComposeConfig configures [NewCompose].
@@ -165,7 +167,7 @@ func (c *Compose) Prepare(ctx context.Context, progress func(string)) error {
 	c.override = filepath.Join(dir, "chaos.override.yml")
 	for _, svc := range []string{"postgres", "rabbitmq"} {
 		if c.cfg.Ports[svc] == 0 {
-			p, err := freePort()
+			p, err := testinfra.FreePort()
 			if err != nil {
 				return err
 			}

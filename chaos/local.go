@@ -20,6 +20,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxshop/outboxshop/chaos/internal/proxy"
+	"github.com/outboxshop/outboxshop/internal/testinfra"
 )
 
 // LocalConfig configures [NewLocal].
@@ -322,7 +323,7 @@ func (l *Local) StartShop(ctx context.Context, spec ShopSpec) (Endpoints, error)
 	procs := spec.Processes()
 	ports := map[Service]int{}
 	for _, s := range procs {
-		p, err := freePort()
+		p, err := testinfra.FreePort()
 		if err != nil {
 			return Endpoints{}, err
 		}

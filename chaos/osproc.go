@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -14,59 +13,6 @@ import (
 	"syscall"
 	"time"
 )
-
-// freePort returns a TCP port on 127.0.0.1 that nobody listened on a moment ago, for a
-// server the runner starts later.
-//
-// It is chosen below the kernel's ephemeral range: a port from that range (what listening
-// on port 0 gives) can be taken, between the check and the server's bind, as the local port
-// of any outgoing connection on the machine — and a shop makes thousands — and the server
-// then fails with "address already in use" at every restart. Only when no port below the
-// range is free does it fall back to one from the range.
-func freePort() (int, error) {
-	lo, _ := ephemeralPorts()
-	if lo > minPrivatePort+100 {
-		for range 50 {
-			port := minPrivatePort + rand.IntN(lo-minPrivatePort)
-			ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
-			if err != nil {
-				continue
-			}
-			_ = ln.Close()
-			return port, nil
-		}
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("find a free port: %w", err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
-}
-
-// minPrivatePort is the lowest port freePort picks: above the well-known and most
-// registered ones.
-const minPrivatePort = 20000
-
-// ephemeralPorts returns the kernel's range of ports for outgoing connections (Linux's
-// defaults when it cannot be read).
-func ephemeralPorts() (lo, hi int) {
-	lo, hi = 32768, 60999
-	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
-	if err != nil {
-		return lo, hi
-	}
-	f := strings.Fields(string(b))
-	if len(f) != 2 {
-		return lo, hi
-	}
-	l, err1 := strconv.Atoi(f[0])
-	h, err2 := strconv.Atoi(f[1])
-	if err1 != nil || err2 != nil || l <= 0 || h < l {
-		return lo, hi
-	}
-	return l, h
-}
 
 // account is a system user a server must run as when the runner is root (initdb and
 // postgres refuse root; rabbitmq-server wants its own user).

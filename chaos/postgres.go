@@ -49,7 +49,7 @@ func newPGServer(name, dir string) (*pgServer, error) {
 	if err != nil {
 		return nil, err
 	}
-	port, err := freePort()
+	port, err := testinfra.FreePort()
 	if err != nil {
 		return nil, err
 	}

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outboxshop/outboxshop/internal/testinfra"
 )
 
 // rabbitServer is the local target's private RabbitMQ node: its own node name, ports, and
@@ -58,11 +60,11 @@ func newRabbitServer(node, dir string) (*rabbitServer, error) {
 	if err != nil {
 		return nil, err
 	}
-	port, err := freePort()
+	port, err := testinfra.FreePort()
 	if err != nil {
 		return nil, err
 	}
-	distPort, err := freePort()
+	distPort, err := testinfra.FreePort()
 	if err != nil {
 		return nil, err
 	}

@@ -87,15 +87,3 @@ func TestProcessStopAndStart(t *testing.T) {
 		require.Equal(t, "not running", p.halt(time.Second).Status)
 	})
 }
-
-func TestFreePortIsBelowTheEphemeralRange(t *testing.T) {
-	t.Parallel()
-	lo, hi := ephemeralPorts()
-	require.Less(t, lo, hi)
-	for range 20 {
-		port, err := freePort()
-		require.NoError(t, err)
-		require.GreaterOrEqual(t, port, minPrivatePort)
-		require.Less(t, port, lo, "outgoing connections cannot take it between the check and the bind")
-	}
-}

@@ -140,7 +140,7 @@ func newPostgresPair(binDir string, cred *syscall.Credential) (*PostgresPair, er
 		return p, err
 	}
 	for _, name := range []string{"primary", standbyName} {
-		port, err := freePort()
+		port, err := FreePort()
 		if err != nil {
 			return p, err
 		}

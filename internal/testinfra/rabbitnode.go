@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -94,11 +93,11 @@ func newRabbitNode(conf []string, cookie string) (*RabbitNode, error) {
 	if err != nil {
 		return nil, err
 	}
-	port, err := freePort()
+	port, err := FreePort()
 	if err != nil {
 		return nil, err
 	}
-	distPort, err := freePort()
+	distPort, err := FreePort()
 	if err != nil {
 		return nil, err
 	}
@@ -357,14 +356,4 @@ func (n *RabbitNode) logTail() string {
 		lines = lines[len(lines)-20:]
 	}
 	return strings.Join(lines, "\n")
-}
-
-// freePort returns a TCP port on 127.0.0.1 that nobody listened on a moment ago.
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("find a free port: %w", err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
 }
