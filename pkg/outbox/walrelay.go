@@ -106,9 +106,15 @@ const (
 	walSlotsCreate = `CREATE TABLE IF NOT EXISTS %[1]s (slot text PRIMARY KEY, handed_at timestamptz NOT NULL)`
 	walSlotsMark   = `INSERT INTO %[1]s (slot, handed_at) VALUES ($1, now())
 ON CONFLICT (slot) DO UPDATE SET handed_at = excluded.handed_at`
+	// walSlotsState: whether the slot exists, whether it was invalidated (it kept more WAL
+	// than max_slot_wal_keep_size: the server removed WAL it still needed, so it can never
+	// stream again), and the hand-over record's time (NULL: none), which tells one creation
+	// of the slot from the next.
 	walSlotsState = `SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1),
-       EXISTS (SELECT 1 FROM %[1]s WHERE slot = $1)`
-	walSlotsForget = `DELETE FROM %[1]s WHERE slot = $1`
+       EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND wal_status = 'lost'),
+       (SELECT handed_at FROM %[1]s WHERE slot = $1)`
+	walSlotsForget   = `DELETE FROM %[1]s WHERE slot = $1`
+	walSlotsHandedAt = `SELECT handed_at FROM %[1]s WHERE slot = $1`
 	// walSlotsLock: one relay at a time checks, drops or creates a slot. A transaction's
 	// advisory lock, which assigns no transaction id, so that it does not hold back the
 	// slot's creation (which waits for the transactions that have one).
@@ -266,7 +272,10 @@ var ErrWALSetup = errors.New("outbox: the database is not set up for the WAL rel
 // The slot is created at the first start, and the rows pending then, which it will never
 // stream, are handed to the retry lane in the same snapshot; <table>_wal_slots records the
 // hand-over in the same transaction, and a slot found without its record is dropped and
-// created again. Only one WALRelay can stream a
+// created again. A slot lost (dropped by an operator, left behind by a failover) or
+// invalidated (max_slot_wal_keep_size; the relay drops it) is created again the same way:
+// the rows pending then go out through the retry lane, and the position kept from the old
+// slot is forgotten. Only one WALRelay can stream a
 // slot: a second waits, with the outage backoff, until the first is gone.
 type WALRelay struct {
 	lane *Relay // the retry lane; its machinery also publishes and marks the stream's batches
@@ -364,7 +373,7 @@ func (w *WALRelay) Run(ctx context.Context) error {
 	defer stopLane()
 	lane.Go(func() { _ = w.lane.Run(lctx) }) // returns nil once lctx ends, or "already running"
 
-	var confirmed pglogrepl.LSN
+	var confirmed slotPosition
 	for {
 		err := w.session(ctx, &confirmed)
 		if ctx.Err() != nil {
@@ -422,9 +431,17 @@ type aggregateKey struct{ typ, id string }
 
 func keyOf(m Message) aggregateKey { return aggregateKey{m.AggregateType, m.AggregateID} }
 
+// slotPosition is the position this process confirmed, kept across sessions, and the
+// creation of the slot it belongs to (its hand-over record's time): a position of another
+// creation means nothing to this one.
+type slotPosition struct {
+	lsn     pglogrepl.LSN
+	created time.Time
+}
+
 // session streams from the slot until an error, or ctx ends. confirmed is the position
 // this process confirmed, kept across sessions.
-func (w *WALRelay) session(ctx context.Context, confirmed *pglogrepl.LSN) error {
+func (w *WALRelay) session(ctx context.Context, confirmed *slotPosition) error {
 	switch ok, err := w.lane.storeOf().checkPublication(ctx, w.db, w.wal.Publication); {
 	case errors.Is(err, errNoPublication):
 		return fmt.Errorf("%w: %w (create it with Store.CreatePublication, or CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert'))",
@@ -441,10 +458,10 @@ func (w *WALRelay) session(ctx context.Context, confirmed *pglogrepl.LSN) error 
 	cfg := walstream.Config{
 		URL: w.wal.URL, Slot: w.wal.Slot, Publication: w.wal.Publication,
 		Schema: schema, Table: w.cfg.Tables.Messages,
-		StatusInterval: w.wal.StatusInterval, Start: *confirmed,
-		Created: w.handPending,
+		StatusInterval: w.wal.StatusInterval,
+		Created:        w.handPending,
 	}
-	st, err := w.open(ctx, cfg)
+	st, err := w.open(ctx, cfg, confirmed)
 	if err != nil {
 		return err
 	}
@@ -471,7 +488,7 @@ func (w *WALRelay) session(ctx context.Context, confirmed *pglogrepl.LSN) error 
 	defer cancel()
 	reader.Go(func() { readErr <- w.read(sctx, st, commits) })
 
-	d := &dispatcher{w: w, st: st, held: held, confirmed: confirmed}
+	d := &dispatcher{w: w, st: st, held: held, confirmed: &confirmed.lsn, streamServer: st.ServerStarted()}
 	return d.run(sctx, commits, readErr)
 }
 
@@ -479,7 +496,19 @@ func (w *WALRelay) session(ctx context.Context, confirmed *pglogrepl.LSN) error 
 // that exists without its hand-over record (its creator died, or was cancelled, before the
 // rows pending then were handed to the lane) is dropped and created again, so that no row
 // pending at a slot's creation is left to nobody.
-func (w *WALRelay) open(ctx context.Context, cfg walstream.Config) (*walstream.Stream, error) {
+//
+// This is also the catch-up after a slot was lost: dropped by an operator, gone with a
+// failover (a slot lives on its primary only, before PostgreSQL 17's failover slots), or
+// invalidated for keeping more WAL than max_slot_wal_keep_size (dropped here). Every row
+// still pending when the new slot is created is handed to the retry lane, which publishes
+// it in its aggregate's order: nothing is lost, and what goes out again is the rows of
+// the old slot that were published but not yet marked.
+//
+// The stream starts from confirmed's position only when the slot is the creation that
+// position belongs to: a new slot's stream starts where the slot was created, which can be
+// before a position of the old one (a standby promoted before it received the last WAL the
+// old primary streamed), and starting later would skip commits.
+func (w *WALRelay) open(ctx context.Context, cfg walstream.Config, confirmed *slotPosition) (*walstream.Stream, error) {
 	record := w.cfg.Tables.walSlots()
 	lock, err := w.db.Begin(ctx)
 	if err != nil {
@@ -493,30 +522,55 @@ func (w *WALRelay) open(ctx context.Context, cfg walstream.Config) (*walstream.S
 	if !locked {
 		return nil, databaseError{fmt.Errorf("slot %s: another WAL relay is setting it up; waiting", cfg.Slot)}
 	}
-	var exists, handed bool
-	if err := w.db.QueryRow(ctx, fmt.Sprintf(walSlotsState, record), cfg.Slot).Scan(&exists, &handed); err != nil {
+	var exists, lost bool
+	var handedAt *time.Time
+	if err := w.db.QueryRow(ctx, fmt.Sprintf(walSlotsState, record), cfg.Slot).Scan(&exists, &lost, &handedAt); err != nil {
 		if isCode(err, "42P01") { // undefined_table
 			return nil, fmt.Errorf("%w: %w (create it with Store.CreatePublication)", ErrWALSetup, err)
 		}
 		return nil, databaseError{fmt.Errorf("read slot %s: %w", cfg.Slot, err)}
 	}
-	if exists && !handed {
-		w.cfg.Logger.Warn("outbox WAL relay: the slot's creator stopped before handing the rows pending then to the retry lane; dropping the slot to create it again",
-			"slot", cfg.Slot)
+	drop := ""
+	switch {
+	case exists && lost:
+		drop = "the slot was invalidated: it kept more WAL than max_slot_wal_keep_size, and the server removed WAL it needed; dropping it to create it again, the rows still pending go out through the retry lane"
+	case exists && handedAt == nil:
+		drop = "the slot's creator stopped before handing the rows pending then to the retry lane; dropping the slot to create it again"
+	}
+	if drop != "" {
+		w.cfg.Logger.Warn("outbox WAL relay: "+drop, "slot", cfg.Slot)
 		if err := walstream.Drop(ctx, cfg); err != nil {
 			return nil, w.classify(err)
 		}
 		exists = false
 	}
 	if !exists {
+		if handedAt != nil && drop == "" {
+			w.cfg.Logger.Warn("outbox WAL relay: the slot is gone (dropped, or left behind on the old primary by a failover); creating it again, the rows still pending go out through the retry lane",
+				"slot", cfg.Slot)
+		}
 		if _, err := w.db.Exec(ctx, fmt.Sprintf(walSlotsForget, record), cfg.Slot); err != nil {
 			return nil, databaseError{fmt.Errorf("slot %s: %w", cfg.Slot, err)}
 		}
+		handedAt = nil
 	}
+	if handedAt == nil || !handedAt.Equal(confirmed.created) {
+		*confirmed = slotPosition{} // another creation's position, or none
+	}
+	cfg.Start = confirmed.lsn
 	st, err := walstream.Open(ctx, cfg)
 	if err != nil {
 		return nil, w.classify(err)
 	}
+	if handedAt == nil { // created now: read its hand-over's time
+		if err := w.db.QueryRow(ctx, fmt.Sprintf(walSlotsHandedAt, record), cfg.Slot).Scan(&handedAt); err != nil {
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			_ = st.Close(cctx)
+			return nil, databaseError{fmt.Errorf("read slot %s: %w", cfg.Slot, err)}
+		}
+	}
+	confirmed.created = *handedAt
 	return st, nil
 }
 
@@ -634,6 +688,8 @@ func (w *WALRelay) loadHeld(ctx context.Context) (map[aggregateKey]bool, error) 
 type dispatcher struct {
 	w  *WALRelay
 	st *walstream.Stream
+	// streamServer is the start time of the server the stream reads (see barrier).
+	streamServer time.Time
 	// held are the aggregates with rows in the retry lane: their rows are handed there too.
 	// Only the dispatcher's goroutine reads or writes it.
 	held map[aggregateKey]bool
@@ -1042,11 +1098,21 @@ func (d *dispatcher) afterPreds(b *walBatch, pub, hand []walRow) ([]walRow, []wa
 // whose commit comes after theirs in the WAL. PostgreSQL 15's walsenders stream a commit
 // as soon as it is flushed on the primary, before the standbys have it, and a failover
 // then would take back a row the relay had published.
+//
+// It must run on the server the stream reads: the pool's connections follow a failover on
+// their own (a multi-host URL), and a barrier on the new primary would pass at once for rows
+// that the old one alone may have had. A barrier that ran elsewhere fails, as an outage of
+// the database: the session ends, and the rows are streamed again from the new primary, if
+// it has them.
 func (d *dispatcher) barrier(ctx context.Context) error {
 	var emitted, ignored *string
 	var started time.Time
 	if err := d.w.db.QueryRow(ctx, replicationBarrier).Scan(&emitted, &ignored, &started); err != nil {
 		return fmt.Errorf("wait until the streamed rows are on the synchronous standbys: %w", err)
+	}
+	if !started.Equal(d.streamServer) {
+		return fmt.Errorf("the replication barrier ran on another server (started %s) than the stream's (started %s): a failover",
+			started, d.streamServer)
 	}
 	return nil
 }

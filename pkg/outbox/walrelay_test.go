@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -195,6 +196,85 @@ func TestWALRelay(t *testing.T) {
 			require.Equal(t, 1, got.ids()[id])
 		}
 		eventually(t, "every row marked published", func() bool { return b.count(t, "published_at IS NOT NULL") == len(want) })
+	})
+
+	t.Run("AnInvalidatedSlotIsCreatedAgainAndNothingIsLost", func(t *testing.T) {
+		// A relay away for long (dead, or its broker down for hours) and a slot limited by
+		// max_slot_wal_keep_size: the server invalidates the slot, which can never stream
+		// again. The relay drops it, creates it again, and the rows still pending go out
+		// through the retry lane, in their aggregates' order.
+		b, url := setup(t, "invalidated")
+		got := consume(t, b.amqpURL, b.top.Queue)
+		cfg := fastConfig(t)
+		_, stop := streaming(t, b, url, cfg)
+		var want []string
+		for n := range 5 {
+			want = append(want, b.write(t, b.msg("agg", n))[0].ID.String())
+		}
+		eventually(t, "the first rows delivered", func() bool { return len(got.ids()) == 5 })
+		require.NoError(t, stop())
+		for n := 5; n < 25; n++ {
+			want = append(want, b.write(t, b.msg("agg", n))[0].ID.String())
+		}
+		slot := outbox.Tables{}.WALName()
+		invalidateSlot(t, ctx, b.pool, slot)
+
+		_, stop = streaming(t, b, url, cfg)
+		eventually(t, "the pending rows in the retry lane", func() bool { return b.count(t, "last_error IS NOT NULL") == 20 })
+		for n := 25; n < 30; n++ {
+			want = append(want, b.write(t, b.msg("agg", n))[0].ID.String())
+		}
+		eventually(t, "every row delivered", func() bool { return len(got.ids()) == 30 })
+		require.Equal(t, want, firstOrder(got)["agg"], "the aggregate's rows in order, across the lost slot, the lane and the new slot")
+		for _, id := range want {
+			require.Equal(t, 1, got.ids()[id], "none had been published before the slot was lost")
+		}
+		eventually(t, "every row marked published", func() bool { return b.count(t, "published_at IS NOT NULL") == 30 })
+		var status string
+		require.NoError(t, b.pool.QueryRow(ctx, "SELECT wal_status FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&status))
+		require.NotEqual(t, "lost", status, "a new slot")
+		require.NoError(t, stop())
+	})
+
+	t.Run("ASlotDroppedMidLoadIsCreatedAgainAndNothingIsLost", func(t *testing.T) {
+		// An operator drops the slot (its walsender terminated first, as it must be) while
+		// writers write: the relay creates it again at once, and what was pending then goes
+		// out through the retry lane; each aggregate's rows keep their order.
+		b, url := setup(t, "dropped")
+		got := consume(t, b.amqpURL, b.top.Queue)
+		cfg := fastConfig(t)
+		cfg.BatchSize = 10
+		cfg.InFlightBatches = 4
+		streaming(t, b, url, cfg)
+		const aggregates, perAggregate = 4, 100
+		want := map[string][]string{}
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		written := atomic.Int64{}
+		for a := range aggregates {
+			agg := fmt.Sprintf("agg-%d", a)
+			wg.Go(func() {
+				for n := range perAggregate {
+					id := b.write(t, b.msg(agg, n))[0].ID.String()
+					written.Add(1)
+					mu.Lock()
+					want[agg] = append(want[agg], id)
+					mu.Unlock()
+				}
+			})
+		}
+		eventually(t, "a quarter written", func() bool { return written.Load() >= aggregates*perAggregate/4 })
+		slot := outbox.Tables{}.WALName()
+		eventually(t, "the slot dropped", func() bool {
+			// The relay streams it again at once: terminate and drop until the drop wins.
+			_, _ = b.pool.Exec(ctx, "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL", slot)
+			_, err := b.pool.Exec(ctx, "SELECT pg_drop_replication_slot($1)", slot)
+			return err == nil
+		})
+		wg.Wait()
+		eventually(t, "every row delivered", func() bool { return len(got.ids()) == aggregates*perAggregate })
+		require.Equal(t, want, firstOrder(got), "each aggregate's rows in commit order")
+		eventually(t, "every row marked published", func() bool { return b.count(t, "published_at IS NOT NULL") == aggregates*perAggregate })
 	})
 
 	t.Run("RowsGoneFromTheTableDoNotStopTheStream", func(t *testing.T) {
@@ -567,4 +647,35 @@ WHERE f.id = $1 AND o.seq > (SELECT seq FROM outbox_messages WHERE id = $2) AND 
 		require.Equal(t, 1, got.ids()[first])
 	})
 
+}
+
+// invalidateSlot makes the server invalidate an inactive slot, as it does when a slot keeps
+// more WAL than max_slot_wal_keep_size: it lowers the limit to 1 MB, writes and switches WAL
+// past the slot's position, and checkpoints, until the slot's wal_status is "lost"; then it
+// lifts the limit again.
+func invalidateSlot(t *testing.T, ctx context.Context, db *pgxpool.Pool, slot string) {
+	t.Helper()
+	_, err := db.Exec(ctx, "ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'")
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = db.Exec(context.Background(), "ALTER SYSTEM RESET max_slot_wal_keep_size")
+		_, _ = db.Exec(context.Background(), "SELECT pg_reload_conf()")
+	})
+	_, err = db.Exec(ctx, "SELECT pg_reload_conf()")
+	require.NoError(t, err)
+	_, err = db.Exec(ctx, "CREATE TABLE IF NOT EXISTS wal_filler (n int)")
+	require.NoError(t, err)
+	testinfra.Eventually(t, 30*time.Second, func() bool {
+		for _, q := range []string{"INSERT INTO wal_filler VALUES (1)", "SELECT pg_switch_wal()", "CHECKPOINT"} {
+			_, err := db.Exec(ctx, q)
+			require.NoError(t, err)
+		}
+		var status string
+		require.NoError(t, db.QueryRow(ctx, "SELECT coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&status))
+		return status == "lost"
+	}, "slot %s invalidated", slot)
+	_, err = db.Exec(ctx, "ALTER SYSTEM RESET max_slot_wal_keep_size")
+	require.NoError(t, err)
+	_, err = db.Exec(ctx, "SELECT pg_reload_conf()")
+	require.NoError(t, err)
 }

@@ -93,7 +93,19 @@ type Stream struct {
 	// reported is the position the server was last told; lastEnd the end of the last commit
 	// Next returned.
 	reported, lastEnd pglogrepl.LSN
+	// serverStarted is the server's start time (pg_postmaster_start_time), in microseconds
+	// since the Unix epoch.
+	serverStarted int64
 }
+
+// serverStartedSQL reads the server's start time, which tells one server from another (a
+// failover's new primary from the old one), in microseconds since the Unix epoch: a
+// replication connection answers simple queries only, in text.
+const serverStartedSQL = `SELECT (extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint`
+
+// ServerStarted is the start time of the server the stream reads (pg_postmaster_start_time),
+// which tells one server from another.
+func (s *Stream) ServerStarted() time.Time { return time.UnixMicro(s.serverStarted) }
 
 // Open connects to the database in replication mode, creates the slot if it does not exist,
 // and starts streaming the publication from the slot's confirmed position.
@@ -116,6 +128,10 @@ func Open(ctx context.Context, cfg Config) (*Stream, error) {
 	}
 	s := &Stream{cfg: cfg, conn: conn, relations: map[uint32]*pglogrepl.RelationMessage{}}
 	s.confirmed.Store(uint64(cfg.Start))
+	if s.serverStarted, err = readServerStarted(ctx, conn); err != nil {
+		_ = conn.Close(ctx)
+		return nil, err
+	}
 	action := "NOEXPORT_SNAPSHOT"
 	if cfg.Created != nil {
 		action = "EXPORT_SNAPSHOT"
@@ -148,6 +164,22 @@ func Open(ctx context.Context, cfg Config) (*Stream, error) {
 		return nil, fmt.Errorf("walstream: start streaming slot %s: %w", cfg.Slot, err)
 	}
 	return s, nil
+}
+
+// readServerStarted runs serverStartedSQL on conn.
+func readServerStarted(ctx context.Context, conn *pgconn.PgConn) (int64, error) {
+	res, err := conn.Exec(ctx, serverStartedSQL).ReadAll()
+	if err != nil {
+		return 0, fmt.Errorf("walstream: read the server's start time: %w", err)
+	}
+	if len(res) != 1 || len(res[0].Rows) != 1 || len(res[0].Rows[0]) != 1 {
+		return 0, errors.New("walstream: read the server's start time: not one value")
+	}
+	v, err := strconv.ParseInt(string(res[0].Rows[0][0]), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("walstream: read the server's start time: %w", err)
+	}
+	return v, nil
 }
 
 // Drop drops the slot named in cfg, through a replication connection of cfg.URL.
