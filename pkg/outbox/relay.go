@@ -453,28 +453,34 @@ func (r *Relay) Ready(maxUnavailable time.Duration) error {
 	r.mu.Lock()
 	state, since, lastErr := r.state, r.downSince, r.lastErr
 	r.mu.Unlock()
-	if !r.running.Load() {
+	return readiness("relay", r.running.Load(), state, since, lastErr, maxUnavailable)
+}
+
+// readiness is what Ready says of a relay (what) that is running or not, in state, unable
+// to do its job since since, with lastErr: see [Relay.Ready].
+func readiness(what string, running bool, state State, since time.Time, lastErr error, maxUnavailable time.Duration) error {
+	if !running {
 		if state == StateStarting {
-			return errors.New("outbox: relay not started")
+			return fmt.Errorf("outbox: %s not started", what)
 		}
-		return errors.New("outbox: relay stopped")
+		return fmt.Errorf("outbox: %s stopped", what)
 	}
-	var what string
+	var down string
 	switch state {
 	case StateBrokerUnavailable:
-		what = "cannot publish to the broker"
+		down = "cannot publish to the broker"
 	case StateDatabaseUnavailable:
-		what = "cannot reach the database"
+		down = "cannot reach the database"
 	default:
 		return nil
 	}
-	down := time.Since(since)
-	if down <= maxUnavailable {
+	d := time.Since(since)
+	if d <= maxUnavailable {
 		return nil
 	}
 	// No "outbox: " prefix: lastErr's chain has one already (the sentinels').
 	return fmt.Errorf("%s for %s (since %s): %w",
-		what, down.Round(time.Second), since.UTC().Format(time.RFC3339), lastErr)
+		down, d.Round(time.Second), since.UTC().Format(time.RFC3339), lastErr)
 }
 
 // Run publishes rows until ctx is cancelled, then finishes every batch in flight and returns

@@ -182,8 +182,23 @@ func (t Tables) WALName() string {
 // its slots. It does nothing that is done, and fails when a publication of that name exists
 // but does not publish the table's INSERTs whole. It needs to own the table (a migration's
 // role, typically); the relay's role needs SELECT, INSERT, DELETE on <table>_wal_slots.
+//
+// Processes may call it at once (each at its start, say): the one that finds done what
+// another made a moment before tries once more and finds it done. On a pool, that is; in a
+// transaction the first error ends the transaction.
 func (s *Store) CreatePublication(ctx context.Context, db DBTX, name string) error {
 	name = cmp.Or(name, s.tables.WALName())
+	err := s.createPublication(ctx, db, name)
+	// CREATE TABLE IF NOT EXISTS and CREATE PUBLICATION of two sessions at once: the one
+	// that commits last fails on what the other made (a catalog's unique index, or the
+	// object itself).
+	if isCode(err, "23505") || isCode(err, "42P07") || isCode(err, "42710") {
+		err = s.createPublication(ctx, db, name)
+	}
+	return err
+}
+
+func (s *Store) createPublication(ctx context.Context, db DBTX, name string) error {
 	if _, err := db.Exec(ctx, fmt.Sprintf(walSlotsCreate, s.tables.walSlots())); err != nil {
 		return fmt.Errorf("outbox: create %s: %w", s.tables.walSlots(), err)
 	}
@@ -289,6 +304,10 @@ type WALRelay struct {
 	running atomic.Bool
 	mu      sync.Mutex
 	state   State
+	// downSince is when the stream last became unable to do its job, lastErr the last
+	// error since; for Ready.
+	downSince time.Time
+	lastErr   error
 }
 
 // WALRelayDB is what a WAL relay needs of the database, besides its replication connection:
@@ -343,10 +362,36 @@ func (w *WALRelay) State() State {
 	return w.state
 }
 
+// Ready returns nil while Run runs and the stream can do its job, or has been unable to for
+// at most maxUnavailable, as [Relay.Ready] does: otherwise an error that says what is down,
+// since when, and the last error; or that Run is not running. It speaks for the stream: the
+// retry lane's outages are the same broker's and database's, and its rows wait meanwhile.
+// A stream stopped for its set-up ([ErrWALSetup]) is not running.
+func (w *WALRelay) Ready(maxUnavailable time.Duration) error {
+	w.mu.Lock()
+	state, since, lastErr := w.state, w.downSince, w.lastErr
+	w.mu.Unlock()
+	return readiness("WAL relay", w.running.Load(), state, since, lastErr, maxUnavailable)
+}
+
+// PoolSize reports the connections the relay may hold at once against its pool's size:
+// 2·[Config].InFlightBatches + 2 (a barrier and the marks of each batch in flight, the
+// stream's own reads, and the retry lane's [Relay.PoolSize]), not counting the replication
+// connection, which is its own.
+func (w *WALRelay) PoolSize() PoolSize {
+	return PoolSize{Needed: 2*w.cfg.InFlightBatches + 2, Max: poolMax(w.db)}
+}
+
 func (w *WALRelay) setState(to State, cause error) {
 	w.mu.Lock()
 	from := w.state
 	w.state = to
+	if unavailable(to) {
+		if !unavailable(from) {
+			w.downSince = time.Now()
+		}
+		w.lastErr = cause
+	}
 	w.mu.Unlock()
 	if from == to {
 		return

@@ -27,7 +27,7 @@ import (
 func TestWALRelay(t *testing.T) {
 	t.Parallel()
 	pair := testinfra.StartLogicalPostgresPair(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute) // all its subtests
 	defer cancel()
 
 	// setup makes database db with the outbox migrated and its publication, and a bundle
@@ -196,6 +196,100 @@ func TestWALRelay(t *testing.T) {
 			require.Equal(t, 1, got.ids()[id])
 		}
 		eventually(t, "every row marked published", func() bool { return b.count(t, "published_at IS NOT NULL") == len(want) })
+	})
+
+	t.Run("ReadyAndPoolSize", func(t *testing.T) {
+		b, url := setup(t, "ready")
+		cfg := fastConfig(t)
+		cfg.InFlightBatches = 3
+		w, err := outbox.NewWALRelay(b.pool, b.pub, cfg, outbox.WALConfig{URL: url})
+		require.NoError(t, err)
+		require.ErrorContains(t, w.Ready(time.Hour), "WAL relay not started")
+		require.Equal(t, outbox.PoolSize{Needed: 8, Max: int(b.pool.Stat().MaxConns())}, w.PoolSize())
+		w, stop := streaming(t, b, url, cfg)
+		require.NoError(t, w.Ready(0))
+		require.NoError(t, stop())
+		require.ErrorContains(t, w.Ready(time.Hour), "WAL relay stopped")
+	})
+
+	t.Run("SwitchesFromPollingAndBackUnderLoad", func(t *testing.T) {
+		// A service moves from the polling relay to the WAL relay and back while writers
+		// write, each switch a rolling deploy: the new relay starts before the old one stops.
+		// Nothing is lost, each aggregate's rows are first delivered in commit order, and
+		// what goes out twice is what both relays published while they overlapped.
+		b, url := setup(t, "switch")
+		got := consume(t, b.amqpURL, b.top.Queue)
+		cfg := fastConfig(t)
+		cfg.BatchSize = 10
+		polling := func() (stop func()) {
+			r, err := outbox.NewRelay(b.pool, b.pub, cfg)
+			require.NoError(t, err)
+			rctx, cancel := context.WithCancel(ctx)
+			done := make(chan error, 1)
+			go func() { done <- r.Run(rctx) }()
+			var once sync.Once
+			stop = func() { once.Do(func() { cancel(); require.NoError(t, <-done) }) }
+			t.Cleanup(stop)
+			return stop
+		}
+		const aggregates = 4
+		var (
+			mu      sync.Mutex
+			want    = map[string][]string{}
+			total   atomic.Int64
+			writers sync.WaitGroup
+		)
+		stopWriting := make(chan struct{})
+		for a := range aggregates {
+			agg := fmt.Sprintf("agg-%d", a)
+			writers.Go(func() {
+				for n := 0; ; n++ {
+					select {
+					case <-stopWriting:
+						return
+					case <-time.After(2 * time.Millisecond): // ~500 rows/s together
+					}
+					id := b.write(t, b.msg(agg, n))[0].ID.String()
+					mu.Lock()
+					want[agg] = append(want[agg], id)
+					mu.Unlock()
+					total.Add(1)
+				}
+			})
+		}
+		written := func(n int64) {
+			t.Helper()
+			from := total.Load()
+			eventually(t, fmt.Sprintf("%d more rows written", n), func() bool { return total.Load() >= from+n })
+		}
+		stopPoll := polling()
+		written(200)
+		_, stopWAL := streaming(t, b, url, cfg) // poll → wal
+		written(50)
+		stopPoll()
+		written(200)
+		stopPoll = polling() // wal → poll
+		written(50)
+		require.NoError(t, stopWAL())
+		// Back on polling for good: the slot would keep the WAL from now on.
+		_, err := b.pool.Exec(ctx, "SELECT pg_drop_replication_slot($1)", outbox.Tables{}.WALName())
+		require.NoError(t, err)
+		written(200)
+		close(stopWriting)
+		writers.Wait()
+
+		n := int(total.Load())
+		eventually(t, "every row delivered", func() bool { return len(got.ids()) == n })
+		mu.Lock()
+		require.Equal(t, want, firstOrder(got), "each aggregate's rows in commit order")
+		mu.Unlock()
+		eventually(t, "every row marked published", func() bool { return b.count(t, "published_at IS NOT NULL") == n })
+		dups := 0
+		for _, c := range got.ids() {
+			dups += c - 1
+		}
+		t.Logf("%d rows, %d published twice while the relays overlapped", n, dups)
+		stopPoll()
 	})
 
 	t.Run("AnInvalidatedSlotIsCreatedAgainAndNothingIsLost", func(t *testing.T) {
@@ -415,6 +509,8 @@ func TestWALRelay(t *testing.T) {
 		node.Kill(t)
 		rows("outage")
 		eventually(t, "the relay reports the broker unavailable", func() bool { return w.State() == outbox.StateBrokerUnavailable })
+		require.NoError(t, w.Ready(time.Hour), "unavailable for less than the grace")
+		require.ErrorContains(t, w.Ready(0), "cannot publish to the broker")
 		node.Restart(t)
 		eventually(t, "everything published after the outage", func() bool {
 			return b.count(t, "published_at IS NOT NULL AND aggregate_id LIKE 'outage-%'") == 50
@@ -678,4 +774,33 @@ func invalidateSlot(t *testing.T, ctx context.Context, db *pgxpool.Pool, slot st
 	require.NoError(t, err)
 	_, err = db.Exec(ctx, "SELECT pg_reload_conf()")
 	require.NoError(t, err)
+}
+
+func TestCreatePublicationManyAtOnce(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// Eight processes starting at once, each setting up its database for the WAL relay
+	// (any wal_level will do to create a publication).
+	for round := range 5 {
+		pool := testinfra.NewPool(t)
+		require.NoError(t, outbox.Migrate(ctx, pool))
+		store, err := outbox.NewStore(outbox.Tables{})
+		require.NoError(t, err)
+		errs := make(chan error, 8)
+		start := make(chan struct{})
+		for range 8 {
+			go func() {
+				<-start
+				errs <- store.CreatePublication(ctx, pool, "")
+			}()
+		}
+		close(start)
+		for range 8 {
+			require.NoError(t, <-errs, "round %d", round)
+		}
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM pg_publication_tables WHERE pubname = $1", outbox.Tables{}.WALName()).Scan(&n))
+		require.Equal(t, 1, n)
+	}
 }
