@@ -41,8 +41,10 @@ const (
 )
 
 // Service brings the database of the service name up to date: its own migrations, then the
-// outbox's and the inbox's schemas (outbox.Migrate, inbox.Migrate). Safe to call on every
-// start, from several processes at once.
+// outbox's and the inbox's schemas (outbox.Migrate, inbox.Migrate), and the outbox's
+// publication for a WAL relay (outbox.Store.CreatePublication: with it, a service moves from
+// the polling relay to the WAL relay by its setting alone). Safe to call on every start,
+// from several processes at once.
 //
 // The service's migrations are the files migrations/NNN_name.sql of fsys, numbered 001,
 // 002, … without a gap (a gap, a duplicate or a badly named file is an error): file NNN is
@@ -74,6 +76,14 @@ func Service(ctx context.Context, pool *pgxpool.Pool, name string, fsys fs.FS, l
 	}
 	if err := inbox.Migrate(ctx, pool); err != nil {
 		return fmt.Errorf("migrate inbox schema: %w", err)
+	}
+	store, err := outbox.NewStore(outbox.Tables{})
+	if err != nil {
+		return fmt.Errorf("outbox publication: %w", err)
+	}
+	// At any wal_level: the publication waits for a server at wal_level = logical.
+	if err := store.CreatePublication(ctx, pool, ""); err != nil {
+		return fmt.Errorf("outbox publication: %w", err)
 	}
 	return nil
 }

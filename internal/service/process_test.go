@@ -128,3 +128,73 @@ func TestProcess(t *testing.T) {
 	require.Error(t, err, "the server is down")
 	require.Empty(t, service.Addr(nil))
 }
+
+// TestProcessWithTheWALRelay wires the relay in mode wal on a server at wal_level=logical:
+// the migrations made the publication, the relay streams from its slot (its replication
+// connection on the pool's URL without the pool's settings), and the rows reach the
+// consumer's handler.
+func TestProcessWithTheWALRelay(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	amqpURL := testinfra.AMQPURL(t)
+	top := testinfra.DeclareTopology(t, amqpURL)
+	pair := testinfra.StartLogicalPostgresPair(t)
+	dbURL := pair.CreateDatabase(t, "kit_wal") + "&pool_max_conns=12"
+
+	p := service.NewProcess("kit", "all", service.Options{})
+	migrate := func(ctx context.Context, pool *pgxpool.Pool) error {
+		return pgmigrate.Service(ctx, pool, "kit", fstest.MapFS{}, 7)
+	}
+	pool, err := p.OpenDatabase(ctx, pgdb.Config{URL: dbURL, Migrate: migrate})
+	require.NoError(t, err)
+	check, err := service.AddRelay(p, service.RelayConfig{
+		Publisher:       outboxrabbitmq.Config{URL: amqpURL, ConnectionName: "kit-wal-relay"},
+		Settings:        service.RelaySettings{Mode: service.RelayModeWAL, BatchSize: 10, PollInterval: 50 * time.Millisecond, MaxAttempts: 3},
+		BrokerDownGrace: time.Second,
+	})
+	require.NoError(t, err)
+	handled := make(chan string, 20)
+	_, _, err = service.AddConsumer(p, service.ConsumerConfig{
+		Consumer: inboxrabbitmq.Config{
+			URLs: []string{amqpURL}, Queue: top.Queue, Name: "kit", DeadLetterRoutingKey: "kit.dead",
+			Handler: func(ctx context.Context, tx pgx.Tx, d inboxrabbitmq.Delivery) error {
+				aftercommit.Register(tx, func() { handled <- d.ID })
+				return nil
+			},
+		},
+		Settings:        service.ConsumerSettings{MaxDeliveries: 2, RetryBaseDelay: time.Second, RetryMaxDelay: 4 * time.Second},
+		KnownTypes:      []string{"Thing"},
+		Retention:       time.Hour,
+		BrokerDownGrace: time.Second,
+	})
+	require.NoError(t, err)
+	p.Launch(ctx)
+	t.Cleanup(func() { require.NoError(t, p.Stop()) })
+
+	testinfra.Eventually(t, 30*time.Second, func() bool {
+		var active bool
+		err := pool.QueryRow(ctx, "SELECT active FROM pg_replication_slots WHERE slot_name = $1", outbox.Tables{}.WALName()).Scan(&active)
+		return err == nil && active
+	}, "the relay streams from its slot")
+	want := map[string]bool{}
+	for n := range 20 {
+		msgs := []outbox.Message{{
+			Exchange: top.Exchange, RoutingKey: "kit.thing", Type: "Thing", AggregateType: "thing", AggregateID: "1",
+			Payload: []byte(`{"n":1}`),
+		}}
+		require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return outbox.Add(ctx, tx, msgs...) }), "row %d", n)
+		want[msgs[0].ID.String()] = true
+	}
+	got := map[string]bool{}
+	deadline := time.After(30 * time.Second)
+	for len(got) < len(want) {
+		select {
+		case id := <-handled:
+			require.True(t, want[id], "an unknown message %s", id)
+			got[id] = true
+		case <-deadline:
+			t.Fatalf("%d of %d rows reached the handler within 30s", len(got), len(want))
+		}
+	}
+	testinfra.Eventually(t, 10*time.Second, func() bool { return check.Check(ctx) == nil }, "the relay's check up")
+}

@@ -132,6 +132,7 @@ func (e BrokerEnv) Check(v *envconfig.Checks, prefix string) {
 // and hands the relay its [RelaySettings] with envconfig.Section(cfg, "Relay"). The fields
 // are documented on RelaySettings.
 type RelayEnv struct {
+	RelayMode            string        `env:"RELAY_MODE" envDefault:"poll"`
 	RelayBatchSize       int           `env:"RELAY_BATCH_SIZE" envDefault:"100"`
 	RelayPollInterval    time.Duration `env:"RELAY_POLL_INTERVAL" envDefault:"1s"`
 	RelayMaxAttempts     int           `env:"RELAY_MAX_ATTEMPTS" envDefault:"10"`
@@ -144,6 +145,8 @@ type RelayEnv struct {
 // Check records in v every relay setting that cannot work, by its variable's name
 // (prefix, such as "ORDERS_", then RELAY_…).
 func (e RelayEnv) Check(v *envconfig.Checks, prefix string) {
+	v.Check(e.RelayMode == RelayModePoll || e.RelayMode == RelayModeWAL, "%sRELAY_MODE must be %q or %q, is %q",
+		prefix, RelayModePoll, RelayModeWAL, e.RelayMode)
 	v.Check(e.RelayBatchSize > 0, "%sRELAY_BATCH_SIZE must be positive, is %d", prefix, e.RelayBatchSize)
 	v.Check(e.RelayPollInterval > 0, "%sRELAY_POLL_INTERVAL must be positive, is %s", prefix, e.RelayPollInterval)
 	v.Check(e.RelayMaxAttempts > 0, "%sRELAY_MAX_ATTEMPTS must be positive, is %d", prefix, e.RelayMaxAttempts)
@@ -153,6 +156,15 @@ func (e RelayEnv) Check(v *envconfig.Checks, prefix string) {
 	v.Check(e.RelayMaxMessageBytes > 0, "%sRELAY_MAX_MESSAGE_BYTES must be positive, is %d", prefix, e.RelayMaxMessageBytes)
 	v.Check(e.RelayInFlightBatches >= 1 && e.RelayInFlightBatches <= outbox.MaxInFlightBatches,
 		"%sRELAY_IN_FLIGHT_BATCHES must be between 1 and %d, is %d", prefix, outbox.MaxInFlightBatches, e.RelayInFlightBatches)
+}
+
+// RelayConnections is how many connections of its pool the relay of these settings may hold
+// at once (outbox.Relay.PoolSize, outbox.WALRelay.PoolSize).
+func (e RelayEnv) RelayConnections() int {
+	if e.RelayMode == RelayModeWAL {
+		return 2*e.RelayInFlightBatches + 2
+	}
+	return e.RelayInFlightBatches + 1
 }
 
 // ConsumerEnv are the consumer's variables with the same defaults in both services, embedded
@@ -193,6 +205,10 @@ func (e ConsumerEnv) Check(v *envconfig.Checks, prefix string, concurrency, batc
 // RelaySettings are the outbox relay's settings, the same variables in both services
 // (<SERVICE>_RELAY_*, [RelayEnv] in their Config, read with envconfig.Section).
 type RelaySettings struct {
+	// Mode is the relay: [RelayModePoll] (outbox.Relay) or [RelayModeWAL] (outbox.WALRelay,
+	// which reads the outbox's inserts from a replication slot and needs the database at
+	// wal_level = logical and a role with REPLICATION). Empty: poll.
+	Mode string
 	// BatchSize bounds the rows one cycle claims; PollInterval is the wait between cycles
 	// when no notification comes; MaxAttempts is the publishes a row gets before it is dead.
 	BatchSize    int
@@ -209,6 +225,13 @@ type RelaySettings struct {
 	// connection of the pool until it is committed (1: the serial relay).
 	InFlightBatches int
 }
+
+// The relays a service runs (<SERVICE>_RELAY_MODE): both publish the same outbox with the
+// same guarantees; docs/runbook.md says how to move from one to the other.
+const (
+	RelayModePoll = "poll"
+	RelayModeWAL  = "wal"
+)
 
 // ConsumerSettings are the inbox consumer's settings, the same variables in both services
 // (<SERVICE>_CONSUMER_*, [ConsumerEnv] and ConsumerConcurrency in their Config, read with
@@ -364,7 +387,7 @@ func AddRelay(p *Process, cfg RelayConfig) (readiness.Check, error) {
 	if err != nil {
 		return readiness.Check{}, fmt.Errorf("outbox publisher: %w", err)
 	}
-	relay, err := outbox.NewRelay(p.Pool(), pub, outbox.Config{
+	ocfg := outbox.Config{
 		BatchSize:       s.BatchSize,
 		PollInterval:    s.PollInterval,
 		MaxAttempts:     s.MaxAttempts,
@@ -380,7 +403,8 @@ func AddRelay(p *Process, cfg RelayConfig) (readiness.Check, error) {
 		Hooks: metrics.Hooks(outbox.Hooks{
 			Failpoint: failpoint.Hook(p.Failpoints, func(h outbox.FailpointHit) string { return h.Name }),
 		}),
-	})
+	}
+	relay, err := newRelay(p, pub, ocfg, s.Mode)
 	if err != nil {
 		_ = pub.Close()
 		return readiness.Check{}, fmt.Errorf("outbox relay: %w", err)
@@ -394,6 +418,43 @@ func AddRelay(p *Process, cfg RelayConfig) (readiness.Check, error) {
 		})
 	})
 	return readiness.Check{Name: "relay", Check: readiness.Ready(relay.Ready, cfg.BrokerDownGrace)}, nil
+}
+
+// relay is what AddRelay needs of either relay.
+type relay interface {
+	Run(ctx context.Context) error
+	Ready(maxUnavailable time.Duration) error
+	PoolSize() outbox.PoolSize
+}
+
+// newRelay returns the relay of mode on p's pool. The WAL relay's replication connection
+// goes to the pool's database, with the pool's own settings left out.
+func newRelay(p *Process, pub outbox.Publisher, cfg outbox.Config, mode string) (relay, error) {
+	switch mode {
+	case "", RelayModePoll:
+		return outbox.NewRelay(p.Pool(), pub, cfg)
+	case RelayModeWAL:
+		return outbox.NewWALRelay(p.Pool(), pub, cfg, outbox.WALConfig{URL: replicationURL(p.Pool().Config().ConnString())})
+	}
+	return nil, fmt.Errorf("relay mode %q: want %q or %q", mode, RelayModePoll, RelayModeWAL)
+}
+
+// replicationURL is the database URL dbURL without pgxpool's settings (pool_max_conns, …),
+// which a lone connection would send to the server as its own. A keyword/value string
+// (host=… dbname=…) is returned as it is.
+func replicationURL(dbURL string) string {
+	u, err := url.Parse(dbURL)
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		return dbURL
+	}
+	q := u.Query()
+	for k := range q {
+		if strings.HasPrefix(k, "pool_") {
+			q.Del(k)
+		}
+	}
+	u.RawQuery = q.Encode()
+	return u.String()
 }
 
 // AddJob adds the periodic job to p's group under job.Name, run by [Every] (which backs off

@@ -90,9 +90,9 @@ func (c Config) Validate() error {
 	v.Check(c.ConsumerBatchSize <= inbox.MaxBatch/2, "WAREHOUSE_CONSUMER_BATCH_SIZE must be at most %d (an order may take two subtransactions of a batch), is %d",
 		inbox.MaxBatch/2, c.ConsumerBatchSize)
 	c.RelayEnv.Check(&v, "WAREHOUSE_")
-	v.Check(int(c.DatabaseMaxConns) >= c.ConsumerConcurrency+c.RelayInFlightBatches+2,
-		"WAREHOUSE_DATABASE_MAX_CONNS (%d) must exceed WAREHOUSE_CONSUMER_CONCURRENCY (%d) by at least WAREHOUSE_RELAY_IN_FLIGHT_BATCHES + 2 (%d: the relay's batches, its maintenance and the API)",
-		c.DatabaseMaxConns, c.ConsumerConcurrency, c.RelayInFlightBatches+2)
+	v.Check(int(c.DatabaseMaxConns) >= c.ConsumerConcurrency+c.RelayConnections()+1,
+		"WAREHOUSE_DATABASE_MAX_CONNS (%d) must exceed WAREHOUSE_CONSUMER_CONCURRENCY (%d) by at least %d: the relay's connections (WAREHOUSE_RELAY_IN_FLIGHT_BATCHES + 1, or 2 × WAREHOUSE_RELAY_IN_FLIGHT_BATCHES + 2 in mode wal) and the API's",
+		c.DatabaseMaxConns, c.ConsumerConcurrency, c.RelayConnections()+1)
 	for _, d := range []struct {
 		name  string
 		value time.Duration
