@@ -95,7 +95,9 @@ func (s *pgServer) start(ctx context.Context) error {
 	defer logf.Close()
 	args := append([]string{"-D", filepath.Join(s.dir, "data"), "-p", strconv.Itoa(s.port), "-k", s.dir,
 		"-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "max_connections=200",
-		"-c", "shared_buffers=32MB", "-c", "log_min_messages=warning"}, s.args...)
+		"-c", "shared_buffers=32MB", "-c", "log_min_messages=warning",
+		// So that a scenario can run the services on their WAL relays.
+		"-c", "wal_level=logical"}, s.args...)
 	cmd := exec.Command(s.binary, args...)
 	cmd.Dir = s.dir
 	cmd.SysProcAttr = groupAttr(s.acct)

@@ -184,12 +184,15 @@ WHERE id = ANY($1::uuid[]) AND (published_at IS NULL OR published_at >= $2)`
 
 // sessionsOf counts the sessions of an application, and those of it that LISTEN.
 const sessionsOf = `
-SELECT count(*), count(*) FILTER (WHERE query LIKE 'LISTEN %')
+SELECT count(*), count(*) FILTER (WHERE query LIKE 'LISTEN %'), count(*) FILTER (WHERE backend_type = 'walsender')
 FROM pg_stat_activity WHERE datname = current_database() AND application_name = $1`
 
 // failover is what pg-failover's Inject learns and its Check verifies.
 type failover struct {
-	mu sync.Mutex
+	// wal: the orders relay is the WAL relay, which streams from a slot instead of
+	// listening, and must create its slot again on the new primary.
+	wal bool
+	mu  sync.Mutex
 	// pending are the outbox rows pending on the new primary right after the promotion.
 	pending []string
 }
@@ -203,6 +206,22 @@ func pgFailoverScenario() Scenario {
 		OrdersStandby: true,
 		Inject:        f.inject,
 		Check:         f.check,
+	}
+}
+
+// pgFailoverWALScenario is pg-failover with the orders relay on the WAL relay: its slot
+// stays behind on the old primary (PostgreSQL 15), and the rows pending at the failover go
+// out through the retry lane of the slot it creates on the new one.
+func pgFailoverWALScenario() Scenario {
+	f := &failover{wal: true}
+	return Scenario{
+		Name: "pg-failover-wal",
+		Summary: "pg-failover with the orders WAL relay: its slot is lost with the old primary; it creates it again on the new one, " +
+			"and the rows pending at the failover go out through its retry lane; every 201 survives, nothing lost",
+		OrdersStandby: true,
+		Inject:        f.inject,
+		Check:         f.check,
+		Settings:      []string{"ORDERS_RELAY_MODE=" + relayModeWAL},
 	}
 }
 
@@ -379,24 +398,28 @@ func (f *failover) check(ctx context.Context, e *Env, o *Outcome) {
 	if published != len(pending) {
 		fail("%d of the %d outbox rows pending at the failover were not published from the new primary", len(pending)-published, len(pending))
 	}
-	checkFollowedFailover(ctx, e, conn, fail)
+	checkFollowedFailover(ctx, e, conn, f.wal, fail)
 }
 
 // checkFollowedFailover fails the scenario unless the orders API and its relay have
-// sessions on the new primary (conn), the relay exactly one LISTENing, and no process of the
-// shop ended during the failover.
-func checkFollowedFailover(ctx context.Context, e *Env, conn *pgx.Conn, fail func(format string, args ...any)) {
+// sessions on the new primary (conn), the relay exactly one LISTENing (or, the WAL relay,
+// exactly one streaming its slot), and no process of the shop ended during the failover.
+func checkFollowedFailover(ctx context.Context, e *Env, conn *pgx.Conn, wal bool, fail func(format string, args ...any)) {
 	for _, svc := range []Service{OrdersAPI, OrdersRelay} {
-		var n, listening int
-		if err := conn.QueryRow(ctx, sessionsOf, string(svc)).Scan(&n, &listening); err != nil {
+		var n, listening, streaming int
+		if err := conn.QueryRow(ctx, sessionsOf, string(svc)).Scan(&n, &listening, &streaming); err != nil {
 			fail("read pg_stat_activity: %v", err)
 			return
 		}
-		e.Saw("%s has %d sessions on the new primary (%d listening)", svc, n, listening)
+		e.Saw("%s has %d sessions on the new primary (%d listening, %d streaming a slot)", svc, n, listening, streaming)
 		if n == 0 {
 			fail("%s has no session on the new primary", svc)
 		}
-		if svc == OrdersRelay && listening != 1 {
+		switch {
+		case svc != OrdersRelay:
+		case wal && streaming != 1:
+			fail("%s streams its slot on the new primary with %d sessions, want 1: its stream did not follow the failover", svc, streaming)
+		case !wal && listening != 1:
 			fail("%s listens on the new primary with %d sessions, want 1: its LISTEN connection did not follow the failover", svc, listening)
 		}
 	}

@@ -335,7 +335,7 @@ func (f *flap) check(ctx context.Context, e *Env, o *Outcome) {
 			len(loss.Orphaned), strings.Join(abbreviateIDs(loss.Orphaned, 5), ", "))
 	}
 
-	checkFollowedFailover(ctx, e, conn, fail)
+	checkFollowedFailover(ctx, e, conn, false, fail)
 }
 
 // abbreviateIDs keeps the first n of items, and says how many more there were.

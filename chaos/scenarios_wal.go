@@ -1,0 +1,112 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/outboxshop/outboxshop/internal/service"
+	"github.com/outboxshop/outboxshop/pkg/outbox"
+)
+
+// The scenarios of this file run the orders service on its WAL relay
+// (ORDERS_RELAY_MODE=wal), which reads the outbox's inserts from a logical replication slot:
+// the local target's PostgreSQL servers run at wal_level = logical. pg-failover-wal is
+// pg-failover's (scenarios_pgfailover.go).
+
+const relayModeWAL = service.RelayModeWAL
+
+func init() {
+	register(
+		withSettings(crashScenario("wal-relay-kill", OrdersRelay, pointRelayAfterPublish,
+			"orders WAL relay killed after the broker confirmed a batch, before marking it: the restarted relay streams the batch again "+
+				"from the slot's confirmed position, and the warehouse inbox absorbs it",
+			expectDuplicates(true)), "ORDERS_RELAY_MODE="+relayModeWAL),
+		Scenario{
+			Name: "slot-dropped",
+			Summary: "an operator drops the orders WAL relay's replication slot mid-load, its walsender terminated first: the relay creates it again " +
+				"at once, the rows pending then go out through its retry lane, nothing lost, no process dies",
+			Inject:   injectSlotDropped,
+			Check:    checks(checkSlotStreamedAgain, checkNoDeaths),
+			MinLoad:  10 * time.Second,
+			Settings: []string{"ORDERS_RELAY_MODE=" + relayModeWAL},
+		},
+		pgFailoverWALScenario(),
+	)
+}
+
+// dropSlot terminates the walsender that streams slot $1, if any, and drops the slot: a
+// relay that reconnects in between takes the slot again, so the caller tries until the drop
+// wins.
+const (
+	terminateSlotReader = `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`
+	dropSlot            = `SELECT pg_drop_replication_slot($1)`
+	slotStreamed        = `SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active)`
+)
+
+func injectSlotDropped(ctx context.Context, e *Env) error {
+	if !e.AtLoad(ctx, 2*time.Second) {
+		return ctx.Err()
+	}
+	conn, err := openDB(ctx, e.Endpoints.OrdersDB)
+	if err != nil {
+		return fmt.Errorf("connect to the orders database: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	slot := outbox.Tables{}.WALName()
+	var streamed bool
+	if err := conn.QueryRow(ctx, slotStreamed, slot).Scan(&streamed); err != nil {
+		return fmt.Errorf("read the slot: %w", err)
+	}
+	if !streamed {
+		return fmt.Errorf("no relay streams the slot %s 2s into the load: the orders relay is not the WAL relay", slot)
+	}
+	tries := 0
+	dctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	err = poll(dctx, 10*time.Millisecond, func() (bool, error) {
+		tries++
+		if _, err := conn.Exec(ctx, terminateSlotReader, slot); err != nil {
+			return false, fmt.Errorf("terminate the slot's walsender: %w", err)
+		}
+		_, err := conn.Exec(ctx, dropSlot, slot)
+		return err == nil, nil // "is active for PID": the relay took it again first
+	})
+	if err != nil {
+		return fmt.Errorf("drop the slot %s (%d tries): %w", slot, tries, err)
+	}
+	droppedAt := time.Now()
+	e.Fault(droppedAt, "the slot %s dropped (pg_terminate_backend of its walsender, pg_drop_replication_slot; %d tries)", slot, tries)
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	err = poll(sctx, 100*time.Millisecond, func() (bool, error) {
+		var ok bool
+		if err := conn.QueryRow(ctx, slotStreamed, slot).Scan(&ok); err != nil {
+			return false, fmt.Errorf("read the slot: %w", err)
+		}
+		return ok, nil
+	})
+	if err != nil {
+		return fmt.Errorf("the relay did not stream a new slot within 30s of the drop: %w", err)
+	}
+	e.Healed("the relay streams a new slot %s %.1fs after the drop", slot, time.Since(droppedAt).Seconds())
+	return nil
+}
+
+// checkSlotStreamedAgain requires the orders relay to stream its slot at the end.
+func checkSlotStreamedAgain(ctx context.Context, e *Env, o *Outcome) {
+	conn, err := openDB(ctx, e.Endpoints.OrdersDB)
+	if err != nil {
+		o.Failures = append(o.Failures, fmt.Sprintf("connect to the orders database: %v", err))
+		return
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var ok bool
+	if err := conn.QueryRow(ctx, slotStreamed, outbox.Tables{}.WALName()).Scan(&ok); err != nil {
+		o.Failures = append(o.Failures, fmt.Sprintf("read the slot: %v", err))
+		return
+	}
+	if !ok {
+		o.Failures = append(o.Failures, "no relay streams the orders slot at the end")
+	}
+}
