@@ -335,6 +335,35 @@ func ExampleNewWALRelay() {
 	}
 }
 
+// ExampleStore_ReadSlotStats watches a WAL relay's slot from another process, as
+// outboxmetrics.Stats does: a slot nobody streams keeps all the WAL since its position.
+// This example's database has no WAL relay, hence no slot.
+func ExampleStore_ReadSlotStats() {
+	ctx := context.Background()
+	pool, _, cleanup := exampleEnv()
+	defer cleanup()
+	store, err := outbox.NewStore(outbox.Tables{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	st, err := store.ReadSlotStats(ctx, pool, "") // the slot of Tables.WALName
+	if err != nil {
+		log.Fatal(err)
+	}
+	switch {
+	case !st.Exists:
+		fmt.Println("no slot: the table is published by a polling relay, or by none")
+	case st.Lost:
+		fmt.Println("invalidated: the WAL relay creates it again and catches up from the table")
+	case !st.Active:
+		fmt.Printf("nobody streams it; it keeps %d bytes of WAL\n", st.RetainedBytes)
+	default:
+		fmt.Printf("streamed, %d bytes not confirmed yet\n", st.LagBytes)
+	}
+	// Output:
+	// no slot: the table is published by a polling relay, or by none
+}
+
 // exampleEnv gives an example a fresh database and the broker URL.
 func exampleEnv() (pool *pgxpool.Pool, amqpURL string, cleanup func()) {
 	ctx := context.Background()

@@ -1,9 +1,13 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // Stats is a snapshot of the outbox table.
@@ -45,6 +49,51 @@ func (s *Store) ReadStats(ctx context.Context, db DBTX) (Stats, error) {
 	}
 	if oldest != nil {
 		st.OldestPending = *oldest
+	}
+	return st, nil
+}
+
+// SlotStats is a snapshot of a [WALRelay]'s replication slot, as the server sees it.
+type SlotStats struct {
+	// Exists says the slot exists; the other fields are zero when it does not.
+	Exists bool
+	// Active says a relay streams it now.
+	Active bool
+	// Lost says the server invalidated it: it kept more WAL than max_slot_wal_keep_size, and
+	// the WAL it needed is gone. The relay drops it and creates it again at its next session.
+	Lost bool
+	// LagBytes is the WAL written since the slot's confirmed position: what the relay has
+	// not yet confirmed (not only outbox rows: every table's changes count).
+	LagBytes int64
+	// RetainedBytes is the WAL the server keeps for the slot (since its restart position).
+	RetainedBytes int64
+	// SafeBytes is the WAL that may still be written before the server invalidates the slot
+	// (safe_wal_size); -1 when max_slot_wal_keep_size sets no limit.
+	SafeBytes int64
+}
+
+// slotStatsQuery reads slot $1. Positions are against the server's current WAL position (its
+// replay position on a standby, which has no slot of its own in PostgreSQL 15).
+const slotStatsQuery = `
+WITH now AS (SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END AS lsn)
+SELECT active, coalesce(wal_status = 'lost', false),
+       coalesce(pg_wal_lsn_diff(now.lsn, confirmed_flush_lsn), 0)::bigint,
+       coalesce(pg_wal_lsn_diff(now.lsn, restart_lsn), 0)::bigint,
+       coalesce(safe_wal_size, -1)
+FROM pg_replication_slots, now WHERE slot_name = $1`
+
+// ReadSlotStats reads the state of replication slot slot (empty: the table's
+// [Tables.WALName]) from pg_replication_slots, which any role may read. Call it, like
+// ReadStats, from a process other than the relay (outboxmetrics.Stats does).
+func (s *Store) ReadSlotStats(ctx context.Context, db DBTX, slot string) (SlotStats, error) {
+	slot = cmp.Or(slot, s.tables.WALName())
+	st := SlotStats{Exists: true}
+	err := db.QueryRow(ctx, slotStatsQuery, slot).Scan(&st.Active, &st.Lost, &st.LagBytes, &st.RetainedBytes, &st.SafeBytes)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return SlotStats{}, nil
+	case err != nil:
+		return SlotStats{}, fmt.Errorf("read replication slot %s: %w", slot, err)
 	}
 	return st, nil
 }

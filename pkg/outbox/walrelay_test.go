@@ -292,6 +292,31 @@ func TestWALRelay(t *testing.T) {
 		stopPoll()
 	})
 
+	t.Run("SlotStats", func(t *testing.T) {
+		b, url := setup(t, "slot_stats")
+		store, err := outbox.NewStore(outbox.Tables{})
+		require.NoError(t, err)
+		read := func() outbox.SlotStats {
+			t.Helper()
+			st, err := store.ReadSlotStats(ctx, b.pool, "")
+			require.NoError(t, err)
+			return st
+		}
+		require.Equal(t, outbox.SlotStats{}, read(), "no slot yet")
+		_, stop := streaming(t, b, url, fastConfig(t))
+		st := read()
+		require.True(t, st.Exists && st.Active && !st.Lost, "%+v", st)
+		require.Equal(t, int64(-1), st.SafeBytes, "max_slot_wal_keep_size sets no limit")
+		require.NoError(t, stop())
+		for n := range 100 {
+			b.write(t, b.msg("stats", n))
+		}
+		st = read()
+		require.True(t, st.Exists && !st.Active, "%+v", st)
+		require.Greater(t, st.LagBytes, int64(100*100), "100 rows the stopped relay has not confirmed")
+		require.GreaterOrEqual(t, st.RetainedBytes, st.LagBytes, "the slot keeps at least what it has not confirmed")
+	})
+
 	t.Run("AnInvalidatedSlotIsCreatedAgainAndNothingIsLost", func(t *testing.T) {
 		// A relay away for long (dead, or its broker down for hours) and a slot limited by
 		// max_slot_wal_keep_size: the server invalidates the slot, which can never stream
@@ -312,6 +337,11 @@ func TestWALRelay(t *testing.T) {
 		}
 		slot := outbox.Tables{}.WALName()
 		invalidateSlot(t, ctx, b.pool, slot)
+		store, err := outbox.NewStore(outbox.Tables{})
+		require.NoError(t, err)
+		st, err := store.ReadSlotStats(ctx, b.pool, "")
+		require.NoError(t, err)
+		require.True(t, st.Exists && st.Lost && !st.Active, "%+v", st)
 
 		_, stop = streaming(t, b, url, cfg)
 		eventually(t, "the pending rows in the retry lane", func() bool { return b.count(t, "last_error IS NOT NULL") == 20 })

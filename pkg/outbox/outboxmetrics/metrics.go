@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"sync"
 	"time"
 
@@ -213,12 +214,15 @@ func Reason(err error) string {
 type Stats struct {
 	db          outbox.DBTX
 	store       *outbox.Store
+	slot        string
 	interval    time.Duration
 	log         *slog.Logger
 	pending     prometheus.Gauge
 	oldestAge   prometheus.Gauge
 	dead        prometheus.Gauge
 	lastSuccess prometheus.Gauge
+	// The WAL relay's slot (outbox.SlotStats).
+	slotExists, slotActive, slotLost, slotLag, slotRetained, slotSafe prometheus.Gauge
 }
 
 // DefaultStatsInterval is the default of [StatsConfig].Interval.
@@ -234,6 +238,10 @@ type StatsConfig struct {
 	ConstLabels prometheus.Labels
 	// Logger receives the lines of a streak of failed reads. nil discards.
 	Logger *slog.Logger
+	// Slot names the replication slot of a WAL relay of the table, whose state the
+	// outbox_wal_slot_* metrics show (outbox.SlotStats). Default: Tables.WALName(), the WAL
+	// relay's default. A table without a WAL relay has no slot: outbox_wal_slot_exists 0.
+	Slot string
 }
 
 // WithDefaults returns c with every default filled in, as [NewStats] runs with it, or an
@@ -246,6 +254,7 @@ func (c StatsConfig) WithDefaults() (StatsConfig, error) {
 		return c, err // outbox.ErrInvalidTables
 	}
 	c.Tables = c.Tables.WithDefaults()
+	c.Slot = cmp.Or(c.Slot, c.Tables.WALName())
 	c.Interval = cmp.Or(c.Interval, DefaultStatsInterval)
 	c.Logger = cmp.Or(c.Logger, slog.New(slog.DiscardHandler))
 	return c, nil
@@ -265,13 +274,21 @@ func NewStats(reg prometheus.Registerer, db outbox.DBTX, cfg StatsConfig) (*Stat
 		return prometheus.GaugeOpts{Namespace: "outbox", Name: name, Help: help, ConstLabels: cfg.ConstLabels}
 	}
 	s := &Stats{
-		db: db, store: store, interval: cfg.Interval, log: cfg.Logger,
-		pending:     prometheus.NewGauge(opts("pending_messages", "Outbox rows not yet published and not dead (the backlog).")),
-		oldestAge:   prometheus.NewGauge(opts("oldest_pending_age_seconds", "Age of the oldest pending outbox row; 0 when none.")),
-		dead:        prometheus.NewGauge(opts("dead_messages", "Outbox rows that gave up.")),
-		lastSuccess: prometheus.NewGauge(opts("stats_last_success_timestamp_seconds", "Unix time the outbox table was last read.")),
+		db: db, store: store, slot: cfg.Slot, interval: cfg.Interval, log: cfg.Logger,
+		pending:      prometheus.NewGauge(opts("pending_messages", "Outbox rows not yet published and not dead (the backlog).")),
+		oldestAge:    prometheus.NewGauge(opts("oldest_pending_age_seconds", "Age of the oldest pending outbox row; 0 when none.")),
+		dead:         prometheus.NewGauge(opts("dead_messages", "Outbox rows that gave up.")),
+		lastSuccess:  prometheus.NewGauge(opts("stats_last_success_timestamp_seconds", "Unix time the outbox table was last read.")),
+		slotExists:   prometheus.NewGauge(opts("wal_slot_exists", "1 when the WAL relay's replication slot exists.")),
+		slotActive:   prometheus.NewGauge(opts("wal_slot_active", "1 when a WAL relay streams the slot now.")),
+		slotLost:     prometheus.NewGauge(opts("wal_slot_lost", "1 when the server invalidated the slot (max_slot_wal_keep_size); the relay creates it again.")),
+		slotLag:      prometheus.NewGauge(opts("wal_slot_lag_bytes", "WAL written since the slot's confirmed position: what the WAL relay has not confirmed.")),
+		slotRetained: prometheus.NewGauge(opts("wal_slot_retained_bytes", "WAL the server keeps for the slot.")),
+		slotSafe: prometheus.NewGauge(opts("wal_slot_safe_bytes",
+			"WAL that may still be written before the server invalidates the slot (safe_wal_size); +Inf without max_slot_wal_keep_size.")),
 	}
-	for _, c := range []prometheus.Collector{s.pending, s.oldestAge, s.dead, s.lastSuccess} {
+	for _, c := range []prometheus.Collector{s.pending, s.oldestAge, s.dead, s.lastSuccess,
+		s.slotExists, s.slotActive, s.slotLost, s.slotLag, s.slotRetained, s.slotSafe} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -279,7 +296,7 @@ func NewStats(reg prometheus.Registerer, db outbox.DBTX, cfg StatsConfig) (*Stat
 	return s, nil
 }
 
-// Refresh reads the table once.
+// Refresh reads the table, and the WAL relay's slot, once.
 func (s *Stats) Refresh(ctx context.Context) error {
 	st, err := s.store.ReadStats(ctx, s.db)
 	if err != nil {
@@ -292,8 +309,29 @@ func (s *Stats) Refresh(ctx context.Context) error {
 		age = max(0, time.Since(st.OldestPending).Seconds())
 	}
 	s.oldestAge.Set(age)
+	slot, err := s.store.ReadSlotStats(ctx, s.db, s.slot)
+	if err != nil {
+		return err
+	}
+	s.slotExists.Set(b2f(slot.Exists))
+	s.slotActive.Set(b2f(slot.Active))
+	s.slotLost.Set(b2f(slot.Lost))
+	s.slotLag.Set(float64(slot.LagBytes))
+	s.slotRetained.Set(float64(slot.RetainedBytes))
+	safe := float64(slot.SafeBytes)
+	if slot.SafeBytes < 0 || !slot.Exists {
+		safe = math.Inf(1)
+	}
+	s.slotSafe.Set(safe)
 	s.lastSuccess.SetToCurrentTime()
 	return nil
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // Run refreshes the metrics every interval until ctx is cancelled, then returns nil. A failed

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -50,6 +51,8 @@ func TestRelayAndStats(t *testing.T) {
 
 	require.NoError(t, stats.Refresh(ctx))
 	require.InDelta(t, 4, testutil.ToFloat64(metric(t, reg, "outbox_pending_messages")), 0)
+	require.Zero(t, testutil.ToFloat64(metric(t, reg, "outbox_wal_slot_exists")), "no WAL relay, no slot")
+	require.True(t, math.IsInf(testutil.ToFloat64(metric(t, reg, "outbox_wal_slot_safe_bytes")), 1))
 
 	pub, err := outboxrabbitmq.New(outboxrabbitmq.Config{URL: url, Hooks: pubMetrics.Hooks(outboxrabbitmq.Hooks{}), Setup: func(ch *amqp.Channel) error {
 		return ch.ExchangeDeclare(nowhere, "topic", false, true, false, false, nil) // bound to nothing
@@ -200,4 +203,31 @@ func TestStatsConfigWithDefaults(t *testing.T) {
 	require.ErrorContains(t, err, "stats interval must be >= 0")
 	_, err = outboxmetrics.StatsConfig{Tables: outbox.Tables{Messages: "a\x00b"}}.WithDefaults()
 	require.ErrorIs(t, err, outbox.ErrInvalidTables)
+}
+
+// TestSlotStats reads a slot's state into the outbox_wal_slot_* metrics. The shared server
+// runs at wal_level=replica: a physical slot that reserves WAL at once stands in for the WAL
+// relay's (pkg/outbox's TestWALRelay/SlotStats reads a logical one).
+func TestSlotStats(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testinfra.NewPool(t)
+	require.NoError(t, outbox.Migrate(ctx, pool))
+	slot := strings.ToLower(strings.ReplaceAll(testinfra.UniqueName(t, "slot"), "-", "_"))
+	_, err := pool.Exec(ctx, "SELECT pg_create_physical_replication_slot($1, true)", slot)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "SELECT pg_drop_replication_slot($1)", slot) })
+	_, err = pool.Exec(ctx, "CREATE TABLE filler AS SELECT generate_series(1, 10000) AS n")
+	require.NoError(t, err)
+
+	reg := prometheus.NewPedanticRegistry()
+	stats, err := outboxmetrics.NewStats(reg, pool, outboxmetrics.StatsConfig{Slot: slot})
+	require.NoError(t, err)
+	require.NoError(t, stats.Refresh(ctx))
+	value := func(name string) float64 { return testutil.ToFloat64(metric(t, reg, name)) }
+	require.Equal(t, 1.0, value("outbox_wal_slot_exists"))
+	require.Zero(t, value("outbox_wal_slot_active"))
+	require.Zero(t, value("outbox_wal_slot_lost"))
+	require.Greater(t, value("outbox_wal_slot_retained_bytes"), 100_000.0, "the WAL of 10,000 rows since the slot reserved it")
+	require.True(t, math.IsInf(value("outbox_wal_slot_safe_bytes"), 1), "max_slot_wal_keep_size sets no limit")
 }
