@@ -65,6 +65,9 @@ const (
 	StateBrokerUnavailable   State = "broker_unavailable"
 	StateDatabaseUnavailable State = "database_unavailable"
 	StateStopped             State = "stopped"
+	// StateStandby is a [WALRelay]'s while another process streams its slot: it is ready to
+	// take over, and tries every [Config].PollInterval.
+	StateStandby State = "standby"
 )
 
 // Defaults and limits of [Config]: each field says what they mean.

@@ -291,7 +291,10 @@ var ErrWALSetup = errors.New("outbox: the database is not set up for the WAL rel
 // invalidated (max_slot_wal_keep_size; the relay drops it) is created again the same way:
 // the rows pending then go out through the retry lane, and the position kept from the old
 // slot is forgotten. Only one WALRelay can stream a
-// slot: a second waits, with the outage backoff, until the first is gone.
+// slot: the others stand by ([StateStandby], ready) and try to take it every
+// [Config].PollInterval, so that one takes over within about that once the server has
+// released it: at once when the streaming process died or closed its connection, after
+// wal_sender_timeout when it stopped answering (paused, or cut off).
 type WALRelay struct {
 	lane *Relay // the retry lane; its machinery also publishes and marks the stream's batches
 	db   WALRelayDB
@@ -429,6 +432,19 @@ func (w *WALRelay) Run(ctx context.Context) error {
 			w.setState(StateStopped, err)
 			return err
 		}
+		if errors.Is(err, errSlotInUse) {
+			// Not an outage: a standby, which takes over once the slot is free.
+			if w.State() != StateStandby {
+				w.cfg.Logger.Info("outbox WAL relay: another process streams the slot; standing by", "slot", w.wal.Slot)
+			}
+			w.failures.Succeed(ctx)
+			w.setState(StateStandby, nil)
+			if !retry.Sleep(ctx, w.cfg.PollInterval) {
+				w.setState(StateStopped, nil)
+				return nil
+			}
+			continue
+		}
 		w.setState(stateFor(err), err)
 		if !retry.Sleep(ctx, w.failures.Fail(ctx, err)) {
 			w.setState(StateStopped, nil)
@@ -533,7 +549,7 @@ func (w *WALRelay) session(ctx context.Context, confirmed *slotPosition) error {
 	defer cancel()
 	reader.Go(func() { readErr <- w.read(sctx, st, commits) })
 
-	d := &dispatcher{w: w, st: st, held: held, confirmed: &confirmed.lsn, streamServer: st.ServerStarted()}
+	d := &dispatcher{w: w, st: st, held: held, confirmed: &confirmed.lsn, streamServer: st.ServerStarted(), streamPID: st.PID()}
 	return d.run(sctx, commits, readErr)
 }
 
@@ -651,6 +667,9 @@ func (w *WALRelay) read(ctx context.Context, st *walstream.Stream, commits chan<
 	}
 }
 
+// errSlotInUse: another process streams the slot.
+var errSlotInUse = errors.New("the slot is streamed by another process")
+
 // classify blames a stream's error: the database's set-up ([ErrWALSetup]), or the database.
 func (w *WALRelay) classify(err error) error {
 	var pgErr *pgconn.PgError
@@ -672,8 +691,8 @@ func (w *WALRelay) classify(err error) error {
 		}
 	case "42704": // undefined_object: the publication, from pgoutput
 		return fmt.Errorf("%w: %w (create it with Store.CreatePublication)", ErrWALSetup, err)
-	case "55006": // object_in_use: another relay streams the slot; wait for it to go
-		return databaseError{fmt.Errorf("slot %s is streamed by another process; waiting: %w", w.wal.Slot, err)}
+	case "55006": // object_in_use: another relay streams the slot; stand by
+		return fmt.Errorf("%w: %s: %w", errSlotInUse, w.wal.Slot, err)
 	}
 	return databaseError{err}
 }
@@ -733,8 +752,10 @@ func (w *WALRelay) loadHeld(ctx context.Context) (map[aggregateKey]bool, error) 
 type dispatcher struct {
 	w  *WALRelay
 	st *walstream.Stream
-	// streamServer is the start time of the server the stream reads (see barrier).
+	// streamServer is the start time of the server the stream reads, streamPID its
+	// walsender's process id (see barrier).
 	streamServer time.Time
+	streamPID    uint32
 	// held are the aggregates with rows in the retry lane: their rows are handed there too.
 	// Only the dispatcher's goroutine reads or writes it.
 	held map[aggregateKey]bool
@@ -1152,15 +1173,32 @@ func (d *dispatcher) afterPreds(b *walBatch, pub, hand []walRow) ([]walRow, []wa
 func (d *dispatcher) barrier(ctx context.Context) error {
 	var emitted, ignored *string
 	var started time.Time
-	if err := d.w.db.QueryRow(ctx, replicationBarrier).Scan(&emitted, &ignored, &started); err != nil {
+	var reader *int64
+	if err := d.w.db.QueryRow(ctx, walBarrier, d.w.wal.Slot).Scan(&emitted, &ignored, &started, &reader); err != nil {
 		return fmt.Errorf("wait until the streamed rows are on the synchronous standbys: %w", err)
 	}
 	if !started.Equal(d.streamServer) {
 		return fmt.Errorf("the replication barrier ran on another server (started %s) than the stream's (started %s): a failover",
 			started, d.streamServer)
 	}
+	// A relay paused past wal_sender_timeout lost its walsender, and a standby may stream
+	// the slot now: it publishes these rows, and this batch must not go out beside it.
+	if reader == nil || *reader != int64(d.streamPID) {
+		return fmt.Errorf("%w: its walsender (pid %d) no longer streams it (now: %s)", errSlotInUse, d.streamPID, pidText(reader))
+	}
 	return nil
 }
+
+func pidText(pid *int64) string {
+	if pid == nil {
+		return "none"
+	}
+	return fmt.Sprintf("pid %d", *pid)
+}
+
+// walBarrier is replicationBarrier, and the process that streams slot $1 now.
+var walBarrier = mustReplace(replicationBarrier, "pg_postmaster_start_time()",
+	"pg_postmaster_start_time(),\n       (SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1)")
 
 // errNotVisible: a mark found fewer of the batch's rows than it marks.
 var errNotVisible = errors.New("rows streamed are not visible in the table yet")

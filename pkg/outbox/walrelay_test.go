@@ -765,12 +765,52 @@ WHERE f.id = $1 AND o.seq > (SELECT seq FROM outbox_messages WHERE id = $2) AND 
 		first := b.write(t, b.msg("a", 0))[0].ID.String()
 		eventually(t, "the first relay streams", func() bool { return got.ids()[first] == 1 })
 		second, stop2 := run(t, b, url, cfg)
-		eventually(t, "the second relay waits", func() bool { return second.State() == outbox.StateDatabaseUnavailable })
+		eventually(t, "the second relay stands by", func() bool { return second.State() == outbox.StateStandby })
+		require.NoError(t, second.Ready(0), "a standby is ready")
 		require.NoError(t, stop1())
+		stopped := time.Now()
 		next := b.write(t, b.msg("a", 1))[0].ID.String()
 		eventually(t, "the second takes over", func() bool { return got.ids()[next] == 1 })
+		t.Logf("the standby took over and published %s after the first stopped", time.Since(stopped).Round(time.Millisecond))
 		require.NoError(t, stop2())
 		require.Equal(t, 1, got.ids()[first])
+	})
+
+	t.Run("AStandbyTakesOverFromARelayThatLostItsWalsender", func(t *testing.T) {
+		// The server ends the walsender of a relay that stopped answering (paused past
+		// wal_sender_timeout, or cut off): here it is terminated, as the timeout would. A
+		// standby takes the slot; the relay that lost it stands by in turn, and publishes
+		// nothing beside it.
+		b, url := setup(t, "lost_walsender")
+		got := consume(t, b.amqpURL, b.top.Queue)
+		cfg := fastConfig(t)
+		r1, stop1 := streaming(t, b, url, cfg)
+		r2, stop2 := run(t, b, url, cfg)
+		eventually(t, "the second relay stands by", func() bool { return r2.State() == outbox.StateStandby })
+		var want []string
+		for n := range 10 {
+			want = append(want, b.write(t, b.msg("a", n))[0].ID.String())
+		}
+		eventually(t, "the first rows delivered", func() bool { return len(got.ids()) == 10 })
+		slot := outbox.Tables{}.WALName()
+		var old int64
+		require.NoError(t, b.pool.QueryRow(ctx, "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&old))
+		_, err := b.pool.Exec(ctx, "SELECT pg_terminate_backend($1)", old)
+		require.NoError(t, err)
+		eventually(t, "one relay streams, the other stands by", func() bool {
+			s1, s2 := r1.State(), r2.State()
+			return (s1 == outbox.StateRunning && s2 == outbox.StateStandby) || (s1 == outbox.StateStandby && s2 == outbox.StateRunning)
+		})
+		for n := 10; n < 50; n++ {
+			want = append(want, b.write(t, b.msg("a", n))[0].ID.String())
+		}
+		eventually(t, "every row delivered", func() bool { return len(got.ids()) == 50 })
+		require.Equal(t, want, firstOrder(got)["a"])
+		for _, id := range want[10:] {
+			require.Equal(t, 1, got.ids()[id], "the rows after the hand-over published once: by one relay")
+		}
+		require.NoError(t, stop1())
+		require.NoError(t, stop2())
 	})
 
 }

@@ -36,7 +36,7 @@ const (
 )
 
 var states = []outbox.State{outbox.StateStarting, outbox.StateRunning, outbox.StateBrokerUnavailable,
-	outbox.StateDatabaseUnavailable, outbox.StateStopped}
+	outbox.StateDatabaseUnavailable, outbox.StateStopped, outbox.StateStandby}
 
 // Relay holds a relay's metrics.
 type Relay struct {

@@ -103,6 +103,10 @@ type Stream struct {
 // replication connection answers simple queries only, in text.
 const serverStartedSQL = `SELECT (extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint`
 
+// PID is the process id of the stream's walsender on the server: pg_replication_slots'
+// active_pid while the stream holds the slot.
+func (s *Stream) PID() uint32 { return s.conn.PID() }
+
 // ServerStarted is the start time of the server the stream reads (pg_postmaster_start_time),
 // which tells one server from another.
 func (s *Stream) ServerStarted() time.Time { return time.UnixMicro(s.serverStarted) }
