@@ -81,6 +81,7 @@ func TestRelayAndStats(t *testing.T) {
 outbox_relay_state{service="test",state="broker_unavailable"} 0
 outbox_relay_state{service="test",state="database_unavailable"} 0
 outbox_relay_state{service="test",state="running"} 1
+outbox_relay_state{service="test",state="standby"} 0
 outbox_relay_state{service="test",state="starting"} 0
 outbox_relay_state{service="test",state="stopped"} 0
 `
