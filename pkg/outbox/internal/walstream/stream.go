@@ -219,7 +219,9 @@ func quoteLiteral(s string) string {
 // stream.
 func (s *Stream) Close(ctx context.Context) error {
 	var err error
-	if s.Confirmed() > s.reported {
+	// A connection that failed is closing already, in pgconn's background: nothing more can
+	// be sent on it.
+	if s.Confirmed() > s.reported && !s.conn.IsClosed() {
 		err = s.status(ctx)
 	}
 	return errors.Join(err, s.conn.Close(ctx))
@@ -251,6 +253,9 @@ func (s *Stream) Confirmed() pglogrepl.LSN { return pglogrepl.LSN(s.confirmed.Lo
 func (s *Stream) Status(ctx context.Context) error { return s.status(ctx) }
 
 func (s *Stream) status(ctx context.Context) error {
+	if s.conn.IsClosed() {
+		return errors.New("walstream: send status: the connection is closed")
+	}
 	s.lastStatus = time.Now()
 	lsn := s.Confirmed()
 	if err := pglogrepl.SendStandbyStatusUpdate(ctx, s.conn, pglogrepl.StandbyStatusUpdate{
