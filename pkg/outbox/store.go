@@ -41,7 +41,7 @@ type statements struct {
 	markDeferred, releaseNext             string
 	markWaiting, repairWaiting            string
 	// The WAL relay's (walrelay.go).
-	claimHanded, markHeld, handPending string
+	claimHanded, markHeld, pendingBefore, handPending string
 	heldAggregates, stillHeld          string
 	publicationHas                     string
 	// listen is LISTEN on the table's notify channel.
@@ -107,6 +107,7 @@ func newStatements(n sqlNames) (statements, error) {
 		{"repairWaiting", &s.repairWaiting, repairWaiting},
 		{"claimHanded", &s.claimHanded, claimHanded},
 		{"markHeld", &s.markHeld, markHeld},
+		{"pendingBefore", &s.pendingBefore, pendingBefore},
 		{"handPending", &s.handPending, handPending},
 		{"heldAggregates", &s.heldAggregates, heldAggregates},
 		{"stillHeld", &s.stillHeld, stillHeld},

@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -52,12 +53,19 @@ WITH held AS (
     RETURNING 1)
 SELECT count(*) FROM {{.Messages}} WHERE id = ANY($1::uuid[])`
 
-// handPending hands every pending row to the retry lane: run with the snapshot of a slot
-// just created, it takes the rows committed before the slot's first streamed commit,
-// which the slot will never stream.
-const handPending = `
-UPDATE {{.Messages}} SET last_error = $1
+// pendingBefore lists the pending rows not yet handed to the retry lane: read with the
+// snapshot of a slot just created, the rows committed before the slot's first streamed
+// commit, which the slot will never stream. handPending then hands those still pending.
+// Two steps, because the snapshot's transaction is REPEATABLE READ: an UPDATE in it fails on
+// every row a polling relay (switching over, or the lane) marked since the snapshot.
+const (
+	pendingBefore = `
+SELECT id FROM {{.Messages}}
 WHERE published_at IS NULL AND dead_at IS NULL AND last_error IS NULL`
+	handPending = `
+UPDATE {{.Messages}} SET last_error = $2
+WHERE id = ANY($1::uuid[]) AND published_at IS NULL AND dead_at IS NULL AND last_error IS NULL`
+)
 
 // heldAggregates lists the aggregates that have rows in the retry lane.
 const heldAggregates = `
@@ -697,22 +705,21 @@ func (w *WALRelay) classify(err error) error {
 	return databaseError{err}
 }
 
-// handPending hands the rows pending at the slot's creation to the retry lane, in the slot's
-// snapshot: exactly the rows the slot will never stream.
+// handPending hands the rows pending at the slot's creation to the retry lane: exactly the
+// rows the slot will never stream, read in the slot's snapshot, less those published or
+// dead since (by a polling relay still running beside it). A relay that dies in between
+// leaves a slot without its record: the next session drops it and starts again.
 func (w *WALRelay) handPending(ctx context.Context, snapshot string) error {
+	ids, err := w.pendingAt(ctx, snapshot)
+	if err != nil {
+		return fmt.Errorf("hand the pending rows to the retry lane: %w", err)
+	}
 	tx, err := w.db.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("hand the pending rows to the retry lane: %w", err)
 	}
 	defer rollback(ctx, tx)
-	// The snapshot must be imported first, at REPEATABLE READ; its name is the server's.
-	if _, err := tx.Exec(ctx, "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"); err != nil {
-		return fmt.Errorf("hand the pending rows to the retry lane: %w", err)
-	}
-	if _, err := tx.Exec(ctx, "SET TRANSACTION SNAPSHOT "+quoteLiteral(snapshot)); err != nil {
-		return fmt.Errorf("hand the pending rows to the retry lane: import snapshot: %w", err)
-	}
-	tag, err := tx.Exec(ctx, w.sql.handPending, reasonBefore)
+	tag, err := tx.Exec(ctx, w.sql.handPending, ids, reasonBefore)
 	if err != nil {
 		return fmt.Errorf("hand the pending rows to the retry lane: %w", err)
 	}
@@ -727,6 +734,31 @@ func (w *WALRelay) handPending(ctx context.Context, snapshot string) error {
 			"slot", w.wal.Slot, "rows", n)
 	}
 	return nil
+}
+
+// pendingAt lists the ids of pendingBefore in the snapshot.
+func (w *WALRelay) pendingAt(ctx context.Context, snapshot string) ([]uuid.UUID, error) {
+	tx, err := w.db.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer rollback(ctx, tx)
+	// The snapshot must be imported first, at REPEATABLE READ; its name is the server's.
+	if _, err := tx.Exec(ctx, "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"); err != nil {
+		return nil, err
+	}
+	if _, err := tx.Exec(ctx, "SET TRANSACTION SNAPSHOT "+quoteLiteral(snapshot)); err != nil {
+		return nil, fmt.Errorf("import snapshot: %w", err)
+	}
+	rows, err := tx.Query(ctx, w.sql.pendingBefore)
+	if err != nil {
+		return nil, err
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil {
+		return nil, err
+	}
+	return ids, tx.Commit(ctx)
 }
 
 func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
@@ -1177,6 +1209,12 @@ func (d *dispatcher) barrier(ctx context.Context) error {
 	if err := d.w.db.QueryRow(ctx, walBarrier, d.w.wal.Slot).Scan(&emitted, &ignored, &started, &reader); err != nil {
 		return fmt.Errorf("wait until the streamed rows are on the synchronous standbys: %w", err)
 	}
+	return d.barrierHeld(started, reader)
+}
+
+// barrierHeld says whether a barrier that ran on the server started at started, where
+// reader streams the slot, holds for the stream's batch.
+func (d *dispatcher) barrierHeld(started time.Time, reader *int64) error {
 	if !started.Equal(d.streamServer) {
 		return fmt.Errorf("the replication barrier ran on another server (started %s) than the stream's (started %s): a failover",
 			started, d.streamServer)
