@@ -236,6 +236,9 @@ func TestWALRelayFailover(t *testing.T) {
 			}
 		})
 	}
+	var stopOnce sync.Once
+	stopWriters := func() { stopOnce.Do(func() { close(stopping) }); writers.Wait() }
+	t.Cleanup(stopWriters) // also when the test fails before it stops them
 	ackedNow := func() int { mu.Lock(); defer mu.Unlock(); return total }
 	testinfra.Eventually(t, 30*time.Second, func() bool { return ackedNow() >= 200 && len(got.ids()) >= 100 },
 		"rows written and published before the failover")
@@ -244,8 +247,7 @@ func TestWALRelayFailover(t *testing.T) {
 	pair.Promote(t)
 	before := ackedNow()
 	testinfra.Eventually(t, 60*time.Second, func() bool { return ackedNow() >= before+200 }, "rows written on the new primary")
-	close(stopping)
-	writers.Wait()
+	stopWriters()
 
 	mu.Lock()
 	defer mu.Unlock()

@@ -240,6 +240,9 @@ func TestWALRelay(t *testing.T) {
 			writers sync.WaitGroup
 		)
 		stopWriting := make(chan struct{})
+		var stopOnce sync.Once
+		stopWriters := func() { stopOnce.Do(func() { close(stopWriting) }); writers.Wait() }
+		t.Cleanup(stopWriters) // also when the test fails before it stops them
 		for a := range aggregates {
 			agg := fmt.Sprintf("agg-%d", a)
 			writers.Go(func() {
@@ -275,8 +278,7 @@ func TestWALRelay(t *testing.T) {
 		_, err := b.pool.Exec(ctx, "SELECT pg_drop_replication_slot($1)", outbox.Tables{}.WALName())
 		require.NoError(t, err)
 		written(200)
-		close(stopWriting)
-		writers.Wait()
+		stopWriters()
 
 		n := int(total.Load())
 		eventually(t, "every row delivered", func() bool { return len(got.ids()) == n })
@@ -375,6 +377,7 @@ func TestWALRelay(t *testing.T) {
 		var mu sync.Mutex
 		var wg sync.WaitGroup
 		written := atomic.Int64{}
+		t.Cleanup(wg.Wait) // also when the test fails before it waits for them
 		for a := range aggregates {
 			agg := fmt.Sprintf("agg-%d", a)
 			wg.Go(func() {
