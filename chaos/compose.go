@@ -229,6 +229,9 @@ func (c *Compose) StartShop(ctx context.Context, spec ShopSpec) (Endpoints, erro
 			return Endpoints{}, fmt.Errorf("%d processes of %s: %w (run the scenario with -target local)", n, svc, ErrUnsupported)
 		}
 	}
+	if len(spec.ProcessSettings) > 0 {
+		return Endpoints{}, fmt.Errorf("settings of one process: %w (run the scenario with -target local)", ErrUnsupported)
+	}
 	if spec.OrdersStandby {
 		return Endpoints{}, fmt.Errorf("a standby of the orders database: %w (run the scenario with -target local)", ErrUnsupported)
 	}

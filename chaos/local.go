@@ -358,7 +358,7 @@ func (l *Local) StartShop(ctx context.Context, spec ShopSpec) (Endpoints, error)
 			env = append(env, warehouseSettings(dbURL(l.warehouse.URL(shop.warehouseDB), s), brokerURL, addr(Warehouse), addr(relayOf(s, WarehouseRelay)))...)
 		}
 		// The scenario's settings come last: exec keeps the last value of a repeated name.
-		return append(env, spec.Settings...)
+		return append(append(env, spec.Settings...), spec.ProcessSettings[s]...)
 	}
 	specs := map[Service]procSpec{
 		Warehouse:      {binary: l.bins["warehouse"], args: []string{"api"}, readyBody: `"consumer":"up"`},

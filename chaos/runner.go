@@ -122,10 +122,13 @@ func runScenario(ctx context.Context, sc Scenario, opts Options, say func(phase,
 	t := opts.Target
 
 	say("starting", sc.Summary)
-	spec := ShopSpec{Name: sc.Name, Settings: sc.Settings, Replicas: sc.Replicas, OrdersStandby: sc.OrdersStandby,
-		BrokerCluster: sc.BrokerCluster}
+	spec := ShopSpec{Name: sc.Name, Settings: sc.Settings, Replicas: sc.Replicas, ProcessSettings: sc.ProcessSettings,
+		OrdersStandby: sc.OrdersStandby, BrokerCluster: sc.BrokerCluster}
 	if len(sc.Settings) > 0 {
 		say("starting", "settings "+strings.Join(sc.Settings, " "))
+	}
+	for _, svc := range slices.Sorted(maps.Keys(sc.ProcessSettings)) {
+		say("starting", fmt.Sprintf("settings of %s alone: %s", svc, strings.Join(sc.ProcessSettings[svc], " ")))
 	}
 	unread := unreadSettings(sc.Settings)
 	for _, kv := range unread {

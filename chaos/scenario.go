@@ -38,6 +38,9 @@ type Scenario struct {
 	// (see [ShopSpec].Settings); Replicas asks for extra processes of a service.
 	Settings []string
 	Replicas map[Service]int
+	// ProcessSettings are environment variables for one process alone, after Settings (see
+	// [ShopSpec].ProcessSettings).
+	ProcessSettings map[Service][]string
 	// OrdersStandby gives the orders database a synchronous standby (see
 	// [ShopSpec].OrdersStandby).
 	OrdersStandby bool

@@ -34,6 +34,7 @@ func init() {
 		},
 		pgFailoverWALScenario(),
 		walRelayStandbyScenario(),
+		relayModeSwitchScenario(),
 	)
 }
 
@@ -249,5 +250,97 @@ func injectWALRelayStandby(ctx context.Context, e *Env) error {
 		return fmt.Errorf("start %s again: %w", standby, err)
 	}
 	e.Healed("%s started again, standing by", standby)
+	return nil
+}
+
+// ---- relay-mode-switch ----
+
+// modeSwitchStep is how long the shop runs on each relay, or on both, between the switches.
+const modeSwitchStep = 4 * time.Second
+
+// relayModeSwitchScenario moves the orders service from the polling relay to the WAL relay
+// and back, twice, as rolling deploys would (docs/runbook.md#switching-relays): the two
+// orders relays are one of each kind, and the switches start one and stop the other.
+func relayModeSwitchScenario() Scenario {
+	poll, wal := OrdersRelay, Replica(OrdersRelay, 2)
+	return Scenario{
+		Name: "relay-mode-switch",
+		Summary: "the orders service moved from the polling relay to the WAL relay, back, and to the WAL relay again under load, each " +
+			"switch a rolling deploy in which both run a moment; the slot dropped when back on polling: nothing lost, nothing applied twice",
+		Inject:   func(ctx context.Context, e *Env) error { return injectRelayModeSwitch(ctx, e, poll, wal) },
+		Check:    checks(checkSlotStreamedAgain, checkNoDeaths),
+		MinLoad:  6 * modeSwitchStep,
+		Replicas: map[Service]int{OrdersRelay: 2},
+		ProcessSettings: map[Service][]string{
+			poll: {"ORDERS_RELAY_MODE=" + service.RelayModePoll},
+			wal:  {"ORDERS_RELAY_MODE=" + relayModeWAL},
+		},
+	}
+}
+
+func injectRelayModeSwitch(ctx context.Context, e *Env, poll, wal Service) error {
+	if !e.AtLoad(ctx, 2*time.Second) {
+		return ctx.Err()
+	}
+	conn, err := openDB(ctx, e.Endpoints.OrdersDB)
+	if err != nil {
+		return fmt.Errorf("connect to the orders database: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	// stop ends a relay as a deploy does, start brings it back; each waits.
+	stop := func(svc Service) error {
+		st, err := e.Target.StopService(ctx, svc, restartGrace)
+		if err != nil {
+			return fmt.Errorf("stop %s: %w", svc, err)
+		}
+		if !st.Clean() {
+			e.Fail("%s did not stop cleanly: %s after %s", svc, st.Status, st.Took)
+		}
+		return nil
+	}
+	start := func(svc Service) error {
+		if err := e.Target.StartService(ctx, svc); err != nil {
+			return fmt.Errorf("start %s: %w", svc, err)
+		}
+		return nil
+	}
+	steps := []struct {
+		what        string
+		run         func() error
+		dropSlot    bool
+		thenOnlyRun Service
+	}{
+		{what: "poll -> wal", run: func() error { return stop(poll) }, thenOnlyRun: wal},
+		{what: "wal -> poll", run: func() error {
+			if err := start(poll); err != nil {
+				return err
+			}
+			return stop(wal)
+		}, dropSlot: true, thenOnlyRun: poll},
+		{what: "poll -> wal", run: func() error {
+			if err := start(wal); err != nil {
+				return err
+			}
+			return stop(poll)
+		}, thenOnlyRun: wal},
+	}
+	for _, s := range steps {
+		at := time.Now()
+		if err := s.run(); err != nil {
+			return err
+		}
+		e.Fault(at, "switched %s: %s runs alone now (%.1fs)", s.what, s.thenOnlyRun, time.Since(at).Seconds())
+		if s.dropSlot {
+			// Back on polling for good: the slot would keep the WAL (the runbook's step).
+			if _, err := conn.Exec(ctx, dropSlot, outbox.Tables{}.WALName()); err != nil {
+				return fmt.Errorf("drop the slot after the switch to polling: %w", err)
+			}
+			e.Saw("the slot dropped once no WAL relay ran")
+		}
+		if !sleepCtx(ctx, modeSwitchStep) {
+			return ctx.Err()
+		}
+	}
+	e.Healed("the orders service runs on its WAL relay again")
 	return nil
 }

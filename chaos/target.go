@@ -73,6 +73,10 @@ type ShopSpec struct {
 	// Replicas asks for more than one process of a service (2 runs svc and
 	// Replica(svc, 2)). Only the local target supports it.
 	Replicas map[Service]int
+	// ProcessSettings are environment variables of one process (a replica, say) on top of
+	// Settings: two replicas of a service can so run two relays. Only the local target
+	// supports it.
+	ProcessSettings map[Service][]string
 	// OrdersStandby puts the orders database on a primary with a synchronous streaming
 	// standby, and gives the orders processes both addresses (a multi-host URL with
 	// target_session_attrs=read-write): Kill(OrdersDB) then kills the primary, and
