@@ -42,8 +42,8 @@ type statements struct {
 	markWaiting, repairWaiting            string
 	// The WAL relay's (walrelay.go).
 	claimHanded, markHeld, pendingBefore, handPending string
-	heldAggregates, stillHeld          string
-	publicationHas                     string
+	heldAggregates, stillHeld                         string
+	publicationHas                                    string
 	// listen is LISTEN on the table's notify channel.
 	listen string
 }
