@@ -196,12 +196,16 @@ func (t Tables) WALName() string {
 // transaction the first error ends the transaction.
 func (s *Store) CreatePublication(ctx context.Context, db DBTX, name string) error {
 	name = cmp.Or(name, s.tables.WALName())
-	err := s.createPublication(ctx, db, name)
 	// CREATE TABLE IF NOT EXISTS and CREATE PUBLICATION of two sessions at once: the one
 	// that commits last fails on what the other made (a catalog's unique index, or the
-	// object itself).
-	if isCode(err, "23505") || isCode(err, "42P07") || isCode(err, "42710") {
+	// object itself), and tries again. Each failure is a race lost to a commit, at one of
+	// the two statements: a few tries always find both done.
+	var err error
+	for range 5 {
 		err = s.createPublication(ctx, db, name)
+		if !isCode(err, "23505") && !isCode(err, "42P07") && !isCode(err, "42710") {
+			return err
+		}
 	}
 	return err
 }

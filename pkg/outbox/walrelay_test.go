@@ -876,7 +876,7 @@ func TestCreatePublicationManyAtOnce(t *testing.T) {
 	defer cancel()
 	// Eight processes starting at once, each setting up its database for the WAL relay
 	// (any wal_level will do to create a publication).
-	for round := range 5 {
+	for round := range 10 {
 		pool := testinfra.NewPool(t)
 		require.NoError(t, outbox.Migrate(ctx, pool))
 		store, err := outbox.NewStore(outbox.Tables{})
