@@ -1286,14 +1286,19 @@ func (d *dispatcher) markVisible(ctx context.Context, m *marks, hand, rows []wal
 
 // xactsInProgress reports whether one of the transactions $1 (32-bit ids, as the stream has
 // them) is still in progress: committed in the WAL, not yet visible to others. The ids are
-// widened to xid8 with the epoch of the current snapshot's xmax (the one before it, for an
-// id above xmax's low half: it was assigned before the wrap).
+// widened to xid8 as the xid8 nearest the current snapshot's xmax (within 2^31 of it): the
+// epoch of xmax, or the one before or after it across a wrap. Such a transaction's id can
+// be at or above xmax, which only counts completed transactions: taking it for one of the
+// epoch before (as an earlier version did) named a transaction from the future, or from the
+// past, whose status is not this one's.
 const xactsInProgress = `
-WITH cur AS (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS x)
-SELECT coalesce(bool_or(pg_xact_status((
-           (CASE WHEN (cur.x & 4294967295) >= v.xid THEN cur.x >> 32 ELSE (cur.x >> 32) - 1 END) << 32
-           | v.xid)::text::xid8) = 'in progress'), false)
-FROM cur, unnest($1::bigint[]) AS v(xid)`
+WITH cur AS (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS x),
+     c AS (SELECT ((cur.x >> 32) << 32) | v.xid AS id, cur.x FROM cur, unnest($1::bigint[]) AS v(xid))
+SELECT coalesce(bool_or(pg_xact_status((CASE
+           WHEN c.id - c.x > 2147483648 THEN c.id - 4294967296
+           WHEN c.x - c.id > 2147483648 THEN c.id + 4294967296
+           ELSE c.id END)::text::xid8) = 'in progress'), false)
+FROM c`
 
 // inProgress reports whether one of the transactions of rows is still in progress.
 func (d *dispatcher) inProgress(ctx context.Context, rows []walRow) (bool, error) {
