@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -305,4 +306,119 @@ func TestWALRelayFailover(t *testing.T) {
 	var slot bool
 	require.NoError(t, pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)", outbox.Tables{}.WALName()).Scan(&slot))
 	require.True(t, slot, "the slot was created again on the new primary")
+}
+
+// TestWALRelayPublishesOnlyVisibleRows: the stream sends a commit once it is flushed on the
+// primary, before the writer's transaction is visible to others (here: held by its wait
+// for the synchronous standby to apply it, synchronous_commit = remote_apply, with the
+// standby's replay paused). The relay publishes nothing of it until it is visible: a
+// consumer's reply would otherwise reach the writer's service before the row it answers
+// (an order unknown to its own service). A later transaction of another aggregate goes out
+// meanwhile; a wait longer than the relay's bound is an outage of the database, not the
+// message's; once visible, the row is published, once.
+func TestWALRelayPublishesOnlyVisibleRows(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	pair := testinfra.StartLogicalPostgresPair(t)
+	dbURL := pair.CreateDatabase(t, "wal_visible")
+	pool, err := pgxpool.New(ctx, dbURL+"&pool_max_conns=12")
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	require.NoError(t, outbox.Migrate(ctx, pool))
+	store, err := outbox.NewStore(outbox.Tables{})
+	require.NoError(t, err)
+	require.NoError(t, store.CreatePublication(ctx, pool, ""))
+	amqpURL := testinfra.AMQPURL(t)
+	b := &bundle{pool: pool, amqpURL: amqpURL, top: testinfra.DeclareTopology(t, amqpURL), pub: newPublisher(t, amqpURL)}
+	got := consume(t, amqpURL, b.top.Queue)
+
+	var (
+		mu      sync.Mutex
+		outages []error
+	)
+	cfg := fastConfig(t)
+	cfg.BatchSize = 1 // the held row and the later one in batches of their own
+	cfg.InFlightBatches = 4
+	cfg.PublishTimeout = time.Second
+	cfg.ClaimTimeout = 2 * time.Second // the relay's bound on a batch's barrier: 1s + 2·2s
+	cfg.Hooks.StateChanged = func(c outbox.StateChange) {
+		if c.To == outbox.StateDatabaseUnavailable {
+			mu.Lock()
+			outages = append(outages, c.Err)
+			mu.Unlock()
+		}
+	}
+	w, err := outbox.NewWALRelay(pool, b.pub, cfg, outbox.WALConfig{URL: dbURL, StatusInterval: 100 * time.Millisecond})
+	require.NoError(t, err)
+	rctx, stopRelay := context.WithCancel(ctx)
+	runErr := make(chan error, 1)
+	go func() { runErr <- w.Run(rctx) }()
+	t.Cleanup(func() { stopRelay(); <-runErr })
+	testinfra.Eventually(t, 30*time.Second, func() bool { return w.State() == outbox.StateRunning }, "the relay streams")
+
+	standby, err := pgx.Connect(ctx, pair.Standby.URL("wal_visible"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = standby.Close(context.Background()) })
+	_, err = standby.Exec(ctx, "SELECT pg_wal_replay_pause()")
+	require.NoError(t, err)
+	resumed := false
+	t.Cleanup(func() {
+		if !resumed { // let the held writer end, or the pair's stop waits for it
+			_, _ = standby.Exec(context.Background(), "SELECT pg_wal_replay_resume()")
+		}
+	})
+
+	// The held row: committed in the WAL, streamed, invisible until the standby applies it.
+	writer, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer writer.Release()
+	_, err = writer.Exec(ctx, "SET synchronous_commit = remote_apply")
+	require.NoError(t, err)
+	writerPID := writer.Conn().PgConn().PID()
+	held := b.msg("held", 0)
+	held.ID = uuid.Must(uuid.NewV7()) // Add sets the id of its own copy only
+	committed := make(chan error, 1)
+	go func() {
+		committed <- pgx.BeginFunc(ctx, writer, func(tx pgx.Tx) error { return outbox.Add(ctx, tx, held) })
+	}()
+	testinfra.Eventually(t, 10*time.Second, func() bool {
+		var waiting bool
+		err := pool.QueryRow(ctx, "SELECT coalesce(bool_or(wait_event = 'SyncRep'), false) FROM pg_stat_activity WHERE pid = $1",
+			writerPID).Scan(&waiting)
+		return err == nil && waiting
+	}, "the held writer waits for the standby, its commit flushed")
+
+	// A later commit (the default synchronous_commit: the standby has flushed it) is
+	// streamed after the held one, and goes out while the held one waits.
+	later := b.write(t, b.msg("later", 0))
+	testinfra.Eventually(t, 20*time.Second, func() bool { return got.ids()[later[0].ID.String()] > 0 }, "the later row is published")
+	require.Zero(t, got.ids()[held.ID.String()], "a row was published before its transaction was visible")
+
+	// Held past the relay's bound: an outage of the database, and still nothing published.
+	testinfra.Eventually(t, 30*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, err := range outages {
+			if strings.Contains(err.Error(), "visible") {
+				return true
+			}
+		}
+		return false
+	}, "the relay blames the database for a transaction that stays invisible")
+	require.Zero(t, got.ids()[held.ID.String()], "a row was published before its transaction was visible")
+	select {
+	case err := <-committed:
+		t.Fatalf("the held writer committed with the standby's replay paused: %v", err)
+	default:
+	}
+
+	_, err = standby.Exec(ctx, "SELECT pg_wal_replay_resume()")
+	require.NoError(t, err)
+	resumed = true
+	require.NoError(t, <-committed)
+	testinfra.Eventually(t, 30*time.Second, func() bool { return got.ids()[held.ID.String()] > 0 }, "the held row is published once visible")
+	testinfra.Eventually(t, 30*time.Second, func() bool { return w.State() == outbox.StateRunning }, "the relay streams again")
+	require.Equal(t, 1, got.ids()[held.ID.String()], "published once")
+	require.Zero(t, b.count(t, "published_at IS NULL"), "nothing left pending")
 }

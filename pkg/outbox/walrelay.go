@@ -1096,7 +1096,7 @@ func (d *dispatcher) finish(ctx context.Context, b *walBatch, pub, hand []walRow
 	r := d.w.lane
 	bound := r.cfg.PublishTimeout + 2*r.cfg.ClaimTimeout
 	bctx, cancel := context.WithTimeout(ctx, bound)
-	berr := d.barrier(bctx)
+	berr := d.barrier(bctx, b.rows)
 	cancel()
 	if berr != nil {
 		b.untouched, b.err = pub, databaseError{berr}
@@ -1196,24 +1196,48 @@ func (d *dispatcher) afterPreds(b *walBatch, pub, hand []walRow) ([]walRow, []wa
 }
 
 // barrier returns once the rows the stream has sent are on the server's synchronous
-// standbys, if it has any: a transaction of its own (replicationBarrier, one round trip)
-// whose commit comes after theirs in the WAL. PostgreSQL 15's walsenders stream a commit
-// as soon as it is flushed on the primary, before the standbys have it, and a failover
-// then would take back a row the relay had published.
+// standbys, if it has any, and visible to other transactions: a transaction of its own
+// (replicationBarrier, one round trip) whose commit comes after theirs in the WAL, which
+// also reads whether one of the rows' transactions is still in progress.
+//
+// The stream sends a commit as soon as it is flushed on the primary (PostgreSQL 15's
+// walsenders do not wait for the synchronous standbys), and the writer's transaction becomes
+// visible only after its wait for the standbys, and a moment after its commit record even
+// without them. Publishing before either would be wrong: a failover then would take back a
+// row the relay had published, and a consumer's reply could reach the writer's service
+// before the row it answers is visible there (an order unknown to its own service, seen
+// under chaos). So a transaction still in progress is waited for, backing off, within ctx;
+// one that outlives it is an outage of the database (its standbys do not answer).
 //
 // It must run on the server the stream reads: the pool's connections follow a failover on
 // their own (a multi-host URL), and a barrier on the new primary would pass at once for rows
 // that the old one alone may have had. A barrier that ran elsewhere fails, as an outage of
 // the database: the session ends, and the rows are streamed again from the new primary, if
 // it has them.
-func (d *dispatcher) barrier(ctx context.Context) error {
+func (d *dispatcher) barrier(ctx context.Context, rows []walRow) error {
 	var emitted, ignored *string
 	var started time.Time
 	var reader *int64
-	if err := d.w.db.QueryRow(ctx, walBarrier, d.w.wal.Slot).Scan(&emitted, &ignored, &started, &reader); err != nil {
+	var running bool
+	xids := xidsOf(rows)
+	if err := d.w.db.QueryRow(ctx, walBarrier, d.w.wal.Slot, xids).Scan(&emitted, &ignored, &started, &reader, &running); err != nil {
 		return fmt.Errorf("wait until the streamed rows are on the synchronous standbys: %w", err)
 	}
-	return d.barrierHeld(started, reader)
+	if err := d.barrierHeld(started, reader); err != nil {
+		return err
+	}
+	// The check ran before the barrier's own wait for the standbys, after which the writers'
+	// commits have ended too, or are about to: ask again at once, then back off.
+	for wait := time.Duration(0); running; wait = min(max(2*wait, time.Millisecond), 100*time.Millisecond) {
+		if !retry.Sleep(ctx, wait) {
+			return fmt.Errorf("wait until the streamed transactions are visible: %w", context.Cause(ctx))
+		}
+		var err error
+		if running, err = d.inProgress(ctx, xids); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // barrierHeld says whether a barrier that ran on the server started at started, where
@@ -1238,22 +1262,22 @@ func pidText(pid *int64) string {
 	return fmt.Sprintf("pid %d", *pid)
 }
 
-// walBarrier is replicationBarrier, and the process that streams slot $1 now.
+// walBarrier is replicationBarrier, the process that streams slot $1 now, and whether one of
+// the transactions $2 is still in progress (xactsInProgress).
 var walBarrier = mustReplace(replicationBarrier, "pg_postmaster_start_time()",
-	"pg_postmaster_start_time(),\n       (SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1)")
+	"pg_postmaster_start_time(),\n       (SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1),\n       ("+
+		mustReplace(xactsInProgress, "$1", "$2")+")")
 
 // errNotVisible: a mark found fewer of the batch's rows than it marks.
 var errNotVisible = errors.New("rows streamed are not visible in the table yet")
 
-// markVisible runs mark until it finds every row of the batch. The stream sends a commit
-// once it is in the WAL, and the writer's transaction becomes visible to others a moment
-// later (after its wait for the synchronous standbys, if any): a mark that ran in between
-// would miss rows, and a row missed would stay pending, or, handed to the lane, never go
-// out. So it tries again, backing off, while one of the rows' transactions is still in
-// progress (pg_xact_status), for at most PublishTimeout; then the session ends, and the rows
-// are streamed again. Rows still missing once their transactions have ended are gone
-// (deleted by hand, or by the transaction that inserted them): it marks the others and logs
-// how many.
+// markVisible runs mark until it finds every row of the batch. The batch's barrier waited
+// until the rows' transactions were visible, so a row the mark misses is gone (deleted by
+// hand, or by the transaction that inserted them, after the barrier): it marks the others
+// and logs how many. A row missed and not accounted for would stay pending, or, handed to
+// the lane, never go out; so, as a guard, it still tries again, backing off, while one of
+// the rows' transactions is reported in progress (pg_xact_status), for at most
+// PublishTimeout; then the session ends, and the rows are streamed again.
 func (d *dispatcher) markVisible(ctx context.Context, m *marks, hand, rows []walRow) error {
 	deadline := time.Now().Add(d.w.cfg.PublishTimeout)
 	wait := time.Millisecond
@@ -1262,7 +1286,7 @@ func (d *dispatcher) markVisible(ctx context.Context, m *marks, hand, rows []wal
 		if !errors.Is(err, errNotVisible) {
 			return err
 		}
-		running, qerr := d.inProgress(ctx, rows)
+		running, qerr := d.inProgress(ctx, xidsOf(rows))
 		if qerr != nil {
 			return databaseError{qerr}
 		}
@@ -1285,29 +1309,35 @@ func (d *dispatcher) markVisible(ctx context.Context, m *marks, hand, rows []wal
 }
 
 // xactsInProgress reports whether one of the transactions $1 (32-bit ids, as the stream has
-// them) is still in progress: committed in the WAL, not yet visible to others. The ids are
-// widened to xid8 as the xid8 nearest the current snapshot's xmax (within 2^31 of it): the
-// epoch of xmax, or the one before or after it across a wrap. Such a transaction's id can
-// be at or above xmax, which only counts completed transactions: taking it for one of the
-// epoch before (as an earlier version did) named a transaction from the future, or from the
-// past, whose status is not this one's.
+// them) is still in progress: committed in the WAL, not yet visible to others.
 const xactsInProgress = `
 WITH cur AS (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS x),
-     c AS (SELECT ((cur.x >> 32) << 32) | v.xid AS id, cur.x FROM cur, unnest($1::bigint[]) AS v(xid))
-SELECT coalesce(bool_or(pg_xact_status((CASE
-           WHEN c.id - c.x > 2147483648 THEN c.id - 4294967296
-           WHEN c.x - c.id > 2147483648 THEN c.id + 4294967296
-           ELSE c.id END)::text::xid8) = 'in progress'), false)
-FROM c`
+` + widenXids + `
+SELECT coalesce(bool_or(pg_xact_status(w.id::text::xid8) = 'in progress'), false) FROM w`
 
-// inProgress reports whether one of the transactions of rows is still in progress.
-func (d *dispatcher) inProgress(ctx context.Context, rows []walRow) (bool, error) {
+// widenXids widens the 32-bit ids $1 to xid8 (w.id), each as the xid8 nearest cur.x, the
+// current snapshot's xmax (within 2^31 of it): the epoch of xmax, or the one before or after
+// it across a wrap. A streamed transaction's id can be at or above xmax, which only counts
+// completed transactions: taking it for one of the epoch before (as an earlier version did)
+// named a transaction from the future, or from the past, whose status is not this one's.
+const widenXids = `c AS (SELECT ((cur.x >> 32) << 32) | v.xid AS id, cur.x FROM cur, unnest($1::bigint[]) AS v(xid)),
+w AS (SELECT CASE WHEN c.id - c.x > 2147483648 THEN c.id - 4294967296
+                  WHEN c.x - c.id > 2147483648 THEN c.id + 4294967296
+                  ELSE c.id END AS id FROM c)`
+
+// xidsOf returns the distinct transactions of rows.
+func xidsOf(rows []walRow) []int64 {
 	xids := make([]int64, 0, 1)
 	for _, r := range rows {
 		if x := int64(r.commit.xid); !slices.Contains(xids, x) {
 			xids = append(xids, x)
 		}
 	}
+	return xids
+}
+
+// inProgress reports whether one of the transactions xids is still in progress.
+func (d *dispatcher) inProgress(ctx context.Context, xids []int64) (bool, error) {
 	var running bool
 	if err := d.w.db.QueryRow(ctx, xactsInProgress, xids).Scan(&running); err != nil {
 		return false, fmt.Errorf("read whether the streamed transactions are visible: %w", err)
