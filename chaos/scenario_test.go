@@ -21,7 +21,7 @@ func TestRegistry(t *testing.T) {
 			"consumer-before-commit", "consumer-after-commit", "consumer-mid-batch",
 			"broker-kill", "network", "orders-db-kill", "poison", "api-after-commit", "broker-node-kill",
 			"outbox-poison", "migrate-under-load", "broker-alarm", "relay-paused", "db-outage-long",
-			"pg-failover", "pg-flap-failover", "wal-relay-kill", "slot-dropped", "pg-failover-wal", "relay-mode-switch",
+			"pg-failover", "pg-flap-failover", "wal-relay-kill", "slot-dropped", "pg-failover-wal", "wal-relay-standby", "relay-mode-switch",
 		}, Names())
 	})
 

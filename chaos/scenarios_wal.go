@@ -3,6 +3,7 @@ package chaos
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/outboxshop/outboxshop/internal/service"
@@ -32,6 +33,7 @@ func init() {
 			Settings: []string{"ORDERS_RELAY_MODE=" + relayModeWAL},
 		},
 		pgFailoverWALScenario(),
+		walRelayStandbyScenario(),
 		relayModeSwitchScenario(),
 	)
 }
@@ -110,6 +112,145 @@ func checkSlotStreamedAgain(ctx context.Context, e *Env, o *Outcome) {
 	if !ok {
 		o.Failures = append(o.Failures, "no relay streams the orders slot at the end")
 	}
+}
+
+// ---- wal-relay-standby ----
+
+// Two orders WAL relays: one streams the slot, the other stands by. The walsender of a
+// relay that stops answering lives until wal_sender_timeout: the scenario lowers it, so that
+// a paused relay's takeover fits in the load.
+const (
+	standbyWALSenderTimeout = 3 * time.Second
+	// standbyTakeoverBound: the timeout, the standby's next try (ORDERS_RELAY_POLL_INTERVAL,
+	// 1s) and its session's start, with room for a loaded machine.
+	standbyTakeoverBound = 15 * time.Second
+)
+
+// slotReader names the process (its application_name: the replica) whose walsender streams
+// slot $1, or ” when none does.
+const slotReader = `
+SELECT coalesce((SELECT a.application_name FROM pg_replication_slots s JOIN pg_stat_activity a ON a.pid = s.active_pid
+                 WHERE s.slot_name = $1), '')`
+
+func walRelayStandbyScenario() Scenario {
+	return Scenario{
+		Name: "wal-relay-standby",
+		Summary: "two orders WAL relays, one streaming and one standing by: the streaming one SIGSTOPped (its walsender ends after " +
+			"wal_sender_timeout) and the standby takes over; the paused one resumed stands by; the new streaming one paused and " +
+			"SIGKILLed, and the first takes over at once; nothing lost, nothing applied twice",
+		Inject:   injectWALRelayStandby,
+		Check:    checkSlotStreamedAgain,
+		MinLoad:  25 * time.Second,
+		Replicas: map[Service]int{OrdersRelay: 2},
+		Settings: []string{"ORDERS_RELAY_MODE=" + relayModeWAL},
+	}
+}
+
+func injectWALRelayStandby(ctx context.Context, e *Env) error {
+	if !e.AtLoad(ctx, 2*time.Second) {
+		return ctx.Err()
+	}
+	conn, err := openDB(ctx, e.Endpoints.OrdersDB)
+	if err != nil {
+		return fmt.Errorf("connect to the orders database: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	// The server is the target's for the whole run: set back whatever happens here.
+	if _, err := conn.Exec(ctx, "ALTER SYSTEM SET wal_sender_timeout = '"+standbyWALSenderTimeout.String()+"'"); err != nil {
+		return fmt.Errorf("lower wal_sender_timeout: %w", err)
+	}
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		_, _ = conn.Exec(rctx, "ALTER SYSTEM RESET wal_sender_timeout")
+		_, _ = conn.Exec(rctx, "SELECT pg_reload_conf()")
+	}()
+	if _, err := conn.Exec(ctx, "SELECT pg_reload_conf()"); err != nil {
+		return fmt.Errorf("reload the configuration: %w", err)
+	}
+	slot := outbox.Tables{}.WALName()
+	relays := []Service{OrdersRelay, Replica(OrdersRelay, 2)}
+	other := func(s Service) Service {
+		if s == relays[0] {
+			return relays[1]
+		}
+		return relays[0]
+	}
+	// reader waits until one of the relays streams the slot (not except), and returns it.
+	reader := func(except Service, bound time.Duration) (Service, time.Duration, error) {
+		start := time.Now()
+		rctx, cancel := context.WithTimeout(ctx, bound)
+		defer cancel()
+		var got Service
+		err := poll(rctx, 50*time.Millisecond, func() (bool, error) {
+			var name string
+			if err := conn.QueryRow(ctx, slotReader, slot).Scan(&name); err != nil {
+				return false, fmt.Errorf("read the slot's reader: %w", err)
+			}
+			got = Service(name)
+			return got != "" && got != except && slices.Contains(relays, got), nil
+		})
+		return got, time.Since(start), err
+	}
+
+	active, _, err := reader("", 20*time.Second)
+	if err != nil {
+		return fmt.Errorf("no orders relay streams the slot %s: %w", slot, err)
+	}
+	standby := other(active)
+
+	// 1. The streaming relay stops answering: its walsender ends after the timeout, and the
+	// standby takes the slot.
+	if err := e.Target.Pause(ctx, active); err != nil {
+		return fmt.Errorf("pause %s: %w", active, err)
+	}
+	pausedAt := time.Now()
+	e.Fault(pausedAt, "%s, which streams the slot, SIGSTOPped (wal_sender_timeout %s)", active, standbyWALSenderTimeout)
+	got, took, err := reader(active, standbyTakeoverBound)
+	if err != nil {
+		_ = e.Target.Resume(context.WithoutCancel(ctx), active)
+		return fmt.Errorf("the standby %s did not take the slot within %s of the pause: %w", standby, standbyTakeoverBound, err)
+	}
+	e.Saw("%s streams the slot %.1fs after %s was paused", got, took.Seconds(), active)
+
+	// 2. The paused relay comes back to find the slot taken: it stands by, and the slot
+	// stays with the new one.
+	if err := e.Target.Resume(ctx, active); err != nil {
+		return fmt.Errorf("resume %s: %w", active, err)
+	}
+	e.Healed("%s resumed (SIGCONT) %.1fs after the pause", active, time.Since(pausedAt).Seconds())
+	if !sleepCtx(ctx, 2*time.Second) {
+		return ctx.Err()
+	}
+	var now string
+	if err := conn.QueryRow(ctx, slotReader, slot).Scan(&now); err != nil {
+		return fmt.Errorf("read the slot's reader: %w", err)
+	}
+	if Service(now) != standby {
+		e.Fail("2s after %s resumed, the slot is streamed by %q, not by %s, which took it over", active, now, standby)
+	}
+
+	// 3. The new streaming relay dies without a word (paused, then SIGKILLed): its
+	// connections close with it, and the first relay takes over at once.
+	if err := e.Target.Pause(ctx, standby); err != nil {
+		return fmt.Errorf("pause %s: %w", standby, err)
+	}
+	stopped, err := e.Target.StopService(ctx, standby, 0)
+	if err != nil {
+		return fmt.Errorf("kill %s: %w", standby, err)
+	}
+	killedAt := time.Now()
+	e.Fault(killedAt, "%s, which streams the slot, SIGSTOPped and SIGKILLed (%s)", standby, stopped.Status)
+	got, took, err = reader(standby, standbyTakeoverBound)
+	if err != nil {
+		return fmt.Errorf("%s did not take the slot within %s of the kill: %w", active, standbyTakeoverBound, err)
+	}
+	e.Saw("%s streams the slot %.1fs after %s was killed", got, took.Seconds(), standby)
+	if err := e.Target.StartService(ctx, standby); err != nil {
+		return fmt.Errorf("start %s again: %w", standby, err)
+	}
+	e.Healed("%s started again, standing by", standby)
+	return nil
 }
 
 // ---- relay-mode-switch ----
