@@ -167,6 +167,47 @@ type Hooks struct {
 	BatchDone func(BatchResult)
 	// StateChanged is called when the relay's state changes.
 	StateChanged func(StateChange)
+	// WALProgress is called by a [WALRelay] when the oldest transaction it streamed and has
+	// not settled yet changes: when one is streamed while none was, when the slot's position
+	// moves past it, and (with none) when a session ends.
+	WALProgress func(WALProgress)
+	// SlotCreated is called by a [WALRelay] once it has created its slot and handed the rows
+	// pending then to its retry lane: a catch-up.
+	SlotCreated func(SlotCreated)
+}
+
+// WALProgress is passed to [Hooks].WALProgress.
+type WALProgress struct {
+	// Oldest is the commit time (the server's clock) of the oldest transaction streamed and
+	// not settled yet (each of its rows published or handed to the retry lane, and
+	// marked); zero when there is none. The slot's position stays before it.
+	Oldest time.Time
+}
+
+// SlotReason says why a [WALRelay] created its slot, in [SlotCreated].
+type SlotReason string
+
+const (
+	// SlotNew: there was no slot, nor a record of an earlier one: the relay's first start.
+	SlotNew SlotReason = "new"
+	// SlotGone: the slot the relay had created is gone: dropped (by an operator, or by a
+	// switch back to polling), or left on the old primary by a failover.
+	SlotGone SlotReason = "gone"
+	// SlotInvalidated: the server invalidated the slot (it kept more WAL than
+	// max_slot_wal_keep_size); the relay dropped it.
+	SlotInvalidated SlotReason = "invalidated"
+	// SlotUnfinished: the slot's creator stopped before it handed the rows pending then to
+	// the retry lane; the relay dropped it.
+	SlotUnfinished SlotReason = "unfinished"
+)
+
+// SlotCreated is passed to [Hooks].SlotCreated.
+type SlotCreated struct {
+	// Reason says why the slot was created.
+	Reason SlotReason
+	// Handed is how many rows pending at the slot's creation were handed to the retry lane:
+	// the stream does not have them, and the lane publishes them in their aggregate's order.
+	Handed int64
 }
 
 // FailpointHit is passed to [Hooks].Failpoint.

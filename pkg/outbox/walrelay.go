@@ -477,6 +477,7 @@ type walRow struct {
 type walCommit struct {
 	end       pglogrepl.LSN
 	xid       uint32
+	at        time.Time // its commit time
 	unsettled int
 }
 
@@ -532,7 +533,6 @@ func (w *WALRelay) session(ctx context.Context, confirmed *slotPosition) error {
 		URL: w.wal.URL, Slot: w.wal.Slot, Publication: w.wal.Publication,
 		Schema: schema, Table: w.cfg.Tables.Messages,
 		StatusInterval: w.wal.StatusInterval,
-		Created:        w.handPending,
 	}
 	st, err := w.open(ctx, cfg, confirmed)
 	if err != nil {
@@ -562,7 +562,14 @@ func (w *WALRelay) session(ctx context.Context, confirmed *slotPosition) error {
 	reader.Go(func() { readErr <- w.read(sctx, st, commits) })
 
 	d := &dispatcher{w: w, st: st, held: held, confirmed: &confirmed.lsn, streamServer: st.ServerStarted(), streamPID: st.PID()}
-	return d.run(sctx, commits, readErr)
+	err = d.run(sctx, commits, readErr)
+	// Nothing in flight now. What this session left unsettled is streamed again by the next
+	// one, this process's or a standby's: until then this relay is not behind, it is down,
+	// or standing by (its state says which).
+	d.mu.Lock()
+	d.progress(time.Time{})
+	d.mu.Unlock()
+	return err
 }
 
 // open opens the stream, creating the slot if it is missing, under the slot's lock: a slot
@@ -603,11 +610,13 @@ func (w *WALRelay) open(ctx context.Context, cfg walstream.Config, confirmed *sl
 		}
 		return nil, databaseError{fmt.Errorf("read slot %s: %w", cfg.Slot, err)}
 	}
-	drop := ""
+	drop, reason := "", SlotNew
 	switch {
 	case exists && lost:
+		reason = SlotInvalidated
 		drop = "the slot was invalidated: it kept more WAL than max_slot_wal_keep_size, and the server removed WAL it needed; dropping it to create it again, the rows still pending go out through the retry lane"
 	case exists && handedAt == nil:
+		reason = SlotUnfinished
 		drop = "the slot's creator stopped before handing the rows pending then to the retry lane; dropping the slot to create it again"
 	}
 	if drop != "" {
@@ -619,6 +628,7 @@ func (w *WALRelay) open(ctx context.Context, cfg walstream.Config, confirmed *sl
 	}
 	if !exists {
 		if handedAt != nil && drop == "" {
+			reason = SlotGone
 			w.cfg.Logger.Warn("outbox WAL relay: the slot is gone (dropped, or left behind on the old primary by a failover); creating it again, the rows still pending go out through the retry lane",
 				"slot", cfg.Slot)
 		}
@@ -630,6 +640,7 @@ func (w *WALRelay) open(ctx context.Context, cfg walstream.Config, confirmed *sl
 	if handedAt == nil || !handedAt.Equal(confirmed.created) {
 		*confirmed = slotPosition{} // another creation's position, or none
 	}
+	cfg.Created = func(ctx context.Context, snapshot string) error { return w.handPending(ctx, snapshot, reason) }
 	cfg.Start = confirmed.lsn
 	st, err := walstream.Open(ctx, cfg)
 	if err != nil {
@@ -713,7 +724,7 @@ func (w *WALRelay) classify(err error) error {
 // rows the slot will never stream, read in the slot's snapshot, less those published or
 // dead since (by a polling relay still running beside it). A relay that dies in between
 // leaves a slot without its record: the next session drops it and starts again.
-func (w *WALRelay) handPending(ctx context.Context, snapshot string) error {
+func (w *WALRelay) handPending(ctx context.Context, snapshot string, reason SlotReason) error {
 	ids, err := w.pendingAt(ctx, snapshot)
 	if err != nil {
 		return fmt.Errorf("hand the pending rows to the retry lane: %w", err)
@@ -733,9 +744,13 @@ func (w *WALRelay) handPending(ctx context.Context, snapshot string) error {
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("hand the pending rows to the retry lane: commit: %w", err)
 	}
-	if n := tag.RowsAffected(); n > 0 {
+	n := tag.RowsAffected()
+	if n > 0 {
 		w.cfg.Logger.Info("outbox WAL relay: slot created; the rows pending before it go out through the retry lane",
-			"slot", w.wal.Slot, "rows", n)
+			"slot", w.wal.Slot, "rows", n, "reason", string(reason))
+	}
+	if h := w.cfg.Hooks.SlotCreated; h != nil {
+		w.lane.hook(func() { h(SlotCreated{Reason: reason, Handed: n}) })
 	}
 	return nil
 }
@@ -888,9 +903,12 @@ func (d *dispatcher) fill(ctx context.Context, commits <-chan walstream.Commit, 
 
 // add queues a commit's rows.
 func (d *dispatcher) add(c walstream.Commit) {
-	wc := &walCommit{end: c.End, xid: c.Xid, unsettled: len(c.Messages)}
+	wc := &walCommit{end: c.End, xid: c.Xid, at: c.Time, unsettled: len(c.Messages)}
 	d.mu.Lock()
 	d.commits = append(d.commits, wc)
+	if len(d.commits) == 1 {
+		d.progress(wc.at)
+	}
 	d.mu.Unlock()
 	for i, m := range c.Messages {
 		d.ord++
@@ -1426,8 +1444,20 @@ func (d *dispatcher) settle(rows []walRow) {
 	if n > 0 {
 		d.commits = d.commits[n:]
 		d.st.Advance(*d.confirmed)
+		var oldest time.Time
+		if len(d.commits) > 0 {
+			oldest = d.commits[0].at
+		}
+		d.progress(oldest)
 	}
+}
 
+// progress reports the oldest transaction streamed and not settled (Hooks.WALProgress).
+// The caller holds d.mu, so that the reports come in order.
+func (d *dispatcher) progress(oldest time.Time) {
+	if h := d.w.cfg.Hooks.WALProgress; h != nil {
+		d.w.lane.hook(func() { h(WALProgress{Oldest: oldest}) })
+	}
 }
 
 // storeOf returns a Store of the relay's statements, for its checks.

@@ -14,11 +14,14 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxshop/outboxshop/pkg/outbox"
 	"github.com/outboxshop/outboxshop/pkg/outbox/internal/testinfra"
+	"github.com/outboxshop/outboxshop/pkg/outbox/outboxmetrics"
 	"github.com/outboxshop/outboxshop/pkg/outbox/outboxrabbitmq"
 )
 
@@ -402,6 +405,76 @@ func TestWALRelay(t *testing.T) {
 		eventually(t, "every row delivered", func() bool { return len(got.ids()) == aggregates*perAggregate })
 		require.Equal(t, want, firstOrder(got), "each aggregate's rows in commit order")
 		eventually(t, "every row marked published", func() bool { return b.count(t, "published_at IS NOT NULL") == aggregates*perAggregate })
+	})
+
+	t.Run("MetricsOfItsProgressAndCatchUps", func(t *testing.T) {
+		// outboxmetrics.Relay on a WAL relay: a catch-up per slot created, by reason, with
+		// the rows it handed to the lane; how far behind the stream is while a batch is held.
+		b, url := setup(t, "metrics")
+		for n := range 5 {
+			b.write(t, b.msg("before", n))
+		}
+		reg := prometheus.NewPedanticRegistry()
+		m, err := outboxmetrics.NewRelay(reg, nil)
+		require.NoError(t, err)
+		value := func(name string, labels ...string) float64 {
+			families, err := reg.Gather()
+			require.NoError(t, err)
+			for _, f := range families {
+				if f.GetName() != name {
+					continue
+				}
+			metrics:
+				for _, mt := range f.GetMetric() {
+					for i := 0; i < len(labels); i += 2 {
+						found := false
+						for _, l := range mt.GetLabel() {
+							found = found || l.GetName() == labels[i] && l.GetValue() == labels[i+1]
+						}
+						if !found {
+							continue metrics
+						}
+					}
+					return mt.GetGauge().GetValue() + mt.GetCounter().GetValue()
+				}
+			}
+			t.Fatalf("no metric %s %v", name, labels)
+			return 0
+		}
+		gate := &gatedPublisher{Publisher: b.pub}
+		cfg := fastConfig(t)
+		cfg.Hooks = m.Hooks(outbox.Hooks{})
+		w, err := outbox.NewWALRelay(b.pool, gate, cfg, outbox.WALConfig{URL: url, StatusInterval: 100 * time.Millisecond})
+		require.NoError(t, err)
+		rctx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- w.Run(rctx) }()
+		t.Cleanup(func() { gate.open(); stop(); <-done })
+		eventually(t, "the relay streams", func() bool { return w.State() == outbox.StateRunning })
+		eventually(t, "the rows pending before the slot published", func() bool { return b.count(t, "published_at IS NOT NULL") == 5 })
+		require.Equal(t, 1.0, value("outbox_wal_catchups_total", "reason", "new"))
+		require.Equal(t, 5.0, value("outbox_wal_catchup_rows_total"))
+		require.Zero(t, value("outbox_wal_behind_seconds"))
+
+		gate.close()
+		b.write(t, b.msg("held", 0))
+		eventually(t, "the relay falls behind while the broker holds the batch", func() bool {
+			return value("outbox_wal_behind_seconds") > 0.2
+		})
+		gate.open()
+		eventually(t, "caught up", func() bool { return value("outbox_wal_behind_seconds") == 0 })
+
+		slot := outbox.Tables{}.WALName()
+		eventually(t, "the slot dropped", func() bool {
+			_, _ = b.pool.Exec(ctx, "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL", slot)
+			_, err := b.pool.Exec(ctx, "SELECT pg_drop_replication_slot($1)", slot)
+			return err == nil
+		})
+		eventually(t, "a catch-up counted for the slot gone", func() bool { return value("outbox_wal_catchups_total", "reason", "gone") == 1 })
+		require.Equal(t, 1.0, value("outbox_wal_catchups_total", "reason", "new"))
+		problems, err := testutil.GatherAndLint(reg)
+		require.NoError(t, err)
+		require.Empty(t, problems)
 	})
 
 	t.Run("RowsGoneFromTheTableDoNotStopTheStream", func(t *testing.T) {
@@ -897,4 +970,31 @@ func TestCreatePublicationManyAtOnce(t *testing.T) {
 		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM pg_publication_tables WHERE pubname = $1", outbox.Tables{}.WALName()).Scan(&n))
 		require.Equal(t, 1, n)
 	}
+}
+
+// gatedPublisher holds every Publish while closed (until open, or its context ends).
+type gatedPublisher struct {
+	outbox.Publisher
+	gate atomic.Pointer[chan struct{}]
+}
+
+func (p *gatedPublisher) close() {
+	ch := make(chan struct{})
+	p.gate.Store(&ch)
+}
+
+func (p *gatedPublisher) open() {
+	if ch := p.gate.Swap(nil); ch != nil {
+		close(*ch)
+	}
+}
+
+func (p *gatedPublisher) Publish(ctx context.Context, msgs []outbox.Message) []error {
+	if ch := p.gate.Load(); ch != nil {
+		select {
+		case <-*ch:
+		case <-ctx.Done():
+		}
+	}
+	return p.Publisher.Publish(ctx, msgs)
 }

@@ -50,8 +50,14 @@ type Relay struct {
 	lastPublish   prometheus.Gauge
 	state         *prometheus.GaugeVec
 	poolShortfall prometheus.Gauge
+	catchups      *prometheus.CounterVec
+	catchupRows   prometheus.Counter
 
 	stateMu sync.Mutex // hooks may run concurrently: one state's gauges are set at a time
+
+	behindMu sync.Mutex
+	oldest   time.Time // a WAL relay's oldest transaction streamed and not settled
+	now      func() time.Time
 }
 
 // NewRelay registers a relay's metrics on reg; constLabels (say, service="orders") go on
@@ -84,15 +90,26 @@ func NewRelay(reg prometheus.Registerer, constLabels prometheus.Labels) (*Relay,
 			"1 for the relay's current state, 0 for the others.")), []string{"state"}),
 		poolShortfall: prometheus.NewGauge(prometheus.GaugeOpts(opts("pool_shortfall_connections",
 			"Connections the relay may hold at once beyond its pool's size; 0 when the pool is large enough or its size is unknown."))),
+		catchups: prometheus.NewCounterVec(prometheus.CounterOpts(opts("wal_catchups_total",
+			"Slots a WAL relay created, by reason: each handed the rows pending then to its retry lane.")), []string{"reason"}),
+		catchupRows: prometheus.NewCounter(prometheus.CounterOpts(opts("wal_catchup_rows_total",
+			"Rows pending at a slot's creation that a WAL relay handed to its retry lane."))),
+		now: time.Now,
 	}
+	behind := prometheus.NewGaugeFunc(prometheus.GaugeOpts(opts("wal_behind_seconds",
+		"Age of the oldest transaction a WAL relay streamed and has not settled (its slot's position stays before it); 0 when there is none, and on a polling relay.")),
+		m.behind)
 	for _, c := range []prometheus.Collector{m.published, m.errors, m.retries, m.dead, m.latency, m.batchSize,
-		m.lastPoll, m.lastPublish, m.state, m.poolShortfall} {
+		m.lastPoll, m.lastPublish, m.state, m.poolShortfall, m.catchups, m.catchupRows, behind} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
 	}
 	for _, r := range []string{ReasonUnroutable, ReasonNacked, ReasonTooLarge, ReasonPermanent, ReasonUnavailable, ReasonOther} {
 		m.errors.WithLabelValues(r) // every series exists from the start, so rate() sees the first error
+	}
+	for _, r := range []outbox.SlotReason{outbox.SlotNew, outbox.SlotGone, outbox.SlotInvalidated, outbox.SlotUnfinished} {
+		m.catchups.WithLabelValues(string(r))
 	}
 	m.setState(outbox.StateStarting)
 	return m, nil
@@ -122,7 +139,35 @@ func (m *Relay) Hooks(h outbox.Hooks) outbox.Hooks {
 			changed(c)
 		}
 	}
+	progress, created := h.WALProgress, h.SlotCreated
+	h.WALProgress = func(p outbox.WALProgress) {
+		m.behindMu.Lock()
+		m.oldest = p.Oldest
+		m.behindMu.Unlock()
+		if progress != nil {
+			progress(p)
+		}
+	}
+	h.SlotCreated = func(c outbox.SlotCreated) {
+		m.catchups.WithLabelValues(string(c.Reason)).Inc()
+		m.catchupRows.Add(float64(c.Handed))
+		if created != nil {
+			created(c)
+		}
+	}
 	return h
+}
+
+// behind is outbox_wal_behind_seconds: the age of the oldest transaction streamed and not
+// settled, at the scrape. It goes on growing while the relay is stuck, and never below 0
+// (the server's clock may be ahead of this one's).
+func (m *Relay) behind() float64 {
+	m.behindMu.Lock()
+	defer m.behindMu.Unlock()
+	if m.oldest.IsZero() {
+		return 0
+	}
+	return max(0, m.now().Sub(m.oldest).Seconds())
 }
 
 // SetPoolSize exports s, the relay's [outbox.Relay.PoolSize] (README.md#sizing-the-pool).

@@ -47,7 +47,9 @@ type Row struct {
 type Commit struct {
 	End pglogrepl.LSN
 	// Xid is the transaction's id (32 bits, as the stream has it).
-	Xid      uint32
+	Xid uint32
+	// Time is the transaction's commit time, by the server's clock.
+	Time     time.Time
 	Messages []Row
 	// Seqs are the rows' seq column.
 	Seqs []int64
@@ -362,7 +364,7 @@ func (s *Stream) apply(data []byte, cur **Commit) (*Commit, error) {
 		c := *cur
 		*cur = nil
 		if c != nil && len(c.Messages) > 0 {
-			c.End = m.TransactionEndLSN
+			c.End, c.Time = m.TransactionEndLSN, m.CommitTime
 			return c, nil
 		}
 	}
