@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	promv1 "github.com/prometheus/client_golang/api/prometheus/v1"
 	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/rulefmt"
@@ -31,6 +32,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 	"go.opentelemetry.io/otel/trace"
 
+	kit "github.com/outboxshop/outboxshop/internal/service"
 	"github.com/outboxshop/outboxshop/internal/testinfra"
 	ordersapp "github.com/outboxshop/outboxshop/services/orders/app"
 	warehouseapp "github.com/outboxshop/outboxshop/services/warehouse/app"
@@ -71,7 +73,8 @@ var exemplarSpans = map[string]struct {
 // to seconds). Prometheus accepts every expression of the rules and dashboards, every metric
 // they select has series, every rule evaluates, promtool finds nothing wrong in the processes'
 // /metrics, Prometheus stores the latency histograms' exemplars, whose trace and span ids
-// are those of spans the shop exported, and stopping the orders relay while orders keep
+// are those of spans the shop exported, the WAL relay's panels draw the orders service, which
+// streams its slot (ORDERS_RELAY_MODE=wal), and stopping the orders relay while orders keep
 // coming raises OutboxRelayStalled for orders, which resolves once a relay drains the
 // backlog.
 func TestObservability(t *testing.T) {
@@ -89,7 +92,14 @@ func TestObservability(t *testing.T) {
 		t.Cleanup(func() { require.NoError(t, tp.Shutdown(context.Background())) }) // after the shop stopped
 		return tp
 	}
-	s := startSplitShop(t, ordersapp.Options{TracerProvider: provider("orders")},
+	// The orders service runs on the WAL relay, on a server of its own at wal_level=logical
+	// (the shared one stays at replica), so that the WAL relay's panels and alerts are proven
+	// on a streaming relay; the warehouse polls.
+	srv, stopServer, err := testinfra.StartServer("-c", "wal_level=logical", "-c", "max_slot_wal_keep_size=1GB")
+	t.Cleanup(stopServer)
+	require.NoError(t, err, "a private PostgreSQL server at wal_level=logical")
+	ordersDB := createDatabase(t, srv.URL("postgres"), "orders")
+	s := startSplitShop(t, ordersDB, ordersapp.Options{TracerProvider: provider("orders")},
 		warehouseapp.Options{TracerProvider: provider("warehouse")})
 	start := time.Now()
 	rabbitmq := rabbitmqMetricsAddr(t, s.amqpURL)
@@ -297,6 +307,42 @@ func TestObservability(t *testing.T) {
 			t.Logf("exemplars naming exported spans, by histogram: %v", found)
 		})
 
+		t.Run("WALRelayPanelsDrawData", func(t *testing.T) {
+			t.Parallel()
+			// Every query of the panels on the WAL relay draws the orders service, which
+			// streams its slot. Catch-ups are drawn as their increase: the one this relay made
+			// (its first slot, before Prometheus's first scrape) is read from the counter.
+			var queries []expression
+			for _, e := range mon.exprs {
+				if slices.ContainsFunc(e.where, func(w string) bool {
+					return strings.Contains(w, `panel "WAL relay slot"`) || strings.Contains(w, `panel "WAL relays"`)
+				}) {
+					queries = append(queries, e)
+				}
+			}
+			require.Len(t, queries, 6, "the queries of the panels WAL relay slot and WAL relays")
+			waitFor(t, 30*time.Second, "every WAL relay panel query draws the orders service", func() (bool, string) {
+				var problems []string
+				for _, e := range queries {
+					if strings.Contains(e.expr, "outbox_wal_catchups_total") {
+						e.expr = `outbox_wal_catchups_total{job="orders-relay",reason="new"} == 1`
+					}
+					v, err := prom.query(t, e.expr)
+					if err != nil {
+						problems = append(problems, fmt.Sprintf("%s: %v", e.expr, err))
+						continue
+					}
+					vec, _ := v.(model.Vector)
+					if !slices.ContainsFunc(vec, func(s *model.Sample) bool { return strings.HasPrefix(string(s.Metric[model.JobLabel]), "orders") }) {
+						problems = append(problems, fmt.Sprintf("%s: %v", e.expr, v))
+					}
+				}
+				return len(problems) == 0, strings.Join(problems, "\n")
+			})
+			active, ok := prom.scalar(t, `max(outbox_wal_slot_active{job="orders-api"})`)
+			require.True(t, ok && active == 1, "the orders slot is streamed")
+		})
+
 		t.Run("PromtoolCheckMetrics", func(t *testing.T) {
 			t.Parallel()
 			for _, job := range serviceJobs {
@@ -415,7 +461,10 @@ type splitShop struct {
 }
 
 // startSplitShop starts the split shop, each app of a service with that service's options.
-func startSplitShop(t *testing.T, ordersOpts ordersapp.Options, warehouseOpts warehouseapp.Options) *splitShop {
+//
+// With ordersDB (a database on a server at wal_level=logical), the orders service runs there
+// on the WAL relay (ORDERS_RELAY_MODE=wal); else on the shared server, polling.
+func startSplitShop(t *testing.T, ordersDB string, ordersOpts ordersapp.Options, warehouseOpts warehouseapp.Options) *splitShop {
 	t.Helper()
 	ctx := context.Background()
 	s := &splitShop{amqpURL: testinfra.AMQPURL(t), ordersOpts: ordersOpts}
@@ -434,6 +483,9 @@ func startSplitShop(t *testing.T, ordersOpts ordersapp.Options, warehouseOpts wa
 
 	ocfg := ordersapp.DefaultConfig()
 	ocfg.DatabaseURL, ocfg.AMQPURL = testinfra.DatabaseURL(t), s.amqpURL
+	if ordersDB != "" {
+		ocfg.DatabaseURL, ocfg.RelayMode = ordersDB, kit.RelayModeWAL
+	}
 	ocfg.HTTPAddr, ocfg.RelayHTTPAddr = "127.0.0.1:0", "127.0.0.1:0"
 	ocfg.EventsExchange, ocfg.DeadLetterExchange = exchange, dlx
 	ocfg.Queue, ocfg.DeadLetterQueue = ordersQueue, ordersQueue+".dead"
@@ -644,4 +696,19 @@ func abbreviate(list []string, n int) string {
 		return strings.Join(list, "; ")
 	}
 	return fmt.Sprintf("%s; and %d more", strings.Join(list[:n], "; "), len(list)-n)
+}
+
+// createDatabase creates database db on the server of adminURL and returns its URL.
+func createDatabase(t *testing.T, adminURL, db string) string {
+	t.Helper()
+	ctx := t.Context()
+	conn, err := pgx.Connect(ctx, adminURL)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{db}.Sanitize())
+	require.NoError(t, err)
+	u, err := url.Parse(adminURL)
+	require.NoError(t, err)
+	u.Path = "/" + db
+	return u.String()
 }
