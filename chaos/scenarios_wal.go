@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/outboxshop/outboxshop/internal/service"
-	"github.com/outboxshop/outboxshop/pkg/outbox"
 )
 
 // The scenarios of this file run the orders service on its WAL relay
@@ -16,6 +15,9 @@ import (
 // pg-failover's (scenarios_pgfailover.go).
 
 const relayModeWAL = service.RelayModeWAL
+
+// ordersSlot is the orders WAL relay's replication slot.
+var ordersSlot = service.WALSlot("orders")
 
 func init() {
 	register(
@@ -56,7 +58,7 @@ func injectSlotDropped(ctx context.Context, e *Env) error {
 		return fmt.Errorf("connect to the orders database: %w", err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	slot := outbox.Tables{}.WALName()
+	slot := ordersSlot
 	var streamed bool
 	if err := conn.QueryRow(ctx, slotStreamed, slot).Scan(&streamed); err != nil {
 		return fmt.Errorf("read the slot: %w", err)
@@ -105,7 +107,7 @@ func checkSlotStreamedAgain(ctx context.Context, e *Env, o *Outcome) {
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	var ok bool
-	if err := conn.QueryRow(ctx, slotStreamed, outbox.Tables{}.WALName()).Scan(&ok); err != nil {
+	if err := conn.QueryRow(ctx, slotStreamed, ordersSlot).Scan(&ok); err != nil {
 		o.Failures = append(o.Failures, fmt.Sprintf("read the slot: %v", err))
 		return
 	}
@@ -168,7 +170,7 @@ func injectWALRelayStandby(ctx context.Context, e *Env) error {
 	if _, err := conn.Exec(ctx, "SELECT pg_reload_conf()"); err != nil {
 		return fmt.Errorf("reload the configuration: %w", err)
 	}
-	slot := outbox.Tables{}.WALName()
+	slot := ordersSlot
 	relays := []Service{OrdersRelay, Replica(OrdersRelay, 2)}
 	other := func(s Service) Service {
 		if s == relays[0] {
@@ -332,7 +334,7 @@ func injectRelayModeSwitch(ctx context.Context, e *Env, poll, wal Service) error
 		e.Fault(at, "switched %s: %s runs alone now (%.1fs)", s.what, s.thenOnlyRun, time.Since(at).Seconds())
 		if s.dropSlot {
 			// Back on polling for good: the slot would keep the WAL (the runbook's step).
-			if _, err := conn.Exec(ctx, dropSlot, outbox.Tables{}.WALName()); err != nil {
+			if _, err := conn.Exec(ctx, dropSlot, ordersSlot); err != nil {
 				return fmt.Errorf("drop the slot after the switch to polling: %w", err)
 			}
 			e.Saw("the slot dropped once no WAL relay ran")

@@ -173,7 +173,7 @@ func TestProcessWithTheWALRelay(t *testing.T) {
 
 	testinfra.Eventually(t, 30*time.Second, func() bool {
 		var active bool
-		err := pool.QueryRow(ctx, "SELECT active FROM pg_replication_slots WHERE slot_name = $1", outbox.Tables{}.WALName()).Scan(&active)
+		err := pool.QueryRow(ctx, "SELECT active FROM pg_replication_slots WHERE slot_name = $1", service.WALSlot("kit")).Scan(&active)
 		return err == nil && active
 	}, "the relay streams from its slot")
 	want := map[string]bool{}
@@ -197,4 +197,27 @@ func TestProcessWithTheWALRelay(t *testing.T) {
 		}
 	}
 	testinfra.Eventually(t, 10*time.Second, func() bool { return check.Check(ctx) == nil }, "the relay's check up")
+
+	// Another service on the same server, as compose runs them: its slot is its own (a
+	// slot's name is the server's), and both stream.
+	other := service.NewProcess("kit2", "relay", service.Options{})
+	dbURL2 := pair.CreateDatabase(t, "kit2_wal") + "&pool_max_conns=12"
+	_, err = other.OpenDatabase(ctx, pgdb.Config{URL: dbURL2, Migrate: func(ctx context.Context, pool *pgxpool.Pool) error {
+		return pgmigrate.Service(ctx, pool, "kit2", fstest.MapFS{}, 7)
+	}})
+	require.NoError(t, err)
+	_, err = service.AddRelay(other, service.RelayConfig{
+		Publisher:       outboxrabbitmq.Config{URL: amqpURL, ConnectionName: "kit2-wal-relay"},
+		Settings:        service.RelaySettings{Mode: service.RelayModeWAL, BatchSize: 10, PollInterval: 50 * time.Millisecond, MaxAttempts: 3},
+		BrokerDownGrace: time.Second,
+	})
+	require.NoError(t, err)
+	other.Launch(ctx)
+	t.Cleanup(func() { require.NoError(t, other.Stop()) })
+	testinfra.Eventually(t, 30*time.Second, func() bool {
+		var streamed int
+		err := pool.QueryRow(ctx, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = ANY($1) AND active",
+			[]string{service.WALSlot("kit"), service.WALSlot("kit2")}).Scan(&streamed)
+		return err == nil && streamed == 2
+	}, "each service's relay streams a slot of its own")
 }

@@ -434,10 +434,15 @@ func newRelay(p *Process, pub outbox.Publisher, cfg outbox.Config, mode string) 
 	case "", RelayModePoll:
 		return outbox.NewRelay(p.Pool(), pub, cfg)
 	case RelayModeWAL:
-		return outbox.NewWALRelay(p.Pool(), pub, cfg, outbox.WALConfig{URL: replicationURL(p.Pool().Config().ConnString())})
+		return outbox.NewWALRelay(p.Pool(), pub, cfg, outbox.WALConfig{URL: replicationURL(p.Pool().Config().ConnString()), Slot: WALSlot(p.name)})
 	}
 	return nil, fmt.Errorf("relay mode %q: want %q or %q", mode, RelayModePoll, RelayModeWAL)
 }
+
+// WALSlot is the replication slot of service's WAL relay: its outbox table's default
+// (outbox.Tables.WALName) after the service's name. A slot's name is the server's, not a
+// database's, and the services may share a server (compose runs one PostgreSQL for both).
+func WALSlot(service string) string { return service + "_" + outbox.Tables{}.WALName() }
 
 // replicationURL is the database URL dbURL without pgxpool's settings (pool_max_conns, …),
 // which a lone connection would send to the server as its own. A keyword/value string
@@ -469,7 +474,7 @@ func AddJob(p *Process, job Job) {
 // the relay is down. The stats loop gets p's log, and backs off and logs an outage once by
 // itself (pkg/outbox/outboxmetrics).
 func AddOutboxStats(p *Process) error {
-	stats, err := outboxmetrics.NewStats(p.Registry, p.Pool(), outboxmetrics.StatsConfig{ConstLabels: p.ConstLabels(), Logger: p.Log})
+	stats, err := outboxmetrics.NewStats(p.Registry, p.Pool(), outboxmetrics.StatsConfig{ConstLabels: p.ConstLabels(), Logger: p.Log, Slot: WALSlot(p.name)})
 	if err != nil {
 		return fmt.Errorf("register outbox stats metrics: %w", err)
 	}

@@ -72,15 +72,17 @@ type SlotStats struct {
 	SafeBytes int64
 }
 
-// slotStatsQuery reads slot $1. Positions are against the server's current WAL position (its
-// replay position on a standby, which has no slot of its own in PostgreSQL 15).
+// slotStatsQuery reads slot $1, if it is this database's (a slot's name is the server's:
+// another database's slot of that name is another outbox's), or a physical slot (which keeps
+// WAL all the same). Positions are against the server's current WAL position (its replay
+// position on a standby, which has no slot of its own in PostgreSQL 15).
 const slotStatsQuery = `
 WITH now AS (SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END AS lsn)
 SELECT active, coalesce(wal_status = 'lost', false),
        coalesce(pg_wal_lsn_diff(now.lsn, confirmed_flush_lsn), 0)::bigint,
        coalesce(pg_wal_lsn_diff(now.lsn, restart_lsn), 0)::bigint,
        coalesce(safe_wal_size, -1)
-FROM pg_replication_slots, now WHERE slot_name = $1`
+FROM pg_replication_slots, now WHERE slot_name = $1 AND (database IS NULL OR database = current_database())`
 
 // ReadSlotStats reads the state of replication slot slot (empty: the table's
 // [Tables.WALName]) from pg_replication_slots, which any role may read. Call it, like

@@ -116,11 +116,15 @@ const (
 ON CONFLICT (slot) DO UPDATE SET handed_at = excluded.handed_at`
 	// walSlotsState: whether the slot exists, whether it was invalidated (it kept more WAL
 	// than max_slot_wal_keep_size: the server removed WAL it still needed, so it can never
-	// stream again), and the hand-over record's time (NULL: none), which tells one creation
-	// of the slot from the next.
-	walSlotsState = `SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1),
-       EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND wal_status = 'lost'),
-       (SELECT handed_at FROM %[1]s WHERE slot = $1)`
+	// stream again), the hand-over record's time (NULL: none), which tells one creation
+	// of the slot from the next, and the database of a slot of that name that is not this
+	// database's (a slot's name is the server's: another outbox on the same server may
+	// have taken it; a physical slot has no database).
+	walSlotsState = `SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND database = current_database()),
+       EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND database = current_database() AND wal_status = 'lost'),
+       (SELECT handed_at FROM %[1]s WHERE slot = $1),
+       (SELECT coalesce('database ' || database, 'a physical slot') FROM pg_replication_slots
+        WHERE slot_name = $1 AND database IS DISTINCT FROM current_database())`
 	walSlotsForget   = `DELETE FROM %[1]s WHERE slot = $1`
 	walSlotsHandedAt = `SELECT handed_at FROM %[1]s WHERE slot = $1`
 	// walSlotsLock: one relay at a time checks, drops or creates a slot. A transaction's
@@ -604,11 +608,17 @@ func (w *WALRelay) open(ctx context.Context, cfg walstream.Config, confirmed *sl
 	}
 	var exists, lost bool
 	var handedAt *time.Time
-	if err := w.db.QueryRow(ctx, fmt.Sprintf(walSlotsState, record), cfg.Slot).Scan(&exists, &lost, &handedAt); err != nil {
+	var elsewhere *string
+	if err := w.db.QueryRow(ctx, fmt.Sprintf(walSlotsState, record), cfg.Slot).Scan(&exists, &lost, &handedAt, &elsewhere); err != nil {
 		if isCode(err, "42P01") { // undefined_table
 			return nil, fmt.Errorf("%w: %w (create it with Store.CreatePublication)", ErrWALSetup, err)
 		}
 		return nil, databaseError{fmt.Errorf("read slot %s: %w", cfg.Slot, err)}
+	}
+	if elsewhere != nil {
+		// Never dropped: it is another outbox's, or someone else's.
+		return nil, fmt.Errorf("%w: the replication slot %s is %s's: slot names are the server's, not a database's; give this relay a slot of its own (WALConfig.Slot)",
+			ErrWALSetup, cfg.Slot, *elsewhere)
 	}
 	drop, reason := "", SlotNew
 	switch {

@@ -791,6 +791,54 @@ WHERE f.id = $1 AND o.seq > (SELECT seq FROM outbox_messages WHERE id = $2) AND 
 		}
 	})
 
+	t.Run("ASlotOfAnotherDatabaseIsNotTaken", func(t *testing.T) {
+		// Two outboxes on one server, in two databases, with the same table name: a slot's
+		// name is the server's, so the second relay must not take, or drop, the first's
+		// slot (streaming or not); it stops with a set-up error naming the setting, and runs
+		// on a slot of its own.
+		a, urlA := setup(t, "slot_owner")
+		b, urlB := setup(t, "slot_other")
+		gotA := consume(t, a.amqpURL, a.top.Queue)
+		_, stopA := streaming(t, a, urlA, fastConfig(t))
+		slot := outbox.Tables{}.WALName()
+		var pid int
+		require.NoError(t, a.pool.QueryRow(ctx, "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&pid))
+
+		check := func(t *testing.T) {
+			t.Helper()
+			w, err := outbox.NewWALRelay(b.pool, b.pub, fastConfig(t), outbox.WALConfig{URL: urlB})
+			require.NoError(t, err)
+			rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			defer cancel()
+			err = w.Run(rctx)
+			require.ErrorIs(t, err, outbox.ErrWALSetup)
+			require.ErrorContains(t, err, "is database slot_owner's")
+			require.ErrorContains(t, err, "WALConfig.Slot")
+		}
+		check(t)
+		var still int
+		require.NoError(t, a.pool.QueryRow(ctx, "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&still))
+		require.Equal(t, pid, still, "the first relay still streams its slot")
+		id := a.write(t, a.msg("a", 0))[0].ID.String()
+		eventually(t, "the first outbox still published", func() bool { return gotA.ids()[id] == 1 })
+
+		require.NoError(t, stopA())
+		check(t) // not streamed now: still not this relay's to drop
+		require.Equal(t, 1, a.count(t, "true"), "the first outbox's rows as they were")
+
+		gotB := consume(t, b.amqpURL, b.top.Queue)
+		cfg := fastConfig(t)
+		w, err := outbox.NewWALRelay(b.pool, b.pub, cfg, outbox.WALConfig{URL: urlB, Slot: "slot_other_outbox"})
+		require.NoError(t, err)
+		rctx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- w.Run(rctx) }()
+		t.Cleanup(func() { cancel(); <-done })
+		eventually(t, "a relay on a slot of its own streams", func() bool { return w.State() == outbox.StateRunning })
+		idB := b.write(t, b.msg("b", 0))[0].ID.String()
+		eventually(t, "the second outbox published", func() bool { return gotB.ids()[idB] == 1 })
+	})
+
 	t.Run("SetUpErrors", func(t *testing.T) {
 		b, url := setup(t, "setup_errors")
 		cfg := fastConfig(t)
