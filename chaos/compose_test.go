@@ -375,6 +375,31 @@ func TestComposeOperations(t *testing.T) {
 		}, b.docker.take(), "the watermark is read once and set back")
 	})
 
+	t.Run("TheWALRelayScenarios", func(t *testing.T) {
+		t.Parallel()
+		// Those that need no second process of a service, no settings of one process and no
+		// standby run on compose (its PostgreSQL is at wal_level = logical); the others say
+		// so at the start.
+		for name, runs := range map[string]bool{
+			"wal-relay-kill": true, "slot-dropped": true,
+			"wal-relay-standby": false, "relay-mode-switch": false, "pg-failover-wal": false,
+		} {
+			sc, ok := Lookup(name)
+			require.True(t, ok, name)
+			b := setupCompose(t, nil)
+			_, err := b.target.StartShop(ctx, sc.shopSpec())
+			if !runs {
+				require.ErrorIs(t, err, ErrUnsupported, name)
+				require.ErrorContains(t, err, "-target local", name)
+				continue
+			}
+			require.NoError(t, err, name)
+			override, err := os.ReadFile(b.override)
+			require.NoError(t, err)
+			require.Contains(t, string(override), `ORDERS_RELAY_MODE: "wal"`, name)
+		}
+	})
+
 	t.Run("ComponentLogs", func(t *testing.T) {
 		t.Parallel()
 		b := setupCompose(t, nil)

@@ -122,8 +122,7 @@ func runScenario(ctx context.Context, sc Scenario, opts Options, say func(phase,
 	t := opts.Target
 
 	say("starting", sc.Summary)
-	spec := ShopSpec{Name: sc.Name, Settings: sc.Settings, Replicas: sc.Replicas, ProcessSettings: sc.ProcessSettings,
-		OrdersStandby: sc.OrdersStandby, BrokerCluster: sc.BrokerCluster}
+	spec := sc.shopSpec()
 	if len(sc.Settings) > 0 {
 		say("starting", "settings "+strings.Join(sc.Settings, " "))
 	}
@@ -560,4 +559,10 @@ func loadEnd(ctx context.Context, start time.Time, least, most time.Duration, in
 	case <-ctx.Done():
 	}
 	return time.Now()
+}
+
+// shopSpec is the shop sc runs on.
+func (sc Scenario) shopSpec() ShopSpec {
+	return ShopSpec{Name: sc.Name, Settings: sc.Settings, Replicas: sc.Replicas, ProcessSettings: sc.ProcessSettings,
+		OrdersStandby: sc.OrdersStandby, BrokerCluster: sc.BrokerCluster}
 }
