@@ -791,6 +791,32 @@ WHERE f.id = $1 AND o.seq > (SELECT seq FROM outbox_messages WHERE id = $2) AND 
 		}
 	})
 
+	t.Run("KilledDuringACatchUp", func(t *testing.T) {
+		// The rows pending when the slot is created go out through the retry lane (a
+		// catch-up); the relay is SIGKILLed once the broker confirmed the lane's batch,
+		// before its marks. Restarted, it streams its slot, and the lane publishes the
+		// catch-up's rows again: nothing lost, the inbox absorbs the batch it had.
+		b, url := setup(t, "killed_catchup")
+		const n = 25
+		var msgs []outbox.Message
+		for k := range n {
+			msgs = append(msgs, b.msg(fmt.Sprintf("order-%d", k), k))
+		}
+		b.write(t, msgs...) // before the slot: the stream never has them
+		killedRelayBatching(t, b.pool.Config().ConnString(), b.amqpURL, outbox.FailpointAfterPublish, 1000, childWALURL+"="+url)
+		require.Equal(t, n, b.count(t, "published_at IS NULL AND last_error IS NOT NULL"), "handed to the lane, not marked")
+
+		effects := consumeThroughInbox(t, b.pool, b.amqpURL, b.top.Queue)
+		streaming(t, b, url, fastConfig(t))
+		testinfra.Eventually(t, waitFor, func() bool { return b.count(t, "published_at IS NOT NULL") == n }, "all rows published after restart")
+		testinfra.Eventually(t, waitFor, func() bool { return effects.applied() == n }, "every effect applied")
+		var rows, maxApplied int
+		require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*), coalesce(max(applied), 0) FROM test_effects").Scan(&rows, &maxApplied))
+		require.Equal(t, n, rows)
+		require.Equal(t, 1, maxApplied)
+		testinfra.Eventually(t, waitFor, func() bool { return effects.duplicates() == n }, "the lane's batch published again")
+	})
+
 	t.Run("ASlotOfAnotherDatabaseIsNotTaken", func(t *testing.T) {
 		// Two outboxes on one server, in two databases, with the same table name: a slot's
 		// name is the server's, so the second relay must not take, or drop, the first's
