@@ -169,7 +169,9 @@ type Hooks struct {
 	StateChanged func(StateChange)
 	// WALProgress is called by a [WALRelay] when the oldest transaction it streamed and has
 	// not settled yet changes: when one is streamed while none was, when the slot's position
-	// moves past it, and (with none) when a session ends.
+	// moves past it, and (with none) when a session starts streaming, or ends as the relay
+	// stops or stands by (one that fails reports nothing: it is as far behind as it was).
+	// It may be called while the relay holds a lock of its stream: keep it fast.
 	WALProgress func(WALProgress)
 	// SlotCreated is called by a [WALRelay] once it has created its slot and handed the rows
 	// pending then to its retry lane: a catch-up.

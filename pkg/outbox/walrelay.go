@@ -327,6 +327,9 @@ type WALRelay struct {
 	// error since; for Ready.
 	downSince time.Time
 	lastErr   error
+	// recreating is why the slot was dropped or found gone, until a new one is created:
+	// a session that failed in between finds neither slot nor record (Run's goroutine only).
+	recreating SlotReason
 }
 
 // WALRelayDB is what a WAL relay needs of the database, besides its replication connection:
@@ -566,13 +569,18 @@ func (w *WALRelay) session(ctx context.Context, confirmed *slotPosition) error {
 	reader.Go(func() { readErr <- w.read(sctx, st, commits) })
 
 	d := &dispatcher{w: w, st: st, held: held, confirmed: &confirmed.lsn, streamServer: st.ServerStarted(), streamPID: st.PID()}
-	err = d.run(sctx, commits, readErr)
-	// Nothing in flight now. What this session left unsettled is streamed again by the next
-	// one, this process's or a standby's: until then this relay is not behind, it is down,
-	// or standing by (its state says which).
-	d.mu.Lock()
+	// What an earlier session left unsettled is streamed again (and reported again) from
+	// the slot's position, or was handed to the retry lane with a new slot.
 	d.progress(time.Time{})
-	d.mu.Unlock()
+	err = d.run(sctx, commits, readErr)
+	// Nothing in flight now. A relay that stops, or stands by while another streams the
+	// slot, is not behind; one that fails stays as far behind as it was, and more, until a
+	// session of its own streams again.
+	if ctx.Err() != nil || errors.Is(err, errSlotInUse) {
+		d.mu.Lock()
+		d.progress(time.Time{})
+		d.mu.Unlock()
+	}
 	return err
 }
 
@@ -646,6 +654,10 @@ func (w *WALRelay) open(ctx context.Context, cfg walstream.Config, confirmed *sl
 			return nil, databaseError{fmt.Errorf("slot %s: %w", cfg.Slot, err)}
 		}
 		handedAt = nil
+		if reason != SlotNew {
+			w.recreating = reason
+		}
+		reason = cmp.Or(w.recreating, reason)
 	}
 	if handedAt == nil || !handedAt.Equal(confirmed.created) {
 		*confirmed = slotPosition{} // another creation's position, or none
@@ -759,6 +771,7 @@ func (w *WALRelay) handPending(ctx context.Context, snapshot string, reason Slot
 		w.cfg.Logger.Info("outbox WAL relay: slot created; the rows pending before it go out through the retry lane",
 			"slot", w.wal.Slot, "rows", n, "reason", string(reason))
 	}
+	w.recreating = ""
 	if h := w.cfg.Hooks.SlotCreated; h != nil {
 		w.lane.hook(func() { h(SlotCreated{Reason: reason, Handed: n}) })
 	}
@@ -835,10 +848,18 @@ type dispatcher struct {
 	// is set while the broker is found unavailable.
 	pause  time.Duration
 	outage bool
+	// waiting counts the batches whose transactions stay in progress past the barrier's
+	// bound; barriers ends their wait, when the session ends (see barrier).
+	waiting  atomic.Int32
+	barriers context.Context
 }
 
 func (d *dispatcher) run(ctx context.Context, commits <-chan walstream.Commit, readErr <-chan error) error {
-	defer d.wait()
+	// A batch whose transactions are not visible yet waits for them until its session ends
+	// (barrier): that wait ends first, then the batches in flight are waited for.
+	bctx, stopBarriers := context.WithCancel(ctx)
+	d.barriers = bctx
+	defer func() { stopBarriers(); d.wait() }()
 	for {
 		if d.pause > 0 {
 			if !retry.Sleep(ctx, d.pause) {
@@ -871,7 +892,7 @@ func (d *dispatcher) run(ctx context.Context, commits <-chan walstream.Commit, r
 		case d.pause > 0: // rows came back unsent: b goes back too, in order
 			d.requeue(b.rows)
 		default:
-			d.send(ctx, b)
+			d.send(b)
 		}
 	}
 }
@@ -1080,7 +1101,7 @@ func (d *dispatcher) refresh(ctx context.Context) error {
 
 // send starts b on its way: the rows of held aggregates are handed to the lane, the others
 // published; both are marked in one transaction, and the slot's position advanced.
-func (d *dispatcher) send(ctx context.Context, b *walBatch) {
+func (d *dispatcher) send(b *walBatch) {
 	var pub, hand []walRow
 	for _, r := range b.rows {
 		if d.held[keyOf(r.msg)] {
@@ -1100,7 +1121,7 @@ func (d *dispatcher) send(ctx context.Context, b *walBatch) {
 	d.inflight = append(d.inflight, b)
 	go func() {
 		defer close(b.done)
-		d.finish(context.WithoutCancel(ctx), b, pub, hand)
+		d.finish(d.barriers, b, pub, hand)
 	}()
 }
 
@@ -1112,7 +1133,7 @@ func (d *dispatcher) send(ctx context.Context, b *walBatch) {
 // the broker confirmed the one before, and they never overtake a row that failed. A batch
 // before it that left rows unsent stops it (all its rows go back to the queue, in order);
 // one that handed an aggregate to the lane makes it hand that aggregate's rows too.
-func (d *dispatcher) finish(ctx context.Context, b *walBatch, pub, hand []walRow) {
+func (d *dispatcher) finish(session context.Context, b *walBatch, pub, hand []walRow) {
 	defer func() {
 		select {
 		case <-b.released:
@@ -1123,9 +1144,10 @@ func (d *dispatcher) finish(ctx context.Context, b *walBatch, pub, hand []walRow
 	}()
 	r := d.w.lane
 	bound := r.cfg.PublishTimeout + 2*r.cfg.ClaimTimeout
-	bctx, cancel := context.WithTimeout(ctx, bound)
-	berr := d.barrier(bctx, b.rows)
-	cancel()
+	// The barrier ends with the session: nothing is published yet. What comes after it runs
+	// to its end, so that a Run that stops publishes nothing it does not mark.
+	berr := d.barrier(session, bound, b.rows)
+	ctx := context.WithoutCancel(session)
 	if berr != nil {
 		b.untouched, b.err = pub, databaseError{berr}
 		return
@@ -1137,7 +1159,7 @@ func (d *dispatcher) finish(ctx context.Context, b *walBatch, pub, hand []walRow
 	}
 	// The publish and the marks get their bound once the wait for the batches before is
 	// over: that wait is theirs, not this batch's, and must not be blamed on the broker.
-	ctx, cancel = context.WithTimeout(ctx, bound)
+	ctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
 	msgs := make([]Message, len(pub))
 	var unreadable map[int]error
@@ -1200,7 +1222,7 @@ func (d *dispatcher) finish(ctx context.Context, b *walBatch, pub, hand []walRow
 func (d *dispatcher) afterPreds(b *walBatch, pub, hand []walRow) ([]walRow, []walRow, bool) {
 	handed := map[aggregateKey]bool{}
 	for _, p := range b.preds {
-		<-p.released // bounded: p's finish runs under its own timeout
+		<-p.released // once p's barrier passed and the broker answered, or p ended (its barrier waits at most until the session ends)
 		if p.stops {
 			return pub, hand, false
 		}
@@ -1225,8 +1247,8 @@ func (d *dispatcher) afterPreds(b *walBatch, pub, hand []walRow) ([]walRow, []wa
 
 // barrier returns once the rows the stream has sent are on the server's synchronous
 // standbys, if it has any, and visible to other transactions: a transaction of its own
-// (replicationBarrier, one round trip) whose commit comes after theirs in the WAL, which
-// also reads whether one of the rows' transactions is still in progress.
+// (replicationBarrier, one round trip, within bound) whose commit comes after theirs in the
+// WAL, which also reads whether one of the rows' transactions is still in progress.
 //
 // The stream sends a commit as soon as it is flushed on the primary (PostgreSQL 15's
 // walsenders do not wait for the synchronous standbys), and the writer's transaction becomes
@@ -1234,21 +1256,35 @@ func (d *dispatcher) afterPreds(b *walBatch, pub, hand []walRow) ([]walRow, []wa
 // without them. Publishing before either would be wrong: a failover then would take back a
 // row the relay had published, and a consumer's reply could reach the writer's service
 // before the row it answers is visible there (an order unknown to its own service, seen
-// under chaos). So a transaction still in progress is waited for, backing off, within ctx;
-// one that outlives it is an outage of the database (its standbys do not answer).
+// under chaos).
+//
+// So a transaction still in progress is waited for, backing off, for as long as it takes:
+// a new session would stream it again and wait again. Past bound, the relay blames the
+// database (its writers wait for something stricter than the barrier: remote_apply on a
+// standby that does not replay, say), logs what they wait for, and waits on; the other
+// aggregates' batches go on meanwhile, up to InFlightBatches. Each check also proves that
+// the stream's server and walsender are still the ones (barrierHeld). Within bound the
+// barrier runs to its end even when ctx, the session's, ends (a stopping Run finishes its
+// batches: nothing twice); past bound, ctx's end ends the wait, nothing published.
 //
 // It must run on the server the stream reads: the pool's connections follow a failover on
 // their own (a multi-host URL), and a barrier on the new primary would pass at once for rows
 // that the old one alone may have had. A barrier that ran elsewhere fails, as an outage of
 // the database: the session ends, and the rows are streamed again from the new primary, if
 // it has them.
-func (d *dispatcher) barrier(ctx context.Context, rows []walRow) error {
+func (d *dispatcher) barrier(ctx context.Context, bound time.Duration, rows []walRow) error {
 	var emitted, ignored *string
 	var started time.Time
 	var reader *int64
 	var running bool
 	xids := xidsOf(rows)
-	if err := d.w.db.QueryRow(ctx, walBarrier, d.w.wal.Slot, xids).Scan(&emitted, &ignored, &started, &reader, &running); err != nil {
+	// Within bound, a Run that stops still finishes the batch: a later batch may have gone
+	// out already, and would go out again if this one held the slot's position back.
+	within := context.WithoutCancel(ctx)
+	bctx, cancel := context.WithTimeout(within, bound)
+	err := d.w.db.QueryRow(bctx, walBarrier, d.w.wal.Slot, xids).Scan(&emitted, &ignored, &started, &reader, &running)
+	cancel()
+	if err != nil {
 		return fmt.Errorf("wait until the streamed rows are on the synchronous standbys: %w", err)
 	}
 	if err := d.barrierHeld(started, reader); err != nil {
@@ -1256,17 +1292,68 @@ func (d *dispatcher) barrier(ctx context.Context, rows []walRow) error {
 	}
 	// The check ran before the barrier's own wait for the standbys, after which the writers'
 	// commits have ended too, or are about to: ask again at once, then back off.
-	for wait := time.Duration(0); running; wait = min(max(2*wait, time.Millisecond), 100*time.Millisecond) {
-		if !retry.Sleep(ctx, wait) {
-			return fmt.Errorf("wait until the streamed transactions are visible: %w", context.Cause(ctx))
+	deadline := time.Now().Add(bound)
+	blamed := false
+	defer func() {
+		if blamed {
+			d.visible()
 		}
-		var err error
-		if running, err = d.inProgress(ctx, xids); err != nil {
+	}()
+	for wait := time.Duration(0); running; wait = min(max(2*wait, time.Millisecond), 100*time.Millisecond) {
+		wctx := within
+		if time.Now().After(deadline) {
+			if !blamed {
+				blamed = true
+				d.invisible(within, bound, xids)
+			}
+			wctx = ctx // past bound, the session's end ends the wait
+		}
+		if !retry.Sleep(wctx, wait) {
+			return fmt.Errorf("wait until the streamed transactions are visible: %w", context.Cause(wctx))
+		}
+		if err := d.w.db.QueryRow(wctx, walVisible, d.w.wal.Slot, xids).Scan(&started, &reader, &running); err != nil {
+			return fmt.Errorf("read whether the streamed transactions are visible: %w", err)
+		}
+		if err := d.barrierHeld(started, reader); err != nil {
 			return err
 		}
 	}
 	return nil
 }
+
+// errInvisible: streamed transactions stay in progress past the barrier's bound.
+var errInvisible = errors.New("streamed transactions are still in progress (committed in the WAL, not visible yet)")
+
+// invisible is called when a batch's transactions are still in progress past bound: the
+// first such batch blames the database (state database_unavailable) and logs what the
+// writers wait for; visible undoes it once the last such batch goes on.
+func (d *dispatcher) invisible(ctx context.Context, bound time.Duration, xids []int64) {
+	if d.waiting.Add(1) > 1 {
+		return
+	}
+	var writers []string
+	if rows, err := d.w.db.Query(ctx, invisibleWriters, xids); err == nil {
+		writers, _ = pgx.CollectRows(rows, pgx.RowTo[string])
+	}
+	err := fmt.Errorf("%w after %s; their writers: %s", errInvisible, bound, strings.Join(writers, ", "))
+	d.w.cfg.Logger.Warn("outbox WAL relay: streamed transactions are still not visible; waiting for them (their writers wait for the synchronous standbys, or for something stricter than the relay's barrier, such as remote_apply)",
+		"error", err)
+	d.w.setState(StateDatabaseUnavailable, databaseError{err})
+}
+
+func (d *dispatcher) visible() {
+	if d.waiting.Add(-1) == 0 {
+		d.w.cfg.Logger.Info("outbox WAL relay: the streamed transactions it waited for are visible")
+		d.w.setState(StateRunning, nil)
+	}
+}
+
+// invisibleWriters describes the sessions of the transactions $1 (32-bit ids): process id,
+// what they wait for, and how long their transaction has run.
+const invisibleWriters = `
+SELECT format('pid %s (%s: %s, for %s)', pid, coalesce(wait_event_type, 'not waiting'), coalesce(wait_event, '-'),
+              date_trunc('second', now() - xact_start))
+FROM pg_stat_activity WHERE backend_xid::text::bigint = ANY($1::bigint[])`
 
 // barrierHeld says whether a barrier that ran on the server started at started, where
 // reader streams the slot, holds for the stream's batch.
@@ -1290,11 +1377,16 @@ func pidText(pid *int64) string {
 	return fmt.Sprintf("pid %d", *pid)
 }
 
-// walBarrier is replicationBarrier, the process that streams slot $1 now, and whether one of
-// the transactions $2 is still in progress (xactsInProgress).
-var walBarrier = mustReplace(replicationBarrier, "pg_postmaster_start_time()",
-	"pg_postmaster_start_time(),\n       (SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1),\n       ("+
-		mustReplace(xactsInProgress, "$1", "$2")+")")
+// walHeld reads the server's start time, the process that streams slot $1 now, and
+// whether one of the transactions $2 is still in progress (xactsInProgress).
+var walHeld = "pg_postmaster_start_time(),\n       (SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1),\n       (" +
+	mustReplace(xactsInProgress, "$1", "$2") + ")"
+
+// walBarrier is replicationBarrier, and walHeld; walVisible is walHeld alone.
+var (
+	walBarrier = mustReplace(replicationBarrier, "pg_postmaster_start_time()", walHeld)
+	walVisible = "SELECT " + walHeld
+)
 
 // errNotVisible: a mark found fewer of the batch's rows than it marks.
 var errNotVisible = errors.New("rows streamed are not visible in the table yet")
@@ -1356,9 +1448,11 @@ w AS (SELECT CASE WHEN c.id - c.x > 2147483648 THEN c.id - 4294967296
 // xidsOf returns the distinct transactions of rows.
 func xidsOf(rows []walRow) []int64 {
 	xids := make([]int64, 0, 1)
+	seen := make(map[uint32]bool, 1)
 	for _, r := range rows {
-		if x := int64(r.commit.xid); !slices.Contains(xids, x) {
-			xids = append(xids, x)
+		if x := r.commit.xid; !seen[x] {
+			seen[x] = true
+			xids = append(xids, int64(x))
 		}
 	}
 	return xids
