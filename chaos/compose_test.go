@@ -381,7 +381,7 @@ func TestComposeOperations(t *testing.T) {
 		// standby run on compose (its PostgreSQL is at wal_level = logical); the others say
 		// so at the start.
 		for name, runs := range map[string]bool{
-			"wal-relay-kill": true, "slot-dropped": true,
+			"wal-relay-kill": true, "slot-dropped": true, "wal-relay-catchup-kill": true,
 			"wal-relay-standby": false, "relay-mode-switch": false, "pg-failover-wal": false,
 		} {
 			sc, ok := Lookup(name)

@@ -21,7 +21,7 @@ func TestRegistry(t *testing.T) {
 			"consumer-before-commit", "consumer-after-commit", "consumer-mid-batch",
 			"broker-kill", "network", "orders-db-kill", "poison", "api-after-commit", "broker-node-kill",
 			"outbox-poison", "migrate-under-load", "broker-alarm", "relay-paused", "db-outage-long",
-			"pg-failover", "pg-flap-failover", "wal-relay-kill", "slot-dropped", "pg-failover-wal", "wal-relay-standby", "relay-mode-switch",
+			"pg-failover", "pg-flap-failover", "wal-relay-kill", "slot-dropped", "pg-failover-wal", "wal-relay-catchup-kill", "wal-relay-standby", "relay-mode-switch",
 		}, Names())
 	})
 
@@ -54,7 +54,8 @@ func TestRegistry(t *testing.T) {
 		}
 		require.Equal(t, map[string]Service{
 			"relay.before-publish": OrdersRelay, "relay.after-publish": OrdersRelay, "relay.after-mark": OrdersRelay,
-			"consumer.before-commit": Warehouse, "consumer.after-commit": Warehouse, "api.after-commit": OrdersAPI,
+			"relay.lane.after-publish": OrdersRelay, "api.after-commit": OrdersAPI,
+			"consumer.before-commit": Warehouse, "consumer.after-commit": Warehouse,
 		}, points, "each crash point in the process that has it")
 	})
 

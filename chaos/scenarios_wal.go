@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/outboxshop/outboxshop/internal/service"
+	"github.com/outboxshop/outboxshop/pkg/outbox"
 )
 
 // The scenarios of this file run the orders service on its WAL relay
@@ -35,6 +36,7 @@ func init() {
 			Settings: []string{"ORDERS_RELAY_MODE=" + relayModeWAL},
 		},
 		pgFailoverWALScenario(),
+		walRelayCatchUpKillScenario(),
 		walRelayStandbyScenario(),
 		relayModeSwitchScenario(),
 	)
@@ -114,6 +116,96 @@ func checkSlotStreamedAgain(ctx context.Context, e *Env, o *Outcome) {
 	if !ok {
 		o.Failures = append(o.Failures, "no relay streams the orders slot at the end")
 	}
+}
+
+// ---- wal-relay-catchup-kill ----
+
+// pointLaneAfterPublish is the WAL relay's retry lane's crash point. Armed from the start,
+// it fires at the lane's first batch, which only a catch-up makes in this scenario.
+const pointLaneAfterPublish = outbox.FailpointLaneAfterPublish
+
+func walRelayCatchUpKillScenario() Scenario {
+	return Scenario{
+		Name: "wal-relay-catchup-kill",
+		Summary: "the orders WAL relay SIGSTOPped for 2s and its slot dropped meanwhile: resumed, it creates the slot again and its retry lane " +
+			"publishes the rows pending then (a catch-up); killed once the broker confirmed the lane's first batch, before its marks; " +
+			"restarted, it publishes them again and the warehouse inbox absorbs them",
+		Failpoints: func(float64) map[Service]string {
+			return map[Service]string{OrdersRelay: pointLaneAfterPublish + "=kill@1"}
+		},
+		Inject:   injectCatchUpKill,
+		Check:    checks(checkSlotStreamedAgain, expectDuplicates(true)),
+		MinLoad:  10 * time.Second,
+		Settings: []string{"ORDERS_RELAY_MODE=" + relayModeWAL},
+	}
+}
+
+// countPending counts the orders outbox's rows not yet published nor dead.
+const countPending = `SELECT count(*) FROM outbox_messages WHERE published_at IS NULL AND dead_at IS NULL`
+
+func injectCatchUpKill(ctx context.Context, e *Env) error {
+	if !e.AtLoad(ctx, 2*time.Second) {
+		return ctx.Err()
+	}
+	conn, err := openDB(ctx, e.Endpoints.OrdersDB)
+	if err != nil {
+		return fmt.Errorf("connect to the orders database: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+
+	// Paused, the relay cannot take the slot back: one drop wins, and the orders written
+	// meanwhile are pending when it creates the slot again.
+	if err := e.Target.Pause(ctx, OrdersRelay); err != nil {
+		return fmt.Errorf("pause %s: %w", OrdersRelay, err)
+	}
+	pausedAt := time.Now()
+	resumed := false
+	defer func() {
+		if !resumed {
+			_ = e.Target.Resume(context.WithoutCancel(ctx), OrdersRelay)
+		}
+	}()
+	e.Fault(pausedAt, "%s, which streams the slot, SIGSTOPped", OrdersRelay)
+	if !sleepCtx(ctx, 2*time.Second) {
+		return ctx.Err()
+	}
+	if _, err := conn.Exec(ctx, terminateSlotReader, ordersSlot); err != nil {
+		return fmt.Errorf("terminate the slot's walsender: %w", err)
+	}
+	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := poll(dctx, 50*time.Millisecond, func() (bool, error) {
+		_, err := conn.Exec(ctx, dropSlot, ordersSlot)
+		return err == nil, nil // "is active for PID" until its walsender has ended
+	}); err != nil {
+		return fmt.Errorf("drop the slot %s: %w", ordersSlot, err)
+	}
+	var pending int
+	if err := conn.QueryRow(ctx, countPending).Scan(&pending); err != nil {
+		return fmt.Errorf("count the pending rows: %w", err)
+	}
+	e.Fault(time.Now(), "the slot %s dropped while %s was paused, %d rows pending", ordersSlot, OrdersRelay, pending)
+	if err := e.Target.Resume(ctx, OrdersRelay); err != nil {
+		return fmt.Errorf("resume %s: %w", OrdersRelay, err)
+	}
+	resumed = true
+	e.Healed("%s resumed (SIGCONT) %.1fs after the pause", OrdersRelay, time.Since(pausedAt).Seconds())
+
+	wctx, cancel := context.WithDeadline(ctx, e.LoadStart.Add(e.Load+20*time.Second))
+	defer cancel()
+	d, err := e.Target.WaitDeath(wctx, OrdersRelay)
+	if err != nil {
+		return fmt.Errorf("%s never died at its crash point %s in the catch-up: %w", OrdersRelay, pointLaneAfterPublish, err)
+	}
+	if !d.Killed {
+		return fmt.Errorf("%s ended (%s), but not by the SIGKILL of its crash point %s", OrdersRelay, d.Status, pointLaneAfterPublish)
+	}
+	e.Fault(d.At, "%s killed by its crash point %s, its retry lane's first batch of the catch-up confirmed (%s)", OrdersRelay, pointLaneAfterPublish, d.Status)
+	if err := e.Target.Heal(ctx, OrdersRelay); err != nil {
+		return fmt.Errorf("heal %s: %w", OrdersRelay, err)
+	}
+	e.Healed("%s restarted without crash points and ready", OrdersRelay)
+	return nil
 }
 
 // ---- wal-relay-standby ----

@@ -314,7 +314,9 @@ func (r *Relay) finish(b *batch, prev *batch) (res cycleResult, err error) {
 
 	outcomes, answeredAt, sent := r.send(b, prev, spans)
 	confirmedAt = answeredAt
-	if sent {
+	if sent && r.lane {
+		r.failpoint(FailpointLaneAfterPublish)
+	} else if sent {
 		r.failpoint(FailpointAfterPublish)
 	}
 

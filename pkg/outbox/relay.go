@@ -32,6 +32,10 @@ const (
 	// FailpointAfterCommit, in a [WALRelay]'s stream only: the batch's marks are committed;
 	// the slot's position does not count the batch yet.
 	FailpointAfterCommit = "relay.after-commit"
+	// FailpointLaneAfterPublish is FailpointAfterPublish in a [WALRelay]'s retry lane (a
+	// catch-up after a lost slot, say), which passes its other points as a polling relay
+	// does.
+	FailpointLaneAfterPublish = "relay.lane.after-publish"
 )
 
 // NotifyChannel is the PostgreSQL channel the trigger of the default [Tables] notifies on

@@ -803,7 +803,7 @@ WHERE f.id = $1 AND o.seq > (SELECT seq FROM outbox_messages WHERE id = $2) AND 
 			msgs = append(msgs, b.msg(fmt.Sprintf("order-%d", k), k))
 		}
 		b.write(t, msgs...) // before the slot: the stream never has them
-		killedRelayBatching(t, b.pool.Config().ConnString(), b.amqpURL, outbox.FailpointAfterPublish, 1000, childWALURL+"="+url)
+		killedRelayBatching(t, b.pool.Config().ConnString(), b.amqpURL, outbox.FailpointLaneAfterPublish, 1000, childWALURL+"="+url)
 		require.Equal(t, n, b.count(t, "published_at IS NULL AND last_error IS NOT NULL"), "handed to the lane, not marked")
 
 		effects := consumeThroughInbox(t, b.pool, b.amqpURL, b.top.Queue)
