@@ -116,25 +116,29 @@ func crashScenario(name string, svc Service, point, summary string, check func(c
 		Failpoints: func(rate float64) map[Service]string {
 			return map[Service]string{svc: fmt.Sprintf("%s=kill@%d", point, hits(rate, seconds))}
 		},
-		Inject: func(ctx context.Context, e *Env) error {
-			wctx, cancel := context.WithDeadline(ctx, e.LoadStart.Add(e.Load+20*time.Second))
-			defer cancel()
-			d, err := e.Target.WaitDeath(wctx, svc)
-			if err != nil {
-				return fmt.Errorf("%s never died at its crash point %s: %w", svc, point, err)
-			}
-			if !d.Killed {
-				return fmt.Errorf("%s ended (%s), but not by the SIGKILL of its crash point %s", svc, d.Status, point)
-			}
-			e.Fault(d.At, "%s killed by its crash point %s (%s)", svc, point, d.Status)
-			if err := e.Target.Heal(ctx, svc); err != nil {
-				return fmt.Errorf("heal %s: %w", svc, err)
-			}
-			e.Healed("%s restarted without crash points and ready", svc)
-			return nil
-		},
-		Check: check,
+		Inject: func(ctx context.Context, e *Env) error { return crashedAndHealed(ctx, e, svc, point, "") },
+		Check:  check,
 	}
+}
+
+// crashedAndHealed waits until svc dies at its crash point point (at most 20s past the
+// load), reports it (where says where it was, if anything), and heals it.
+func crashedAndHealed(ctx context.Context, e *Env, svc Service, point, where string) error {
+	wctx, cancel := context.WithDeadline(ctx, e.LoadStart.Add(e.Load+20*time.Second))
+	defer cancel()
+	d, err := e.Target.WaitDeath(wctx, svc)
+	if err != nil {
+		return fmt.Errorf("%s never died at its crash point %s%s: %w", svc, point, where, err)
+	}
+	if !d.Killed {
+		return fmt.Errorf("%s ended (%s), but not by the SIGKILL of its crash point %s", svc, d.Status, point)
+	}
+	e.Fault(d.At, "%s killed by its crash point %s%s (%s)", svc, point, where, d.Status)
+	if err := e.Target.Heal(ctx, svc); err != nil {
+		return fmt.Errorf("heal %s: %w", svc, err)
+	}
+	e.Healed("%s restarted without crash points and ready", svc)
+	return nil
 }
 
 // expectDuplicates requires the duplicates the crash point promises: published twice by the

@@ -191,21 +191,7 @@ func injectCatchUpKill(ctx context.Context, e *Env) error {
 	resumed = true
 	e.Healed("%s resumed (SIGCONT) %.1fs after the pause", OrdersRelay, time.Since(pausedAt).Seconds())
 
-	wctx, cancel := context.WithDeadline(ctx, e.LoadStart.Add(e.Load+20*time.Second))
-	defer cancel()
-	d, err := e.Target.WaitDeath(wctx, OrdersRelay)
-	if err != nil {
-		return fmt.Errorf("%s never died at its crash point %s in the catch-up: %w", OrdersRelay, pointLaneAfterPublish, err)
-	}
-	if !d.Killed {
-		return fmt.Errorf("%s ended (%s), but not by the SIGKILL of its crash point %s", OrdersRelay, d.Status, pointLaneAfterPublish)
-	}
-	e.Fault(d.At, "%s killed by its crash point %s, its retry lane's first batch of the catch-up confirmed (%s)", OrdersRelay, pointLaneAfterPublish, d.Status)
-	if err := e.Target.Heal(ctx, OrdersRelay); err != nil {
-		return fmt.Errorf("heal %s: %w", OrdersRelay, err)
-	}
-	e.Healed("%s restarted without crash points and ready", OrdersRelay)
-	return nil
+	return crashedAndHealed(ctx, e, OrdersRelay, pointLaneAfterPublish, " in the catch-up, its retry lane's first batch confirmed")
 }
 
 // ---- wal-relay-standby ----
