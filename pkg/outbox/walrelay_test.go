@@ -542,6 +542,14 @@ func TestWALRelay(t *testing.T) {
 		require.NoError(t, stop())
 		pb := &poisonBundle{bundle: b, t: t}
 		pb.start = func(t *testing.T, pub outbox.Publisher, cfg outbox.Config) {
+			// The previous case's walsender ends a moment after its relay closed the
+			// connection: a relay started before that stands by first, which the corpus
+			// would take for an outage.
+			testinfra.Eventually(t, 10*time.Second, func() bool {
+				var active bool
+				err := b.pool.QueryRow(ctx, "SELECT active FROM pg_replication_slots WHERE slot_name = $1", outbox.Tables{}.WALName()).Scan(&active)
+				return err == nil && !active
+			}, "the previous relay's walsender released the slot")
 			w, err := outbox.NewWALRelay(b.pool, pub, cfg, outbox.WALConfig{URL: url, StatusInterval: 100 * time.Millisecond})
 			require.NoError(t, err)
 			rctx, cancel := context.WithCancel(ctx)
