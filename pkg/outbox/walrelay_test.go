@@ -47,8 +47,14 @@ func TestWALRelay(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, store.CreatePublication(ctx, pool, ""))
 		require.NoError(t, store.CreatePublication(ctx, pool, ""), "a second time: nothing to do")
-		t.Cleanup(func() { // a slot keeps its database from being dropped
-			_, _ = pool.Exec(context.Background(), "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = current_database()")
+		t.Cleanup(func() {
+			// A slot keeps its database from being dropped, and its name from the next
+			// subtest's relay (a slot's name is the server's). The walsender of a relay just
+			// stopped ends a moment later: until then the drop fails ("is active").
+			testinfra.Eventually(t, 10*time.Second, func() bool {
+				_, err := pool.Exec(context.Background(), "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = current_database()")
+				return err == nil
+			}, "the database's slots dropped")
 		})
 		amqpURL := testinfra.AMQPURL(t)
 		b := &bundle{pool: pool, amqpURL: amqpURL, top: testinfra.DeclareTopology(t, amqpURL)}
