@@ -1203,7 +1203,7 @@ func (d *dispatcher) finish(session context.Context, b *walBatch, pub, hand []wa
 	if len(b.untouched) == 0 && len(b.handed) == 0 && s.unavailable == nil {
 		close(b.released) // all confirmed: the next rows of its aggregates may go out
 	}
-	if err = d.markVisible(ctx, &s.marks, hand, b.rows); err != nil {
+	if err = d.markVisible(ctx, &s.marks, hand); err != nil {
 		b.err = err
 		return
 	}
@@ -1304,14 +1304,17 @@ func (d *dispatcher) barrier(ctx context.Context, bound time.Duration, rows []wa
 		if time.Now().After(deadline) {
 			if !blamed {
 				blamed = true
-				d.invisible(within, bound, xids)
+				d.invisible(ctx, bound, xids)
 			}
 			wctx = ctx // past bound, the session's end ends the wait
 		}
 		if !retry.Sleep(wctx, wait) {
 			return fmt.Errorf("wait until the streamed transactions are visible: %w", context.Cause(wctx))
 		}
-		if err := d.w.db.QueryRow(wctx, walVisible, d.w.wal.Slot, xids).Scan(&started, &reader, &running); err != nil {
+		qctx, cancel := context.WithTimeout(wctx, bound) // a server that stops answering is an outage
+		err := d.w.db.QueryRow(qctx, walVisible, d.w.wal.Slot, xids).Scan(&started, &reader, &running)
+		cancel()
+		if err != nil {
 			return fmt.Errorf("read whether the streamed transactions are visible: %w", err)
 		}
 		if err := d.barrierHeld(started, reader); err != nil {
@@ -1332,7 +1335,9 @@ func (d *dispatcher) invisible(ctx context.Context, bound time.Duration, xids []
 		return
 	}
 	var writers []string
-	if rows, err := d.w.db.Query(ctx, invisibleWriters, xids); err == nil {
+	qctx, cancel := context.WithTimeout(ctx, bound)
+	defer cancel()
+	if rows, err := d.w.db.Query(qctx, invisibleWriters, xids); err == nil {
 		writers, _ = pgx.CollectRows(rows, pgx.RowTo[string])
 	}
 	err := fmt.Errorf("%w after %s; their writers: %s", errInvisible, bound, strings.Join(writers, ", "))
@@ -1389,43 +1394,18 @@ var (
 )
 
 // errNotVisible: a mark found fewer of the batch's rows than it marks.
-var errNotVisible = errors.New("rows streamed are not visible in the table yet")
+var errNotVisible = errors.New("rows streamed are not in the table")
 
-// markVisible runs mark until it finds every row of the batch. The batch's barrier waited
-// until the rows' transactions were visible, so a row the mark misses is gone (deleted by
-// hand, or by the transaction that inserted them, after the barrier): it marks the others
-// and logs how many. A row missed and not accounted for would stay pending, or, handed to
-// the lane, never go out; so, as a guard, it still tries again, backing off, while one of
-// the rows' transactions is reported in progress (pg_xact_status), for at most
-// PublishTimeout; then the session ends, and the rows are streamed again.
-func (d *dispatcher) markVisible(ctx context.Context, m *marks, hand, rows []walRow) error {
-	deadline := time.Now().Add(d.w.cfg.PublishTimeout)
-	wait := time.Millisecond
-	for {
-		err := d.mark(ctx, m, hand, true)
-		if !errors.Is(err, errNotVisible) {
-			return err
-		}
-		running, qerr := d.inProgress(ctx, xidsOf(rows))
-		if qerr != nil {
-			return databaseError{qerr}
-		}
-		if !running {
-			// Ended before that check: visible now, or gone.
-			if err := d.mark(ctx, m, hand, true); !errors.Is(err, errNotVisible) {
-				return err
-			}
-			d.w.cfg.Logger.Warn("outbox WAL relay: streamed rows are no longer in the table (deleted, by hand or by the transaction that inserted them); the others are marked", "error", err)
-			return d.mark(ctx, m, hand, false)
-		}
-		if time.Now().After(deadline) {
-			return err
-		}
-		if !retry.Sleep(ctx, wait) {
-			return databaseError{err}
-		}
-		wait = min(2*wait, 100*time.Millisecond)
+// markVisible marks the batch. Its barrier waited until the rows' transactions were
+// visible, so a row the mark misses is gone (deleted by hand, or by the transaction that
+// inserted it): it marks the others and logs it.
+func (d *dispatcher) markVisible(ctx context.Context, m *marks, hand []walRow) error {
+	err := d.mark(ctx, m, hand, true)
+	if !errors.Is(err, errNotVisible) {
+		return err
 	}
+	d.w.cfg.Logger.Warn("outbox WAL relay: streamed rows are no longer in the table (deleted, by hand or by the transaction that inserted them); the others are marked", "error", err)
+	return d.mark(ctx, m, hand, false)
 }
 
 // xactsInProgress reports whether one of the transactions $1 (32-bit ids, as the stream has
@@ -1456,15 +1436,6 @@ func xidsOf(rows []walRow) []int64 {
 		}
 	}
 	return xids
-}
-
-// inProgress reports whether one of the transactions xids is still in progress.
-func (d *dispatcher) inProgress(ctx context.Context, xids []int64) (bool, error) {
-	var running bool
-	if err := d.w.db.QueryRow(ctx, xactsInProgress, xids).Scan(&running); err != nil {
-		return false, fmt.Errorf("read whether the streamed transactions are visible: %w", err)
-	}
-	return running, nil
 }
 
 // mark records a batch's marks, and hands hand over, in one transaction. When strict, it rolls
