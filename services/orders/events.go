@@ -41,7 +41,50 @@ type EventItem struct {
 	Quantity int    `json:"quantity"`
 }
 
-// OrderCreated is published when an order is created.
+// Versions of OrderCreated (docs/events.md). Version 2 nests the customer ("customer":
+// {"id": …} for v1's "customer_id") and calls the order lines "lines" (v1's "items"). The
+// service writes the version its setting says (ORDERS_ORDER_CREATED_VERSION): 1 until every
+// consumer reads 2, then 2 (docs/events.md#changing-an-event).
+const (
+	OrderCreatedV1 = 1
+	OrderCreatedV2 = 2
+)
+
+// OrderCreatedVersions are the versions of OrderCreated this service can write.
+func OrderCreatedVersions() []int { return []int{OrderCreatedV1, OrderCreatedV2} }
+
+// NewOrderCreated returns the body of the OrderCreated event of order, in version (one of
+// OrderCreatedVersions; any other is an error).
+func NewOrderCreated(version int, o Order) (any, error) {
+	items := make([]EventItem, len(o.Lines))
+	for i, l := range o.Lines {
+		items[i] = EventItem{SKU: l.SKU, Quantity: l.Quantity}
+	}
+	switch version {
+	case OrderCreatedV1:
+		return OrderCreated{Version: OrderCreatedV1, OrderID: o.ID, CustomerID: o.CustomerID, Items: items, CreatedAt: o.CreatedAt.UTC()}, nil
+	case OrderCreatedV2:
+		return OrderCreatedV2Event{Version: OrderCreatedV2, OrderID: o.ID, Customer: EventCustomer{ID: o.CustomerID}, Lines: items,
+			CreatedAt: o.CreatedAt.UTC()}, nil
+	}
+	return nil, fmt.Errorf("OrderCreated has no version %d (versions %v)", version, OrderCreatedVersions())
+}
+
+// OrderCreatedV2Event is version 2 of OrderCreated.
+type OrderCreatedV2Event struct {
+	Version   int           `json:"version"`
+	OrderID   uuid.UUID     `json:"order_id"`
+	Customer  EventCustomer `json:"customer"`
+	Lines     []EventItem   `json:"lines"`
+	CreatedAt time.Time     `json:"created_at"`
+}
+
+// EventCustomer is the customer of an order in an event (OrderCreated version 2).
+type EventCustomer struct {
+	ID string `json:"id"`
+}
+
+// OrderCreated is version 1 of the event published when an order is created.
 type OrderCreated struct {
 	Version    int         `json:"version"`
 	OrderID    uuid.UUID   `json:"order_id"`

@@ -1,8 +1,13 @@
 package orders_test
 
 import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
@@ -90,4 +95,27 @@ func FuzzDecodeStockEvent(f *testing.F) {
 		require.Equal(t, typ, ev.Event)
 		require.Empty(t, input.IdentifierProblem(ev.Reason), "a reason PostgreSQL can store and a log shows as it is")
 	})
+}
+
+// TestNewOrderCreated checks that each version of OrderCreated is written as docs/events.md
+// shows it (docs/events/OrderCreated.v*.json, which the warehouse's tests decode).
+func TestNewOrderCreated(t *testing.T) {
+	t.Parallel()
+	o := orders.Order{
+		ID: uuid.MustParse(orderID), CustomerID: "c-42", Lines: []orders.Line{{SKU: "BOOK-1", Quantity: 2}},
+		CreatedAt: time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC),
+	}
+	for _, v := range orders.OrderCreatedVersions() {
+		body, err := orders.NewOrderCreated(v, o)
+		require.NoError(t, err)
+		got, err := json.Marshal(body)
+		require.NoError(t, err)
+		want, err := os.ReadFile(filepath.Join("..", "..", "docs", "events", fmt.Sprintf("OrderCreated.v%d.json", v)))
+		require.NoError(t, err)
+		require.JSONEq(t, string(want), string(got), "version %d", v)
+	}
+	for _, v := range []int{0, 3} {
+		_, err := orders.NewOrderCreated(v, o)
+		require.ErrorContains(t, err, fmt.Sprintf("OrderCreated has no version %d", v))
+	}
 }

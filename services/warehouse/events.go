@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"math"
+	"strconv"
 	"strings"
 	"time"
 
@@ -13,8 +14,9 @@ import (
 	"github.com/outboxshop/outboxshop/internal/input"
 )
 
-// EventVersion is the schema version of every event the warehouse reads and writes
-// (internal/events, the same in both services).
+// EventVersion is the schema version of every event the warehouse writes, and of
+// OrderCancelled, which it reads (internal/events, the same in both services); OrderCreated
+// has two (OrderCreatedVersions).
 const EventVersion = events.Version
 
 // Event types (the AMQP type property) and their routing keys, after docs/events.md.
@@ -44,12 +46,48 @@ const (
 	MaxSKULength    = 255
 )
 
+// Versions of OrderCreated (docs/events.md). Version 2 nests the customer ("customer": {"id":
+// …} for v1's "customer_id") and calls the order lines "lines" (v1's "items"); the warehouse
+// reads both, and upgrades a v1 body to the v2 shape in one place (UpgradeOrderCreatedV1)
+// before it checks it.
+const (
+	OrderCreatedV1 = 1
+	OrderCreatedV2 = 2
+)
+
+// OrderCreatedVersions are the versions of OrderCreated this warehouse reads, oldest first.
+func OrderCreatedVersions() []int { return []int{OrderCreatedV1, OrderCreatedV2} }
+
 // OrderCreated is the part of the orders service's OrderCreated event that the warehouse
-// uses. Other fields (customer_id, created_at, …) are ignored.
+// uses, in the v2 shape whichever version was sent. Other fields (customer, created_at, …)
+// are ignored.
 type OrderCreated struct {
+	// Header's Version is the version the event was sent with (OrderCreatedV1 or
+	// OrderCreatedV2).
 	events.Header
-	// Items as sent; DecodeOrderCreated merges them per SKU and sorts them.
-	Items []Line `json:"items"`
+	// Lines as sent; DecodeOrderCreated merges them per SKU and sorts them.
+	Lines []Line `json:"lines"`
+}
+
+// OrderCreatedV2Body is the part of a version 2 OrderCreated body that the warehouse reads:
+// what UpgradeOrderCreatedV1 turns a v1 body into. (The customer, which v2 nests, is not the
+// warehouse's business in either version.)
+type OrderCreatedV2Body struct {
+	OrderID string `json:"order_id"`
+	Lines   []Line `json:"lines"`
+}
+
+// OrderCreatedV1Body is the part of a version 1 OrderCreated body that the warehouse reads.
+type OrderCreatedV1Body struct {
+	OrderID string `json:"order_id"`
+	Items   []Line `json:"items"`
+}
+
+// UpgradeOrderCreatedV1 is the one place a v1 OrderCreated becomes a v2 one: items become
+// lines. It checks nothing: DecodeOrderCreated checks the v2 shape it returns, whichever
+// version was sent. Remove it with v1 support (docs/events.md#changing-an-event).
+func UpgradeOrderCreatedV1(v1 OrderCreatedV1Body) OrderCreatedV2Body {
+	return OrderCreatedV2Body{OrderID: v1.OrderID, Lines: v1.Items}
 }
 
 // OrderCancelled is the part of the orders service's OrderCancelled event that the warehouse
@@ -91,26 +129,48 @@ type EventMeta = events.Meta
 
 // decodeEvent reads an event body under the input policy of internal/input (valid UTF-8, one
 // JSON object, no duplicate members, no lone surrogate escapes, field names spelled exactly;
-// fields it does not know are ignored: adding one is not a new version) into v, after
-// checking that its version is EventVersion. Errors are *Error with CodeInvalid.
-func decodeEvent(typ string, body []byte, v any) error {
+// fields it does not know are ignored: adding one is not a new version) and returns its
+// version, after checking that it is one of accepted. Errors are *Error with CodeInvalid.
+func decodeEvent(typ string, body []byte, accepted []int) (int, error) {
 	var env struct {
 		Version json.RawMessage `json:"version"`
 	}
 	opts := input.DecodeOptions{AllowUnknownFields: true}
 	if err := input.DecodeJSON(body, &env, opts); err != nil {
-		return Errorf(CodeInvalid, "event body is not a JSON object we accept: %s", inputMessage(err))
+		return 0, Errorf(CodeInvalid, "event body is not a JSON object we accept: %s", inputMessage(err))
 	}
 	if env.Version == nil || string(env.Version) == "null" {
-		return Errorf(CodeInvalid, "event has no version field")
+		return 0, Errorf(CodeInvalid, "event has no version field")
 	}
-	if string(env.Version) != "1" {
-		return Errorf(CodeInvalid, "unsupported event version %s (this warehouse understands version %d)", env.Version, EventVersion)
+	for _, v := range accepted {
+		if string(env.Version) == strconv.Itoa(v) {
+			return v, nil
+		}
 	}
-	if err := input.DecodeJSON(body, v, opts); err != nil {
+	return 0, Errorf(CodeInvalid, "unsupported %s version %s (this warehouse reads %s)", typ, env.Version, versionList(accepted))
+}
+
+// decodeBody decodes an event body that decodeEvent accepted into v.
+func decodeBody(typ string, body []byte, v any) error {
+	if err := input.DecodeJSON(body, v, input.DecodeOptions{AllowUnknownFields: true}); err != nil {
 		return Errorf(CodeInvalid, "decode %s: %s", typ, inputMessage(err))
 	}
 	return nil
+}
+
+// versionList is "version 1" or "versions 1 and 2" or "versions 1, 2 and 3".
+func versionList(vs []int) string {
+	s := make([]string, len(vs))
+	for i, v := range vs {
+		s[i] = strconv.Itoa(v)
+	}
+	switch len(s) {
+	case 0:
+		return "no version"
+	case 1:
+		return "version " + s[0]
+	}
+	return "versions " + strings.Join(s[:len(s)-1], ", ") + " and " + s[len(s)-1]
 }
 
 // inputMessage is the message of an input-policy refusal, with its field errors.
@@ -141,49 +201,72 @@ func eventOrderID(typ, raw string) (uuid.UUID, error) {
 	return id, nil
 }
 
-// DecodeOrderCreated parses and checks an OrderCreated body: version 1, an order id in its
-// canonical form and not nil, 1 to MaxOrderLines items, each with a SKU of 1 to
+// DecodeOrderCreated parses and checks an OrderCreated body of one of the versions in
+// accepted (nil: OrderCreatedVersions, every version this warehouse reads). A v1 body is
+// upgraded to the v2 shape first (UpgradeOrderCreatedV1); the v2 shape must have an order id
+// in its canonical form and not nil, and 1 to MaxOrderLines lines, each with a SKU of 1 to
 // MaxSKULength bytes that an identifier may be (input.IdentifierProblem: no NUL, control or
-// bidirectional formatting characters) and a quantity from 1 to MaxLineQuantity. The items
-// it returns are merged per SKU and sorted. Errors are *Error with CodeInvalid.
-func DecodeOrderCreated(body []byte) (OrderCreated, error) {
-	var raw struct {
-		OrderID string `json:"order_id"`
-		Items   []Line `json:"items"`
+// bidirectional formatting characters) and a quantity from 1 to MaxLineQuantity. The lines
+// it returns are merged per SKU and sorted. Errors are *Error with CodeInvalid; a version
+// not in accepted is refused with a message that names the versions it reads.
+func DecodeOrderCreated(body []byte, accepted []int) (OrderCreated, error) {
+	if accepted == nil {
+		accepted = OrderCreatedVersions()
 	}
-	if err := decodeEvent(TypeOrderCreated, body, &raw); err != nil {
+	version, err := decodeEvent(TypeOrderCreated, body, accepted)
+	if err != nil {
 		return OrderCreated{}, err
+	}
+	var raw OrderCreatedV2Body
+	switch version {
+	case OrderCreatedV1:
+		var v1 OrderCreatedV1Body
+		if err := decodeBody(TypeOrderCreated, body, &v1); err != nil {
+			return OrderCreated{}, err
+		}
+		raw = UpgradeOrderCreatedV1(v1)
+	case OrderCreatedV2:
+		if err := decodeBody(TypeOrderCreated, body, &raw); err != nil {
+			return OrderCreated{}, err
+		}
+	default:
+		return OrderCreated{}, Errorf(CodeInvalid, "unsupported %s version %d (this warehouse reads %s)",
+			TypeOrderCreated, version, versionList(OrderCreatedVersions()))
 	}
 	id, err := eventOrderID(TypeOrderCreated, raw.OrderID)
 	if err != nil {
 		return OrderCreated{}, err
 	}
-	ev := OrderCreated{Header: events.NewHeader(id), Items: raw.Items}
-	if len(ev.Items) == 0 || len(ev.Items) > MaxOrderLines {
-		return OrderCreated{}, Errorf(CodeInvalid, "OrderCreated must have 1 to %d items, has %d", MaxOrderLines, len(ev.Items))
+	// The fields' names in errors are v2's: a v1 body's items are its lines.
+	ev := OrderCreated{Header: events.Header{Version: int64(version), OrderID: id}, Lines: raw.Lines}
+	if len(ev.Lines) == 0 || len(ev.Lines) > MaxOrderLines {
+		return OrderCreated{}, Errorf(CodeInvalid, "OrderCreated must have 1 to %d lines, has %d", MaxOrderLines, len(ev.Lines))
 	}
-	for i, l := range ev.Items {
+	for i, l := range ev.Lines {
 		if l.SKU == "" || len(l.SKU) > MaxSKULength {
-			return OrderCreated{}, Errorf(CodeInvalid, "OrderCreated items[%d]: sku must have 1 to %d bytes", i, MaxSKULength)
+			return OrderCreated{}, Errorf(CodeInvalid, "OrderCreated lines[%d]: sku must have 1 to %d bytes", i, MaxSKULength)
 		}
 		if p := input.IdentifierProblem(l.SKU); p != "" {
-			return OrderCreated{}, Errorf(CodeInvalid, "OrderCreated items[%d]: sku %s", i, p)
+			return OrderCreated{}, Errorf(CodeInvalid, "OrderCreated lines[%d]: sku %s", i, p)
 		}
 		if l.Quantity < 1 || l.Quantity > MaxLineQuantity {
-			return OrderCreated{}, Errorf(CodeInvalid, "OrderCreated items[%d] (%s): quantity must be 1 to %d, is %d", i, l.SKU, MaxLineQuantity, l.Quantity)
+			return OrderCreated{}, Errorf(CodeInvalid, "OrderCreated lines[%d] (%s): quantity must be 1 to %d, is %d", i, l.SKU, MaxLineQuantity, l.Quantity)
 		}
 	}
-	ev.Items = MergeLines(ev.Items)
+	ev.Lines = MergeLines(ev.Lines)
 	return ev, nil
 }
 
 // DecodeOrderCancelled parses and checks an OrderCancelled body: version 1 and an order id in
 // its canonical form, not nil. Errors are *Error with CodeInvalid.
 func DecodeOrderCancelled(body []byte) (OrderCancelled, error) {
+	if _, err := decodeEvent(TypeOrderCancelled, body, []int{EventVersion}); err != nil {
+		return OrderCancelled{}, err
+	}
 	var raw struct {
 		OrderID string `json:"order_id"`
 	}
-	if err := decodeEvent(TypeOrderCancelled, body, &raw); err != nil {
+	if err := decodeBody(TypeOrderCancelled, body, &raw); err != nil {
 		return OrderCancelled{}, err
 	}
 	id, err := eventOrderID(TypeOrderCancelled, raw.OrderID)

@@ -115,7 +115,8 @@ func (a *App) Start(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	if a.store, err = postgres.NewStore(pool, postgres.StoreConfig{Exchange: a.topology.Exchange, Propagator: a.Propagator}); err != nil {
+	if a.store, err = postgres.NewStore(pool, postgres.StoreConfig{Exchange: a.topology.Exchange,
+		OrderCreatedVersion: a.cfg.OrderCreatedVersion, Propagator: a.Propagator}); err != nil {
 		return err
 	}
 	// The consumer and the relay declare the topology on every (re)connect, keeping a queue

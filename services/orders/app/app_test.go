@@ -412,6 +412,18 @@ func TestDefaultConfig(t *testing.T) {
 	require.Equal(t, time.Second, cfg.RelayPollInterval)
 	require.Equal(t, ":8080", cfg.HTTPAddr)
 	require.Equal(t, ":8081", cfg.RelayHTTPAddr)
+	require.Equal(t, 1, cfg.OrderCreatedVersion, "version 2 only once every consumer reads it")
+}
+
+func TestOrderCreatedVersionConfig(t *testing.T) {
+	t.Parallel()
+	cfg, err := app.LoadConfigFrom(map[string]string{"ORDERS_ORDER_CREATED_VERSION": "2"})
+	require.NoError(t, err)
+	require.Equal(t, 2, cfg.OrderCreatedVersion)
+	for _, v := range []string{"0", "3", "two"} {
+		_, err := app.LoadConfigFrom(map[string]string{"ORDERS_ORDER_CREATED_VERSION": v})
+		require.ErrorContains(t, err, "ORDERS_ORDER_CREATED_VERSION", v)
+	}
 }
 
 func TestLoadConfig(t *testing.T) { // not parallel: it sets environment variables

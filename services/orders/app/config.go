@@ -1,10 +1,12 @@
 package app
 
 import (
+	"slices"
 	"time"
 
 	"github.com/outboxshop/outboxshop/internal/envconfig"
 	"github.com/outboxshop/outboxshop/internal/service"
+	"github.com/outboxshop/outboxshop/services/orders"
 )
 
 // Config is the whole configuration of the orders service, read once from the environment by
@@ -27,6 +29,10 @@ type Config struct {
 	// The queue of stock events and its dead letters (docs/events.md).
 	Queue           string `env:"ORDERS_QUEUE" envDefault:"orders.stock"`
 	DeadLetterQueue string `env:"ORDERS_DEAD_LETTER_QUEUE" envDefault:"orders.stock.dead"`
+	// OrderCreatedVersion is the version of the OrderCreated events the API writes: 1, or 2
+	// once every consumer reads version 2 (docs/events.md#changing-an-event). The version
+	// is chosen when the event is written, so rows already in the outbox keep theirs.
+	OrderCreatedVersion int `env:"ORDERS_ORDER_CREATED_VERSION" envDefault:"1"`
 
 	// HTTPAddr is where the API listens (api and all).
 	HTTPAddr string `env:"ORDERS_HTTP_ADDR" envDefault:":8080"`
@@ -87,6 +93,8 @@ func (c Config) Validate() error {
 	check(c.DatabaseMaxConns >= 2, "ORDERS_DATABASE_MAX_CONNS must be at least 2, got %d", c.DatabaseMaxConns)
 	check(c.DatabaseTimeout > 0, "ORDERS_DATABASE_TIMEOUT must be positive")
 	check(c.Queue != "" && c.DeadLetterQueue != "", "ORDERS_QUEUE and ORDERS_DEAD_LETTER_QUEUE are required")
+	check(slices.Contains(orders.OrderCreatedVersions(), c.OrderCreatedVersion), "ORDERS_ORDER_CREATED_VERSION must be one of %v, is %d",
+		orders.OrderCreatedVersions(), c.OrderCreatedVersion)
 	c.ConsumerEnv.Check(&v, "ORDERS_", c.ConsumerConcurrency, c.ConsumerBatchSize)
 	check(c.ConsumerShutdownTimeout > 0, "ORDERS_CONSUMER_SHUTDOWN_TIMEOUT must be positive")
 	c.RelayEnv.Check(&v, "ORDERS_")

@@ -2,9 +2,11 @@ package postgres
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -24,6 +26,9 @@ type StoreConfig struct {
 	// Exchange is the events exchange the outbox publishes OrderCreated and OrderCancelled to.
 	// Required.
 	Exchange string
+	// OrderCreatedVersion is the version of the OrderCreated events the store writes (one of
+	// orders.OrderCreatedVersions). Default orders.OrderCreatedV1.
+	OrderCreatedVersion int
 	// Propagator records the trace context of the writing ctx in each event's headers
 	// (outbox.Store.WithPropagator); give the relay the same one. nil: the global one.
 	Propagator propagation.TextMapPropagator
@@ -34,9 +39,10 @@ type StoreConfig struct {
 // API answers commits through pgdb.InTx (outbox.CommitReplicated), reads included: a nil
 // error means the result is on the synchronous standbys, if the server has any.
 type Store struct {
-	pool     DB
-	exchange string
-	outbox   *outbox.Store
+	pool                DB
+	exchange            string
+	orderCreatedVersion int
+	outbox              *outbox.Store
 }
 
 // DB is what a Store needs of its database; *pgxpool.Pool satisfies it. A test may give it
@@ -56,11 +62,15 @@ func NewStore(pool DB, cfg StoreConfig) (*Store, error) {
 	if cfg.Exchange == "" {
 		return nil, errors.New("postgres store: Exchange is required")
 	}
+	version := cmp.Or(cfg.OrderCreatedVersion, orders.OrderCreatedV1)
+	if !slices.Contains(orders.OrderCreatedVersions(), version) {
+		return nil, fmt.Errorf("postgres store: OrderCreatedVersion %d: OrderCreated has versions %v", version, orders.OrderCreatedVersions())
+	}
 	ob, err := outbox.NewStore(outbox.Tables{})
 	if err != nil {
 		return nil, fmt.Errorf("postgres store: %w", err)
 	}
-	return &Store{pool: pool, exchange: cfg.Exchange, outbox: ob.WithPropagator(cfg.Propagator)}, nil
+	return &Store{pool: pool, exchange: cfg.Exchange, orderCreatedVersion: version, outbox: ob.WithPropagator(cfg.Propagator)}, nil
 }
 
 // Ping checks that the database answers.
@@ -130,14 +140,11 @@ func (s *Store) CreateOrder(ctx context.Context, in orders.CreateOrderInput) (or
 		if err != nil {
 			return err
 		}
-		items := make([]orders.EventItem, len(order.Lines))
-		for i, l := range order.Lines {
-			items[i] = orders.EventItem{SKU: l.SKU, Quantity: l.Quantity}
+		body, err := orders.NewOrderCreated(s.orderCreatedVersion, *order)
+		if err != nil {
+			return err
 		}
-		msg, err := events.Message(s.exchange, orders.RoutingKeyOrderCreated, orders.EventOrderCreated, order.ID, in.Meta, orders.OrderCreated{
-			Version: orders.EventVersion, OrderID: order.ID, CustomerID: order.CustomerID,
-			Items: items, CreatedAt: order.CreatedAt.UTC(),
-		})
+		msg, err := events.Message(s.exchange, orders.RoutingKeyOrderCreated, orders.EventOrderCreated, order.ID, in.Meta, body)
 		if err != nil {
 			return err
 		}

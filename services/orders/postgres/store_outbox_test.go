@@ -24,11 +24,17 @@ func (d txDB) Ping(ctx context.Context) error                               { re
 // txStore returns a Store on a transaction of b's database, rolled back when the test ends.
 func (b *storeBundle) txStore(t *testing.T) (*postgres.Store, pgx.Tx) {
 	t.Helper()
+	return b.txStoreOf(t, postgres.StoreConfig{Exchange: testExchange})
+}
+
+// txStoreOf is txStore with a configuration of the test's.
+func (b *storeBundle) txStoreOf(t *testing.T, cfg postgres.StoreConfig) (*postgres.Store, pgx.Tx) {
+	t.Helper()
 	ctx := context.Background()
 	tx, err := b.pool.Begin(ctx)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = tx.Rollback(ctx) })
-	store, err := postgres.NewStore(txDB{tx}, postgres.StoreConfig{Exchange: testExchange})
+	store, err := postgres.NewStore(txDB{tx}, cfg)
 	require.NoError(t, err)
 	return store, tx
 }
@@ -61,6 +67,31 @@ func TestStoreOutbox(t *testing.T) {
 			Headers: map[string]string{outbox.HeaderCorrelationID: "req-1", outbox.HeaderCausationID: "cause-1"},
 		}, nil)
 		outboxtest.RequireNotAdded(ctx, t, tx, outboxtest.Expect{Type: orders.EventOrderCancelled}, nil)
+	})
+
+	t.Run("CreateAddsOrderCreatedOfTheVersionConfigured", func(t *testing.T) {
+		t.Parallel()
+		store, tx := setup(t).txStoreOf(t, postgres.StoreConfig{Exchange: testExchange, OrderCreatedVersion: orders.OrderCreatedV2})
+		res, err := store.CreateOrder(ctx, orders.CreateOrderInput{
+			Request: orders.OrderRequest{CustomerID: "c-42", Items: []orders.Item{{SKU: "MUG-1", Quantity: 3}, {SKU: "BOOK-1", Quantity: 1}}},
+		})
+		require.NoError(t, err)
+		o := res.Order
+		outboxtest.RequireAdded(ctx, t, tx, outboxtest.Expect{
+			Type: orders.EventOrderCreated, AggregateID: o.ID.String(),
+			Payload: orders.OrderCreatedV2Event{
+				Version: orders.OrderCreatedV2, OrderID: o.ID, Customer: orders.EventCustomer{ID: "c-42"},
+				Lines: []orders.EventItem{{SKU: "MUG-1", Quantity: 3}, {SKU: "BOOK-1", Quantity: 1}}, CreatedAt: o.CreatedAt.UTC(),
+			},
+		}, nil)
+	})
+
+	t.Run("AVersionOfOrderCreatedThatDoesNotExistIsRefused", func(t *testing.T) {
+		t.Parallel()
+		for _, v := range []int{-1, 3} {
+			_, err := postgres.NewStore(txDB{}, postgres.StoreConfig{Exchange: testExchange, OrderCreatedVersion: v})
+			require.ErrorContains(t, err, "OrderCreated has versions [1 2]")
+		}
 	})
 
 	t.Run("UnknownSKUAddsNothing", func(t *testing.T) {

@@ -27,29 +27,43 @@ type OrderApplier interface {
 	ApplyOrderCancelled(ctx context.Context, tx pgx.Tx, ev warehouse.OrderCancelled, meta warehouse.EventMeta) (warehouse.OrderOutcome, error)
 }
 
+// HandlerConfig configures NewHandler.
+type HandlerConfig struct {
+	// OrderCreatedVersions are the versions of OrderCreated the handler reads; nil: every
+	// version this warehouse reads (warehouse.OrderCreatedVersions). A release keeps reading a
+	// version until none can arrive any more (docs/events.md#changing-an-event); a shorter
+	// list is how an operator stops reading one without a new release.
+	OrderCreatedVersions []int
+	// Logger receives a line per message handled or refused. nil discards.
+	Logger *slog.Logger
+}
+
 // NewHandler returns the inbox handler of the orders service's events: it decodes a delivery
 // (warehouse.DecodeOrderCreated, warehouse.DecodeOrderCancelled) and applies it through store,
 // with the delivery's correlation id and its id as the causation id of the answer.
 //
 //   - OrderCreated: reserved or rejected; answered StockReserved or StockRejected.
 //   - OrderCancelled: released; answered StockReleased.
-//   - An unknown type, an unsupported version or a body that breaks the contract:
-//     inbox.Permanent, so the consumer dead-letters the message with the reason.
+//   - An unknown type, a version the handler does not read (cfg.OrderCreatedVersions) or a
+//     body that breaks the contract: inbox.Permanent, so the consumer dead-letters the
+//     message with the reason (docs/runbook.md says how to replay it once fixed).
 //   - A message that changes nothing (a second OrderCreated or OrderCancelled for an order
 //     already handled) is logged and acknowledged, and answered by nothing.
 //   - Any other error (the database, a deadlock) is returned as it is: the transaction rolls
 //     back and the consumer retries the message.
-func NewHandler(store OrderApplier, log *slog.Logger) inboxrabbitmq.Handler {
+func NewHandler(store OrderApplier, cfg HandlerConfig) inboxrabbitmq.Handler {
+	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	versions := cfg.OrderCreatedVersions
 	return func(ctx context.Context, tx pgx.Tx, d inboxrabbitmq.Delivery) error {
 		log := log.With(slog.String("message_id", d.ID), slog.String("message_type", d.Type),
 			slog.String("correlation_id", correlationID(d)))
 		meta := warehouse.EventMeta{CorrelationID: correlationID(d), CausationID: d.ID}
 		switch d.Type {
 		case warehouse.TypeOrderCreated:
-			return orderCreated(ctx, tx, store, d, meta, log)
+			return orderCreated(ctx, tx, store, d, meta, versions, log)
 		case warehouse.TypeOrderCancelled:
 			return orderCancelled(ctx, tx, store, d, meta, log)
 		default:
@@ -61,8 +75,10 @@ func NewHandler(store OrderApplier, log *slog.Logger) inboxrabbitmq.Handler {
 	}
 }
 
-func orderCreated(ctx context.Context, tx pgx.Tx, store OrderApplier, d inboxrabbitmq.Delivery, meta warehouse.EventMeta, log *slog.Logger) error {
-	ev, err := warehouse.DecodeOrderCreated(d.Body)
+func orderCreated(ctx context.Context, tx pgx.Tx, store OrderApplier, d inboxrabbitmq.Delivery, meta warehouse.EventMeta,
+	versions []int, log *slog.Logger,
+) error {
+	ev, err := warehouse.DecodeOrderCreated(d.Body, versions)
 	if err != nil {
 		log = log.With(slog.String("order_id", peekOrderID(d.Body)))
 		log.WarnContext(ctx, "OrderCreated refused: dead-lettering it", slog.Any("error", err))
@@ -77,7 +93,7 @@ func orderCreated(ctx context.Context, tx pgx.Tx, store OrderApplier, d inboxrab
 		log.WarnContext(ctx, "OrderCreated changes nothing; acknowledged without an answer", slog.String("why", out.Decision.Why))
 		return nil
 	}
-	log.InfoContext(ctx, "order handled", slog.String("decision", out.Decision.String()), slog.Any("lines", ev.Items),
+	log.InfoContext(ctx, "order handled", slog.String("decision", out.Decision.String()), slog.Any("lines", ev.Lines),
 		slog.Any("shortages", out.Decision.Shortages), slog.String("answer_id", out.AnswerID.String()))
 	return nil
 }

@@ -30,7 +30,7 @@ func TestHandlerConcurrentOrders(t *testing.T) {
 	ctx := context.Background()
 	_, _, err := b.store.SetStock(ctx, "HOT-1", "Hot item", 10)
 	require.NoError(t, err)
-	h := warehouseamqp.NewHandler(b.store, testLogger(t))
+	h := warehouseamqp.NewHandler(b.store, warehouseamqp.HandlerConfig{Logger: testLogger(t)})
 
 	msgs := make([]message, 50)
 	for i := range msgs {
@@ -214,11 +214,11 @@ func TestConsumer(t *testing.T) {
 			name: "an unsupported version",
 			msg: func(t *testing.T) message {
 				m := orderCreated(t, uuid.Must(uuid.NewV7()), warehouse.Line{SKU: "BOOK-1", Quantity: 1})
-				m.Body = []byte(strings.Replace(string(m.Body), `"version":1`, `"version":2`, 1))
+				m.Body = []byte(strings.Replace(string(m.Body), `"version":1`, `"version":3`, 1))
 				return m
 			},
 			key:    warehouse.RoutingKeyOrderCreated,
-			reason: "unsupported event version 2",
+			reason: "unsupported OrderCreated version 3 (this warehouse reads versions 1 and 2)",
 		},
 		{
 			name: "an unknown type",
@@ -309,6 +309,51 @@ func TestConsumer(t *testing.T) {
 			require.Equal(t, int64(100), b.available(t, "BOOK-1"))
 		})
 	}
+}
+
+// TestOrderCreatedVersions runs the consumer on both versions of OrderCreated: each is
+// reserved as the other would be, and a warehouse that reads only version 1 (an old release,
+// or an operator's WAREHOUSE_ORDER_CREATED_VERSIONS) dead-letters a v2 with a reason that
+// says so, applying nothing.
+func TestOrderCreatedVersions(t *testing.T) {
+	t.Parallel()
+
+	t.Run("v1 and v2 are reserved alike", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.startConsumer(t, 2)
+		v1, v2 := uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7())
+		lines := []warehouse.Line{{SKU: "BOOK-1", Quantity: 2}, {SKU: "MUG-1", Quantity: 1}}
+		b.publish(t, warehouse.RoutingKeyOrderCreated, orderCreated(t, v1, lines...))
+		b.publish(t, warehouse.RoutingKeyOrderCreated, orderCreatedV2(t, v2, lines...))
+		testinfra.Eventually(t, 30*time.Second, func() bool { return b.countReservations(t, warehouse.StatusReserved) == 2 }, "both reserved")
+		for _, id := range []uuid.UUID{v1, v2} {
+			answers := b.answers(t, id)
+			require.Len(t, answers, 1)
+			require.Equal(t, warehouse.TypeStockReserved, answers[0].Type)
+			require.Equal(t, []any{map[string]any{"sku": "BOOK-1", "quantity": float64(2)}, map[string]any{"sku": "MUG-1", "quantity": float64(1)}},
+				answers[0].Payload["items"])
+		}
+		require.Equal(t, int64(96), b.available(t, "BOOK-1"))
+		require.Zero(t, b.deadLettered.Load())
+	})
+
+	t.Run("a warehouse that reads only v1 dead-letters v2 and applies nothing", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.startConsumerOf(t, 2, warehouseamqp.HandlerConfig{OrderCreatedVersions: []int{warehouse.OrderCreatedV1}})
+		m := orderCreatedV2(t, uuid.Must(uuid.NewV7()), warehouse.Line{SKU: "BOOK-1", Quantity: 1})
+		b.publish(t, warehouse.RoutingKeyOrderCreated, m)
+		d := b.deadLetter(t)
+		require.Equal(t, m.ID, d.MessageId)
+		reason, _ := d.Headers[inboxrabbitmq.HeaderDeadReason].(string)
+		require.Equal(t, inboxrabbitmq.ReasonPermanent+": invalid: unsupported OrderCreated version 2 (this warehouse reads version 1)", reason)
+		require.Zero(t, b.countReservations(t, ""))
+		require.Equal(t, int64(100), b.available(t, "BOOK-1"))
+		// A v1 still goes through.
+		b.publish(t, warehouse.RoutingKeyOrderCreated, orderCreated(t, uuid.Must(uuid.NewV7()), warehouse.Line{SKU: "BOOK-1", Quantity: 1}))
+		testinfra.Eventually(t, 30*time.Second, func() bool { return b.countReservations(t, warehouse.StatusReserved) == 1 }, "the v1 reserved")
+	})
 }
 
 func TestTopology(t *testing.T) {

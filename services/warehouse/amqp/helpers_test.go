@@ -84,11 +84,18 @@ func deleteTopology(t *testing.T, amqpURL string, top warehouseamqp.Topology) {
 // startConsumer runs the warehouse consumer until the test ends.
 func (b *bundle) startConsumer(t *testing.T, concurrency int) {
 	t.Helper()
+	b.startConsumerOf(t, concurrency, warehouseamqp.HandlerConfig{})
+}
+
+// startConsumerOf is startConsumer with a handler configuration of the test's.
+func (b *bundle) startConsumerOf(t *testing.T, concurrency int, hc warehouseamqp.HandlerConfig) {
+	t.Helper()
+	hc.Logger = testLogger(t)
 	c, err := inboxrabbitmq.NewConsumer(b.pool, inboxrabbitmq.Config{
 		URLs:                 []string{b.amqpURL},
 		Queue:                b.top.Queue,
 		Name:                 warehouseamqp.ConsumerName,
-		Handler:              warehouseamqp.NewHandler(b.store, testLogger(t)),
+		Handler:              warehouseamqp.NewHandler(b.store, hc),
 		DeadLetterExchange:   b.top.DeadLetterExchange,
 		DeadLetterRoutingKey: b.top.Queue,
 		Setup:                b.top.Declare,
@@ -151,6 +158,16 @@ func orderCreated(t *testing.T, id uuid.UUID, lines ...warehouse.Line) message {
 	t.Helper()
 	body, err := json.Marshal(map[string]any{
 		"version": 1, "order_id": id, "customer_id": "c-42", "items": lines, "created_at": time.Now().UTC(),
+	})
+	require.NoError(t, err)
+	return message{ID: uuid.Must(uuid.NewV7()).String(), Type: warehouse.TypeOrderCreated, Body: body}
+}
+
+// orderCreatedV2 is orderCreated in version 2 of the event (docs/events.md).
+func orderCreatedV2(t *testing.T, id uuid.UUID, lines ...warehouse.Line) message {
+	t.Helper()
+	body, err := json.Marshal(map[string]any{
+		"version": 2, "order_id": id, "customer": map[string]string{"id": "c-42"}, "lines": lines, "created_at": time.Now().UTC(),
 	})
 	require.NoError(t, err)
 	return message{ID: uuid.Must(uuid.NewV7()).String(), Type: warehouse.TypeOrderCreated, Body: body}

@@ -34,7 +34,7 @@ func TestHandlerWithoutBroker(t *testing.T) {
 		require.NoError(t, postgres.Migrate(ctx, pool))
 		store, err := postgres.NewStore(pool, postgres.StoreConfig{Exchange: exchange})
 		require.NoError(t, err)
-		h := warehouseamqp.NewHandler(store, testLogger(t))
+		h := warehouseamqp.NewHandler(store, warehouseamqp.HandlerConfig{Logger: testLogger(t)})
 		return pool, inboxrabbitmq.Config{Name: warehouseamqp.ConsumerName, Handler: h, MaxDeliveries: 3}
 	}
 	delivery := func(m message) inboxrabbitmq.Delivery {

@@ -137,10 +137,11 @@ func (a *App) Start(ctx context.Context) (err error) {
 		var check readiness.Check
 		a.consumer, check, err = service.AddConsumer(a.Process, service.ConsumerConfig{
 			Consumer: inboxrabbitmq.Config{
-				URLs:                 a.cfg.AMQPURLs(),
-				Queue:                topology.Queue,
-				Name:                 warehouseamqp.ConsumerName,
-				Handler:              warehouseamqp.NewHandler(countingApplier{OrderApplier: a.store, committed: svc.committed}, a.Log),
+				URLs:  a.cfg.AMQPURLs(),
+				Queue: topology.Queue,
+				Name:  warehouseamqp.ConsumerName,
+				Handler: warehouseamqp.NewHandler(countingApplier{OrderApplier: a.store, committed: svc.committed},
+					warehouseamqp.HandlerConfig{OrderCreatedVersions: a.cfg.OrderCreatedVersions, Logger: a.Log}),
 				ShutdownTimeout:      a.cfg.ShutdownTimeout,
 				DeadLetterExchange:   topology.DeadLetterExchange,
 				DeadLetterRoutingKey: topology.Queue,

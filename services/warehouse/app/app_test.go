@@ -365,6 +365,22 @@ func TestConfig(t *testing.T) {
 		require.ErrorContains(t, err, "WAREHOUSE_AMQP_URL: URL 2 of 2")
 	})
 
+	t.Run("the versions of OrderCreated read", func(t *testing.T) {
+		t.Parallel()
+		require.Equal(t, []int{1, 2}, app.DefaultConfig().OrderCreatedVersions)
+		cfg, err := app.LoadConfigFrom(map[string]string{"WAREHOUSE_ORDER_CREATED_VERSIONS": "1"})
+		require.NoError(t, err)
+		require.Equal(t, []int{1}, cfg.OrderCreatedVersions)
+		for value, want := range map[string]string{
+			"3":   "WAREHOUSE_ORDER_CREATED_VERSIONS: this warehouse reads versions [1 2] of OrderCreated, not 3",
+			"1,1": "WAREHOUSE_ORDER_CREATED_VERSIONS names version 1 twice",
+			"v2":  "WAREHOUSE_ORDER_CREATED_VERSIONS",
+		} {
+			_, err := app.LoadConfigFrom(map[string]string{"WAREHOUSE_ORDER_CREATED_VERSIONS": value})
+			require.ErrorContains(t, err, want, value)
+		}
+	})
+
 	t.Run("a cluster's nodes and replicas", func(t *testing.T) {
 		t.Parallel()
 		cfg, err := app.LoadConfigFrom(map[string]string{

@@ -38,7 +38,7 @@ func TestCountingApplier(t *testing.T) {
 		mu.Lock()
 		defer mu.Unlock()
 		actions = append(actions, d.Action)
-	}}, nil)
+	}}, warehouseamqp.HandlerConfig{})
 	reported := func() []warehouse.Action {
 		mu.Lock()
 		defer mu.Unlock()

@@ -1,11 +1,13 @@
 package app
 
 import (
+	"slices"
 	"time"
 
 	"github.com/outboxshop/outboxshop/internal/envconfig"
 	"github.com/outboxshop/outboxshop/internal/service"
 	"github.com/outboxshop/outboxshop/pkg/inbox"
+	"github.com/outboxshop/outboxshop/services/warehouse"
 
 	warehouseamqp "github.com/outboxshop/outboxshop/services/warehouse/amqp"
 )
@@ -47,6 +49,11 @@ type Config struct {
 	// InboxRetention is how long processed message ids are remembered. It must exceed the
 	// longest time in which a duplicate can still arrive.
 	InboxRetention time.Duration `env:"WAREHOUSE_INBOX_RETENTION" envDefault:"168h"`
+	// OrderCreatedVersions are the versions of OrderCreated the consumer reads, separated by
+	// commas; one it does not read is dead-lettered with the reason. The default is every
+	// version this release reads (warehouse.OrderCreatedVersions): drop one only when none
+	// can arrive any more (docs/events.md#changing-an-event).
+	OrderCreatedVersions []int `env:"WAREHOUSE_ORDER_CREATED_VERSIONS" envDefault:"1,2"`
 
 	// Relay tuning: internal/service RelayEnv (WAREHOUSE_RELAY_BATCH_SIZE, …), documented on
 	// internal/service RelaySettings.
@@ -90,6 +97,12 @@ func (c Config) Validate() error {
 	v.Check(c.ConsumerBatchSize <= inbox.MaxBatch/2, "WAREHOUSE_CONSUMER_BATCH_SIZE must be at most %d (an order may take two subtransactions of a batch), is %d",
 		inbox.MaxBatch/2, c.ConsumerBatchSize)
 	c.RelayEnv.Check(&v, "WAREHOUSE_")
+	v.Check(len(c.OrderCreatedVersions) > 0, "WAREHOUSE_ORDER_CREATED_VERSIONS must name at least one version")
+	for i, ver := range c.OrderCreatedVersions {
+		v.Check(slices.Contains(warehouse.OrderCreatedVersions(), ver), "WAREHOUSE_ORDER_CREATED_VERSIONS: this warehouse reads versions %v of OrderCreated, not %d",
+			warehouse.OrderCreatedVersions(), ver)
+		v.Check(!slices.Contains(c.OrderCreatedVersions[:i], ver), "WAREHOUSE_ORDER_CREATED_VERSIONS names version %d twice", ver)
+	}
 	v.Check(int(c.DatabaseMaxConns) >= c.ConsumerConcurrency+c.RelayConnections()+1,
 		"WAREHOUSE_DATABASE_MAX_CONNS (%d) must exceed WAREHOUSE_CONSUMER_CONCURRENCY (%d) by at least %d: the relay's connections (WAREHOUSE_RELAY_IN_FLIGHT_BATCHES + 1, or 2 × WAREHOUSE_RELAY_IN_FLIGHT_BATCHES + 2 in mode wal) and the API's",
 		c.DatabaseMaxConns, c.ConsumerConcurrency, c.RelayConnections()+1)

@@ -28,7 +28,7 @@ type DBTX = pgdb.DBTX
 func (s *Store) ApplyOrderCreated(ctx context.Context, tx pgx.Tx, ev warehouse.OrderCreated, meta warehouse.EventMeta) (warehouse.OrderOutcome, error) {
 	now := s.now()
 	var w writes
-	d, err := reserve(ctx, tx, &w, ev.OrderID, ev.Items, meta.CausationID, now)
+	d, err := reserve(ctx, tx, &w, ev.OrderID, ev.Lines, meta.CausationID, now)
 	if err != nil {
 		return warehouse.OrderOutcome{}, fmt.Errorf("reserve order %s: %w", ev.OrderID, err)
 	}
@@ -38,7 +38,7 @@ func (s *Store) ApplyOrderCreated(ctx context.Context, tx pgx.Tx, ev warehouse.O
 		return warehouse.OrderOutcome{Decision: d}, nil
 	case warehouse.ActionReserve:
 		msg, err = events.Message(s.exchange, warehouse.RoutingKeyStockReserved, warehouse.TypeStockReserved, ev.OrderID, meta,
-			warehouse.NewStockReserved(ev.OrderID, ev.Items, now))
+			warehouse.NewStockReserved(ev.OrderID, ev.Lines, now))
 	case warehouse.ActionReject:
 		msg, err = events.Message(s.exchange, warehouse.RoutingKeyStockRejected, warehouse.TypeStockRejected, ev.OrderID, meta,
 			warehouse.NewStockRejected(ev.OrderID, d.Reason, d.Shortages, now))

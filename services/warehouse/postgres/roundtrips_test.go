@@ -72,7 +72,7 @@ func TestRoundTrips(t *testing.T) {
 	}
 	created := func(orderID uuid.UUID, lines []warehouse.Line, msgID string, want warehouse.Action) func(tx pgx.Tx) error {
 		return func(tx pgx.Tx) error {
-			out, err := store.ApplyOrderCreated(ctx, tx, warehouse.OrderCreated{Header: events.Header{OrderID: orderID}, Items: lines},
+			out, err := store.ApplyOrderCreated(ctx, tx, warehouse.OrderCreated{Header: events.Header{OrderID: orderID}, Lines: lines},
 				warehouse.EventMeta{CausationID: msgID})
 			require.Equal(t, want, out.Decision.Action)
 			return err
