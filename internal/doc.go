@@ -28,7 +28,9 @@
 //     libraries' schemas), pgxpool statistics as metrics (pgxpoolmetrics), callbacks after a
 //     commit (aftercommit);
 //   - RabbitMQ: a service's topology, one shape of names for both (amqptopo.Names),
-//     declared so that a changed setting never stops it (amqptopo);
+//     declared so that a changed setting never stops it (amqptopo); the dead-letters
+//     subcommand of both binaries, which replays dead letters with filters and a dry run
+//     (deadletters);
 //   - tracing: OTLP export configured by the OTEL_* variables, off without an endpoint, and
 //     the W3C propagator (telemetry), handed by service.Process to the HTTP edge, the relay,
 //     the consumer and the stores; query spans inside traced work (pgtrace); trace_id and

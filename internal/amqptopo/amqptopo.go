@@ -332,19 +332,7 @@ func (d *Declarer) connect(ctx context.Context) (*amqp.Connection, error) {
 		}
 		conn, err := amqp.DialConfig(d.urls[i], amqp.Config{
 			Properties: props,
-			Dial: func(network, addr string) (net.Conn, error) {
-				dl := net.Dialer{Deadline: deadline}
-				c, err := dl.DialContext(ctx, network, addr)
-				if err != nil {
-					return nil, err
-				}
-				// Bounds the handshake; the library clears the deadline once connected.
-				if err := c.SetDeadline(deadline); err != nil {
-					_ = c.Close()
-					return nil, err
-				}
-				return c, nil
-			},
+			Dial:       DialUntil(ctx, deadline),
 		})
 		if err == nil {
 			return conn, nil
@@ -408,4 +396,22 @@ func brokerMajor(props amqp.Table) int {
 		return n
 	}
 	return 3
+}
+
+// DialUntil is an amqp.Config Dial that connects within ctx and bounds both the TCP connect
+// and the AMQP handshake by deadline (the library clears the deadline once connected), so
+// that a node that accepts and then says nothing cannot hold a caller past it.
+func DialUntil(ctx context.Context, deadline time.Time) func(network, addr string) (net.Conn, error) {
+	return func(network, addr string) (net.Conn, error) {
+		d := net.Dialer{Deadline: deadline}
+		c, err := d.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		if err := c.SetDeadline(deadline); err != nil {
+			_ = c.Close()
+			return nil, err
+		}
+		return c, nil
+	}
 }

@@ -23,6 +23,13 @@
 // The inbox folder's README.md says the rest (Batches and acknowledgements among it): what the broker counts (The path of a message),
 // how to declare the queues (Topology), several brokers, operations, and the limits.
 //
+// # Replaying dead letters
+//
+// Once their cause is fixed, [ReplayDeadLetters] moves the dead letters a [ReplayConfig]
+// selects back to the queue each came from, as replays with a fresh set of attempts; a dry
+// run only counts them. A dead letter leaves its queue only after the broker confirmed its
+// copy.
+//
 // # Status, metrics and tracing
 //
 // [Consumer.Ready], [Consumer.Status] and [Consumer.PoolSize] serve readiness checks and

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 
+	"github.com/outboxshop/outboxshop/internal/deadletters"
 	"github.com/outboxshop/outboxshop/internal/service"
 	"github.com/outboxshop/outboxshop/services/warehouse"
 )
@@ -17,6 +18,10 @@ commands:
   all             api and relay in one process
   migrate         create and migrate the database, then exit
   seed [--force]  reset the catalogue's stock; --force also while reservations hold stock
+  dead-letters [--dry-run] [--type T] [--version N] [--reason TEXT] [--limit N] [--queue Q] [--json]
+                  replay dead letters of WAREHOUSE_DEAD_LETTER_QUEUE (or Q) into the queue each
+                  came from, those of type T, version N, a reason containing TEXT (all: AND);
+                  --dry-run counts and moves nothing; --json prints one JSON object
 
 Configuration is read from WAREHOUSE_* environment variables (and CHAOS_FAILPOINTS); see
 services/warehouse/README.md.
@@ -24,15 +29,21 @@ services/warehouse/README.md.
 
 // Command is the warehouse binary's command line (internal/service Command, the same in both
 // services): api (also serve), relay and all run an [App] in that [Mode]; migrate is
-// [Migrate]; seed is [Seed]. cmd/warehouse runs it.
+// [Migrate]; seed is [Seed]; dead-letters replays dead letters (internal/deadletters, the same
+// in both services). cmd/warehouse runs it.
 func Command() service.Command[Config] {
 	return service.Command[Config]{
 		Name: ServiceName, Usage: usage, Load: LoadConfigFrom, Migrate: Migrate,
 		Settings: func(c Config) service.Settings {
 			return service.Settings{LogFormat: c.LogFormat, LogLevel: c.LogLevel, ShutdownTimeout: c.ShutdownTimeout}
 		},
-		New:      func(c Config, mode string, opts Options) (service.Runner, error) { return New(c, Mode(mode), opts) },
-		Commands: map[string]service.Subcommand[Config]{"seed": seed},
+		New: func(c Config, mode string, opts Options) (service.Runner, error) { return New(c, Mode(mode), opts) },
+		Commands: map[string]service.Subcommand[Config]{
+			"seed": seed,
+			deadletters.Name: deadletters.Subcommand(ServiceName, func(c Config) (service.BrokerEnv, string) {
+				return c.BrokerEnv, c.DeadLetterQueue
+			}),
+		},
 	}
 }
 

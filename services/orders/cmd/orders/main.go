@@ -4,6 +4,8 @@
 //	orders relay      the outbox relay (and outbox cleanup), with /healthz, /readyz and /metrics
 //	orders all        everything in one process
 //	orders migrate    create and migrate the database, then exit
+//	orders dead-letters [--dry-run] [--type T] [--version N] [--reason TEXT] [--limit N] [--queue Q] [--json]
+//	                  replay dead letters into the queue each came from (internal/deadletters)
 //
 // Configuration comes from environment variables prefixed ORDERS_ (see the README or
 // app.Config), so that it runs from the same shell as the warehouse (WAREHOUSE_…);

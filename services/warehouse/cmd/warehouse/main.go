@@ -5,6 +5,8 @@
 //	warehouse all        everything in one process
 //	warehouse migrate    create and migrate the database, then exit
 //	warehouse seed       reset the catalogue's stock (refuses while stock is reserved, unless --force)
+//	warehouse dead-letters [--dry-run] [--type T] [--version N] [--reason TEXT] [--limit N] [--queue Q] [--json]
+//	                     replay dead letters into the queue each came from (internal/deadletters)
 //
 // Configuration comes from environment variables prefixed WAREHOUSE_ (see the README or
 // app.Config), so that it runs from the same shell as the orders service (ORDERS_…);
