@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/url"
 	"os"
@@ -68,7 +69,9 @@ type Compose struct {
 	deaths    []Death
 	shop      *ShopSpec
 	shopStart time.Time
-	watermark string // the broker's memory high watermark before BrokerAlarm raised it
+	// configured are the settings Configure gave each service, after the shop's.
+	configured map[Service][]string
+	watermark  string // the broker's memory high watermark before BrokerAlarm raised it
 }
 
 var _ Target = (*Compose)(nil)
@@ -174,7 +177,7 @@ func (c *Compose) Prepare(ctx context.Context, progress func(string)) error {
 			c.cfg.Ports[svc] = p
 		}
 	}
-	if err := c.writeOverride(nil, nil); err != nil {
+	if err := c.writeOverride(nil, nil, nil); err != nil {
 		return err
 	}
 	progress("docker compose build " + strings.Join(serviceNames(), " "))
@@ -196,19 +199,28 @@ func serviceNames() []string {
 // writeOverride writes the override file: PostgreSQL and RabbitMQ published to the runner,
 // and for each service no restart policy, CHAOS_FAILPOINTS (empty unless armed) and the
 // scenario's settings.
-func (c *Compose) writeOverride(failpoints map[Service]string, settings []string) error {
+func (c *Compose) writeOverride(failpoints map[Service]string, settings []string, configured map[Service][]string) error {
 	var b strings.Builder
 	b.WriteString("# Written by the chaos runner: the crash points of the current scenario.\nservices:\n")
 	fmt.Fprintf(&b, "  postgres:\n    ports:\n      - \"%s:%d:5432\"\n", c.cfg.Host, c.cfg.Ports["postgres"])
 	fmt.Fprintf(&b, "  rabbitmq:\n    ports:\n      - \"%s:%d:5672\"\n", c.cfg.Host, c.cfg.Ports["rabbitmq"])
 	for _, s := range Services {
 		fmt.Fprintf(&b, "  %s:\n    restart: \"no\"\n    environment:\n      CHAOS_FAILPOINTS: %s\n", s, strconv.Quote(failpoints[s]))
-		for _, kv := range settings {
+		// A name given twice keeps its last value, as exec does.
+		env := map[string]string{}
+		var names []string
+		for _, kv := range append(slices.Clone(settings), configured[s]...) {
 			name, value, ok := strings.Cut(kv, "=")
 			if !ok || name == "" {
 				return fmt.Errorf("compose target: setting %q is not NAME=value", kv)
 			}
-			fmt.Fprintf(&b, "      %s: %s\n", name, strconv.Quote(value))
+			if _, seen := env[name]; !seen {
+				names = append(names, name)
+			}
+			env[name] = value
+		}
+		for _, name := range names {
+			fmt.Fprintf(&b, "      %s: %s\n", name, strconv.Quote(env[name]))
 		}
 	}
 	return os.WriteFile(c.override, []byte(b.String()), 0o644)
@@ -238,7 +250,10 @@ func (c *Compose) StartShop(ctx context.Context, spec ShopSpec) (Endpoints, erro
 	if spec.BrokerCluster {
 		return Endpoints{}, fmt.Errorf("a RabbitMQ cluster: %w (run the scenario with -target local)", ErrUnsupported)
 	}
-	if err := c.writeOverride(spec.Failpoints, spec.Settings); err != nil {
+	c.mu.Lock()
+	c.configured = nil
+	c.mu.Unlock()
+	if err := c.writeOverride(spec.Failpoints, spec.Settings, nil); err != nil {
 		return Endpoints{}, err
 	}
 	if _, err := c.compose(ctx, append([]string{"up", "-d", "--wait"}, stack()...)...); err != nil {
@@ -348,6 +363,7 @@ func (c *Compose) Heal(ctx context.Context, svc Service) error {
 	c.mu.Lock()
 	fps := map[Service]string{}
 	var settings []string
+	configured := c.configured
 	if c.shop != nil {
 		for k, v := range c.shop.Failpoints {
 			if k != svc {
@@ -358,7 +374,7 @@ func (c *Compose) Heal(ctx context.Context, svc Service) error {
 		settings = c.shop.Settings
 	}
 	c.mu.Unlock()
-	if err := c.writeOverride(fps, settings); err != nil {
+	if err := c.writeOverride(fps, settings, configured); err != nil {
 		return err
 	}
 	if _, err := c.compose(ctx, "up", "-d", "--wait", "--force-recreate", "--no-deps", string(svc)); err != nil {
@@ -478,6 +494,31 @@ func (c *Compose) StopService(ctx context.Context, svc Service, grace time.Durat
 // StartService implements Target: the service is recreated without its crash points, as
 // Heal does.
 func (c *Compose) StartService(ctx context.Context, svc Service) error { return c.Heal(ctx, svc) }
+
+// Configure implements Target: the settings go into the override file when the service is
+// next started (StartService recreates its container).
+func (c *Compose) Configure(svc Service, settings ...string) error {
+	for _, kv := range settings {
+		if name, _, ok := strings.Cut(kv, "="); !ok || name == "" {
+			return fmt.Errorf("compose target: setting %q is not NAME=value", kv)
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	next := maps.Clone(c.configured)
+	if next == nil {
+		next = map[Service][]string{}
+	}
+	next[svc] = append(slices.Clone(next[svc]), settings...)
+	c.configured = next
+	return nil
+}
+
+// Exec implements Target: `docker compose exec -T <service> /app <args>`, in the running
+// container, with its environment.
+func (c *Compose) Exec(ctx context.Context, svc Service, args ...string) ([]byte, error) {
+	return c.compose(ctx, append([]string{"exec", "-T", string(svc), "/app"}, args...)...)
+}
 
 // rabbitmqctl runs rabbitmqctl in the broker's container.
 func (c *Compose) rabbitmqctl(ctx context.Context, args ...string) (string, error) {

@@ -180,6 +180,40 @@ func TestCompose(t *testing.T) {
 		require.Equal(t, "http://127.0.0.1:8090/readyz", (*b.ready)[len(*b.ready)-1])
 	})
 
+	t.Run("ConfigureAndExec", func(t *testing.T) {
+		t.Parallel()
+		// contract-change's deploys: a setting of one service, after the shop's, on its next
+		// start; its command run in its running container.
+		sc, ok := Lookup("contract-change")
+		require.True(t, ok)
+		b := setupCompose(t, nil)
+		_, err := b.target.StartShop(ctx, sc.shopSpec())
+		require.NoError(t, err)
+		override, err := os.ReadFile(b.override)
+		require.NoError(t, err)
+		require.Contains(t, string(override), `WAREHOUSE_ORDER_CREATED_VERSIONS: "1"`)
+		b.docker.take()
+		require.NoError(t, b.target.Configure(Warehouse, "WAREHOUSE_ORDER_CREATED_VERSIONS=1,2"))
+		require.ErrorContains(t, b.target.Configure(Warehouse, "NOT A SETTING"), "is not NAME=value")
+		require.Empty(t, b.docker.take(), "nothing changes before the next start")
+		require.NoError(t, b.target.StartService(ctx, Warehouse))
+		require.Equal(t, []string{"docker compose -p chaos-test -f " + b.file + " -f " + b.override +
+			" up -d --wait --force-recreate --no-deps warehouse"}, b.docker.take())
+		override, err = os.ReadFile(b.override)
+		require.NoError(t, err)
+		warehouse, others, ok := strings.Cut(string(override), "  warehouse:\n")
+		require.True(t, ok)
+		warehouse, _, _ = strings.Cut(others, "\n  orders-api:")
+		require.Equal(t, 1, strings.Count(warehouse, "WAREHOUSE_ORDER_CREATED_VERSIONS"), "the last value only:\n%s", warehouse)
+		require.Contains(t, warehouse, `WAREHOUSE_ORDER_CREATED_VERSIONS: "1,2"`)
+		require.Equal(t, 3, strings.Count(string(override), `WAREHOUSE_ORDER_CREATED_VERSIONS: "1"`), "the other services keep the shop's")
+
+		_, err = b.target.Exec(ctx, Warehouse, "dead-letters", "--dry-run")
+		require.NoError(t, err)
+		require.Equal(t, []string{"docker compose -p chaos-test -f " + b.file + " -f " + b.override +
+			" exec -T warehouse /app dead-letters --dry-run"}, b.docker.take())
+	})
+
 	t.Run("KillAndRestartComponents", func(t *testing.T) {
 		t.Parallel()
 		// Restart waits until the component's port answers: a listener of the test's.

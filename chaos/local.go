@@ -570,6 +570,39 @@ func (l *Local) StartService(ctx context.Context, svc Service) error {
 	return p.waitReady(ctx)
 }
 
+// Configure implements Target.
+func (l *Local) Configure(svc Service, settings ...string) error {
+	p, err := l.proc(svc)
+	if err != nil {
+		return err
+	}
+	for _, kv := range settings {
+		if name, _, ok := strings.Cut(kv, "="); !ok || name == "" {
+			return fmt.Errorf("local target: setting %q is not NAME=value", kv)
+		}
+	}
+	p.configure(settings)
+	return nil
+}
+
+// Exec implements Target: the service's binary, with the environment of its process.
+func (l *Local) Exec(ctx context.Context, svc Service, args ...string) ([]byte, error) {
+	p, err := l.proc(svc)
+	if err != nil {
+		return nil, err
+	}
+	binary, env := p.command()
+	cmd := exec.CommandContext(ctx, binary, args...)
+	cmd.Env = env
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return out, fmt.Errorf("%s %s: %w: %s", svc, strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+	}
+	return out, nil
+}
+
 // BrokerAlarm implements Target: rabbitmqctl set_vm_memory_high_watermark on the private
 // node, 0 to raise the alarm and the node's value from before to clear it.
 func (l *Local) BrokerAlarm(ctx context.Context, on bool) error {

@@ -195,7 +195,7 @@ func runScenario(ctx context.Context, sc Scenario, opts Options, say func(phase,
 	}
 
 	e := &Env{Target: t, Endpoints: eps, Rate: opts.Rate, Load: load, Probe: probe, progress: say,
-		processes: spec.Processes()}
+		processes: spec.Processes(), perMessageWarnings: sc.PerMessageWarnings}
 	for _, kv := range unread {
 		e.Saw("%s is not read by its service: the scenario ran on that setting's default", kv)
 	}

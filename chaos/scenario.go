@@ -46,6 +46,10 @@ type Scenario struct {
 	OrdersStandby bool
 	// BrokerCluster runs the broker as a three-node cluster (see [ShopSpec].BrokerCluster).
 	BrokerCluster bool
+	// PerMessageWarnings are log messages (a line's "msg") that a process logs at WARN once
+	// for each message the scenario makes it refuse: the check of the busiest second leaves
+	// them out, since their rate is the load's, not a loop's (see spin.go).
+	PerMessageWarnings []string
 	// RecordAnswers records every POST /orders of the load generator, with its key and
 	// answer, in [Env].Answers: what each client was told, and when.
 	RecordAnswers bool
@@ -78,6 +82,8 @@ type Env struct {
 	progress func(phase, msg string)
 	// processes are the shop's processes (ShopSpec.Processes).
 	processes []Service
+	// perMessageWarnings are the scenario's PerMessageWarnings.
+	perMessageWarnings []string
 
 	mu         sync.Mutex
 	faultAt    time.Time

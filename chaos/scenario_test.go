@@ -19,7 +19,7 @@ func TestRegistry(t *testing.T) {
 		require.Equal(t, []string{
 			"relay-before-publish", "relay-after-publish", "relay-after-mark",
 			"consumer-before-commit", "consumer-after-commit", "consumer-mid-batch",
-			"broker-kill", "network", "orders-db-kill", "poison", "api-after-commit", "broker-node-kill",
+			"broker-kill", "network", "orders-db-kill", "poison", "api-after-commit", "contract-change", "broker-node-kill",
 			"outbox-poison", "migrate-under-load", "broker-alarm", "relay-paused", "db-outage-long",
 			"pg-failover", "pg-flap-failover", "wal-relay-kill", "slot-dropped", "pg-failover-wal", "wal-relay-catchup-kill", "wal-relay-standby", "relay-mode-switch",
 		}, Names())

@@ -33,6 +33,7 @@ const (
 const (
 	eventsExchange           = "shop.events"
 	routingKeyOrderCreated   = "order.created"
+	warehouseQueue           = "warehouse.orders"
 	warehouseDeadLetterQueue = "warehouse.orders.dead"
 	logDuplicateSkipped      = `"msg":"duplicate message skipped"`
 	logOrderCreated          = `"msg":"order created"`
@@ -421,25 +422,12 @@ func checkPoison(ctx context.Context, e *Env, o *Outcome) {
 // peekReasons reads up to n messages of queue without taking them ("id: reason"); closing
 // the channel hands them back.
 func peekReasons(ctx context.Context, url, queue string, n int) ([]string, error) {
-	conn, err := dialAMQP(ctx, url)
+	msgs, err := peekDeadLetters(ctx, url, queue, n)
 	if err != nil {
 		return nil, err
 	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		return nil, err
-	}
-	defer ch.Close()
 	var out []string
-	for range n {
-		d, ok, err := ch.Get(queue, false)
-		if err != nil {
-			return nil, err
-		}
-		if !ok {
-			break
-		}
+	for _, d := range msgs {
 		reason, _ := d.Headers[inboxrabbitmq.HeaderDeadReason].(string)
 		if reason == "" {
 			// Dead-lettered by the broker itself (x-delivery-limit, say), not by a consumer.
@@ -453,6 +441,40 @@ func peekReasons(ctx context.Context, url, queue string, n int) ([]string, error
 		out = append(out, d.MessageId+": "+reason)
 	}
 	slices.Sort(out)
+	return out, nil
+}
+
+// peekDeadLetters reads up to n messages of queue (n <= 0: as many as it holds) without
+// taking them: closing the channel hands them back.
+func peekDeadLetters(ctx context.Context, url, queue string, n int) ([]amqp.Delivery, error) {
+	conn, err := dialAMQP(ctx, url)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return nil, err
+	}
+	defer ch.Close()
+	if n <= 0 {
+		q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+		if err != nil {
+			return nil, err
+		}
+		n = q.Messages
+	}
+	var out []amqp.Delivery
+	for range n {
+		d, ok, err := ch.Get(queue, false)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			break
+		}
+		out = append(out, d)
+	}
 	return out, nil
 }
 

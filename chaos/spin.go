@@ -48,8 +48,9 @@ type LogBurst struct {
 // busiestSecond counts the JSON lines at WARN or ERROR (slog's "WARN", "ERROR", "ERROR+2"…)
 // of a process's log per second of their "time", and returns the busiest second, the
 // earliest of equals; Lines is 0 when there were none. Other lines (INFO, the runner's
-// "### chaos:" lines, a panic's trace) are skipped.
-func busiestSecond(svc Service, logs string) LogBurst {
+// "### chaos:" lines, a panic's trace) are skipped, and so are those whose msg is one of
+// exempt (a scenario's PerMessageWarnings).
+func busiestSecond(svc Service, logs string, exempt []string) LogBurst {
 	perSecond := map[int64]map[string]int{}
 	for line := range strings.Lines(logs) {
 		if !strings.Contains(line, `"level":"WARN`) && !strings.Contains(line, `"level":"ERROR`) {
@@ -61,7 +62,8 @@ func busiestSecond(svc Service, logs string) LogBurst {
 			Msg   string    `json:"msg"`
 		}
 		if json.Unmarshal([]byte(line), &entry) != nil || entry.Time.IsZero() ||
-			!strings.HasPrefix(entry.Level, "WARN") && !strings.HasPrefix(entry.Level, "ERROR") {
+			!strings.HasPrefix(entry.Level, "WARN") && !strings.HasPrefix(entry.Level, "ERROR") ||
+			slices.Contains(exempt, entry.Msg) {
 			continue
 		}
 		sec := entry.Time.Unix()
@@ -102,7 +104,7 @@ func checkLogBursts(ctx context.Context, e *Env, procs []Service) LogBurst {
 			e.Fail("read the log of %s for its warnings and errors: %v", svc, err)
 			continue
 		}
-		b := busiestSecond(svc, logs)
+		b := busiestSecond(svc, logs, e.perMessageWarnings)
 		each = append(each, fmt.Sprintf("%s %d", svc, b.Lines))
 		if b.Lines > maxWarnPerSecond {
 			e.Fail("%s logged %d warnings and errors in the second %s, over %d (%d× %q)",
@@ -112,11 +114,15 @@ func checkLogBursts(ctx context.Context, e *Env, procs []Service) LogBurst {
 			busiest = b
 		}
 	}
+	var besides string
+	if len(e.perMessageWarnings) > 0 {
+		besides = fmt.Sprintf(" (besides the scenario's warnings per refused message: %q)", e.perMessageWarnings)
+	}
 	if busiest.Lines > 0 {
-		e.Saw("busiest second of warnings and errors: %s, %d lines at %s (%d× %q); per process %s",
-			busiest.Service, busiest.Lines, busiest.Second.Format(time.TimeOnly), busiest.MsgLines, busiest.Msg, strings.Join(each, ", "))
+		e.Saw("busiest second of warnings and errors%s: %s, %d lines at %s (%d× %q); per process %s",
+			besides, busiest.Service, busiest.Lines, busiest.Second.Format(time.TimeOnly), busiest.MsgLines, busiest.Msg, strings.Join(each, ", "))
 	} else {
-		e.Saw("no process logged a warning or an error")
+		e.Saw("no process logged a warning or an error%s", besides)
 	}
 	return busiest
 }

@@ -40,7 +40,7 @@ func TestBusiestSecond(t *testing.T) {
 		b.WriteString(logLine(t0.Add(2*time.Second), "DEBUG", "cycle"))
 		b.WriteString("panic: not JSON\n")
 
-		got := busiestSecond(OrdersRelay, b.String())
+		got := busiestSecond(OrdersRelay, b.String(), nil)
 		require.Equal(t, OrdersRelay, got.Service)
 		require.True(t, got.Second.Equal(t0.Add(time.Second)), "second %s", got.Second)
 		require.Equal(t, 16, got.Lines)
@@ -57,7 +57,7 @@ func TestBusiestSecond(t *testing.T) {
 			b.WriteString(logLine(t0.Add(-time.Duration(i+1)*time.Millisecond), "WARN", "a"))
 			b.WriteString(logLine(t0.Add(time.Duration(i)*time.Millisecond), "WARN", "b"))
 		}
-		got := busiestSecond(Warehouse, b.String())
+		got := busiestSecond(Warehouse, b.String(), nil)
 		require.Equal(t, 150, got.Lines)
 		require.True(t, got.Second.Equal(t0.Add(-time.Second)), "the earliest of equal seconds: %s", got.Second)
 		require.Equal(t, "a", got.Msg)
@@ -67,13 +67,29 @@ func TestBusiestSecond(t *testing.T) {
 		t.Parallel()
 		cet := time.FixedZone("CET", 3600)
 		logs := logLine(t0.Add(300*time.Millisecond), "ERROR", "x") + logLine(t0.In(cet).Add(700*time.Millisecond), "ERROR", "x")
-		got := busiestSecond(OrdersAPI, logs)
+		got := busiestSecond(OrdersAPI, logs, nil)
 		require.Equal(t, 2, got.Lines, "one second, written in two zones")
+	})
+
+	t.Run("PerMessageWarningsLeftOut", func(t *testing.T) {
+		t.Parallel()
+		// 300 refusals of a scenario's own making and 5 other warnings in one second.
+		var b strings.Builder
+		for i := range 300 {
+			b.WriteString(logLine(t0.Add(time.Duration(i)*time.Millisecond), "WARN", "OrderCreated refused: dead-lettering it"))
+		}
+		for i := range 5 {
+			b.WriteString(logLine(t0.Add(time.Duration(i)*time.Millisecond), "WARN", "inbox: retrying"))
+		}
+		got := busiestSecond(Warehouse, b.String(), []string{"OrderCreated refused: dead-lettering it"})
+		require.Equal(t, 5, got.Lines)
+		require.Equal(t, "inbox: retrying", got.Msg)
+		require.Equal(t, 305, busiestSecond(Warehouse, b.String(), nil).Lines)
 	})
 
 	t.Run("Quiet", func(t *testing.T) {
 		t.Parallel()
-		got := busiestSecond(OrdersAPI, logLine(t0, "INFO", "order created"))
+		got := busiestSecond(OrdersAPI, logLine(t0, "INFO", "order created"), nil)
 		require.Equal(t, LogBurst{Service: OrdersAPI}, got)
 		require.Equal(t, "–", formatBurst(got))
 	})

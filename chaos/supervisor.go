@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -56,6 +57,20 @@ func newProcess(spec procSpec, restartDelay time.Duration) *process {
 }
 
 // start starts the next incarnation.
+// configure appends settings to the environment of the process's next incarnations.
+func (p *process) configure(settings []string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.spec.env = append(slices.Clip(p.spec.env), settings...)
+}
+
+// command is the process's binary and environment (without crash points).
+func (p *process) command() (string, []string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.spec.binary, slices.Clone(p.spec.env)
+}
+
 func (p *process) start() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -263,6 +263,14 @@ type Target interface {
 	// and waits until it is ready: together, one step of a rolling deploy.
 	StopService(ctx context.Context, svc Service, grace time.Duration) (Stopped, error)
 	StartService(ctx context.Context, svc Service) error
+	// Configure sets environment variables for svc's next incarnations, after the shop's
+	// (a new setting shipped with a deploy): the next StartService or restart uses them.
+	// The running incarnation keeps what it started with.
+	Configure(svc Service, settings ...string) error
+	// Exec runs svc's binary with args and svc's environment (its settings and Configure's)
+	// as an operator would in its container, and returns what it wrote on stdout; its stderr
+	// is in the error when it fails.
+	Exec(ctx context.Context, svc Service, args ...string) ([]byte, error)
 	// BrokerAlarm raises (on) or clears a memory alarm on the broker: with the alarm, the
 	// broker stops reading from every connection that publishes. It returns once the alarm
 	// is in effect, or gone. BrokerAlarms lists the broker's alarms as it reports them.
