@@ -448,7 +448,7 @@ func (e *env) consumeHandler(ctx context.Context, pool *pgxpool.Pool, top wareho
 	if _, err := pool.Exec(ctx, "ANALYZE stock"); err != nil {
 		return "", nil, fmt.Errorf("analyze stock: %w", err)
 	}
-	return warehouseamqp.ConsumerName, warehouseamqp.NewHandler(store, e.log), nil
+	return warehouseamqp.ConsumerName, warehouseamqp.NewHandler(store, warehouseamqp.HandlerConfig{Logger: e.log}), nil
 }
 
 // warmPool opens n connections of pool.

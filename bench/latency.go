@@ -195,7 +195,7 @@ func (e *env) newLatencyRig(ctx context.Context) (*latencyRig, error) {
 		Queue: e.amqpName("warehouse"), DeadLetterQueue: e.amqpName("warehouse.dead"), DeliveryLimit: 20,
 	}
 	e.deleteLater([]string{rig.top.Exchange, rig.top.DeadLetterExchange}, []string{rig.top.Queue, rig.top.DeadLetterQueue})
-	handler := warehouseamqp.NewHandler(repo, e.log)
+	handler := warehouseamqp.NewHandler(repo, warehouseamqp.HandlerConfig{Logger: e.log})
 	connected := make(chan struct{})
 	var once sync.Once
 	consumer, err := inboxrabbitmq.NewConsumer(timedBeginner{pool: wh, sw: &rig.sw}, inboxrabbitmq.Config{
