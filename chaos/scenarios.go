@@ -475,6 +475,24 @@ func peekDeadLetters(ctx context.Context, url, queue string, n int) ([]amqp.Deli
 		}
 		out = append(out, d)
 	}
+	if len(out) == 0 {
+		return nil, nil
+	}
+	// Handed back with a reject on the same channel, then waited for: a quorum queue shows
+	// them again only once its log applied the reject, and whoever reads the queue next (a
+	// replay's depth) must find them all.
+	if err := ch.Nack(out[len(out)-1].DeliveryTag, true, true); err != nil {
+		return nil, fmt.Errorf("hand back what was peeked: %w", err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	err = poll(wctx, 20*time.Millisecond, func() (bool, error) {
+		q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+		return err == nil && q.Messages >= len(out), err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("wait for %s to hold the %d messages peeked again: %w", queue, len(out), err)
+	}
 	return out, nil
 }
 

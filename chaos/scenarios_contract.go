@@ -84,57 +84,64 @@ func injectContractChange(ctx context.Context, e *Env) error {
 	return c.wrongOrder(ctx)
 }
 
-// rightOrder is (a): consumers first, with a backlog of v1 on both sides of the broker.
-func (c *contractChange) rightOrder(ctx context.Context) error {
+// backlog stops the warehouse, so that v1 messages queue up, then the orders relay, so that
+// v1 rows pend in the outbox, and says how many of each there are: the state both orders of
+// the switch start from. Both stay stopped.
+func (c *contractChange) backlog(ctx context.Context, phase string) error {
 	e := c.e
 	at := time.Now()
 	if err := c.stop(ctx, Warehouse); err != nil {
 		return err
 	}
-	e.Fault(at, "(a) consumers first: the old warehouse (reads v1) stopped; v1 messages queue up")
+	e.Fault(at, "%s the warehouse (reads v1 only) stopped: v1 messages queue up", phase)
 	if !sleepCtx(ctx, backlogStep) {
 		return ctx.Err()
 	}
 	if err := c.stop(ctx, OrdersRelay); err != nil {
 		return err
 	}
+	e.Fault(time.Now(), "%s the orders relay stopped: v1 rows pend in the outbox", phase)
 	if !sleepCtx(ctx, backlogStep) {
 		return ctx.Err()
 	}
-	queued, err := inspectQueue(ctx, e.Endpoints.AMQPURL, warehouseQueue)
-	if err != nil {
-		return fmt.Errorf("read %s: %w", warehouseQueue, err)
-	}
-	pending, err := c.pendingOrderCreated(ctx)
+	// Queued: published and not processed (the warehouse is down). Pending: not published.
+	queued, err := c.unprocessed(ctx, 1, true)
 	if err != nil {
 		return err
 	}
-	e.Saw("(a) at the switch: %d v1 messages in %s, %d v1 OrderCreated rows pending in the orders outbox (relay stopped)",
-		queued.Messages, warehouseQueue, pending[1])
-	if queued.Messages == 0 || pending[1] == 0 {
-		e.Fail("(a) the switch had no v1 backlog to prove anything with: %d queued, %d pending", queued.Messages, pending[1])
+	pending, err := c.unprocessed(ctx, 1, false)
+	if err != nil {
+		return err
 	}
-	// The warehouse is down already: its deploy is a start with the new setting.
-	at = time.Now()
-	if err := e.Target.Configure(Warehouse, readBoth); err != nil {
-		return fmt.Errorf("configure %s: %w", Warehouse, err)
+	e.Saw("%s at the switch: %d v1 OrderCreated in %s, %d v1 OrderCreated rows pending in the orders outbox",
+		phase, queued, warehouseQueue, pending)
+	if queued == 0 || pending == 0 {
+		e.Fail("%s the switch had no v1 backlog to prove anything with: %d queued, %d pending", phase, queued, pending)
 	}
-	if err := e.Target.StartService(ctx, Warehouse); err != nil {
-		return fmt.Errorf("start %s with %s: %w", Warehouse, readBoth, err)
+	return nil
+}
+
+// rightOrder is (a): consumers first, with a backlog of v1 on both sides of the broker.
+func (c *contractChange) rightOrder(ctx context.Context) error {
+	e := c.e
+	if err := c.backlog(ctx, "(a)"); err != nil {
+		return err
 	}
-	e.Fault(at, "(a) the warehouse upgraded: reads v1 and v2 (%s, started in %.1fs)", readBoth, time.Since(at).Seconds())
-	if err := c.deploy(ctx, OrdersAPI, writeV2, "(a) the orders API switched to v2"); err != nil {
+	if err := c.start(ctx, Warehouse, readBoth, "(a) consumers first: the warehouse upgraded, reads v1 and v2"); err != nil {
+		return err
+	}
+	if err := c.deploy(ctx, OrdersAPI, writeV2, "(a) then the orders API switched to v2"); err != nil {
 		return err
 	}
 	if err := e.Target.StartService(ctx, OrdersRelay); err != nil {
 		return fmt.Errorf("start %s: %w", OrdersRelay, err)
 	}
 	e.Healed("(a) the orders relay resumed: the v1 backlog, then v2")
-	if !sleepCtx(ctx, 2*time.Second) {
-		return ctx.Err()
+	// Every OrderCreated written so far, v1 and v2, processed by the warehouse, v2 among them.
+	if err := c.waitWritten(ctx, 2, 10, "(a)"); err != nil {
+		return err
 	}
-	// Everything written so far, v1 and v2, processed by the warehouse.
-	if err := c.waitProcessed(ctx, 0, "(a)"); err != nil {
+	if err := c.waitProcessed(ctx, 0, "(a)", true); err != nil {
 		return err
 	}
 	written, err := c.writtenOrderCreated(ctx)
@@ -146,33 +153,50 @@ func (c *contractChange) rightOrder(ctx context.Context) error {
 		return fmt.Errorf("read %s: %w", warehouseDeadLetterQueue, err)
 	}
 	e.Saw("(a) outcome: %d v1 and %d v2 OrderCreated processed by the warehouse, %d dead-lettered", written[1], written[2], dead.Messages)
-	if dead.Messages != 0 || written[2] == 0 {
-		e.Fail("(a) consumers first must dead-letter nothing and carry v2: %d dead letters, %d v2 written", dead.Messages, written[2])
+	if dead.Messages != 0 {
+		e.Fail("(a) consumers first must dead-letter nothing: %d dead letters", dead.Messages)
 	}
 	return nil
 }
 
 // wayBack rolls the change back in the safe order: producers to v1 first, then, once no v2
-// can arrive (every v2 written is processed), the warehouse to v1 alone — which sets up the
-// wrong order.
+// can arrive (every v2 written is processed), the warehouse to v1 alone — the state (b)
+// starts from.
 func (c *contractChange) wayBack(ctx context.Context) error {
 	if err := c.deploy(ctx, OrdersAPI, writeV1, "the way back: the orders API writes v1 again"); err != nil {
 		return err
 	}
-	if err := c.waitProcessed(ctx, 2, "the way back"); err != nil {
+	if err := c.waitProcessed(ctx, 2, "the way back", true); err != nil {
 		return err
 	}
 	return c.deploy(ctx, Warehouse, readV1, "the way back: every v2 processed, the warehouse reads v1 alone again")
 }
 
-// wrongOrder is (b): producers first, then the fix and the replay.
+// wrongOrder is (b): producers first, with the same backlog of v1, then the fix and the
+// replay.
 func (c *contractChange) wrongOrder(ctx context.Context) error {
 	e := c.e
-	if err := c.deploy(ctx, OrdersAPI, writeV2, "(b) producers first: the orders API switched to v2 against a warehouse that reads v1"); err != nil {
+	if err := c.backlog(ctx, "(b)"); err != nil {
 		return err
 	}
-	if !sleepCtx(ctx, 3*time.Second) {
-		return ctx.Err()
+	if err := c.deploy(ctx, OrdersAPI, writeV2, "(b) producers first: the orders API switched to v2"); err != nil {
+		return err
+	}
+	if err := e.Target.StartService(ctx, OrdersRelay); err != nil {
+		return fmt.Errorf("start %s: %w", OrdersRelay, err)
+	}
+	if err := c.start(ctx, Warehouse, readV1, "(b) the orders relay resumed, the old warehouse (reads v1 only) back"); err != nil {
+		return err
+	}
+	// The v1 backlog goes through; v2 after it is refused. Enough of them to prove it.
+	if err := c.waitWritten(ctx, 2, 10, "(b)"); err != nil {
+		return err
+	}
+	if err := c.waitProcessed(ctx, 1, "(b)", false); err != nil {
+		return err
+	}
+	if err := c.waitDeadLetters(ctx, 10, "(b)"); err != nil {
+		return err
 	}
 	if err := c.deploy(ctx, Warehouse, readBoth, "(b) the warehouse upgraded: reads v1 and v2"); err != nil {
 		return err
@@ -192,7 +216,7 @@ func (c *contractChange) wrongOrder(ctx context.Context) error {
 	if err := c.warehouse.QueryRow(ctx, countProcessed, ids).Scan(&applied); err != nil {
 		return fmt.Errorf("count the dead letters the warehouse processed: %w", err)
 	}
-	e.Saw("(b) outcome: %d v2 OrderCreated dead-lettered to %s, %d of them applied; reasons: %s",
+	e.Saw("(b) outcome: every v1 of the backlog processed; %d v2 OrderCreated dead-lettered to %s, %d of them applied; reasons: %s",
 		len(dead), warehouseDeadLetterQueue, applied, formatReasons(reasons))
 	want := inboxrabbitmq.ReasonPermanent + ": invalid: " + v2Refusal
 	if len(dead) == 0 || reasons[want] != len(dead) || applied != 0 {
@@ -215,10 +239,23 @@ func (c *contractChange) wrongOrder(ctx context.Context) error {
 		e.Fail("(b) the replay must move every dead letter once: %d dead, dry run matched %d (moved %d), replay moved %d",
 			len(dead), dry.Matched, dry.Replayed, done.Replayed)
 	}
-	if err := c.waitProcessed(ctx, 2, "(b)"); err != nil {
+	if err := c.waitProcessed(ctx, 2, "(b)", true); err != nil {
 		return err
 	}
 	e.Healed("(b) every replayed v2 processed %.1fs after the replay", time.Since(at).Seconds())
+	return nil
+}
+
+// start starts svc, stopped, with setting: its deploy.
+func (c *contractChange) start(ctx context.Context, svc Service, setting, what string) error {
+	at := time.Now()
+	if err := c.e.Target.Configure(svc, setting); err != nil {
+		return fmt.Errorf("configure %s: %w", svc, err)
+	}
+	if err := c.e.Target.StartService(ctx, svc); err != nil {
+		return fmt.Errorf("start %s with %s: %w", svc, setting, err)
+	}
+	c.e.Fault(at, "%s (%s, started in %.1fs)", what, setting, time.Since(at).Seconds())
 	return nil
 }
 
@@ -274,20 +311,20 @@ func (c *contractChange) replay(ctx context.Context, extra ...string) (replayRep
 	return r, nil
 }
 
-// Queries of the scenario: the OrderCreated rows of the orders outbox by version, and which
-// of a list of message ids the warehouse's inbox holds.
+// Queries of the scenario: the OrderCreated rows of the orders outbox by version, their ids
+// (of a version, 0 any; published or not), and which of a list of message ids the
+// warehouse's inbox holds.
 const (
-	pendingOrderCreated = `SELECT (payload->>'version')::int, count(*) FROM outbox_messages
-WHERE type = 'OrderCreated' AND published_at IS NULL GROUP BY 1`
 	writtenOrderCreated = `SELECT (payload->>'version')::int, count(*) FROM outbox_messages
 WHERE type = 'OrderCreated' GROUP BY 1`
 	orderCreatedIDs = `SELECT id::text FROM outbox_messages
-WHERE type = 'OrderCreated' AND ($1 = 0 OR (payload->>'version')::int = $1)`
+WHERE type = 'OrderCreated' AND ($1 = 0 OR (payload->>'version')::int = $1)
+  AND ($2 = 'any' OR (published_at IS NOT NULL) = ($2 = 'published'))`
 	countProcessed = `SELECT count(*) FROM inbox_messages WHERE consumer = 'warehouse' AND message_id = ANY($1)`
 )
 
-func (c *contractChange) byVersion(ctx context.Context, query string) (map[int]int, error) {
-	rows, err := c.orders.Query(ctx, query)
+func (c *contractChange) writtenOrderCreated(ctx context.Context) (map[int]int, error) {
+	rows, err := c.orders.Query(ctx, writtenOrderCreated)
 	if err != nil {
 		return nil, fmt.Errorf("count OrderCreated rows by version: %w", err)
 	}
@@ -297,42 +334,100 @@ func (c *contractChange) byVersion(ctx context.Context, query string) (map[int]i
 	return out, err
 }
 
-func (c *contractChange) pendingOrderCreated(ctx context.Context) (map[int]int, error) {
-	return c.byVersion(ctx, pendingOrderCreated)
+// ids returns the ids of the OrderCreated rows of version (0: any) that are published
+// ("published"), not ("pending") or either ("any").
+func (c *contractChange) ids(ctx context.Context, version int, which string) ([]string, error) {
+	rows, err := c.orders.Query(ctx, orderCreatedIDs, version, which)
+	if err != nil {
+		return nil, fmt.Errorf("read the OrderCreated ids: %w", err)
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
 
-func (c *contractChange) writtenOrderCreated(ctx context.Context) (map[int]int, error) {
-	return c.byVersion(ctx, writtenOrderCreated)
+// processed counts which of ids the warehouse's inbox holds.
+func (c *contractChange) processed(ctx context.Context, ids []string) (int, error) {
+	var n int
+	if err := c.warehouse.QueryRow(ctx, countProcessed, ids).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count the OrderCreated the warehouse processed: %w", err)
+	}
+	return n, nil
+}
+
+// unprocessed counts the OrderCreated of version not processed by the warehouse, among those
+// published (in the queue, or in flight) or pending in the outbox.
+func (c *contractChange) unprocessed(ctx context.Context, version int, published bool) (int, error) {
+	which := "pending"
+	if published {
+		which = "published"
+	}
+	ids, err := c.ids(ctx, version, which)
+	if err != nil {
+		return 0, err
+	}
+	n, err := c.processed(ctx, ids)
+	return len(ids) - n, err
+}
+
+// waitWritten waits until the orders API wrote at least n OrderCreated of version.
+func (c *contractChange) waitWritten(ctx context.Context, version, n int, phase string) error {
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	var written map[int]int
+	err := poll(wctx, 100*time.Millisecond, func() (bool, error) {
+		var err error
+		written, err = c.writtenOrderCreated(wctx)
+		return err == nil && written[version] >= n, err
+	})
+	if err != nil {
+		return fmt.Errorf("%s: wait for %d OrderCreated v%d to be written (%d so far): %w", phase, n, version, written[version], err)
+	}
+	return nil
 }
 
 // waitProcessed waits until the warehouse processed every OrderCreated of version (0: any)
-// written so far.
-func (c *contractChange) waitProcessed(ctx context.Context, version int, phase string) error {
-	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+// written so far. With nothingDead, a dead letter fails it at once, with its reasons.
+func (c *contractChange) waitProcessed(ctx context.Context, version int, phase string, nothingDead bool) error {
+	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	var ids []string
-	if err := pgx.BeginFunc(ctx, c.orders, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, orderCreatedIDs, version)
-		if err != nil {
-			return err
-		}
-		ids, err = pgx.CollectRows(rows, pgx.RowTo[string])
-		return err
-	}); err != nil {
-		return fmt.Errorf("%s: read the OrderCreated ids: %w", phase, err)
+	ids, err := c.ids(wctx, version, "any")
+	if err != nil {
+		return fmt.Errorf("%s: %w", phase, err)
 	}
-	for {
-		var n int
-		if err := c.warehouse.QueryRow(ctx, countProcessed, ids).Scan(&n); err != nil {
-			return fmt.Errorf("%s: wait for %d OrderCreated to be processed: %w", phase, len(ids), err)
+	n := 0
+	err = poll(wctx, 200*time.Millisecond, func() (bool, error) {
+		if n, err = c.processed(wctx, ids); err != nil || n == len(ids) {
+			return true, err
 		}
-		if n == len(ids) {
-			return nil
+		if !nothingDead {
+			return false, nil
 		}
-		if !sleepCtx(ctx, 200*time.Millisecond) {
-			return fmt.Errorf("%s: %d of %d OrderCreated processed by the warehouse after 60s", phase, n, len(ids))
+		dead, err := inspectQueue(wctx, c.e.Endpoints.AMQPURL, warehouseDeadLetterQueue)
+		if err == nil && dead.Messages > 0 {
+			reasons, _ := peekReasons(wctx, c.e.Endpoints.AMQPURL, warehouseDeadLetterQueue, min(dead.Messages, 3))
+			return false, fmt.Errorf("%d messages dead-lettered (e.g. %s)", dead.Messages, strings.Join(reasons, "; "))
 		}
+		return false, nil
+	})
+	if err != nil {
+		return fmt.Errorf("%s: %d of %d OrderCreated processed by the warehouse: %w", phase, n, len(ids), err)
 	}
+	return nil
+}
+
+// waitDeadLetters waits until the warehouse's dead-letter queue holds at least n messages.
+func (c *contractChange) waitDeadLetters(ctx context.Context, n int, phase string) error {
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	held := 0
+	err := poll(wctx, 100*time.Millisecond, func() (bool, error) {
+		q, err := inspectQueue(wctx, c.e.Endpoints.AMQPURL, warehouseDeadLetterQueue)
+		held = q.Messages
+		return err == nil && held >= n, err
+	})
+	if err != nil {
+		return fmt.Errorf("%s: wait for %d dead letters in %s (%d so far): %w", phase, n, warehouseDeadLetterQueue, held, err)
+	}
+	return nil
 }
 
 // formatReasons lists reasons with their counts.

@@ -56,7 +56,6 @@ func newProcess(spec procSpec, restartDelay time.Duration) *process {
 	return &process{spec: spec, restartDelay: restartDelay, changed: make(chan struct{}), ctx: ctx, cancel: cancel}
 }
 
-// start starts the next incarnation.
 // configure appends settings to the environment of the process's next incarnations.
 func (p *process) configure(settings []string) {
 	p.mu.Lock()
@@ -71,6 +70,7 @@ func (p *process) command() (string, []string) {
 	return p.spec.binary, slices.Clone(p.spec.env)
 }
 
+// start starts the next incarnation.
 func (p *process) start() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -80,9 +80,10 @@ func Subcommand[C any](name string, conf func(C) (broker service.BrokerEnv, dead
 		case err == nil:
 			return 0
 		case errors.Is(err, context.Canceled):
-			// Asked to stop: what was replayed is in the report, the rest in place.
-			fmt.Fprintf(out.Stderr, "%s %s: interrupted: %v\n", name, Name, err)
-			return 0
+			// Asked to stop: what was replayed is in the report, the rest in place. Not a
+			// success: a script (or a job that timed out) must not take it for one.
+			fmt.Fprintf(out.Stderr, "%s %s: interrupted, the rest left in place: %v\n", name, Name, err)
+			return 1
 		default:
 			fmt.Fprintf(out.Stderr, "%s %s: %v\n", name, Name, err)
 			return 1

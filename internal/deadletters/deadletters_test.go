@@ -341,15 +341,15 @@ func TestDeadLetters(t *testing.T) {
 		require.Equal(t, []string{"m-1"}, b.take(t, b.work))
 	})
 
-	t.Run("an interrupted replay exits 0 and leaves the rest in place", func(t *testing.T) {
+	t.Run("an interrupted replay exits 1 and leaves the rest in place", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		b.put(t, "m-1", "OrderCreated", `{"version":1}`, "permanent-error: no", b.work)
 		ctx, cancel := context.WithCancel(t.Context())
 		cancel()
 		code, stdout, stderr := runContext(ctx, b.env, "--json")
-		require.Equal(t, 0, code, stderr)
-		require.Contains(t, stderr, "shop dead-letters: interrupted: ")
+		require.Equal(t, 1, code, "a script must not take an interrupted replay for a finished one: %s", stderr)
+		require.Contains(t, stderr, "shop dead-letters: interrupted, the rest left in place: ")
 		require.Contains(t, decode(t, stdout).Error, "context canceled")
 		require.Equal(t, 1, b.depth(t, b.dead))
 	})

@@ -237,20 +237,24 @@ func DecodeOrderCreated(body []byte, accepted []int) (OrderCreated, error) {
 	if err != nil {
 		return OrderCreated{}, err
 	}
-	// The fields' names in errors are v2's: a v1 body's items are its lines.
+	// A refusal names the lines as the body did: items in v1.
+	lines := "lines"
+	if version == OrderCreatedV1 {
+		lines = "items"
+	}
 	ev := OrderCreated{Header: events.Header{Version: int64(version), OrderID: id}, Lines: raw.Lines}
 	if len(ev.Lines) == 0 || len(ev.Lines) > MaxOrderLines {
-		return OrderCreated{}, Errorf(CodeInvalid, "OrderCreated must have 1 to %d lines, has %d", MaxOrderLines, len(ev.Lines))
+		return OrderCreated{}, Errorf(CodeInvalid, "OrderCreated must have 1 to %d %s, has %d", MaxOrderLines, lines, len(ev.Lines))
 	}
 	for i, l := range ev.Lines {
 		if l.SKU == "" || len(l.SKU) > MaxSKULength {
-			return OrderCreated{}, Errorf(CodeInvalid, "OrderCreated lines[%d]: sku must have 1 to %d bytes", i, MaxSKULength)
+			return OrderCreated{}, Errorf(CodeInvalid, "OrderCreated %s[%d]: sku must have 1 to %d bytes", lines, i, MaxSKULength)
 		}
 		if p := input.IdentifierProblem(l.SKU); p != "" {
-			return OrderCreated{}, Errorf(CodeInvalid, "OrderCreated lines[%d]: sku %s", i, p)
+			return OrderCreated{}, Errorf(CodeInvalid, "OrderCreated %s[%d]: sku %s", lines, i, p)
 		}
 		if l.Quantity < 1 || l.Quantity > MaxLineQuantity {
-			return OrderCreated{}, Errorf(CodeInvalid, "OrderCreated lines[%d] (%s): quantity must be 1 to %d, is %d", i, l.SKU, MaxLineQuantity, l.Quantity)
+			return OrderCreated{}, Errorf(CodeInvalid, "OrderCreated %s[%d] (%s): quantity must be 1 to %d, is %d", lines, i, l.SKU, MaxLineQuantity, l.Quantity)
 		}
 	}
 	ev.Lines = MergeLines(ev.Lines)

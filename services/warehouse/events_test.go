@@ -47,14 +47,14 @@ var orderCreatedV1Fixtures = []struct {
 	{"a control character in a SKU", `{"version": 1, "order_id": "` + orderID + `", "items": [{"sku": "A\u001b", "quantity": 1}]}`, "control"},
 	{"a bidi override in a SKU", `{"version": 1, "order_id": "` + orderID + `", "items": [{"sku": "\u202eA", "quantity": 1}]}`, "bidirectional"},
 	{"a quantity as a string", `{"version": 1, "order_id": "` + orderID + `", "items": [{"sku": "A", "quantity": "1"}]}`, "quantity must be an integer"},
-	{"no items", `{"version": 1, "order_id": "` + orderID + `", "items": []}`, "1 to 1000 lines, has 0"},
-	{"items null", `{"version": 1, "order_id": "` + orderID + `", "items": null}`, "1 to 1000 lines, has 0"},
+	{"no items", `{"version": 1, "order_id": "` + orderID + `", "items": []}`, "has 0"},
+	{"items null", `{"version": 1, "order_id": "` + orderID + `", "items": null}`, "has 0"},
 	{"zero quantity", `{"version": 1, "order_id": "` + orderID + `", "items": [{"sku": "A", "quantity": 0}]}`, "quantity must be"},
 	{"negative quantity", `{"version": 1, "order_id": "` + orderID + `", "items": [{"sku": "A", "quantity": -3}]}`, "quantity must be"},
 	{"too large a quantity", `{"version": 1, "order_id": "` + orderID + `", "items": [{"sku": "A", "quantity": 2147483648}]}`, "quantity must be"},
 	{"fractional quantity", `{"version": 1, "order_id": "` + orderID + `", "items": [{"sku": "A", "quantity": 1.5}]}`, "decode OrderCreated"},
 	{"empty SKU", `{"version": 1, "order_id": "` + orderID + `", "items": [{"sku": "", "quantity": 1}]}`, "sku must have"},
-	{"v2's lines in a v1 body", `{"version": 1, "order_id": "` + orderID + `", "lines": [{"sku": "A", "quantity": 1}]}`, "1 to 1000 lines, has 0"},
+	{"v2's lines in a v1 body", `{"version": 1, "order_id": "` + orderID + `", "lines": [{"sku": "A", "quantity": 1}]}`, "has 0"},
 }
 
 // asV2 writes a v1 fixture as its producer would have in version 2: the version, the
@@ -91,8 +91,8 @@ func TestDecodeOrderCreated(t *testing.T) {
 				require.Contains(t, err.Error(), tc.want)
 			}
 			// The same refusal, in the words of each body's own fields.
-			same := strings.NewReplacer("items", "lines", "version 2.0", "version 1.0", `version "2"`, `version "1"`).Replace
-			require.Equal(t, same(err1.Error()), same(err2.Error()), "a v1 body is refused as its v2 form is")
+			require.Equal(t, err1.Error(), strings.NewReplacer("lines", "items", "version 2.0", "version 1.0", `version "2"`, `version "1"`).Replace(err2.Error()),
+				"a v1 body is refused as its v2 form is, naming its items as it does")
 		})
 	}
 
@@ -114,6 +114,7 @@ func TestDecodeOrderCreated(t *testing.T) {
 			"unsupported OrderCreated version 3 (this warehouse reads versions 1 and 2)"},
 		{"version 0", `{"version": 0, "order_id": "` + orderID + `", "items": [{"sku": "A", "quantity": 1}]}`, nil, "unsupported OrderCreated version 0"},
 		{"v1's items in a v2 body", `{"version": 2, "order_id": "` + orderID + `", "items": [{"sku": "A", "quantity": 1}]}`, nil, "1 to 1000 lines, has 0"},
+		{"a v1 body without items, in its words", `{"version": 1, "order_id": "` + orderID + `", "items": []}`, nil, "OrderCreated must have 1 to 1000 items, has 0"},
 		{"v2 where only v1 is read", `{"version": 2, "order_id": "` + orderID + `", "lines": [{"sku": "A", "quantity": 1}]}`, []int{1},
 			"unsupported OrderCreated version 2 (this warehouse reads version 1)"},
 		{"v1 where only v2 is read", `{"version": 1, "order_id": "` + orderID + `", "items": [{"sku": "A", "quantity": 1}]}`, []int{2},

@@ -18,6 +18,10 @@ const (
 	// HeaderDeadReason on a dead letter says why it was dead-lettered: one of the Reason
 	// constants, a colon and the details (e.g. "malformed-json: unexpected end of JSON input").
 	HeaderDeadReason = "x-outboxshop-dead-reason"
+	// HeaderReplayed counts how often ReplayDeadLetters put a message back into its queue;
+	// absent on a message never replayed. On a dead letter it says that the message died again
+	// after a replay: by the broker's hand when it also carries the broker's x-death.
+	HeaderReplayed = "x-outboxshop-replayed"
 	// HeaderOriginalQueue on a dead letter names the queue it was consumed from.
 	HeaderOriginalQueue = "x-outboxshop-original-queue"
 	// HeaderOriginalExchange and HeaderOriginalRoutingKey keep the exchange and routing key a

@@ -85,10 +85,11 @@ type DeadLetterMessage struct {
 	// ID and Type are the AMQP message-id and type properties.
 	ID, Type string
 	// Reason is why it was dead-lettered: its [HeaderDeadReason] ("permanent-error: …"), or
-	// for a message the broker dead-lettered without one, [BrokerReasonPrefix] and its
-	// x-first-death-reason ("broker: delivery_limit"); "" when it has neither. A dead letter
-	// that was replayed keeps its HeaderDeadReason: should the broker dead-letter it next,
-	// Reason is still the consumer's reason, and the broker's is in its x-death header.
+	// for a message the broker dead-lettered, [BrokerReasonPrefix] and the reason of its
+	// latest x-death ("broker: delivery_limit"); "" when it has neither. A replayed copy
+	// ([HeaderReplayed]) keeps the consumer's reason and none of the broker's headers, so one
+	// that carries both died at the broker's hand after its replay: its Reason is the
+	// broker's.
 	Reason string
 	// OriginalQueue is where a replay sends it: its [HeaderOriginalQueue], else the queue of
 	// its latest x-death entry, else its x-first-death-queue; "" when it names none.
@@ -124,7 +125,8 @@ type ReplayReport struct {
 	// left in place.
 	NoOriginalQueue int
 	// Failed counts the matched messages whose copy the broker did not take: it returned it
-	// as unroutable (its queue does not exist: see Unroutable). They are left in place.
+	// as unroutable (its queue does not exist: see Unroutable). They are left in place. A dry
+	// run counts those whose queue does not exist, as the replay would.
 	Failed int
 	// Unroutable are the queues, in sorted order, to which the broker returned a copy.
 	Unroutable []string
@@ -166,7 +168,8 @@ type ReplayGroup struct {
 // content type, …), is persistent, and keeps the headers, [HeaderDeadReason] and the original
 // exchange and routing key among them, so that the consumer takes it as a replay with a fresh
 // set of attempts and the handler sees the routing key the message was first published with
-// (for a broker dead letter, taken from its x-death). It leaves out the retry count
+// (for a broker dead letter, taken from its x-death), and counts the replay in
+// [HeaderReplayed]. It leaves out the retry count
 // ([HeaderRetries]), x-delivery-count and the broker's x-death, x-first-death-* and
 // x-last-death-* headers. It has no expiration, so that it cannot expire before the consumer
 // sees it: an expiration moves to [HeaderOriginalExpiration], as on the consumer's dead
@@ -201,7 +204,8 @@ func ReplayDeadLetters(ctx context.Context, conn *amqp.Connection, cfg ReplayCon
 		return ReplayReport{Queue: cfg.Queue, DryRun: cfg.DryRun}, errors.New("inbox: replay dead letters: no connection")
 	}
 	r := &replayRun{cfg: cfg, log: cfg.Logger.With(slog.String("queue", cfg.Queue)), groups: map[ReplayGroup]*ReplayGroup{},
-		unroutable: map[string]string{}, report: ReplayReport{Queue: cfg.Queue, DryRun: cfg.DryRun}}
+		unroutable: map[string]string{}, report: ReplayReport{Queue: cfg.Queue, DryRun: cfg.DryRun},
+		conn: conn, exists: map[string]bool{}}
 	err = r.run(ctx, conn)
 	report := r.finish()
 	if report.Failed > 0 {
@@ -224,6 +228,10 @@ type replayRun struct {
 	groups map[ReplayGroup]*ReplayGroup // by the group with its counts zero
 	// unroutable holds the reply of the broker's latest return, by queue.
 	unroutable map[string]string
+	// conn is the caller's connection; exists caches, in a dry run, whether each original
+	// queue exists.
+	conn   *amqp.Connection
+	exists map[string]bool
 }
 
 // run replays, counting into r.report.
@@ -231,6 +239,11 @@ func (r *replayRun) run(ctx context.Context, conn *amqp.Connection) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	unlock, err := r.lock(conn)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	get, err := conn.Channel()
 	if err != nil {
 		return fmt.Errorf("open channel: %w", err)
@@ -284,6 +297,54 @@ func (r *replayRun) run(ctx context.Context, conn *amqp.Connection) error {
 		}
 	}
 	return nil
+}
+
+// ReplayLockSuffix names the queue a replay of a dead-letter queue holds while it runs: the
+// dead-letter queue's name and this suffix ("warehouse.orders.dead.replay-lock"), declared
+// exclusive, so that a second replay of the same queue, dry runs included, fails at once
+// instead of taking the copies the first sends back for dead letters of its own. The broker
+// deletes it with the connection that declared it, also after a crash.
+const ReplayLockSuffix = ".replay-lock"
+
+// lock declares the replay's lock queue (ReplayLockSuffix) on a channel of its own, and
+// returns what deletes it.
+func (r *replayRun) lock(conn *amqp.Connection) (unlock func(), err error) {
+	ch, err := conn.Channel()
+	if err != nil {
+		return nil, fmt.Errorf("open lock channel: %w", err)
+	}
+	name := r.cfg.Queue + ReplayLockSuffix
+	if _, err := ch.QueueDeclare(name, false, true, true, false, nil); err != nil {
+		_ = ch.Close()
+		if amqpErr, ok := errors.AsType[*amqp.Error](err); ok && amqpErr.Code == amqp.ResourceLocked {
+			return nil, fmt.Errorf("another replay of %s is running (it holds the exclusive queue %s); wait for it to end", r.cfg.Queue, name)
+		}
+		return nil, fmt.Errorf("declare the replay's lock queue %s: %w", name, err)
+	}
+	return func() {
+		_, _ = ch.QueueDelete(name, false, false, false)
+		_ = ch.Close()
+	}, nil
+}
+
+// queueExists says, in a dry run, whether queue exists, as the replay's publish would find
+// out: a passive declare on a channel of its own, which a missing queue closes.
+func (r *replayRun) queueExists(queue string) bool {
+	if ok, seen := r.exists[queue]; seen {
+		return ok
+	}
+	ch, err := r.conn.Channel()
+	if err != nil {
+		return true // the replay would tell; the dry run does not guess
+	}
+	_, err = ch.QueueDeclarePassive(queue, false, false, false, false, nil)
+	amqpErr, isAMQP := errors.AsType[*amqp.Error](err)
+	ok := !isAMQP || amqpErr.Code != amqp.NotFound
+	if ok {
+		_ = ch.Close()
+	}
+	r.exists[queue] = ok
+	return ok
 }
 
 // handBackWait bounds how long handBack waits for the queue to show the dead letters it
@@ -350,6 +411,10 @@ func (r *replayRun) examine(ctx context.Context, d amqp.Delivery, pub *replayPub
 		return false, nil
 	}
 	if r.cfg.DryRun {
+		if !r.queueExists(m.OriginalQueue) {
+			r.report.Failed++
+			r.unroutable[m.OriginalQueue] = "404 NOT_FOUND (the queue does not exist)"
+		}
 		return false, nil
 	}
 	if err := ctx.Err(); err != nil {
@@ -400,6 +465,10 @@ func (r *replayRun) unroutableErr() error {
 	for _, q := range slices.Sorted(maps.Keys(r.unroutable)) {
 		queues = append(queues, fmt.Sprintf("queue %q (%s)", q, r.unroutable[q]))
 	}
+	if r.cfg.DryRun {
+		return fmt.Errorf("%d matched dead letters could not be replayed: their queue does not exist: %s",
+			r.report.Failed, strings.Join(queues, ", "))
+	}
 	return fmt.Errorf("%d matched dead letters not replayed, left in place: the broker returned their copies as unroutable "+
 		"(does the queue exist?): %s", r.report.Failed, strings.Join(queues, ", "))
 }
@@ -408,12 +477,21 @@ func (r *replayRun) unroutableErr() error {
 func newDeadLetterMessage(d amqp.Delivery) DeadLetterMessage {
 	m := DeadLetterMessage{ID: d.MessageId, Type: d.Type, Headers: d.Headers, Body: d.Body}
 	death := latestDeath(d.Headers)
-	if reason, ok := d.Headers[HeaderDeadReason].(string); ok {
-		m.Reason = reason
+	var broker string
+	if reason, ok := death["reason"].(string); ok && reason != "" {
+		broker = BrokerReasonPrefix + reason // the latest death
 	} else if reason, ok := d.Headers[headerFirstDeathRsn].(string); ok && reason != "" {
-		m.Reason = BrokerReasonPrefix + reason
-	} else if reason, ok := death["reason"].(string); ok && reason != "" {
-		m.Reason = BrokerReasonPrefix + reason
+		broker = BrokerReasonPrefix + reason
+	}
+	consumer, hasConsumer := d.Headers[HeaderDeadReason].(string)
+	_, replayed := d.Headers[HeaderReplayed]
+	switch {
+	case broker != "" && (!hasConsumer || replayed):
+		// A replay strips the broker's headers and keeps the consumer's reason: on a
+		// replayed copy, broker headers mean the broker killed it after the replay.
+		m.Reason = broker
+	case hasConsumer:
+		m.Reason = consumer
 	}
 	if q, ok := d.Headers[HeaderOriginalQueue].(string); ok && q != "" {
 		m.OriginalQueue = q
@@ -462,6 +540,7 @@ func replayCopy(d amqp.Delivery) amqp.Publishing {
 			}
 		}
 	}
+	headers[HeaderReplayed] = int32(min(headerInt(d.Headers[HeaderReplayed])+1, 1<<20))
 	if _, ok := headers[HeaderOriginalExpiration]; !ok && d.Expiration != "" {
 		headers[HeaderOriginalExpiration] = d.Expiration
 	}

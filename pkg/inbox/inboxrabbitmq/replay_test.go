@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -191,6 +192,7 @@ func TestReplayDeadLetters(t *testing.T) {
 			inboxrabbitmq.HeaderOriginalRoutingKey: "order.placed",
 			inboxrabbitmq.HeaderOriginalExpiration: "60000",
 			inboxrabbitmq.HeaderOriginalUserID:     "guest",
+			inboxrabbitmq.HeaderReplayed:           int32(1),
 			"traceparent":                          "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
 		}, d.Headers)
 	})
@@ -241,6 +243,7 @@ func TestReplayDeadLetters(t *testing.T) {
 		}
 		require.Equal(t, amqp.Table{
 			"x-custom":                             "kept",
+			inboxrabbitmq.HeaderReplayed:           int32(1),
 			inboxrabbitmq.HeaderOriginalExchange:   "",
 			inboxrabbitmq.HeaderOriginalRoutingKey: work,
 		}, got.Headers, "the broker's headers are gone, where it was published is kept")
@@ -376,7 +379,17 @@ func TestReplayDeadLetters(t *testing.T) {
 		for _, d := range back {
 			require.Contains(t, d.Headers, "x-death", "dead-lettered by the broker this time")
 			require.Equal(t, "permanent-error: no", d.Headers[inboxrabbitmq.HeaderDeadReason], "a replay keeps the reason")
+			require.EqualValues(t, 1, d.Headers[inboxrabbitmq.HeaderReplayed])
+			b.put(t, dead, amqp.Publishing{MessageId: d.MessageId, Type: d.Type, Headers: d.Headers, Body: d.Body})
 		}
+		// Seen again, they are the broker's dead letters now: a filter on the old reason does
+		// not take them back into a loop.
+		dry, err := inboxrabbitmq.ReplayDeadLetters(t.Context(), b.conn, inboxrabbitmq.ReplayConfig{Queue: dead, DryRun: true,
+			Match: func(m inboxrabbitmq.DeadLetterMessage) bool { return strings.HasPrefix(m.Reason, "permanent-error") }})
+		require.NoError(t, err)
+		require.Equal(t, 3, dry.Examined)
+		require.Zero(t, dry.Matched)
+		require.Equal(t, []inboxrabbitmq.ReplayGroup{{Type: "order.placed", Reason: "broker: expired", OriginalQueue: bouncer, Examined: 3}}, dry.Groups)
 	})
 
 	t.Run("a message that names no queue stays", func(t *testing.T) {
@@ -412,6 +425,65 @@ func TestReplayDeadLetters(t *testing.T) {
 		require.Equal(t, 1, report.Replayed)
 		require.Equal(t, []string{"m-2"}, messageIDs(b.take(t, work)))
 		require.Equal(t, []string{"m-1", "m-3"}, messageIDs(b.take(t, dead)))
+	})
+
+	t.Run("a dry run says which queues do not exist, as the replay would", func(t *testing.T) {
+		t.Parallel()
+		b := setupReplay(t)
+		dead, work := b.queue(t, "dead", nil), b.queue(t, "work", nil)
+		missing := testinfra.UniqueName(t, "missing")
+		b.put(t, dead, deadLetter("m-1", "order.placed", "permanent-error: no", missing))
+		b.put(t, dead, deadLetter("m-2", "order.placed", "permanent-error: no", work))
+		b.put(t, dead, deadLetter("m-3", "order.placed", "permanent-error: no", missing))
+		report, err := inboxrabbitmq.ReplayDeadLetters(t.Context(), b.conn, inboxrabbitmq.ReplayConfig{Queue: dead, DryRun: true})
+		require.ErrorContains(t, err, fmt.Sprintf("2 matched dead letters could not be replayed: their queue does not exist: queue %q", missing))
+		require.Equal(t, 2, report.Failed)
+		require.Equal(t, []string{missing}, report.Unroutable)
+		require.Equal(t, 3, report.Matched)
+		require.Zero(t, report.Replayed)
+		require.Equal(t, 3, b.depth(t, dead), "a dry run moves nothing")
+		require.False(t, b.conn.IsClosed(), "a missing queue closes a channel of the replay's, not the caller's connection")
+	})
+
+	t.Run("a second replay of the same queue at once is refused, and runs once the first ended", func(t *testing.T) {
+		t.Parallel()
+		b := setupReplay(t)
+		dead, work := b.queue(t, "dead", nil), b.queue(t, "work", nil)
+		b.put(t, dead, deadLetter("m-1", "order.placed", "permanent-error: no", work))
+		b.put(t, dead, deadLetter("m-2", "order.placed", "permanent-error: no", work))
+		// The first replay is held inside its Match while the second starts.
+		inFirst, release := make(chan struct{}), make(chan struct{})
+		var once sync.Once
+		firstDone := make(chan error, 1)
+		go func() {
+			_, err := inboxrabbitmq.ReplayDeadLetters(t.Context(), b.conn, inboxrabbitmq.ReplayConfig{Queue: dead,
+				Match: func(inboxrabbitmq.DeadLetterMessage) bool {
+					once.Do(func() { close(inFirst) })
+					<-release
+					return true
+				}})
+			firstDone <- err
+		}()
+		select {
+		case <-inFirst:
+		case <-time.After(20 * time.Second):
+			t.Fatal("the first replay never examined a message")
+		}
+		other, err := amqp.Dial(b.amqpURL)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = other.Close() })
+		for _, dryRun := range []bool{true, false} {
+			report, err := inboxrabbitmq.ReplayDeadLetters(t.Context(), other, inboxrabbitmq.ReplayConfig{Queue: dead, DryRun: dryRun})
+			require.ErrorContains(t, err, "another replay of "+dead+" is running")
+			require.Zero(t, report.Examined)
+		}
+		close(release)
+		require.NoError(t, <-firstDone)
+		require.Equal(t, []string{"m-1", "m-2"}, messageIDs(b.take(t, work)), "each replayed once")
+		// The lock went with the first replay: the next one runs.
+		report, err := inboxrabbitmq.ReplayDeadLetters(t.Context(), other, inboxrabbitmq.ReplayConfig{Queue: dead})
+		require.NoError(t, err)
+		require.Zero(t, report.Examined)
 	})
 
 	t.Run("a cancelled replay loses nothing", func(t *testing.T) {
