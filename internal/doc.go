@@ -22,7 +22,9 @@
 //   - the HTTP edge: httpapi.Edge (request id, access log, metrics, recoverer, 404/405,
 //     problem answers, /healthz /readyz /metrics), the input policy (input, httpapi:
 //     ReadJSON, DecodeJSON, Token), readiness checks (readiness), HTTP metrics by route
-//     pattern (httpmetrics), a server with timeouts and graceful shutdown (httpserver);
+//     pattern (httpmetrics), a server with timeouts and graceful shutdown (httpserver), a
+//     bearer token on the routes that change data by hand (bearer), its setting a
+//     redacted envconfig.Secret read from a variable or a *_FILE (envconfig.SecretFromFile);
 //   - PostgreSQL: pgdb (open, create and migrate with start-up retries; Transient; Wrap, the
 //     adapters' error wrapping; DBTX, their query interface), pgmigrate (numbered SQL files applied once, then the
 //     libraries' schemas), pgxpool statistics as metrics (pgxpoolmetrics), callbacks after a

@@ -36,6 +36,12 @@ const (
 	CodeNotFound Code = "not_found"
 	// CodeConflict: the request clashes with the current state.
 	CodeConflict Code = "conflict"
+	// CodeUnauthorized: the request lacks valid credentials (internal/bearer: no bearer
+	// token, a malformed one, or the wrong one).
+	CodeUnauthorized Code = "unauthorized"
+	// CodeForbidden: the request is refused whoever sends it (internal/bearer: the routes
+	// are disabled because no token is configured).
+	CodeForbidden Code = "forbidden"
 	// CodeUnavailable: a dependency (the database) cannot be reached; try again later.
 	CodeUnavailable Code = "unavailable"
 	// CodeInternal: a bug or an unexpected failure.

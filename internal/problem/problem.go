@@ -28,6 +28,8 @@ const (
 	TypeNotFound             = TypePrefix + "not-found"              // 404
 	TypeMethodNotAllowed     = TypePrefix + "method-not-allowed"     // 405, with Allow
 	TypeConflict             = TypePrefix + "conflict"               // 409
+	TypeUnauthorized         = TypePrefix + "unauthorized"           // 401, with WWW-Authenticate
+	TypeForbidden            = TypePrefix + "forbidden"              // 403
 	TypePreconditionFailed   = TypePrefix + "precondition-failed"    // 412: If-Match did not match
 	TypePreconditionRequired = TypePrefix + "precondition-required"  // 428: If-Match missing
 	TypeUnavailable          = TypePrefix + "unavailable"            // 503, with Retry-After
@@ -95,6 +97,8 @@ func Shared() Table {
 		apperr.CodeBadHeader:            {Status: http.StatusBadRequest, Type: TypeInvalidHeader, Title: "A request header is invalid"},
 		apperr.CodeNotFound:             {Status: http.StatusNotFound, Type: TypeNotFound, Title: "Not found"},
 		apperr.CodeConflict:             {Status: http.StatusConflict, Type: TypeConflict, Title: "Conflict with the current state"},
+		apperr.CodeUnauthorized:         {Status: http.StatusUnauthorized, Type: TypeUnauthorized, Title: "Authentication required"},
+		apperr.CodeForbidden:            {Status: http.StatusForbidden, Type: TypeForbidden, Title: "Forbidden"},
 		apperr.CodeUnavailable:          {Status: http.StatusServiceUnavailable, Type: TypeUnavailable, Title: "Service unavailable"},
 		apperr.CodeInternal:             Internal,
 	}
