@@ -19,6 +19,12 @@ const (
 	// CodeConflict: the request clashes with the current state (seeding while stock is
 	// reserved).
 	CodeConflict = apperr.CodeConflict
+	// CodeUnauthorized: an admin route (PUT /stock/{sku}) without the admin token, or with
+	// another one.
+	CodeUnauthorized = apperr.CodeUnauthorized
+	// CodeForbidden: an admin route while no admin token is configured (the admin API is
+	// disabled).
+	CodeForbidden = apperr.CodeForbidden
 	// CodeTooLarge: the request body is larger than allowed.
 	CodeTooLarge = apperr.CodeTooLarge
 	// CodeUnsupportedMediaType: the request body is not JSON in UTF-8.

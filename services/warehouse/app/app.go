@@ -67,9 +67,11 @@ type App struct {
 	cfg  Config
 	mode Mode
 
-	store    *postgres.Store
-	ln       net.Listener
-	consumer *inboxrabbitmq.Consumer // nil in ModeRelay
+	store *postgres.Store
+	ln    net.Listener
+	// adminToken is the resolved admin token (Config.ResolveAdminToken), "" when disabled.
+	adminToken envconfig.Secret
+	consumer   *inboxrabbitmq.Consumer // nil in ModeRelay
 }
 
 // New checks cfg and returns an App that Start runs in mode.
@@ -80,7 +82,12 @@ func New(cfg Config, mode Mode, opts Options) (*App, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &App{Process: service.NewProcess(ServiceName, string(mode), opts), cfg: cfg, mode: mode}, nil
+	// Read once: Validate read it too, but a file may change in between.
+	adminToken, err := cfg.ResolveAdminToken()
+	if err != nil {
+		return nil, err
+	}
+	return &App{Process: service.NewProcess(ServiceName, string(mode), opts), cfg: cfg, mode: mode, adminToken: adminToken}, nil
 }
 
 // database is the pgdb configuration of cfg: the warehouse's database, its migrations.
@@ -176,6 +183,10 @@ func (a *App) Start(ctx context.Context) (err error) {
 	}
 	if api {
 		httpCfg.Store = a.store
+		httpCfg.AdminToken = a.adminToken
+		if a.adminToken == "" {
+			a.Log.InfoContext(ctx, "the admin API is disabled: PUT /stock/{sku} answers 403 until WAREHOUSE_ADMIN_TOKEN or WAREHOUSE_ADMIN_TOKEN_FILE is set")
+		}
 		// The backlog of the outbox table and the stock, read here and not by the relay, so
 		// that the backlog stays visible when the relay is down.
 		if err := service.AddOutboxStats(a.Process); err != nil {

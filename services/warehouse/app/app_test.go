@@ -3,10 +3,13 @@ package app_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -16,11 +19,15 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxshop/outboxshop/internal/envconfig"
 	"github.com/outboxshop/outboxshop/internal/metricstest"
 	"github.com/outboxshop/outboxshop/internal/testinfra"
 	"github.com/outboxshop/outboxshop/services/warehouse"
 	"github.com/outboxshop/outboxshop/services/warehouse/app"
 )
+
+// testAdminToken is the admin token of testConfig, which put sends.
+const testAdminToken = "app-test-admin-token-5d2e8b7c"
 
 // testConfig is a configuration on a database, exchanges and queues of the test's own, with
 // listeners on free ports and short timings.
@@ -38,6 +45,7 @@ func testConfig(t *testing.T) app.Config {
 	cfg.RelayPollInterval = 100 * time.Millisecond
 	cfg.ConsumerRetryBaseDelay = 50 * time.Millisecond
 	cfg.ShutdownTimeout = 5 * time.Second
+	cfg.AdminToken = testAdminToken
 	t.Cleanup(func() { deleteTopology(t, cfg) })
 	return cfg
 }
@@ -378,6 +386,59 @@ func TestConfig(t *testing.T) {
 		} {
 			_, err := app.LoadConfigFrom(map[string]string{"WAREHOUSE_ORDER_CREATED_VERSIONS": value})
 			require.ErrorContains(t, err, want, value)
+		}
+	})
+
+	t.Run("the admin token, from its variable or a file", func(t *testing.T) {
+		t.Parallel()
+		const token = "config-test-admin-token-1234"
+		cfg, err := app.LoadConfigFrom(map[string]string{})
+		require.NoError(t, err)
+		resolved, err := cfg.ResolveAdminToken()
+		require.NoError(t, err)
+		require.Empty(t, resolved.Reveal(), "none by default: the admin API is disabled")
+
+		cfg, err = app.LoadConfigFrom(map[string]string{"WAREHOUSE_ADMIN_TOKEN": token})
+		require.NoError(t, err)
+		resolved, err = cfg.ResolveAdminToken()
+		require.NoError(t, err)
+		require.Equal(t, token, resolved.Reveal())
+		require.NotContains(t, fmt.Sprintf("%v %+v %#v", cfg, cfg, cfg), token, "a printed Config shows no token")
+
+		dir := t.TempDir()
+		file := filepath.Join(dir, "admin-token")
+		require.NoError(t, os.WriteFile(file, []byte(token+"\n"), 0o600))
+		cfg, err = app.LoadConfigFrom(map[string]string{"WAREHOUSE_ADMIN_TOKEN_FILE": file})
+		require.NoError(t, err)
+		resolved, err = cfg.ResolveAdminToken()
+		require.NoError(t, err)
+		require.Equal(t, token, resolved.Reveal(), "the file's content, its trailing newline trimmed")
+
+		short := filepath.Join(dir, "short")
+		require.NoError(t, os.WriteFile(short, []byte("tiny-token\n"), 0o600))
+		empty := filepath.Join(dir, "empty")
+		require.NoError(t, os.WriteFile(empty, []byte("\n"), 0o600))
+		missing := filepath.Join(dir, "missing")
+		for _, tc := range []struct {
+			env  map[string]string
+			want string
+		}{
+			{map[string]string{"WAREHOUSE_ADMIN_TOKEN": token, "WAREHOUSE_ADMIN_TOKEN_FILE": file},
+				"WAREHOUSE_ADMIN_TOKEN and WAREHOUSE_ADMIN_TOKEN_FILE are both set"},
+			{map[string]string{"WAREHOUSE_ADMIN_TOKEN": "tiny-token"}, "WAREHOUSE_ADMIN_TOKEN must be at least 16 bytes long, is 10"},
+			{map[string]string{"WAREHOUSE_ADMIN_TOKEN": "has spaces in the middle"}, "WAREHOUSE_ADMIN_TOKEN must be letters, digits"},
+			{map[string]string{"WAREHOUSE_ADMIN_TOKEN_FILE": short}, "WAREHOUSE_ADMIN_TOKEN_FILE: the token in " + short + " must be at least 16 bytes long"},
+			{map[string]string{"WAREHOUSE_ADMIN_TOKEN_FILE": empty}, "WAREHOUSE_ADMIN_TOKEN_FILE: " + empty + " is empty"},
+			{map[string]string{"WAREHOUSE_ADMIN_TOKEN_FILE": missing}, "WAREHOUSE_ADMIN_TOKEN_FILE: cannot read " + missing},
+		} {
+			_, err := app.LoadConfigFrom(tc.env)
+			require.ErrorContains(t, err, tc.want)
+			require.NotContains(t, err.Error(), token)
+			require.NotContains(t, err.Error(), "tiny-token", "an error never quotes a token")
+			cfg := app.DefaultConfig()
+			cfg.AdminToken, cfg.AdminTokenFile = envconfig.Secret(tc.env["WAREHOUSE_ADMIN_TOKEN"]), tc.env["WAREHOUSE_ADMIN_TOKEN_FILE"]
+			_, err = app.New(cfg, app.ModeAPI, app.Options{})
+			require.ErrorContains(t, err, tc.want, "a start-up error")
 		}
 	})
 

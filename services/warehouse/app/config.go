@@ -1,9 +1,11 @@
 package app
 
 import (
+	"fmt"
 	"slices"
 	"time"
 
+	"github.com/outboxshop/outboxshop/internal/bearer"
 	"github.com/outboxshop/outboxshop/internal/envconfig"
 	"github.com/outboxshop/outboxshop/internal/service"
 	"github.com/outboxshop/outboxshop/pkg/inbox"
@@ -61,6 +63,17 @@ type Config struct {
 	// OutboxRetention is how long published outbox rows are kept.
 	OutboxRetention time.Duration `env:"WAREHOUSE_OUTBOX_RETENTION" envDefault:"168h"`
 
+	// AdminToken opens the admin routes of the API (PUT /stock/{sku}): a request must send
+	// it as Authorization: Bearer (services/warehouse/http). At least 16 bytes of letters,
+	// digits and - . _ ~ + /. Unset, with AdminTokenFile unset too, the admin routes answer
+	// 403: the admin API is closed until an operator opens it. An envconfig.Secret: it never
+	// shows in a log line or an error.
+	AdminToken envconfig.Secret `env:"WAREHOUSE_ADMIN_TOKEN"`
+	// AdminTokenFile names a file holding the admin token instead (a mounted Kubernetes
+	// Secret, a compose secret: the *_FILE convention of the official images), its trailing
+	// newlines trimmed. Setting both is an error; so is a file that cannot be read or is empty.
+	AdminTokenFile string `env:"WAREHOUSE_ADMIN_TOKEN_FILE"`
+
 	// LogFormat is json or text; LogLevel debug, info, warn or error.
 	LogFormat string `env:"WAREHOUSE_LOG_FORMAT" envDefault:"json"`
 	LogLevel  string `env:"WAREHOUSE_LOG_LEVEL" envDefault:"info"`
@@ -106,6 +119,8 @@ func (c Config) Validate() error {
 	v.Check(int(c.DatabaseMaxConns) >= c.ConsumerConcurrency+c.RelayConnections()+1,
 		"WAREHOUSE_DATABASE_MAX_CONNS (%d) must exceed WAREHOUSE_CONSUMER_CONCURRENCY (%d) by at least %d: the relay's connections (WAREHOUSE_RELAY_IN_FLIGHT_BATCHES + 1, or 2 × WAREHOUSE_RELAY_IN_FLIGHT_BATCHES + 2 in mode wal) and the API's",
 		c.DatabaseMaxConns, c.ConsumerConcurrency, c.RelayConnections()+1)
+	_, err := c.ResolveAdminToken()
+	v.Add(err)
 	for _, d := range []struct {
 		name  string
 		value time.Duration
@@ -118,4 +133,22 @@ func (c Config) Validate() error {
 		v.Check(d.value > 0, "%s must be positive, is %s", d.name, d.value)
 	}
 	return v.Err()
+}
+
+// ResolveAdminToken returns the admin token: WAREHOUSE_ADMIN_TOKEN, or the content of the
+// file WAREHOUSE_ADMIN_TOKEN_FILE names (envconfig.SecretFromFile), checked by bearer.Check;
+// "" when neither is set (the admin API is disabled). Errors name the variable and the file,
+// never the token.
+func (c Config) ResolveAdminToken() (envconfig.Secret, error) {
+	token, err := envconfig.SecretFromFile(c.AdminToken, "WAREHOUSE_ADMIN_TOKEN", c.AdminTokenFile, "WAREHOUSE_ADMIN_TOKEN_FILE")
+	if err != nil || token == "" {
+		return "", err
+	}
+	if err := bearer.Check(token.Reveal()); err != nil {
+		if c.AdminTokenFile != "" {
+			return "", fmt.Errorf("WAREHOUSE_ADMIN_TOKEN_FILE: the token in %s %w", c.AdminTokenFile, err)
+		}
+		return "", fmt.Errorf("WAREHOUSE_ADMIN_TOKEN %w", err)
+	}
+	return token, nil
 }

@@ -37,13 +37,14 @@ func publish(t *testing.T, ch *amqp091.Channel, cfg app.Config, messageID, typ, 
 }
 
 // put sets a SKU's stock whatever it is now (If-Match: *), or creates it with
-// If-None-Match: * when precondition is that.
+// If-None-Match: * when precondition is that, with the admin token of testConfig.
 func put(t *testing.T, rawURL, body string, precondition ...string) int {
 	t.Helper()
 	req, err := http.NewRequestWithContext(context.Background(), http.MethodPut, rawURL, strings.NewReader(body))
 	require.NoError(t, err)
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("If-Match", "*")
+	req.Header.Set("Authorization", "Bearer "+testAdminToken)
 	if len(precondition) > 0 {
 		req.Header.Del("If-Match")
 		name, value, _ := strings.Cut(precondition[0], ":")

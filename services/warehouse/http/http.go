@@ -3,9 +3,9 @@
 //	GET  /stock                    a page of SKUs in SKU order: ?limit=1..1000 (100), ?cursor=
 //	                               from the previous page's "next"
 //	GET  /stock/{sku}              one SKU (404 when unknown), with its ETag
-//	PUT  /stock/{sku}              set the available stock: If-Match with the ETag of GET
-//	                               (412 when the SKU changed since, 428 without), or
-//	                               If-None-Match: * to create a new SKU
+//	PUT  /stock/{sku}              set the available stock (admin: the bearer token): If-Match
+//	                               with the ETag of GET (412 when the SKU changed since, 428
+//	                               without), or If-None-Match: * to create a new SKU
 //	GET  /reservations/{order_id}  what the warehouse did for an order, with its lines
 //	GET  /healthz                  liveness: the process answers
 //	GET  /readyz                   readiness: the database and Config.Checks (503 when not)
@@ -27,6 +27,15 @@
 // 500, never logged as an error, and writes nothing. When the database cannot be reached the
 // answer is 503 with Retry-After. Every response carries X-Request-ID (the caller's, or a new
 // one).
+//
+// # Admin routes
+//
+// PUT /stock/{sku} is the one route that changes data outside the saga, and it is an admin
+// route: it requires Authorization: Bearer with Config.AdminToken (internal/bearer). Without
+// it, or with a malformed one, the answer is 401 with WWW-Authenticate: Bearer
+// realm="warehouse-admin"; with another token, 401 with error="invalid_token"; while no token
+// is configured, 403: the admin API is disabled until an operator sets one. The other routes
+// read, and stay open. The token is in no log line, problem document, span or metric.
 //
 // # Concurrent writes
 //
@@ -50,6 +59,8 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/outboxshop/outboxshop/internal/bearer"
+	"github.com/outboxshop/outboxshop/internal/envconfig"
 	"github.com/outboxshop/outboxshop/internal/httpapi"
 	"github.com/outboxshop/outboxshop/internal/problem"
 	"github.com/outboxshop/outboxshop/internal/readiness"
@@ -110,7 +121,17 @@ type Config struct {
 	// TracerProvider: no spans.
 	TracerProvider trace.TracerProvider
 	Propagator     propagation.TextMapPropagator
+	// AdminToken guards the admin routes (PUT /stock/{sku}): a request must send it as
+	// Authorization: Bearer. Empty disables them (403). Checked by the caller
+	// (bearer.Check); only its digest is kept.
+	AdminToken envconfig.Secret
 }
+
+// AdminRealm is the realm of the admin routes' WWW-Authenticate challenge.
+const AdminRealm = "warehouse-admin"
+
+// AdminDisabled is the detail of the 403 of an admin route while no token is configured.
+const AdminDisabled = "the admin API is disabled: set WAREHOUSE_ADMIN_TOKEN or WAREHOUSE_ADMIN_TOKEN_FILE"
 
 type server struct {
 	cfg  Config
@@ -125,6 +146,9 @@ func NewRouter(cfg Config) http.Handler {
 	if cfg.Pinger == nil && cfg.Store != nil {
 		cfg.Pinger = cfg.Store
 	}
+	// The guard keeps the admin token's digest; nothing else holds the token.
+	adminToken := cfg.AdminToken
+	cfg.AdminToken = ""
 	s := &server{cfg: cfg, log: cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))}
 	s.edge = httpapi.Edge{
 		Problems: problems, Logger: s.log, Params: map[string]string{"order_id": "order_id", "sku": "sku"},
@@ -132,6 +156,7 @@ func NewRouter(cfg Config) http.Handler {
 		TracerProvider: cfg.TracerProvider, Propagator: cfg.Propagator,
 	}
 	r := s.edge.NewRouter()
+	admin := bearer.New(bearer.Config{Token: adminToken.Reveal(), Realm: AdminRealm, Disabled: AdminDisabled, Error: s.edge.Error})
 
 	var checks []readiness.Check
 	if cfg.Pinger != nil {
@@ -141,7 +166,7 @@ func NewRouter(cfg Config) http.Handler {
 	if cfg.Store != nil {
 		r.Get("/stock", s.listStock)
 		r.Get("/stock/{sku}", s.getStock)
-		r.Put("/stock/{sku}", s.putStock)
+		r.With(admin.Require).Put("/stock/{sku}", s.putStock)
 		r.Get("/reservations/{order_id}", s.getReservation)
 	}
 	return r

@@ -63,13 +63,18 @@ func (l *logBuffer) errors() []string {
 	return out
 }
 
+// testAdminToken is the admin token of every API setupOn builds; [bundle.do] sends it with
+// every PUT that names no Authorization of its own.
+const testAdminToken = "http-test-admin-token-7f3c9a1e"
+
 func setup(t *testing.T) *bundle {
 	t.Helper()
 	pool := testinfra.NewPool(t)
 	return setupOn(t, pool, warehousehttp.Config{})
 }
 
-// setupOn builds the API on pool; cfg's Store, Gatherer and Logger are filled in.
+// setupOn builds the API on pool; cfg's Store, Gatherer and Logger are filled in, and its
+// AdminToken when empty (testAdminToken).
 func setupOn(t *testing.T, pool *pgxpool.Pool, cfg warehousehttp.Config) *bundle {
 	t.Helper()
 	require.NoError(t, postgres.Migrate(context.Background(), pool))
@@ -78,6 +83,9 @@ func setupOn(t *testing.T, pool *pgxpool.Pool, cfg warehousehttp.Config) *bundle
 	reg.MustRegister(collectors.NewGoCollector())
 	if cfg.Store == nil {
 		cfg.Store = repo
+	}
+	if cfg.AdminToken == "" {
+		cfg.AdminToken = testAdminToken
 	}
 	cfg.Gatherer = reg
 	logs := &logBuffer{}
@@ -105,6 +113,9 @@ func (b *bundle) do(t *testing.T, r request) *httptest.ResponseRecorder {
 		body = strings.NewReader(r.body)
 	}
 	req := httptest.NewRequestWithContext(context.Background(), r.method, r.path, body)
+	if _, ok := r.header["Authorization"]; !ok && r.method == http.MethodPut {
+		req.Header.Set("Authorization", "Bearer "+testAdminToken)
+	}
 	for k, vs := range r.header {
 		req.Header[k] = vs
 	}
@@ -255,6 +266,7 @@ func TestPutStockChunkedBodyOverLimit(t *testing.T) {
 	require.NoError(t, err)
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("If-Match", "*")
+	req.Header.Set("Authorization", "Bearer "+testAdminToken)
 	res, err := srv.Client().Do(req)
 	require.NoError(t, err)
 	defer res.Body.Close()
