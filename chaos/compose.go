@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -47,7 +48,15 @@ type ComposeConfig struct {
 	// OverrideDir is where the override file with the crash points is written. Default: a
 	// new temporary directory.
 	OverrideDir string
+	// AdminTokenFile holds the warehouse's admin token, which the compose file mounts as its
+	// warehouse-admin-token secret; the runner sends it with PUT /stock/{sku}. Default
+	// ComposeAdminTokenFile next to File.
+	AdminTokenFile string
 }
+
+// ComposeAdminTokenFile is where the compose file's development admin token is, from the
+// repository root.
+const ComposeAdminTokenFile = "deploy/compose/warehouse-admin-token"
 
 // Compose runs the scenarios against the docker compose stack of the repository (services
 // postgres, rabbitmq, orders-api, orders-relay, warehouse, warehouse-relay; not its loadgen,
@@ -276,6 +285,11 @@ func (c *Compose) StartShop(ctx context.Context, spec ShopSpec) (Endpoints, erro
 			metrics[s] = c.url(string(s), "/metrics")
 		}
 	}
+	tokenFile := cmp.Or(c.cfg.AdminTokenFile, filepath.Join(filepath.Dir(c.cfg.File), ComposeAdminTokenFile))
+	token, err := os.ReadFile(tokenFile)
+	if err != nil {
+		return Endpoints{}, fmt.Errorf("compose target: the warehouse's admin token: %w", err)
+	}
 	pg := (&url.URL{Scheme: "postgres", User: url.UserPassword(c.cfg.PostgresUser, c.cfg.PostgresPassword),
 		Host: fmt.Sprintf("%s:%d", c.cfg.Host, c.cfg.Ports["postgres"])}).String()
 	mq := &url.URL{Scheme: "amqp", User: url.UserPassword(c.cfg.AMQPUser, c.cfg.AMQPPassword),
@@ -283,7 +297,7 @@ func (c *Compose) StartShop(ctx context.Context, spec ShopSpec) (Endpoints, erro
 	return Endpoints{
 		OrdersURL: c.url(string(OrdersAPI), ""), StockURL: c.url(string(Warehouse), ""),
 		OrdersDB: pg + "/orders?sslmode=disable", WarehouseDB: pg + "/warehouse?sslmode=disable",
-		AMQPURL: mq.String(), Metrics: metrics,
+		AMQPURL: mq.String(), Metrics: metrics, AdminToken: strings.TrimRight(string(token), "\r\n"),
 	}, nil
 }
 

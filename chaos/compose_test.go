@@ -50,11 +50,20 @@ type composeBundle struct {
 	ready    *[]string
 }
 
+// writeAdminToken writes the admin token file of a compose file in dir.
+func writeAdminToken(t *testing.T, dir string) {
+	t.Helper()
+	path := filepath.Join(dir, ComposeAdminTokenFile)
+	require.NoError(t, os.MkdirAll(filepath.Dir(path), 0o755))
+	require.NoError(t, os.WriteFile(path, []byte("compose-test-admin-token\n"), 0o644))
+}
+
 func setupCompose(t *testing.T, ports map[string]int) composeBundle {
 	t.Helper()
 	dir := t.TempDir()
 	file := filepath.Join(dir, "docker-compose.yml")
 	require.NoError(t, os.WriteFile(file, []byte("services: {}\n"), 0o644))
+	writeAdminToken(t, dir)
 	docker := &fakeDocker{}
 	var mu sync.Mutex
 	ready := []string{}
@@ -249,6 +258,7 @@ func TestCompose(t *testing.T) {
 		dir := t.TempDir()
 		file := filepath.Join(dir, "docker-compose.yml")
 		require.NoError(t, os.WriteFile(file, nil, 0o644))
+		writeAdminToken(t, dir)
 		docker := &fakeDocker{}
 		c := NewCompose(ComposeConfig{
 			File: file, Exec: docker.exec, OverrideDir: dir, Ready: func(context.Context, string) error { return nil },
@@ -260,6 +270,7 @@ func TestCompose(t *testing.T) {
 		require.Regexp(t, `^postgres://shop:s3cret@127\.0\.0\.1:\d+/orders\?sslmode=disable$`, eps.OrdersDB)
 		require.Regexp(t, `^amqp://bunny:carrot@127\.0\.0\.1:\d+/$`, eps.AMQPURL)
 		require.NotContains(t, eps.OrdersDB, ":0/", "a free port was chosen")
+		require.Equal(t, "compose-test-admin-token", eps.AdminToken, "the token of the compose file's secret, its newline trimmed")
 	})
 
 	t.Run("NetworkFaultsAreNotSupported", func(t *testing.T) {

@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -72,6 +73,8 @@ type localShop struct {
 	// ordersPair is the orders database's primary and standby when the shop asked for a
 	// standby (ShopSpec.OrdersStandby); nil otherwise.
 	ordersPair *pgPair
+	// adminToken is the warehouse's admin token in this shop, new for each (crypto/rand).
+	adminToken string
 	// cluster is the shop's three-node broker when the shop asked for one
 	// (ShopSpec.BrokerCluster); nil otherwise: the target's node, through the proxy.
 	cluster *rabbitCluster
@@ -289,7 +292,7 @@ func (l *Local) StartShop(ctx context.Context, spec ShopSpec) (Endpoints, error)
 
 	id := nonWord.ReplaceAllString(strings.ToLower(spec.Name), "_")
 	shop := &localShop{
-		spec: spec, ordersDB: "orders_" + id, warehouseDB: "warehouse_" + id,
+		spec: spec, ordersDB: "orders_" + id, warehouseDB: "warehouse_" + id, adminToken: rand.Text(),
 		dir: filepath.Join(l.runDir, "shops", id), procs: map[Service]*process{},
 		logStart: map[Component]int64{},
 	}
@@ -355,7 +358,7 @@ func (l *Local) StartShop(ctx context.Context, spec ShopSpec) (Endpoints, error)
 		case OrdersAPI, OrdersRelay:
 			env = append(env, ordersSettings(dbURL(ordersURL, s), brokerURL, addr(OrdersAPI), addr(relayOf(s, OrdersRelay)))...)
 		default:
-			env = append(env, warehouseSettings(dbURL(l.warehouse.URL(shop.warehouseDB), s), brokerURL, addr(Warehouse), addr(relayOf(s, WarehouseRelay)))...)
+			env = append(env, warehouseSettings(dbURL(l.warehouse.URL(shop.warehouseDB), s), brokerURL, addr(Warehouse), addr(relayOf(s, WarehouseRelay)), shop.adminToken)...)
 		}
 		// The scenario's settings come last: exec keeps the last value of a repeated name.
 		return append(append(env, spec.Settings...), spec.ProcessSettings[s]...)
@@ -402,7 +405,7 @@ func (l *Local) StartShop(ctx context.Context, spec ShopSpec) (Endpoints, error)
 	return Endpoints{
 		OrdersURL: "http://" + addr(OrdersAPI), StockURL: "http://" + addr(Warehouse),
 		OrdersDB: ordersURL, WarehouseDB: l.warehouse.URL(shop.warehouseDB),
-		AMQPURL: observedURL, Metrics: metrics, OrdersDBServers: ordersServers,
+		AMQPURL: observedURL, Metrics: metrics, OrdersDBServers: ordersServers, AdminToken: shop.adminToken,
 		AMQPURLs: clusterURLs, BrokerNodes: clusterNodes,
 	}, nil
 }
@@ -424,8 +427,9 @@ func ordersSettings(databaseURL, amqpURL, httpAddr, relayAddr string) []string {
 	}
 }
 
-// warehouseSettings is the warehouse's environment in a shop, as ordersSettings.
-func warehouseSettings(databaseURL, amqpURL, httpAddr, relayAddr string) []string {
+// warehouseSettings is the warehouse's environment in a shop, as ordersSettings, with the
+// shop's admin token, which the runner's PUT /stock/{sku} sends (Endpoints.AdminToken).
+func warehouseSettings(databaseURL, amqpURL, httpAddr, relayAddr, adminToken string) []string {
 	return []string{
 		"WAREHOUSE_DATABASE_URL=" + databaseURL,
 		"WAREHOUSE_AMQP_URL=" + amqpURL,
@@ -435,6 +439,7 @@ func warehouseSettings(databaseURL, amqpURL, httpAddr, relayAddr string) []strin
 		"WAREHOUSE_CONSUMER_RETRY_DELAY=200ms",
 		"WAREHOUSE_SHUTDOWN_TIMEOUT=3s",
 		"WAREHOUSE_LOG_FORMAT=json",
+		"WAREHOUSE_ADMIN_TOKEN=" + adminToken,
 	}
 }
 

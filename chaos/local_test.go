@@ -25,7 +25,7 @@ func TestSettingsAreReadByTheServices(t *testing.T) {
 		known map[string]bool
 	}{
 		"orders":    {ordersSettings("db", "amqp", "a:1", "a:2"), envNames(reflect.TypeFor[ordersapp.Config]())},
-		"warehouse": {warehouseSettings("db", "amqp", "a:1", "a:2"), envNames(reflect.TypeFor[warehouseapp.Config]())},
+		"warehouse": {warehouseSettings("db", "amqp", "a:1", "a:2", "admin-token-of-the-test"), envNames(reflect.TypeFor[warehouseapp.Config]())},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()

@@ -184,7 +184,7 @@ func runScenario(ctx context.Context, sc Scenario, opts Options, say func(phase,
 
 	load := max(opts.Load, sc.MinLoad)
 	stock := initialStock(opts.Rate, load)
-	if err := setStock(ctx, eps.StockURL, stock); err != nil {
+	if err := setStock(ctx, eps.StockURL, eps.AdminToken, stock); err != nil {
 		fail("set the stock: %v", err)
 		return o
 	}
@@ -447,11 +447,12 @@ func logTails(ctx context.Context, t Target, procs []Service, n int) map[Service
 	return out
 }
 
-// setStock sets each SKU's available stock through PUT /stock/{sku}.
-func setStock(ctx context.Context, stockURL string, stock map[string]int64) error {
+// setStock sets each SKU's available stock through PUT /stock/{sku}, an admin route: with
+// the warehouse's admin token.
+func setStock(ctx context.Context, stockURL, adminToken string, stock map[string]int64) error {
 	for _, sku := range slices.Sorted(maps.Keys(stock)) {
 		body, _ := json.Marshal(map[string]int64{"available": stock[sku]})
-		status, resp, err := send(ctx, http.MethodPut, stockURL+"/stock/"+sku, "", body)
+		status, resp, err := send(ctx, http.MethodPut, stockURL+"/stock/"+sku, "", body, "Authorization", "Bearer "+adminToken)
 		if err != nil {
 			return err
 		}
@@ -485,7 +486,9 @@ func placeProbe(ctx context.Context, ordersURL, scenario string) (Probe, error) 
 	return p, nil
 }
 
-func send(ctx context.Context, method, url, key string, body []byte) (int, []byte, error) {
+// send sends a JSON request with the Idempotency-Key key (none when empty) and the headers
+// given as name, value pairs, and returns the status and the body of the answer.
+func send(ctx context.Context, method, url, key string, body []byte, header ...string) (int, []byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, method, url, bytes.NewReader(body))
@@ -500,6 +503,9 @@ func send(ctx context.Context, method, url, key string, body []byte) (int, []byt
 		// Setting the stock before the load sets it whatever it is: PUT /stock/{sku} needs a
 		// precondition, and "*" is the one that means "any current value".
 		req.Header.Set("If-Match", "*")
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {

@@ -123,6 +123,9 @@ type Endpoints struct {
 	// AMQPURL reaches the broker directly, around any fault the target puts in the network:
 	// the runner's observer queue and poison messages use it.
 	AMQPURL string
+	// AdminToken is the warehouse's admin token, which PUT /stock/{sku} requires
+	// (Authorization: Bearer): the runner sets the stock with it.
+	AdminToken string
 	// Metrics is where each service serves /metrics.
 	Metrics map[Service]string
 	// OrdersDBServers are the URLs of the orders database on each server alone, the primary
