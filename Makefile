@@ -44,10 +44,10 @@ run: ## Build both services and run each as one process (API + consumer + relay)
 	@mkdir -p bin
 	@go build -o bin/warehouse ./services/warehouse/cmd/warehouse
 	@go build -o bin/orders ./services/orders/cmd/orders
-	@echo "warehouse on :8090, orders on :8080 (README.md: Walk the saga); Ctrl-C stops both"
+	@echo "warehouse on :8090 (admin token: deploy/compose/warehouse-admin-token, development only), orders on :8080 (README.md: Walk the saga); Ctrl-C stops both"
 	@stop() { trap '' INT TERM; kill -TERM $$pids 2>/dev/null; s=0; for p in $$pids; do wait $$p || s=$$?; done; return $$s; }; \
 		trap 'printf "\nstopping…\n"; stop; exit $$?' INT TERM; \
-		WAREHOUSE_LOG_FORMAT=text bin/warehouse all & pids=$$!; \
+		WAREHOUSE_LOG_FORMAT=text WAREHOUSE_ADMIN_TOKEN_FILE=deploy/compose/warehouse-admin-token bin/warehouse all & pids=$$!; \
 		until curl -sf localhost:8090/readyz >/dev/null; do kill -0 $$pids 2>/dev/null || exit 1; sleep 0.2; done; \
 		ORDERS_LOG_FORMAT=text bin/orders all & pids="$$pids $$!"; \
 		wait -n; s=$$?; echo "a service stopped; stopping the other…"; stop; exit $$s

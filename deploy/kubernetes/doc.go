@@ -26,6 +26,10 @@
 //     shop-mq-default-user, shop-mq-server-N.shop-mq-nodes), every $(VAR) in its
 //     environment is a variable defined before it, and every ORDERS_… or WAREHOUSE_… variable
 //     it is given (or a ConfigMap holds) is a setting the service declares in its Go source;
+//   - the warehouse API, and no other Deployment, reads its admin token from the Secret
+//     warehouse-admin (key token, which the person deploying creates: kustomization.yaml)
+//     mounted read-only as a file, through WAREHOUSE_ADMIN_TOKEN_FILE; no manifest holds a
+//     token;
 //   - every image is pinned to a version; the broker has three replicas and the database
 //     three instances with synchronous replication;
 //   - the PrometheusRule holds exactly the groups of deploy/prometheus/rules (the rules the
