@@ -480,6 +480,7 @@ func startSplitShop(t *testing.T, ordersDB string, ordersOpts ordersapp.Options,
 	wcfg.Queue, wcfg.DeadLetterQueue = warehouseQueue, warehouseQueue+".dead"
 	wcfg.RelayPollInterval = 100 * time.Millisecond
 	wcfg.ConsumerRetryBaseDelay = 50 * time.Millisecond
+	wcfg.AdminTokenFile = adminTokenFile
 
 	ocfg := ordersapp.DefaultConfig()
 	ocfg.DatabaseURL, ocfg.AMQPURL = testinfra.DatabaseURL(t), s.amqpURL

@@ -11,6 +11,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -26,6 +27,19 @@ import (
 	ordersapp "github.com/outboxshop/outboxshop/services/orders/app"
 	warehouseapp "github.com/outboxshop/outboxshop/services/warehouse/app"
 )
+
+// adminTokenFile is the development admin token of make run and compose, which the README's
+// walk sends: every shop of the tests runs with it, and call sends it with every PUT.
+const adminTokenFile = "../deploy/compose/warehouse-admin-token"
+
+// adminToken is the content of adminTokenFile.
+var adminToken = func() string {
+	b, err := os.ReadFile(adminTokenFile)
+	if err != nil {
+		panic(err)
+	}
+	return strings.TrimRight(string(b), "\r\n")
+}()
 
 // shop is both services running in-process, with the test's own databases and topology.
 type shop struct {
@@ -57,6 +71,7 @@ func startShopWith(t *testing.T, oopts ordersapp.Options, wopts warehouseapp.Opt
 	wcfg.Queue, wcfg.DeadLetterQueue = testinfra.UniqueName(t, "warehouse"), testinfra.UniqueName(t, "warehouse_dead")
 	wcfg.RelayPollInterval = 100 * time.Millisecond
 	wcfg.ConsumerRetryBaseDelay = 50 * time.Millisecond
+	wcfg.AdminTokenFile = adminTokenFile
 
 	ocfg := ordersapp.DefaultConfig()
 	ocfg.DatabaseURL, ocfg.AMQPURL = testinfra.DatabaseURL(t), amqpURL
@@ -124,6 +139,8 @@ func call(method, url, key string, body any) (int, bool, orderResponse, error) {
 		// A restock before the load sets the level whatever it is: PUT /stock/{sku} needs a
 		// precondition, and * is the one that says so.
 		req.Header.Set("If-Match", "*")
+		// PUT /stock/{sku} is the warehouse's admin route.
+		req.Header.Set("Authorization", "Bearer "+adminToken)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
