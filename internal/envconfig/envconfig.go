@@ -16,6 +16,14 @@
 // The embedded fields are promoted, so cfg.RelayBatchSize reads as before; every variable a
 // Config reads still starts with its service's prefix, and [Variables] lists them all.
 //
+// Any variable can also be given as a file, as the official images of PostgreSQL and RabbitMQ
+// let their passwords be: ORDERS_DATABASE_URL_FILE=/run/secrets/orders-database-url sets
+// ORDERS_DATABASE_URL to the file's content, trailing newlines trimmed, so that a URL with
+// a password in it comes from a mounted Kubernetes Secret or a compose secret rather than
+// from the process's environment, which `docker inspect`, /proc/<pid>/environ and crash
+// reports show. Setting both is an error; so is a file that cannot be read or is empty. The
+// errors name the variable and the path, never the content.
+//
 // Tags with envDefault were chosen over a DefaultConfig function that lists the values: the
 // default stands next to its variable, where the README's table and a reviewer look for it,
 // and the struct is the one place that names a setting.
@@ -24,6 +32,7 @@ package envconfig
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"reflect"
 	"strings"
@@ -40,6 +49,10 @@ func Load[T any](environ map[string]string) (T, error) {
 		environ = env.ToMap(os.Environ())
 	}
 	var cfg T
+	environ, err := fromFiles(reflect.TypeFor[T](), environ)
+	if err != nil {
+		return cfg, fmt.Errorf("read configuration from the environment: %w", err)
+	}
 	// A struct field's env tag is the prefix of its fields' variables (see the package doc).
 	if err := env.ParseWithOptions(&cfg, env.Options{Environment: environ, PrefixTagName: "env"}); err != nil {
 		var zero T
@@ -87,6 +100,44 @@ func nameVariables[T any](err error) error {
 		out = append(out, e)
 	}
 	return errors.Join(out...)
+}
+
+// FileSuffix makes a variable's name the name of the variable that gives it as a file:
+// ORDERS_DATABASE_URL_FILE=/run/secrets/orders-db-url sets ORDERS_DATABASE_URL to the
+// content of that file ([Load]).
+const FileSuffix = "_FILE"
+
+// fromFiles returns environ with every variable of typ that is given as a file (its name and
+// [FileSuffix], the convention of the official images: a mounted Kubernetes Secret, a compose
+// secret) set to the file's content, trailing newlines trimmed ([SecretFromFile]). A
+// variable set both ways, or a file that cannot be read or is empty, is an error naming the
+// variable and the path, never the content. A variable whose _FILE name typ declares itself
+// (a setting that reads its file on its own) is left alone.
+func fromFiles(typ reflect.Type, environ map[string]string) (map[string]string, error) {
+	names := VariablesOf(typ)
+	declared := make(map[string]bool, len(names))
+	for _, name := range names {
+		declared[name] = true
+	}
+	out, cloned := environ, false
+	var errs []error
+	for _, name := range names {
+		fileVar := name + FileSuffix
+		path := environ[fileVar]
+		if path == "" || declared[fileVar] {
+			continue
+		}
+		value, err := SecretFromFile(Secret(environ[name]), name, path, fileVar)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if !cloned { // the caller's map stays as it is
+			out, cloned = maps.Clone(environ), true
+		}
+		out[name] = string(value)
+	}
+	return out, errors.Join(errs...)
 }
 
 // Variables returns the names of the environment variables T reads, in field order, those of

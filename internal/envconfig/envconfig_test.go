@@ -1,6 +1,8 @@
 package envconfig_test
 
 import (
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -51,6 +53,58 @@ func TestLoad(t *testing.T) {
 		require.ErrorContains(t, err, `invalid duration "soon"`)
 		require.ErrorContains(t, err, "TEST_BATCH: ")
 		require.NotContains(t, err.Error(), "Interval")
+	})
+}
+
+func TestLoadFromFiles(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		path := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(path, []byte(content), 0o600))
+		return path
+	}
+	addr := write("addr", ":4321\n")
+
+	t.Run("AVariableIsTheContentOfTheFileItsFILEVariableNames", func(t *testing.T) {
+		t.Parallel()
+		environ := map[string]string{"TEST_ADDR_FILE": addr, "TEST_BATCH_FILE": write("batch", "7\r\n")}
+		cfg, err := envconfig.Load[config](environ)
+		require.NoError(t, err)
+		require.Equal(t, config{Addr: ":4321", Interval: time.Second, Batch: 7}, cfg, "trailing newlines trimmed")
+		require.Equal(t, map[string]string{"TEST_ADDR_FILE": addr, "TEST_BATCH_FILE": filepath.Join(dir, "batch")}, environ,
+			"the caller's map is left as it was")
+	})
+
+	t.Run("BothWaysIsAnError", func(t *testing.T) {
+		t.Parallel()
+		_, err := envconfig.Load[config](map[string]string{"TEST_ADDR": ":1", "TEST_ADDR_FILE": addr})
+		require.ErrorContains(t, err, "TEST_ADDR and TEST_ADDR_FILE are both set")
+	})
+
+	t.Run("AFileThatCannotBeReadOrIsEmptyIsAnErrorThatNamesItNotItsContent", func(t *testing.T) {
+		t.Parallel()
+		missing := filepath.Join(dir, "missing")
+		_, err := envconfig.Load[config](map[string]string{"TEST_ADDR_FILE": missing, "TEST_BATCH_FILE": write("empty", "\n")})
+		require.ErrorContains(t, err, "TEST_ADDR_FILE: cannot read "+missing)
+		require.ErrorContains(t, err, "TEST_BATCH_FILE: "+filepath.Join(dir, "empty")+" is empty")
+	})
+
+	t.Run("ContentThatDoesNotParseNamesTheVariable", func(t *testing.T) {
+		t.Parallel()
+		_, err := envconfig.Load[config](map[string]string{"TEST_BATCH_FILE": write("many", "many")})
+		require.ErrorContains(t, err, "TEST_BATCH: ")
+	})
+
+	t.Run("ASettingThatReadsItsOwnFileIsLeftAlone", func(t *testing.T) {
+		t.Parallel()
+		type withFile struct {
+			Token     string `env:"TEST_TOKEN"`
+			TokenFile string `env:"TEST_TOKEN_FILE"`
+		}
+		cfg, err := envconfig.Load[withFile](map[string]string{"TEST_TOKEN_FILE": addr})
+		require.NoError(t, err)
+		require.Equal(t, withFile{TokenFile: addr}, cfg)
 	})
 }
 

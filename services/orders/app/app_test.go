@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -413,6 +415,26 @@ func TestDefaultConfig(t *testing.T) {
 	require.Equal(t, ":8080", cfg.HTTPAddr)
 	require.Equal(t, ":8081", cfg.RelayHTTPAddr)
 	require.Equal(t, 1, cfg.OrderCreatedVersion, "version 2 only once every consumer reads it")
+}
+
+// TestConfigFromFiles gives the URLs with their passwords as files (internal/envconfig), as a
+// mounted Secret does.
+func TestConfigFromFiles(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	dbURL, amqpURL := filepath.Join(dir, "db-url"), filepath.Join(dir, "amqp-url")
+	require.NoError(t, os.WriteFile(dbURL, []byte("postgres://orders:s3cret@db:5432/orders\n"), 0o600))
+	require.NoError(t, os.WriteFile(amqpURL, []byte("amqp://orders:s3cret@mq:5672/"), 0o600))
+	cfg, err := app.LoadConfigFrom(map[string]string{"ORDERS_DATABASE_URL_FILE": dbURL, "ORDERS_AMQP_URL_FILE": amqpURL})
+	require.NoError(t, err)
+	require.Equal(t, "postgres://orders:s3cret@db:5432/orders", cfg.DatabaseURL)
+	require.Equal(t, "amqp://orders:s3cret@mq:5672/", cfg.AMQPURL)
+
+	_, err = app.LoadConfigFrom(map[string]string{"ORDERS_DATABASE_URL_FILE": filepath.Join(dir, "missing")})
+	require.ErrorContains(t, err, "ORDERS_DATABASE_URL_FILE: cannot read "+filepath.Join(dir, "missing"))
+	_, err = app.LoadConfigFrom(map[string]string{"ORDERS_DATABASE_URL": "postgres://db/orders", "ORDERS_DATABASE_URL_FILE": dbURL})
+	require.ErrorContains(t, err, "ORDERS_DATABASE_URL and ORDERS_DATABASE_URL_FILE are both set")
+	require.NotContains(t, err.Error(), "s3cret")
 }
 
 func TestOrderCreatedVersionConfig(t *testing.T) {

@@ -373,6 +373,18 @@ func TestConfig(t *testing.T) {
 		require.ErrorContains(t, err, "WAREHOUSE_AMQP_URL: URL 2 of 2")
 	})
 
+	t.Run("the URLs given as files", func(t *testing.T) {
+		t.Parallel()
+		dir := t.TempDir()
+		dbURL := filepath.Join(dir, "db-url")
+		require.NoError(t, os.WriteFile(dbURL, []byte("postgres://warehouse:s3cret@db:5432/warehouse\n"), 0o600))
+		cfg, err := app.LoadConfigFrom(map[string]string{"WAREHOUSE_DATABASE_URL_FILE": dbURL})
+		require.NoError(t, err)
+		require.Equal(t, "postgres://warehouse:s3cret@db:5432/warehouse", cfg.DatabaseURL)
+		_, err = app.LoadConfigFrom(map[string]string{"WAREHOUSE_AMQP_URL_FILE": filepath.Join(dir, "missing")})
+		require.ErrorContains(t, err, "WAREHOUSE_AMQP_URL_FILE: cannot read "+filepath.Join(dir, "missing"))
+	})
+
 	t.Run("the versions of OrderCreated read", func(t *testing.T) {
 		t.Parallel()
 		require.Equal(t, []int{1, 2}, app.DefaultConfig().OrderCreatedVersions)
