@@ -412,8 +412,20 @@ func injectRelayModeSwitch(ctx context.Context, e *Env, poll, wal Service) error
 		e.Fault(at, "switched %s: %s runs alone now (%.1fs)", s.what, s.thenOnlyRun, time.Since(at).Seconds())
 		if s.dropSlot {
 			// Back on polling for good: the slot would keep the WAL (the runbook's step).
-			if _, err := conn.Exec(ctx, dropSlot, ordersSlot); err != nil {
-				return fmt.Errorf("drop the slot after the switch to polling: %w", err)
+			// The walsender of the WAL relay just stopped ends a moment after it: until then
+			// the drop fails ("is active for PID").
+			deadline := time.Now().Add(15 * time.Second)
+			for {
+				_, err := conn.Exec(ctx, dropSlot, ordersSlot)
+				if err == nil {
+					break
+				}
+				if time.Now().After(deadline) {
+					return fmt.Errorf("drop the slot after the switch to polling: %w", err)
+				}
+				if !sleepCtx(ctx, 100*time.Millisecond) {
+					return ctx.Err()
+				}
 			}
 			e.Saw("the slot dropped once no WAL relay ran")
 		}

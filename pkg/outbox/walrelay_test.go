@@ -283,9 +283,13 @@ func TestWALRelay(t *testing.T) {
 		stopPoll = polling() // wal → poll
 		written(50)
 		require.NoError(t, stopWAL())
-		// Back on polling for good: the slot would keep the WAL from now on.
-		_, err := b.pool.Exec(ctx, "SELECT pg_drop_replication_slot($1)", outbox.Tables{}.WALName())
-		require.NoError(t, err)
+		// Back on polling for good: the slot would keep the WAL from now on. The walsender of
+		// the relay just stopped ends a moment after it: until then the drop fails ("is
+		// active for PID", failed once in CI).
+		eventually(t, "the slot dropped once the stopped relay's walsender ended", func() bool {
+			_, err := b.pool.Exec(ctx, "SELECT pg_drop_replication_slot($1)", outbox.Tables{}.WALName())
+			return err == nil
+		})
 		written(200)
 		stopWriters()
 
