@@ -3,6 +3,7 @@ package testinfra
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -35,6 +36,7 @@ type RabbitNode struct {
 
 	dir      string
 	binDir   string
+	tls      *tls.Config         // a client's, for a node of StartRabbitNodeTLS
 	cred     *syscall.Credential // the rabbitmq user, when the tests run as root
 	port     int
 	distPort int
@@ -134,11 +136,11 @@ func rabbitBinDir() (string, error) {
 // its directories, owned by the node's user, and writes cookie as its Erlang cookie unless
 // it is empty.
 func (n *RabbitNode) writeFiles(conf []string, cookie string) error {
-	config := fmt.Sprintf("listeners.tcp.1 = 127.0.0.1:%d\nloopback_users = none\nlog.console = true\n"+
-		"log.console.level = warning\nlog.file = false\n%s\n", n.port, strings.Join(conf, "\n"))
+	if err := n.writeConfig(append([]string{fmt.Sprintf("listeners.tcp.1 = 127.0.0.1:%d", n.port)}, conf...)); err != nil {
+		return err
+	}
 	files := map[string]string{
 		"enabled_plugins": "[].\n",
-		"rabbitmq.conf":   config,
 		// Instead of the machine's rabbitmq-env.conf, which names the shared node.
 		"rabbitmq-env.conf": "ERL_EPMD_ADDRESS=127.0.0.1\n",
 	}
@@ -164,6 +166,14 @@ func (n *RabbitNode) writeFiles(conf []string, cookie string) error {
 		return err
 	}
 	return n.chown(p)
+}
+
+// writeConfig writes the node's rabbitmq.conf: the lines conf (its listeners among them)
+// after the testinfra's own.
+func (n *RabbitNode) writeConfig(conf []string) error {
+	config := fmt.Sprintf("loopback_users = none\nlog.console = true\nlog.console.level = warning\nlog.file = false\n%s\n",
+		strings.Join(conf, "\n"))
+	return os.WriteFile(filepath.Join(n.dir, "rabbitmq.conf"), []byte(config), 0o644)
 }
 
 // chown gives path to the node's user, when the tests run as root.
@@ -241,7 +251,7 @@ func (n *RabbitNode) waitReady(deadline time.Time) error {
 			return fmt.Errorf("node %s exited at start-up: %s", n.Name, n.logTail())
 		default:
 		}
-		conn, err := amqp.DialConfig(n.URL, amqp.Config{Dial: amqp.DefaultDial(2 * time.Second)})
+		conn, err := amqp.DialConfig(n.URL, amqp.Config{Dial: amqp.DefaultDial(2 * time.Second), TLSClientConfig: n.tls})
 		if err == nil {
 			_ = conn.Close()
 			return nil

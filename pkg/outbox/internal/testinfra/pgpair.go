@@ -211,6 +211,11 @@ func (p *PostgresPair) mkdir(path string, mode os.FileMode) error {
 	if err := os.Chmod(path, mode); err != nil {
 		return err
 	}
+	return p.own(path)
+}
+
+// own gives path to the servers' user, when the tests run as root.
+func (p *PostgresPair) own(path string) error {
 	if p.cred != nil {
 		return os.Chown(path, int(p.cred.Uid), int(p.cred.Gid))
 	}
@@ -465,6 +470,12 @@ func (s *PostgresServer) logTail() string {
 // it is. The server is [PostgresPair]'s primary without a standby; it dies with the program.
 // stop kills it and removes its directory; it is to be called also when err is not nil.
 func StartServer(settings ...string) (s *PostgresServer, stop func(), err error) {
+	return startServer(nil, settings...)
+}
+
+// startServer is StartServer with a step between initdb and the start: prepare may write
+// files into the new data directory, and returns settings that go before the caller's.
+func startServer(prepare func(s *PostgresServer) ([]string, error), settings ...string) (s *PostgresServer, stop func(), err error) {
 	binDir, err := postgresBinDir()
 	if err != nil {
 		return nil, func() {}, err
@@ -486,6 +497,13 @@ func StartServer(settings ...string) (s *PostgresServer, stop func(), err error)
 	if out, err := p.run(ctx, "initdb", "-D", p.Primary.data, "-U", "postgres", "--auth=trust",
 		"-E", "UTF8", "--no-locale", "--no-sync"); err != nil {
 		return nil, p.stop, fmt.Errorf("initdb: %w\n%s", err, out)
+	}
+	if prepare != nil {
+		first, err := prepare(p.Primary)
+		if err != nil {
+			return nil, p.stop, err
+		}
+		settings = append(first, settings...)
 	}
 	if err := p.Primary.start(ctx, settings...); err != nil {
 		return nil, p.stop, err
