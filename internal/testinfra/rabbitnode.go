@@ -354,6 +354,7 @@ func (n *RabbitNode) kill() {
 func (n *RabbitNode) stop() {
 	n.kill()
 	_ = os.RemoveAll(n.dir)
+	tlsNodes.Delete(n.URL)
 }
 
 func (n *RabbitNode) logTail() string {

@@ -16,8 +16,11 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
 )
 
 // TLSHost is the one name the servers' certificates of [NewTLSFiles] are valid for. A client
@@ -225,6 +228,7 @@ func startRabbitNodeTLS(files *TLSFiles, conf []string) (*RabbitNode, error) {
 	}
 	n.tls = tlsConf
 	n.URL = fmt.Sprintf("amqps://guest:guest@%s:%d/", TLSHost, n.port)
+	tlsNodes.Store(n.URL, tlsConf)
 	d := func(name string) string { return filepath.Join(n.dir, name) }
 	conf = append([]string{
 		"listeners.tcp = none",
@@ -242,6 +246,19 @@ func startRabbitNodeTLS(files *TLSFiles, conf []string) (*RabbitNode, error) {
 		return n, err
 	}
 	return n, n.waitReady(time.Now().Add(90 * time.Second))
+}
+
+// tlsNodes are the client TLS configs of the nodes of StartRabbitNodeTLS, by URL, for
+// DialAMQP.
+var tlsNodes sync.Map
+
+// DialAMQP connects to the broker of amqpURL as the testinfra's own helpers do: with the
+// CA and the client certificate of a node of [StartRabbitNodeTLS], else as amqp.Dial.
+func DialAMQP(amqpURL string) (*amqp.Connection, error) {
+	if c, ok := tlsNodes.Load(amqpURL); ok {
+		return amqp.DialTLS(amqpURL, c.(*tls.Config).Clone())
+	}
+	return amqp.Dial(amqpURL)
 }
 
 // StartPostgresTLS starts a private PostgreSQL server alone (a [PostgresPair]'s primary

@@ -148,7 +148,7 @@ func (r *received) ids() map[string]int {
 // consume acks and records every delivery of queue until the test ends.
 func consume(t *testing.T, url, queue string) *received {
 	t.Helper()
-	conn, err := amqp.Dial(url)
+	conn, err := testinfra.DialAMQP(url)
 	require.NoError(t, err)
 	ch, err := conn.Channel()
 	require.NoError(t, err)

@@ -3,6 +3,7 @@ package outbox
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -147,7 +148,16 @@ const (
 type WALConfig struct {
 	// URL connects to the outbox's database as a role with the REPLICATION attribute (or a
 	// superuser), in replication mode; the relay adds replication=database itself. Required.
+	// A URL says TLS as libpq's do (sslmode=verify-full&sslrootcert=/path/ca.crt, with
+	// sslcert and sslkey for a client certificate).
 	URL string
+	// TLSConfig, when set, is the replication connection's TLS configuration, for what a URL
+	// cannot say (a certificate held in memory, a custom verification): it replaces the one
+	// the URL's sslmode and ssl* parameters give, for every host of the URL, each with the
+	// host as its ServerName unless one is set, and the connection never goes without TLS.
+	// The pool's connections take theirs from the pool's own configuration
+	// (pgxpool.Config.ConnConfig.TLSConfig).
+	TLSConfig *tls.Config
 	// Slot is the logical replication slot the relay reads, created at its first start:
 	// lower-case letters, digits and underscores, at most 63. Default: [Tables.WALName].
 	Slot string
@@ -537,7 +547,7 @@ func (w *WALRelay) session(ctx context.Context, confirmed *slotPosition) error {
 		return databaseError{fmt.Errorf("read the outbox table's schema: %w", err)}
 	}
 	cfg := walstream.Config{
-		URL: w.wal.URL, Slot: w.wal.Slot, Publication: w.wal.Publication,
+		URL: w.wal.URL, TLSConfig: w.wal.TLSConfig, Slot: w.wal.Slot, Publication: w.wal.Publication,
 		Schema: schema, Table: w.cfg.Tables.Messages,
 		StatusInterval: w.wal.StatusInterval,
 	}

@@ -2,6 +2,7 @@ package inboxrabbitmq
 
 import (
 	"cmp"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -41,6 +42,14 @@ type Config struct {
 	// URLs are the nodes of a cluster, tried round-robin from a random one (see the README's
 	// Several brokers). Set URL or URLs, not both.
 	URLs []string
+	// TLSClientConfig is the TLS configuration of the amqps:// URLs, for what a URL cannot
+	// say: a private CA (RootCAs) rather than the system's roots, a client certificate, a
+	// minimum version. Each connection gets a clone whose ServerName is its URL's host,
+	// unless one is set. With it, every URL must be amqps:// and carry no TLS parameters of
+	// its own (cacertfile, certfile, keyfile, server_name_indication); without it, an
+	// amqps:// URL is checked against the system's roots, or the files its parameters name
+	// (the README's TLS).
+	TLSClientConfig *tls.Config
 	// Queue to consume from. Required. Declare it in Setup, or beforehand.
 	Queue string
 	// Name is the inbox consumer name: messages are deduplicated per name, so several
@@ -158,7 +167,7 @@ type Config struct {
 // WithDefaults returns c validated, with every default filled in: what the consumer built
 // from c ([NewConsumer]) will use. The error lists every problem, negative values included.
 func (c Config) WithDefaults() (Config, error) {
-	_, errs := parseBrokers(c.URL, c.URLs)
+	_, errs := parseBrokers(c.URL, c.URLs, c.TLSClientConfig)
 	c.URLs = slices.Clone(c.URLs)
 	errs = append(errs, c.checkRequired()...)
 	errs = append(errs, c.fillLimits()...)

@@ -3,6 +3,7 @@ package inboxrabbitmq
 import (
 	"context"
 	crand "crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -86,7 +87,7 @@ func NewConsumer(pool inbox.TxBeginner, cfg Config) (*Consumer, error) {
 		return nil, fmt.Errorf("inbox: invalid consumer config: %w", &fieldError{"tables", err})
 	}
 	cfg.Tables = store.Tables()
-	b, _ := parseBrokers(cfg.URL, cfg.URLs) // checked by WithDefaults
+	b, _ := parseBrokers(cfg.URL, cfg.URLs, cfg.TLSClientConfig) // checked by WithDefaults
 	c := &Consumer{
 		pool:      pool,
 		lockTimed: newLockTimed(pool),
@@ -249,7 +250,9 @@ type link struct {
 // connection. When the set-up fails it closes the connection.
 func (c *Consumer) connect(ctx context.Context) (*link, error) {
 	conn, i, err := c.brokers.dial(time.Time{}, dialTimeout, func() bool { return ctx.Err() != nil },
-		func(url string, deadline time.Time) (*amqp.Connection, error) { return c.dial(ctx, url, deadline) })
+		func(url string, tlsConf *tls.Config, deadline time.Time) (*amqp.Connection, error) {
+			return c.dial(ctx, url, tlsConf, deadline)
+		})
 	if err != nil {
 		return nil, fmt.Errorf("connect: %w", err)
 	}
@@ -504,12 +507,13 @@ func (c *Consumer) setStatus(change func(*Status)) {
 	change(&c.status)
 }
 
-// dial connects to one broker, giving up at deadline.
-func (c *Consumer) dial(ctx context.Context, url string, deadline time.Time) (*amqp.Connection, error) {
+// dial connects to one broker, with tlsConf for an amqps:// one, giving up at deadline.
+func (c *Consumer) dial(ctx context.Context, url string, tlsConf *tls.Config, deadline time.Time) (*amqp.Connection, error) {
 	props := amqp.NewConnectionProperties()
 	props.SetClientConnectionName("outboxshop inbox " + c.cfg.Name)
 	return amqp.DialConfig(url, amqp.Config{
-		Properties: props,
+		Properties:      props,
+		TLSClientConfig: tlsConf,
 		Dial: func(network, addr string) (net.Conn, error) {
 			d := net.Dialer{Deadline: deadline}
 			conn, err := d.DialContext(ctx, network, addr)

@@ -2,6 +2,7 @@ package inboxrabbitmq_test
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"strings"
@@ -555,11 +556,16 @@ func TestNewConsumer(t *testing.T) {
 			cfg  inboxrabbitmq.Config
 			want string
 		}{
-			"NoURL":               {with(valid, func(c *inboxrabbitmq.Config) { c.URL = "" }), "URL or URLs is required"},
-			"BadURL":              {with(valid, func(c *inboxrabbitmq.Config) { c.URL = "http://x" }), "URL:"},
-			"URLAndURLs":          {with(valid, func(c *inboxrabbitmq.Config) { c.URLs = []string{c.URL} }), "set URL or URLs, not both"},
-			"EmptyInURLs":         {with(valid, func(c *inboxrabbitmq.Config) { c.URL, c.URLs = "", []string{"amqp://a/", ""} }), "URLs[1] is empty"},
-			"BadInURLs":           {with(valid, func(c *inboxrabbitmq.Config) { c.URL, c.URLs = "", []string{"amqp://a/", "http://b"} }), "URLs[1]:"},
+			"NoURL":       {with(valid, func(c *inboxrabbitmq.Config) { c.URL = "" }), "URL or URLs is required"},
+			"BadURL":      {with(valid, func(c *inboxrabbitmq.Config) { c.URL = "http://x" }), "URL:"},
+			"URLAndURLs":  {with(valid, func(c *inboxrabbitmq.Config) { c.URLs = []string{c.URL} }), "set URL or URLs, not both"},
+			"EmptyInURLs": {with(valid, func(c *inboxrabbitmq.Config) { c.URL, c.URLs = "", []string{"amqp://a/", ""} }), "URLs[1] is empty"},
+			"BadInURLs":   {with(valid, func(c *inboxrabbitmq.Config) { c.URL, c.URLs = "", []string{"amqp://a/", "http://b"} }), "URLs[1]:"},
+			"TLSConfigWithPlainURL": {with(valid, func(c *inboxrabbitmq.Config) { c.URL, c.TLSClientConfig = "amqp://a/", &tls.Config{} }),
+				"URL is amqp://, which TLSClientConfig does not apply to: use amqps://"},
+			"TLSConfigAndURLFiles": {with(valid, func(c *inboxrabbitmq.Config) {
+				c.URL, c.URLs, c.TLSClientConfig = "", []string{"amqps://a/", "amqps://b/?certfile=/c.pem&keyfile=/k.pem"}, &tls.Config{}
+			}), "URLs[1] has TLS parameters"},
 			"NoQueue":             {with(valid, func(c *inboxrabbitmq.Config) { c.Queue = "" }), "queue is required"},
 			"NoName":              {with(valid, func(c *inboxrabbitmq.Config) { c.Name = "" }), "name"},
 			"NoHandler":           {with(valid, func(c *inboxrabbitmq.Config) { c.Handler = nil }), "handler is required"},

@@ -47,8 +47,14 @@ func setup(t *testing.T) *bundle {
 // setupOn is setup on the empty database of dbURL.
 func setupOn(t *testing.T, dbURL string) *bundle {
 	t.Helper()
+	return setupWith(t, dbURL, testinfra.AMQPURL(t))
+}
+
+// setupWith is setup on the empty database of dbURL and the broker of amqpURL.
+func setupWith(t *testing.T, dbURL, amqpURL string) *bundle {
+	t.Helper()
 	ctx := context.Background()
-	b := &bundle{dbURL: dbURL, amqpURL: testinfra.AMQPURL(t), logs: &logStore{}, events: newEvents()}
+	b := &bundle{dbURL: dbURL, amqpURL: amqpURL, logs: &logStore{}, events: newEvents()}
 	pool, err := pgxpool.New(ctx, b.dbURL)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
@@ -59,7 +65,7 @@ func setupOn(t *testing.T, dbURL string) *bundle {
 
 	b.top = testinfra.DeclareTopology(t, b.amqpURL)
 	b.dead = testinfra.DeclareTopology(t, b.amqpURL)
-	conn, err := amqp.Dial(b.amqpURL)
+	conn, err := testinfra.DialAMQP(b.amqpURL)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })
 	b.ch, err = conn.Channel()
@@ -181,7 +187,7 @@ func (b *bundle) proxiedPool(t *testing.T) (*pgxpool.Pool, *testinfra.Proxy) {
 // channel opens a channel on a connection of its own, closed when the test ends.
 func (b *bundle) channel(t *testing.T) *amqp.Channel {
 	t.Helper()
-	conn, err := amqp.Dial(b.amqpURL)
+	conn, err := testinfra.DialAMQP(b.amqpURL)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })
 	ch, err := conn.Channel()

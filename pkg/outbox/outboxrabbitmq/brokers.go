@@ -1,6 +1,7 @@
 package outboxrabbitmq
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -27,14 +28,19 @@ type brokers struct {
 	urls []string
 	// names are host:port/vhost, for logs, errors and hooks: never the credentials.
 	names []string
+	// hosts are the URLs' hosts, the server names their certificates are checked for.
+	hosts []string
+	// tls is the config's TLSClientConfig, never modified: each dial gets a clone.
+	tls *tls.Config
 
 	mu   sync.Mutex
 	next int
 }
 
 // parseBrokers checks a config's URL and URLs: exactly one of them set, every URL an
-// amqp:// or amqps:// URI. It returns every problem found.
-func parseBrokers(single string, list []string) (*brokers, []error) {
+// amqp:// or amqps:// URI, and every URL amqps:// without TLS parameters of its own when
+// the config has a TLSClientConfig (tlsConf). It returns every problem found.
+func parseBrokers(single string, list []string, tlsConf *tls.Config) (*brokers, []error) {
 	var errs []error
 	urls := list
 	switch {
@@ -45,7 +51,7 @@ func parseBrokers(single string, list []string) (*brokers, []error) {
 	case len(list) == 0:
 		return nil, []error{errors.New("URL or URLs is required")}
 	}
-	b := &brokers{urls: make([]string, 0, len(urls)), names: make([]string, 0, len(urls))}
+	b := &brokers{urls: make([]string, 0, len(urls)), names: make([]string, 0, len(urls)), tls: tlsConf}
 	for i, u := range urls {
 		field := "URL"
 		if single == "" {
@@ -60,8 +66,20 @@ func parseBrokers(single string, list []string) (*brokers, []error) {
 			errs = append(errs, fmt.Errorf("%s: %w", field, redact(err)))
 			continue
 		}
+		if tlsConf != nil && uri.Scheme != "amqps" {
+			// amqp091-go would ignore the TLS config and connect in the clear.
+			errs = append(errs, fmt.Errorf("%s is amqp://, which TLSClientConfig does not apply to: use amqps://", field))
+			continue
+		}
+		if tlsConf != nil && (uri.CACertFile != "" || uri.CertFile != "" || uri.KeyFile != "" || uri.ServerName != "") {
+			// amqp091-go would ignore them for TLSClientConfig.
+			errs = append(errs, fmt.Errorf("%s has TLS parameters (cacertfile, certfile, keyfile or server_name_indication) "+
+				"and TLSClientConfig is set, which replaces them: give them in one place", field))
+			continue
+		}
 		b.urls = append(b.urls, u)
 		b.names = append(b.names, brokerName(uri))
+		b.hosts = append(b.hosts, uri.Host)
 	}
 	if len(errs) > 0 {
 		return nil, errs
@@ -80,6 +98,23 @@ func brokerName(uri amqp.URI) string {
 	return name
 }
 
+// tlsConfig is the TLS configuration of a connection to the broker of index i: a clone of
+// the config's TLSClientConfig with the broker's host as its ServerName unless it has one,
+// or nil (an amqps:// URL then gets amqp091-go's: the system's roots and the URL's
+// parameters). A clone for each dial, because amqp091-go writes the ServerName it uses into
+// the config it is given: a shared one would check every later broker's certificate
+// against the first one's name.
+func (b *brokers) tlsConfig(i int) *tls.Config {
+	if b.tls == nil {
+		return nil
+	}
+	c := b.tls.Clone()
+	if c.ServerName == "" {
+		c.ServerName = b.hosts[i]
+	}
+	return c
+}
+
 // redact drops the URL, which may hold a password, from a parse error.
 func redact(err error) error {
 	if ue, ok := errors.AsType[*url.Error](err); ok {
@@ -88,8 +123,9 @@ func redact(err error) error {
 	return err
 }
 
-// dialFunc connects to url, giving up at deadline.
-type dialFunc func(url string, deadline time.Time) (*amqp.Connection, error)
+// dialFunc connects to url, with tlsConf for an amqps:// one (brokers.tlsConfig), giving up
+// at deadline.
+type dialFunc func(url string, tlsConf *tls.Config, deadline time.Time) (*amqp.Connection, error)
 
 // dial connects to the brokers in turn, each at most once, until one answers, and returns the
 // connection and the broker's index in urls and names (-1 with an error). Each attempt gets at most perURL, and no more than an
@@ -109,7 +145,7 @@ func (b *brokers) dial(deadline time.Time, perURL time.Duration, stop func() boo
 				until = share
 			}
 		}
-		conn, err := dial(b.urls[i], until)
+		conn, err := dial(b.urls[i], b.tlsConfig(i), until)
 		if err == nil {
 			return conn, i, nil
 		}

@@ -3,6 +3,7 @@ package outboxrabbitmq
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -55,6 +56,14 @@ type Config struct {
 	// tried round-robin from a random start; one connect tries each at most once, within
 	// DialTimeout and an equal share of the deadline left (README.md#several-brokers).
 	URLs []string
+	// TLSClientConfig is the TLS configuration of the amqps:// URLs, for what a URL cannot
+	// say: a private CA (RootCAs) rather than the system's roots, a client certificate, a
+	// minimum version. Each connection gets a clone whose ServerName is its URL's host,
+	// unless one is set. With it, every URL must be amqps:// and carry no TLS parameters of
+	// its own (cacertfile, certfile, keyfile, server_name_indication); without it, an
+	// amqps:// URL is checked against the system's roots, or the files its parameters name
+	// (README.md#tls).
+	TLSClientConfig *tls.Config
 	// ConnectionName shows in the management UI. Default "outbox-relay"
 	// ([DefaultConnectionName]).
 	ConnectionName string
@@ -154,7 +163,7 @@ func (c Config) WithDefaults() (Config, error) {
 
 // check reports every invalid field of c, and returns the brokers of its URLs.
 func (c Config) check() (*brokers, error) {
-	b, errs := parseBrokers(c.URL, c.URLs)
+	b, errs := parseBrokers(c.URL, c.URLs, c.TLSClientConfig)
 	if c.Connections < 0 || c.Connections > MaxConnections {
 		errs = append(errs, fmt.Errorf("connections must be between 0 (default 1) and %d, got %d", MaxConnections, c.Connections))
 	}
@@ -330,10 +339,12 @@ func (l *lane) publish(ctx context.Context, msgs []outbox.Message, send []int, e
 
 // unavailable wraps a failure to get a channel.
 func unavailable(ctx context.Context, err error) error {
+	// err stays in the chain: a caller can tell a certificate the client refused
+	// (x509.UnknownAuthorityError, x509.HostnameError) from a broker that is not there.
 	if ctx.Err() != nil {
-		return fmt.Errorf("%w: %v (deadline: %v)", outbox.ErrUnavailable, err, ctx.Err())
+		return fmt.Errorf("%w: %w (deadline: %v)", outbox.ErrUnavailable, err, ctx.Err())
 	}
-	return fmt.Errorf("%w: %v", outbox.ErrUnavailable, err)
+	return fmt.Errorf("%w: %w", outbox.ErrUnavailable, err)
 }
 
 // fill sets errs[i] to err for every i of idx.

@@ -2,6 +2,7 @@ package outboxrabbitmq_test
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"sync/atomic"
@@ -135,6 +136,11 @@ func TestPublisher(t *testing.T) {
 			"URLAndURLs":  {outboxrabbitmq.Config{URL: "amqp://a/", URLs: []string{"amqp://b/"}}, "set URL or URLs, not both"},
 			"EmptyInURLs": {outboxrabbitmq.Config{URLs: []string{"amqp://a/", ""}}, "URLs[1] is empty"},
 			"BadInURLs":   {outboxrabbitmq.Config{URLs: []string{"amqp://a/", "amqp://user:s3cret@b:port/"}}, "URLs[1]: invalid port"},
+			// amqp091-go would connect in the clear, or ignore the URL's files.
+			"TLSConfigWithPlainURL": {outboxrabbitmq.Config{URLs: []string{"amqps://a/", "amqp://b/"}, TLSClientConfig: &tls.Config{}},
+				"URLs[1] is amqp://, which TLSClientConfig does not apply to: use amqps://"},
+			"TLSConfigAndURLFiles": {outboxrabbitmq.Config{URL: "amqps://a/?cacertfile=/ca.pem", TLSClientConfig: &tls.Config{}},
+				"URL has TLS parameters (cacertfile, certfile, keyfile or server_name_indication) and TLSClientConfig is set"},
 		} {
 			t.Run(name, func(t *testing.T) {
 				t.Parallel()

@@ -2,6 +2,7 @@ package outboxrabbitmq
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -85,11 +86,12 @@ func (l *lane) connect(ctx context.Context) error {
 	props.SetClientConnectionName(l.cfg.ConnectionName)
 	var s *session
 	conn, i, err := l.brokers.dial(deadline, l.cfg.DialTimeout, func() bool { return ctx.Err() != nil || l.guard.hasFired() },
-		func(url string, deadline time.Time) (*amqp.Connection, error) {
+		func(url string, tlsConf *tls.Config, deadline time.Time) (*amqp.Connection, error) {
 			s = &session{changed: make(chan struct{}, 1), watched: make(chan struct{})}
 			conn, err := amqp.DialConfig(url, amqp.Config{
-				Heartbeat:  10 * time.Second,
-				Properties: props,
+				Heartbeat:       10 * time.Second,
+				Properties:      props,
+				TLSClientConfig: tlsConf,
 				Dial: func(network, addr string) (net.Conn, error) {
 					d := net.Dialer{Deadline: deadline}
 					raw, err := d.DialContext(ctx, network, addr)

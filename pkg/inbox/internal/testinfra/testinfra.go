@@ -348,7 +348,7 @@ func DeleteExchangeAtCleanup(t testing.TB, amqpURL, name string) {
 
 func withChannel(t testing.TB, amqpURL string, fn func(*amqp.Channel) error) {
 	t.Helper()
-	conn, err := amqp.Dial(amqpURL)
+	conn, err := DialAMQP(amqpURL)
 	if err != nil {
 		unavailable(t, "RabbitMQ", err)
 	}

@@ -12,9 +12,11 @@ package walstream
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -63,6 +65,9 @@ type Commit struct {
 type Config struct {
 	// URL is the database's; the stream connects to it in replication mode.
 	URL string
+	// TLSConfig, when set, replaces the TLS configuration the URL's sslmode gives every
+	// host of it (parseConfig).
+	TLSConfig *tls.Config
 	// Slot is the logical replication slot, created (pgoutput) if it does not exist.
 	Slot string
 	// Publication names the publication that holds the outbox table.
@@ -119,11 +124,10 @@ func Open(ctx context.Context, cfg Config) (*Stream, error) {
 	if cfg.StatusInterval <= 0 {
 		cfg.StatusInterval = time.Second
 	}
-	pgcfg, err := pgconn.ParseConfig(cfg.URL)
+	pgcfg, err := parseConfig(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("walstream: parse the database URL: %w", err)
+		return nil, err
 	}
-	pgcfg.RuntimeParams["replication"] = "database"
 	// The columns come as text, written by the walsender with its session's settings:
 	// timestamps in UTC and ISO, whatever the server's defaults.
 	pgcfg.RuntimeParams["TimeZone"] = "UTC"
@@ -188,13 +192,47 @@ func readServerStarted(ctx context.Context, conn *pgconn.PgConn) (int64, error) 
 	return v, nil
 }
 
-// Drop drops the slot named in cfg, through a replication connection of cfg.URL.
-func Drop(ctx context.Context, cfg Config) error {
+// parseConfig is the replication connection's configuration: cfg.URL's, in replication mode,
+// with cfg.TLSConfig for every host when it is set. Each host gets a clone of it with the
+// host as its ServerName unless one is set, and a URL's attempt without TLS (sslmode=prefer
+// or allow tries one) is dropped: given a TLS configuration, the connection uses it.
+func parseConfig(cfg Config) (*pgconn.Config, error) {
 	pgcfg, err := pgconn.ParseConfig(cfg.URL)
 	if err != nil {
-		return fmt.Errorf("walstream: parse the database URL: %w", err)
+		return nil, fmt.Errorf("walstream: parse the database URL: %w", err)
 	}
 	pgcfg.RuntimeParams["replication"] = "database"
+	if cfg.TLSConfig == nil {
+		return pgcfg, nil
+	}
+	// The attempts, one or two per host (pgconn.ParseConfig): the first is the config's
+	// own, the others its fallbacks. Of a host with an attempt with TLS and one without, the
+	// one without goes; a host with none with TLS (sslmode=disable) gets TLS.
+	all := append([]*pgconn.FallbackConfig{{Host: pgcfg.Host, Port: pgcfg.Port, TLSConfig: pgcfg.TLSConfig}}, pgcfg.Fallbacks...)
+	kept := make([]*pgconn.FallbackConfig, 0, len(all))
+	for _, a := range all {
+		if a.TLSConfig == nil && slices.ContainsFunc(all, func(b *pgconn.FallbackConfig) bool {
+			return b.TLSConfig != nil && b.Host == a.Host && b.Port == a.Port
+		}) {
+			continue
+		}
+		c := cfg.TLSConfig.Clone()
+		if c.ServerName == "" {
+			c.ServerName = a.Host
+		}
+		kept = append(kept, &pgconn.FallbackConfig{Host: a.Host, Port: a.Port, TLSConfig: c})
+	}
+	pgcfg.Host, pgcfg.Port, pgcfg.TLSConfig = kept[0].Host, kept[0].Port, kept[0].TLSConfig
+	pgcfg.Fallbacks = kept[1:]
+	return pgcfg, nil
+}
+
+// Drop drops the slot named in cfg, through a replication connection of cfg.URL.
+func Drop(ctx context.Context, cfg Config) error {
+	pgcfg, err := parseConfig(cfg)
+	if err != nil {
+		return err
+	}
 	conn, err := pgconn.ConnectConfig(ctx, pgcfg)
 	if err != nil {
 		return fmt.Errorf("walstream: connect for replication: %w", err)
