@@ -37,6 +37,7 @@ package amqptopo
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -226,6 +227,7 @@ const DefaultDialTimeout = 10 * time.Second
 // package documentation). It is safe for concurrent use.
 type Declarer struct {
 	urls []string
+	tls  *tls.Config   // of amqps:// URLs, cloned per connection; nil: amqp091-go's
 	next atomic.Uint32 // the index in urls of the next connection attempt
 	t    Topology
 	log  *slog.Logger
@@ -236,8 +238,9 @@ type Declarer struct {
 }
 
 // NewDeclarer returns a Declarer of t on the brokers at urls, the nodes of one cluster (at
-// least one). log nil discards.
-func NewDeclarer(urls []string, t Topology, log *slog.Logger) (*Declarer, error) {
+// least one), connecting to amqps:// ones with tlsConf (nil: the system's roots). log nil
+// discards.
+func NewDeclarer(urls []string, tlsConf *tls.Config, t Topology, log *slog.Logger) (*Declarer, error) {
 	if err := t.Validate(); err != nil {
 		return nil, err
 	}
@@ -249,7 +252,7 @@ func NewDeclarer(urls []string, t Topology, log *slog.Logger) (*Declarer, error)
 			return nil, fmt.Errorf("topology: broker url %d: %w", i+1, redact(err))
 		}
 	}
-	d := &Declarer{urls: slices.Clone(urls), t: t, log: cmp.Or(log, slog.New(slog.DiscardHandler)), dial: DefaultDialTimeout,
+	d := &Declarer{urls: slices.Clone(urls), tls: tlsConf, t: t, log: cmp.Or(log, slog.New(slog.DiscardHandler)), dial: DefaultDialTimeout,
 		warned: map[string]bool{}}
 	d.next.Store(uint32(rand.N(len(urls))))
 	return d, nil
@@ -331,8 +334,9 @@ func (d *Declarer) connect(ctx context.Context) (*amqp.Connection, error) {
 			}
 		}
 		conn, err := amqp.DialConfig(d.urls[i], amqp.Config{
-			Properties: props,
-			Dial:       DialUntil(ctx, deadline),
+			Properties:      props,
+			Dial:            DialUntil(ctx, deadline),
+			TLSClientConfig: TLSFor(d.tls, d.urls[i]),
 		})
 		if err == nil {
 			return conn, nil
@@ -396,6 +400,22 @@ func brokerMajor(props amqp.Table) int {
 		return n
 	}
 	return 3
+}
+
+// TLSFor is the TLS configuration of a connection to the broker of url: a clone of tlsConf
+// with url's host as its ServerName unless it has one, or nil when tlsConf is. A clone per
+// connection, because amqp091-go writes the server name it uses into the config it gets.
+func TLSFor(tlsConf *tls.Config, url string) *tls.Config {
+	if tlsConf == nil {
+		return nil
+	}
+	c := tlsConf.Clone()
+	if c.ServerName == "" {
+		if uri, err := amqp.ParseURI(url); err == nil {
+			c.ServerName = uri.Host
+		}
+	}
+	return c
 }
 
 // DialUntil is an amqp.Config Dial that connects within ctx and bounds both the TCP connect

@@ -71,7 +71,7 @@ func setup(t *testing.T) *bundle {
 
 func (b *bundle) declarer(t *testing.T, top amqptopo.Topology) *amqptopo.Declarer {
 	t.Helper()
-	d, err := amqptopo.NewDeclarer([]string{b.url}, top, slog.New(slog.NewTextHandler(b.logs, nil)))
+	d, err := amqptopo.NewDeclarer([]string{b.url}, nil, top, slog.New(slog.NewTextHandler(b.logs, nil)))
 	require.NoError(t, err)
 	return d
 }
@@ -164,7 +164,7 @@ func TestDeclarer(t *testing.T) {
 		require.NoError(t, err)
 		proxy := testinfra.NewProxy(t, u.Host)
 		proxy.Cut()
-		d, err := amqptopo.NewDeclarer([]string{proxy.RewriteURL(t, b.url)}, b.top, nil)
+		d, err := amqptopo.NewDeclarer([]string{proxy.RewriteURL(t, b.url)}, nil, b.top, nil)
 		require.NoError(t, err)
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -228,14 +228,14 @@ func TestDeclarerURLs(t *testing.T) {
 	require.NoError(t, err)
 	dead := testinfra.NewProxy(t, u.Host)
 	dead.Cut()
-	d, err := amqptopo.NewDeclarer([]string{dead.RewriteURL(t, b.url), b.url, dead.RewriteURL(t, b.url)}, b.top, nil)
+	d, err := amqptopo.NewDeclarer([]string{dead.RewriteURL(t, b.url), b.url, dead.RewriteURL(t, b.url)}, nil, b.top, nil)
 	require.NoError(t, err)
 	for range 3 {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		require.NoError(t, d.Declare(ctx))
 		cancel()
 	}
-	_, err = amqptopo.NewDeclarer([]string{b.url, "amqp://u:s3cret@h:port/"}, b.top, nil)
+	_, err = amqptopo.NewDeclarer([]string{b.url, "amqp://u:s3cret@h:port/"}, nil, b.top, nil)
 	require.ErrorContains(t, err, "broker url 2")
 	require.NotContains(t, err.Error(), "s3cret")
 }

@@ -23,6 +23,7 @@ package deadletters
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -68,7 +69,11 @@ func Subcommand[C any](name string, conf func(C) (broker service.BrokerEnv, dead
 			// stdout holds the JSON object alone; warnings go to stderr.
 			log = slog.New(slog.NewTextHandler(out.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 		}
-		report, err := run(ctx, name, broker.AMQPURLs(), opts, log)
+		var report inboxrabbitmq.ReplayReport
+		tlsConf, err := broker.AMQPTLS(strings.ToUpper(name) + "_")
+		if err == nil {
+			report, err = run(ctx, name, broker.AMQPURLs(), tlsConf, opts, log)
+		}
 		if opts.json {
 			if werr := writeJSON(out.Stdout, report, err); werr != nil && err == nil {
 				err = fmt.Errorf("write the report: %w", werr)
@@ -180,9 +185,9 @@ func Version(body []byte) (version int, ok bool) {
 }
 
 // run connects to the first broker of urls that answers and replays as opts say.
-func run(ctx context.Context, name string, urls []string, opts options, log *slog.Logger) (inboxrabbitmq.ReplayReport, error) {
+func run(ctx context.Context, name string, urls []string, tlsConf *tls.Config, opts options, log *slog.Logger) (inboxrabbitmq.ReplayReport, error) {
 	empty := inboxrabbitmq.ReplayReport{Queue: opts.queue, DryRun: opts.dryRun}
-	conn, err := dial(ctx, name, urls)
+	conn, err := dial(ctx, name, urls, tlsConf)
 	if err != nil {
 		return empty, err
 	}
@@ -202,9 +207,10 @@ func run(ctx context.Context, name string, urls []string, opts options, log *slo
 	})
 }
 
-// dial connects to the brokers of urls in turn until one answers. Its errors name each
-// broker by host and port: never by its URL, which may hold a password.
-func dial(ctx context.Context, name string, urls []string) (*amqp.Connection, error) {
+// dial connects to the brokers of urls in turn until one answers, to amqps:// ones with
+// tlsConf. Its errors name each broker by host and port: never by its URL, which may hold a
+// password.
+func dial(ctx context.Context, name string, urls []string, tlsConf *tls.Config) (*amqp.Connection, error) {
 	props := amqp.NewConnectionProperties()
 	props.SetClientConnectionName("outboxshop " + name + " " + Name)
 	var failed []string
@@ -219,8 +225,9 @@ func dial(ctx context.Context, name string, urls []string) (*amqp.Connection, er
 		}
 		deadline := time.Now().Add(DialTimeout)
 		conn, err := amqp.DialConfig(u, amqp.Config{
-			Properties: props,
-			Dial:       amqptopo.DialUntil(ctx, deadline),
+			Properties:      props,
+			Dial:            amqptopo.DialUntil(ctx, deadline),
+			TLSClientConfig: amqptopo.TLSFor(tlsConf, u),
 		})
 		if err == nil {
 			return conn, nil

@@ -26,6 +26,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/url"
 	"syscall"
 	"time"
 
@@ -35,6 +36,7 @@ import (
 
 	"github.com/outboxshop/outboxshop/internal/apperr"
 	"github.com/outboxshop/outboxshop/internal/retry"
+	"github.com/outboxshop/outboxshop/internal/tlsfiles"
 	"github.com/outboxshop/outboxshop/pkg/inbox"
 	"github.com/outboxshop/outboxshop/pkg/outbox"
 )
@@ -72,6 +74,46 @@ type Config struct {
 	Logger *slog.Logger
 	// Tracer traces the pool's queries (internal/pgtrace). nil traces nothing.
 	Tracer pgx.QueryTracer
+	// TLS are the CA and the client certificate of the connection, added to URL by
+	// [WithTLSFiles]. None: the URL says it all.
+	TLS tlsfiles.Files
+	// Setting is the prefix of the settings of the URL and the TLS files ("ORDERS_DATABASE_"),
+	// for errors: a certificate refused names them.
+	Setting string
+}
+
+// WithTLSFiles returns dbURL with the files of f as its sslrootcert, sslcert and sslkey, for
+// a connection that checks the server's certificate against the CA of f and shows f's client
+// certificate: dbURL as it is when f has none. dbURL must then be a postgres:// URL that says
+// sslmode=verify-full and none of those parameters itself. setting names the settings in
+// errors ("ORDERS_DATABASE_": ORDERS_DATABASE_URL, ORDERS_DATABASE_CA_FILE, …), which never
+// hold the URL: it may hold a password.
+func WithTLSFiles(dbURL string, f tlsfiles.Files, setting string) (string, error) {
+	if !f.Set() {
+		return dbURL, nil
+	}
+	files := setting + "CA_FILE, " + setting + "CERT_FILE or " + setting + "KEY_FILE"
+	u, err := url.Parse(dbURL)
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		return "", fmt.Errorf("%sURL must be a postgres:// URL when %s is set", setting, files)
+	}
+	q := u.Query()
+	if mode := q.Get("sslmode"); mode != "verify-full" {
+		return "", fmt.Errorf("%sURL says sslmode=%s, and %s is set: say sslmode=verify-full, so that the server's certificate "+
+			"is checked against the CA and the URL's host name", setting, cmp.Or(mode, "(nothing: prefer)"), files)
+	}
+	for _, p := range []string{"sslrootcert", "sslcert", "sslkey"} {
+		if q.Has(p) {
+			return "", fmt.Errorf("%sURL says %s, and %s is set: give the files in the settings alone", setting, p, files)
+		}
+	}
+	for p, file := range map[string]string{"sslrootcert": f.CA, "sslcert": f.Cert, "sslkey": f.Key} {
+		if file != "" {
+			q.Set(p, file)
+		}
+	}
+	u.RawQuery = q.Encode()
+	return u.String(), nil
 }
 
 // ConfigError is an error that waiting will not fix: the configuration, the credentials or a
@@ -101,7 +143,11 @@ func Migrate(ctx context.Context, cfg Config, log *slog.Logger) error {
 // ends (then it returns ctx's error, wrapping the last failure). Any other failure is
 // returned at once as a *ConfigError.
 func Open(ctx context.Context, cfg Config) (*pgxpool.Pool, error) {
-	pcfg, err := pgxpool.ParseConfig(cfg.URL)
+	dbURL, err := WithTLSFiles(cfg.URL, cfg.TLS, cfg.Setting)
+	if err != nil {
+		return nil, &ConfigError{err}
+	}
+	pcfg, err := pgxpool.ParseConfig(dbURL)
 	if err != nil {
 		return nil, &ConfigError{fmt.Errorf("parse database url: %w", err)}
 	}
@@ -135,6 +181,11 @@ func Open(ctx context.Context, cfg Config) (*pgxpool.Pool, error) {
 			return nil, fmt.Errorf("open database: gave up after %d attempts: %w (last: %w)", attempt, ctx.Err(), err)
 		}
 		if !Transient(err) {
+			if tlsfiles.Refused(err) {
+				err = fmt.Errorf("the TLS handshake failed on a certificate; check that %[1]sCA_FILE is the CA that signed the "+
+					"server's certificate, that the certificate names the host of %[1]sURL (%[2]s), and that %[1]sCERT_FILE and "+
+					"%[1]sKEY_FILE are a client certificate the server accepts: %[3]w", cmp.Or(cfg.Setting, "the database "), pcfg.ConnConfig.Host, err)
+			}
 			return nil, &ConfigError{err}
 		}
 		if !retry.Sleep(ctx, waiting.Fail(ctx, err)) {
@@ -222,6 +273,11 @@ func Transient(err error) bool {
 	}
 	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok {
 		return inbox.ClassifySQLState(pgErr.Code) == inbox.ClassTransient
+	}
+	if tlsfiles.Refused(err) {
+		// A certificate refused in the handshake: a configuration, or a certificate, must
+		// change.
+		return false
 	}
 	if _, ok := errors.AsType[*pgconn.ConnectError](err); ok {
 		return true

@@ -3,12 +3,15 @@ package service
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -20,7 +23,9 @@ import (
 	"github.com/outboxshop/outboxshop/internal/envconfig"
 	"github.com/outboxshop/outboxshop/internal/failpoint"
 	"github.com/outboxshop/outboxshop/internal/httpserver"
+	"github.com/outboxshop/outboxshop/internal/pgdb"
 	"github.com/outboxshop/outboxshop/internal/readiness"
+	"github.com/outboxshop/outboxshop/internal/tlsfiles"
 	"github.com/outboxshop/outboxshop/pkg/inbox"
 	"github.com/outboxshop/outboxshop/pkg/inbox/inboxmetrics"
 	"github.com/outboxshop/outboxshop/pkg/inbox/inboxrabbitmq"
@@ -84,6 +89,20 @@ type BrokerEnv struct {
 	// BrokerDownGrace is how long the consumer, or the relay, may be cut off from the broker
 	// before /readyz answers 503.
 	BrokerDownGrace time.Duration `env:"BROKER_DOWN_GRACE" envDefault:"30s"`
+	// AMQPCAFile is the PEM file of the CA that signs the brokers' certificates, trusted
+	// instead of the system's roots; AMQPCertFile and AMQPKeyFile a client certificate and its
+	// key, for a broker that asks for one (internal/tlsfiles). With any of them, every URL of
+	// AMQPURL must be amqps://. They are read at start: restart after rotating them.
+	AMQPCAFile   string `env:"AMQP_CA_FILE"`
+	AMQPCertFile string `env:"AMQP_CERT_FILE"`
+	AMQPKeyFile  string `env:"AMQP_KEY_FILE"`
+}
+
+// AMQPTLS returns the TLS configuration of the amqps:// URLs that the TLS files give, or nil
+// when none is set (an amqps:// URL then trusts the system's roots). prefix names the
+// variables in errors ("ORDERS_").
+func (e BrokerEnv) AMQPTLS(prefix string) (*tls.Config, error) {
+	return tlsfiles.Files{CA: e.AMQPCAFile, Cert: e.AMQPCertFile, Key: e.AMQPKeyFile}.Config(tlsfiles.NamesOf(prefix + "AMQP_"))
 }
 
 // Names returns the topology of e with the service's queue and dead-letter queue.
@@ -120,11 +139,142 @@ func (e BrokerEnv) Check(v *envconfig.Checks, prefix string) {
 				"with commas, and write a comma inside a user name or password as %%2C", prefix, i+1, len(urls), err)
 		}
 	}
+	tlsConf, err := e.AMQPTLS(prefix)
+	v.Check(err == nil, "%v", err)
+	if tlsConf != nil {
+		for i, u := range e.AMQPURLs() {
+			uri, err := amqp.ParseURI(u)
+			if err != nil {
+				continue // reported above
+			}
+			v.Check(uri.Scheme == "amqps", "%[1]sAMQP_URL: URL %[2]d of %[3]d is amqp://, and %[1]sAMQP_CA_FILE, %[1]sAMQP_CERT_FILE or "+
+				"%[1]sAMQP_KEY_FILE is set: use amqps://", prefix, i+1, len(e.AMQPURLs()))
+			v.Check(uri.CACertFile == "" && uri.CertFile == "" && uri.KeyFile == "" && uri.ServerName == "",
+				"%[1]sAMQP_URL: URL %[2]d of %[3]d has TLS parameters (cacertfile, certfile, keyfile or server_name_indication), "+
+					"and %[1]sAMQP_CA_FILE, %[1]sAMQP_CERT_FILE or %[1]sAMQP_KEY_FILE is set: give them in the settings alone", prefix, i+1, len(e.AMQPURLs()))
+		}
+	}
 	v.Check(e.QueueReplicas >= 0, "%sQUEUE_REPLICAS must be positive, or 0 for the broker's default (a replica on every node), is %d",
 		prefix, e.QueueReplicas)
 	v.Check(e.EventsExchange != "" && e.DeadLetterExchange != "", "%[1]sEVENTS_EXCHANGE and %[1]sDEAD_LETTER_EXCHANGE are required", prefix)
 	v.Check(e.QueueDeliveryLimit > 0, "%sQUEUE_DELIVERY_LIMIT must be positive, is %d", prefix, e.QueueDeliveryLimit)
 	v.Check(e.BrokerDownGrace > 0, "%sBROKER_DOWN_GRACE must be positive, is %s", prefix, e.BrokerDownGrace)
+}
+
+// DatabaseTLSEnv are the TLS files of the database connection, embedded in each service's
+// Config under its prefix as [BrokerEnv] is (ORDERS_DATABASE_CA_FILE, …): the PEM file of
+// the CA that signs the server's certificate, and a client certificate and its key, for a
+// server that asks for one. With any of them the database URL must be a postgres:// URL that
+// says sslmode=verify-full (pgdb.WithTLSFiles adds them to it as sslrootcert, sslcert and
+// sslkey). They are read at start: restart after rotating them.
+type DatabaseTLSEnv struct {
+	DatabaseCAFile   string `env:"DATABASE_CA_FILE"`
+	DatabaseCertFile string `env:"DATABASE_CERT_FILE"`
+	DatabaseKeyFile  string `env:"DATABASE_KEY_FILE"`
+}
+
+// DatabaseTLSFiles returns the files of e.
+func (e DatabaseTLSEnv) DatabaseTLSFiles() tlsfiles.Files {
+	return tlsfiles.Files{CA: e.DatabaseCAFile, Cert: e.DatabaseCertFile, Key: e.DatabaseKeyFile}
+}
+
+// Check records in v what cannot work in the files of e with the database URL dbURL, by the
+// variables' names (prefix, such as "ORDERS_", then DATABASE_…).
+func (e DatabaseTLSEnv) Check(v *envconfig.Checks, prefix, dbURL string) {
+	f := e.DatabaseTLSFiles()
+	if !f.Set() {
+		return
+	}
+	_, err := f.Config(tlsfiles.NamesOf(prefix + "DATABASE_"))
+	v.Check(err == nil, "%v", err)
+	_, err = pgdb.WithTLSFiles(dbURL, f, prefix+"DATABASE_")
+	v.Check(err == nil, "%v", err)
+}
+
+// BrokerTLS returns the TLS configuration of broker's amqps:// URLs (nil when its TLS files
+// are not set), once [CheckBrokerTLS] found that no broker refuses it, for the declarer,
+// the consumer, the relay's publisher and the dead-letters subcommand alike. prefix names
+// the variables ("ORDERS_").
+func BrokerTLS(ctx context.Context, broker BrokerEnv, prefix string) (*tls.Config, error) {
+	tlsConf, err := broker.AMQPTLS(prefix)
+	if err != nil {
+		return nil, err
+	}
+	if err := CheckBrokerTLS(ctx, broker.AMQPURLs(), tlsConf, amqptopo.DefaultDialTimeout, prefix); err != nil {
+		return nil, err
+	}
+	return tlsConf, nil
+}
+
+// CheckBrokerTLS connects to each amqps:// URL of urls with tlsConf (its ServerName the
+// URL's host) and returns an error naming the settings when a broker's certificate is
+// refused, or the broker refuses the client's: a wrong CA file, a host name the
+// certificate does not name, a missing client certificate. It goes as far as the broker's
+// first AMQP frame, which comes only after the broker accepted the client's certificate. A
+// broker that does not answer within timeout is not an error here: the consumer and the
+// relay wait for it, as they do at any time. prefix names the variables ("ORDERS_").
+func CheckBrokerTLS(ctx context.Context, urls []string, tlsConf *tls.Config, timeout time.Duration, prefix string) error {
+	for i, u := range urls {
+		uri, err := amqp.ParseURI(u)
+		if err != nil || uri.Scheme != "amqps" {
+			continue
+		}
+		addr := net.JoinHostPort(uri.Host, strconv.Itoa(uri.Port))
+		if refused, err := handshake(ctx, addr, uri.Host, tlsConf, timeout); refused {
+			return fmt.Errorf("%[1]sAMQP_URL: URL %[2]d of %[3]d (%[4]s): the TLS handshake failed on a certificate; check that "+
+				"%[1]sAMQP_CA_FILE is the CA that signed the broker's certificate, that the certificate names %[5]q, and that "+
+				"%[1]sAMQP_CERT_FILE and %[1]sAMQP_KEY_FILE are a client certificate the broker accepts: %[6]w",
+				prefix, i+1, len(urls), addr, uri.Host, err)
+		}
+	}
+	return nil
+}
+
+// handshake does the TLS handshake with the broker at addr, sends the AMQP protocol header
+// and reads the first byte of the answer: a broker that refuses the client's certificate
+// says so with an alert by then. It reports whether the handshake failed on a certificate.
+//
+// The broker closes the connection after its alert, and the header written meanwhile may
+// make its kernel answer with a reset, which can reach the client before the alert is read
+// (ECONNRESET instead of "certificate required"). So a broker that asked for a client
+// certificate when the client had none counts as refusing it whatever ends the connection.
+func handshake(ctx context.Context, addr, host string, tlsConf *tls.Config, timeout time.Duration) (refused bool, err error) {
+	c := tlsConf.Clone()
+	if c == nil {
+		c = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	if c.ServerName == "" {
+		c.ServerName = host
+	}
+	var asked atomic.Bool // the broker asked for a client certificate, and there is none
+	certs := c.Certificates
+	c.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+		if len(certs) == 0 {
+			asked.Store(true)
+			return &tls.Certificate{}, nil
+		}
+		return &certs[0], nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	d := tls.Dialer{Config: c}
+	conn, err := d.DialContext(ctx, "tcp", addr)
+	if err == nil {
+		defer conn.Close()
+		if dl, ok := ctx.Deadline(); ok {
+			_ = conn.SetDeadline(dl)
+		}
+		if _, err = conn.Write([]byte("AMQP\x00\x00\x09\x01")); err == nil {
+			_, err = conn.Read(make([]byte, 1))
+		}
+	}
+	switch {
+	case tlsfiles.Refused(err):
+		return true, err
+	case err != nil && asked.Load() && ctx.Err() == nil:
+		return true, fmt.Errorf("the broker asks for a client certificate, and none is set: %w", err)
+	}
+	return false, err
 }
 
 // RelayEnv are the relay's variables, the same in both services: each service's Config

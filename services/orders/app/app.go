@@ -18,6 +18,7 @@ package app
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"net"
@@ -67,11 +68,13 @@ type App struct {
 	store    *postgres.Store
 	topology ordersamqp.Topology
 	declarer *amqptopo.Declarer
-	checks   []readiness.Check       // of /readyz, besides the database
-	consumer *inboxrabbitmq.Consumer // nil in ModeRelay
-	httpm    *ordershttp.Metrics
-	apiLn    net.Listener
-	opsLn    net.Listener
+	// brokerTLS is the TLS configuration of amqps:// URLs, nil without TLS settings.
+	brokerTLS *tls.Config
+	checks    []readiness.Check       // of /readyz, besides the database
+	consumer  *inboxrabbitmq.Consumer // nil in ModeRelay
+	httpm     *ordershttp.Metrics
+	apiLn     net.Listener
+	opsLn     net.Listener
 }
 
 // New checks cfg and returns an App that Start runs in mode.
@@ -93,7 +96,7 @@ func New(cfg Config, mode Mode, opts Options) (*App, error) {
 
 // database is the pgdb configuration of cfg: the service's database, its migrations.
 func database(cfg Config) pgdb.Config {
-	return pgdb.Config{URL: cfg.DatabaseURL, MaxConns: cfg.DatabaseMaxConns, ConnectTimeout: cfg.DatabaseTimeout, Migrate: postgres.Migrate}
+	return pgdb.Config{URL: cfg.DatabaseURL, TLS: cfg.DatabaseTLSFiles(), Setting: "ORDERS_DATABASE_", MaxConns: cfg.DatabaseMaxConns, ConnectTimeout: cfg.DatabaseTimeout, Migrate: postgres.Migrate}
 }
 
 // Migrate creates the database when it does not exist and applies every migration (the
@@ -121,7 +124,11 @@ func (a *App) Start(ctx context.Context) (err error) {
 	}
 	// The consumer and the relay declare the topology on every (re)connect, keeping a queue
 	// that exists with other arguments (a changed delivery limit) instead of failing.
-	if a.declarer, err = amqptopo.NewDeclarer(a.cfg.AMQPURLs(), a.topology.Shared(), a.Log); err != nil {
+	// A broker whose certificate the TLS settings refuse stops the start, naming them.
+	if a.brokerTLS, err = service.BrokerTLS(ctx, a.cfg.BrokerEnv, "ORDERS_"); err != nil {
+		return err
+	}
+	if a.declarer, err = amqptopo.NewDeclarer(a.cfg.AMQPURLs(), a.brokerTLS, a.topology.Shared(), a.Log); err != nil {
 		return err
 	}
 	// The HTTP requests of whichever router this process serves (the API, or the relay's ops
@@ -170,6 +177,7 @@ func (a *App) addAPI() error {
 	a.consumer, check, err = service.AddConsumer(a.Process, service.ConsumerConfig{
 		Consumer: inboxrabbitmq.Config{
 			URLs:                 a.cfg.AMQPURLs(),
+			TLSClientConfig:      a.brokerTLS,
 			Queue:                a.topology.Queue,
 			Name:                 ordersamqp.ConsumerName,
 			Handler:              ordersamqp.NewHandler(countingApplier{StockApplier: a.store, outcomes: svc.outcomes}, a.Log),
@@ -215,7 +223,7 @@ func (a *App) addAPI() error {
 func (a *App) addRelay() error {
 	check, err := service.AddRelay(a.Process, service.RelayConfig{
 		Publisher: outboxrabbitmq.Config{
-			URLs: a.cfg.AMQPURLs(), ConnectionName: "orders-relay", DialTimeout: a.cfg.DatabaseTimeout, Setup: a.declarer.Setup,
+			URLs: a.cfg.AMQPURLs(), TLSClientConfig: a.brokerTLS, ConnectionName: "orders-relay", DialTimeout: a.cfg.DatabaseTimeout, Setup: a.declarer.Setup,
 		},
 		Settings:        envconfig.Section[service.RelaySettings](a.cfg, "Relay"),
 		Retention:       a.cfg.OutboxRetention,

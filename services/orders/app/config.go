@@ -26,6 +26,9 @@ type Config struct {
 	// The broker, the shop's exchanges, the queue's delivery limit and the grace of a lost
 	// broker connection: internal/service BrokerEnv (ORDERS_AMQP_URL, …).
 	service.BrokerEnv `env:"ORDERS_"`
+	// The CA and the client certificate of the database connection: internal/service
+	// DatabaseTLSEnv (ORDERS_DATABASE_CA_FILE, …).
+	service.DatabaseTLSEnv `env:"ORDERS_"`
 	// The queue of stock events and its dead letters (docs/events.md).
 	Queue           string `env:"ORDERS_QUEUE" envDefault:"orders.stock"`
 	DeadLetterQueue string `env:"ORDERS_DEAD_LETTER_QUEUE" envDefault:"orders.stock.dead"`
@@ -90,6 +93,7 @@ func (c Config) Validate() error {
 	check := v.Check
 	check(c.DatabaseURL != "", "ORDERS_DATABASE_URL is empty")
 	c.BrokerEnv.Check(&v, "ORDERS_")
+	c.DatabaseTLSEnv.Check(&v, "ORDERS_", c.DatabaseURL)
 	check(c.DatabaseMaxConns >= 2, "ORDERS_DATABASE_MAX_CONNS must be at least 2, got %d", c.DatabaseMaxConns)
 	check(c.DatabaseTimeout > 0, "ORDERS_DATABASE_TIMEOUT must be positive")
 	check(c.Queue != "" && c.DeadLetterQueue != "", "ORDERS_QUEUE and ORDERS_DEAD_LETTER_QUEUE are required")

@@ -92,7 +92,7 @@ func New(cfg Config, mode Mode, opts Options) (*App, error) {
 
 // database is the pgdb configuration of cfg: the warehouse's database, its migrations.
 func database(cfg Config) pgdb.Config {
-	return pgdb.Config{URL: cfg.DatabaseURL, MaxConns: cfg.DatabaseMaxConns, ConnectTimeout: cfg.DBTimeout, Migrate: postgres.Migrate}
+	return pgdb.Config{URL: cfg.DatabaseURL, TLS: cfg.DatabaseTLSFiles(), Setting: "WAREHOUSE_DATABASE_", MaxConns: cfg.DatabaseMaxConns, ConnectTimeout: cfg.DBTimeout, Migrate: postgres.Migrate}
 }
 
 // Start prepares the database (creating and migrating it, and waiting for it until ctx ends
@@ -124,7 +124,12 @@ func (a *App) Start(ctx context.Context) (err error) {
 	// The consumer and the relay declare the topology on every (re)connect with one
 	// declarer, which keeps a queue that exists with other arguments (a changed delivery
 	// limit) instead of failing, and warns about it once.
-	declarer, err := amqptopo.NewDeclarer(a.cfg.AMQPURLs(), topology.Shared(), a.Log)
+	// A broker whose certificate the TLS settings refuse stops the start, naming them.
+	brokerTLS, err := service.BrokerTLS(ctx, a.cfg.BrokerEnv, "WAREHOUSE_")
+	if err != nil {
+		return err
+	}
+	declarer, err := amqptopo.NewDeclarer(a.cfg.AMQPURLs(), brokerTLS, topology.Shared(), a.Log)
 	if err != nil {
 		return err
 	}
@@ -144,9 +149,10 @@ func (a *App) Start(ctx context.Context) (err error) {
 		var check readiness.Check
 		a.consumer, check, err = service.AddConsumer(a.Process, service.ConsumerConfig{
 			Consumer: inboxrabbitmq.Config{
-				URLs:  a.cfg.AMQPURLs(),
-				Queue: topology.Queue,
-				Name:  warehouseamqp.ConsumerName,
+				URLs:            a.cfg.AMQPURLs(),
+				TLSClientConfig: brokerTLS,
+				Queue:           topology.Queue,
+				Name:            warehouseamqp.ConsumerName,
 				Handler: warehouseamqp.NewHandler(countingApplier{OrderApplier: a.store, committed: svc.committed},
 					warehouseamqp.HandlerConfig{OrderCreatedVersions: a.cfg.OrderCreatedVersions, Logger: a.Log}),
 				ShutdownTimeout:      a.cfg.ShutdownTimeout,
@@ -167,7 +173,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 	}
 	if relay {
 		check, err := service.AddRelay(a.Process, service.RelayConfig{
-			Publisher:       outboxrabbitmq.Config{URLs: a.cfg.AMQPURLs(), ConnectionName: "warehouse-relay", Setup: declarer.Setup},
+			Publisher:       outboxrabbitmq.Config{URLs: a.cfg.AMQPURLs(), TLSClientConfig: brokerTLS, ConnectionName: "warehouse-relay", Setup: declarer.Setup},
 			Settings:        envconfig.Section[service.RelaySettings](a.cfg, "Relay"),
 			Retention:       a.cfg.OutboxRetention,
 			BrokerDownGrace: a.cfg.BrokerDownGrace,

@@ -36,6 +36,9 @@ type Config struct {
 	// The broker, the shop's exchanges, the queue's delivery limit and the grace of a lost
 	// broker connection: internal/service BrokerEnv (WAREHOUSE_AMQP_URL, …).
 	service.BrokerEnv `env:"WAREHOUSE_"`
+	// The CA and the client certificate of the database connection: internal/service
+	// DatabaseTLSEnv (WAREHOUSE_DATABASE_CA_FILE, …).
+	service.DatabaseTLSEnv `env:"WAREHOUSE_"`
 	// The queue of order events and its dead letters (docs/events.md).
 	Queue           string `env:"WAREHOUSE_QUEUE" envDefault:"warehouse.orders"`
 	DeadLetterQueue string `env:"WAREHOUSE_DEAD_LETTER_QUEUE" envDefault:"warehouse.orders.dead"`
@@ -101,6 +104,7 @@ func (c Config) Validate() error {
 	var v envconfig.Checks
 	v.Check(c.DatabaseURL != "", "WAREHOUSE_DATABASE_URL is required")
 	c.BrokerEnv.Check(&v, "WAREHOUSE_")
+	c.DatabaseTLSEnv.Check(&v, "WAREHOUSE_", c.DatabaseURL)
 	v.Check(c.Queue != "" && c.DeadLetterQueue != "", "WAREHOUSE_QUEUE and WAREHOUSE_DEAD_LETTER_QUEUE are required")
 	v.Check(c.DatabaseMaxConns >= 4, "WAREHOUSE_DATABASE_MAX_CONNS must be at least 4, is %d", c.DatabaseMaxConns)
 	c.ConsumerEnv.Check(&v, "WAREHOUSE_", c.ConsumerConcurrency, c.ConsumerBatchSize)
