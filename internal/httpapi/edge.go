@@ -73,14 +73,27 @@ func (e Edge) NewRouter() chi.Router {
 	return r
 }
 
-// MountOps adds the operations routes to r: GET /healthz (200 {"status":"ok"} while the
-// process answers), /readyz (internal/readiness over checks, each bounded by timeout, 0: its
-// default; 503 with e's Retry-After when one is down) and /metrics (g; nil serves an empty
-// registry; OpenMetrics, with exemplars, to a scraper that accepts it).
-func (e Edge) MountOps(r chi.Router, g prometheus.Gatherer, checks []readiness.Check, timeout time.Duration) {
-	if g == nil {
-		g = prometheus.NewRegistry()
-	}
+// OpsRoutes says which operations routes [Edge.MountOps] adds to a router.
+type OpsRoutes int
+
+const (
+	// AllOps are /healthz, /readyz and /metrics: the routes of a router that serves them
+	// alone (the relay's port, <SERVICE>_OPS_ADDR's), and of the API's when the process has
+	// no listener of its own for them (the default).
+	AllOps OpsRoutes = iota
+	// ProbesOnly are /healthz and /readyz, without /metrics, which answers 404 as any
+	// unknown route: the API's router of a process that serves its operations routes on a
+	// listener of their own (<SERVICE>_OPS_ADDR), so that the metrics are not exposed where
+	// the API's clients are, while a health check of the API's port keeps working.
+	ProbesOnly
+)
+
+// MountOps adds the operations routes of routes to r: GET /healthz (200 {"status":"ok"}
+// while the process answers), /readyz (internal/readiness over checks, each bounded by
+// timeout, 0: its default; 503 with e's Retry-After when one is down) and, for AllOps,
+// /metrics (g; nil serves an empty registry; OpenMetrics, with exemplars, to a scraper that
+// accepts it).
+func (e Edge) MountOps(r chi.Router, routes OpsRoutes, g prometheus.Gatherer, checks []readiness.Check, timeout time.Duration) {
 	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("X-Content-Type-Options", "nosniff")
@@ -89,6 +102,12 @@ func (e Edge) MountOps(r chi.Router, g prometheus.Gatherer, checks []readiness.C
 	r.Method(http.MethodGet, "/readyz", readiness.Handler(readiness.Config{
 		Checks: checks, Timeout: timeout, RetryAfter: cmp.Or(e.RetryAfter, DefaultRetryAfter), Logger: e.log(),
 	}))
+	if routes == ProbesOnly {
+		return
+	}
+	if g == nil {
+		g = prometheus.NewRegistry()
+	}
 	r.Method(http.MethodGet, "/metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{
 		ErrorLog: slog.NewLogLogger(e.log().Handler(), slog.LevelError),
 		// OpenMetrics when the scraper asks for it (Prometheus does): the only format that

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxshop/outboxshop/internal/apperr"
@@ -158,7 +159,7 @@ func TestEdge(t *testing.T) {
 		e := httpapi.Edge{}
 		r := e.NewRouter()
 		down := errors.New("refused")
-		e.MountOps(r, nil, []readiness.Check{{Name: "database", Check: func(context.Context) error { return down }}}, time.Second)
+		e.MountOps(r, httpapi.AllOps, nil, []readiness.Check{{Name: "database", Check: func(context.Context) error { return down }}}, time.Second)
 		rec := serve(r, http.MethodGet, "/healthz")
 		require.Equal(t, http.StatusOK, rec.Code)
 		require.JSONEq(t, `{"status":"ok"}`, rec.Body.String())
@@ -173,6 +174,19 @@ func TestEdge(t *testing.T) {
 		r.ServeHTTP(rec, req)
 		require.Equal(t, http.StatusOK, rec.Code)
 		require.Contains(t, rec.Header().Get("Content-Type"), "application/openmetrics-text")
+	})
+
+	t.Run("ProbesOnly", func(t *testing.T) {
+		t.Parallel()
+		e := httpapi.Edge{Problems: problem.Shared()}
+		r := e.NewRouter()
+		e.MountOps(r, httpapi.ProbesOnly, prometheus.NewRegistry(), nil, time.Second)
+		require.Equal(t, http.StatusOK, serve(r, http.MethodGet, "/healthz").Code)
+		require.Equal(t, http.StatusOK, serve(r, http.MethodGet, "/readyz").Code)
+		rec := serve(r, http.MethodGet, "/metrics")
+		require.Equal(t, http.StatusNotFound, rec.Code, "the metrics are served on a listener of their own")
+		require.Equal(t, problem.ContentType, rec.Header().Get("Content-Type"))
+		require.Equal(t, problem.TypeNotFound, decodeProblem(t, rec).Type)
 	})
 
 	t.Run("Head", func(t *testing.T) {

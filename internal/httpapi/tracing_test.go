@@ -35,7 +35,7 @@ func TestEdgeTracing(t *testing.T) {
 			log.InfoContext(r.Context(), "cancelling")
 			w.WriteHeader(http.StatusAccepted)
 		})
-		e.MountOps(r, nil, nil, 0)
+		e.MountOps(r, httpapi.AllOps, nil, nil, 0)
 		return r, rec, &logs
 	}
 	serve := func(h http.Handler, method, path string, headers ...string) int {

@@ -102,7 +102,7 @@ func NewHandler(cfg Config) *Handler {
 	r.Get("/orders/{id}", h.getOrder)
 	r.Post("/orders/{id}/cancel", h.cancelOrder)
 	checks := append([]readiness.Check{{Name: "database", Check: readiness.Ping(cfg.Orders.Ping)}}, cfg.Checks...)
-	h.edge.MountOps(r, cfg.Gatherer, checks, min(h.dbTimeout, readiness.DefaultTimeout))
+	h.edge.MountOps(r, httpapi.AllOps, cfg.Gatherer, checks, min(h.dbTimeout, readiness.DefaultTimeout))
 	h.router = r
 	return h
 }
@@ -127,7 +127,7 @@ func NewOpsHandler(cfg OpsConfig) http.Handler {
 	log := cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
 	e := edge(log, 0, cfg.Metrics)
 	r := e.NewRouter()
-	e.MountOps(r, cfg.Gatherer, cfg.Checks, 0)
+	e.MountOps(r, httpapi.AllOps, cfg.Gatherer, cfg.Checks, 0)
 	return r
 }
 

@@ -162,7 +162,7 @@ func NewRouter(cfg Config) http.Handler {
 	if cfg.Pinger != nil {
 		checks = append(checks, readiness.Check{Name: "database", Check: readiness.Ping(cfg.Pinger.Ping)})
 	}
-	s.edge.MountOps(r, cfg.Gatherer, append(checks, cfg.Checks...), min(cfg.DBTimeout, readiness.DefaultTimeout))
+	s.edge.MountOps(r, httpapi.AllOps, cfg.Gatherer, append(checks, cfg.Checks...), min(cfg.DBTimeout, readiness.DefaultTimeout))
 	if cfg.Store != nil {
 		r.Get("/stock", s.listStock)
 		r.Get("/stock/{sku}", s.getStock)
