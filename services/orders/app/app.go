@@ -21,7 +21,6 @@ import (
 	"crypto/tls"
 	"fmt"
 	"log/slog"
-	"net"
 
 	"github.com/outboxshop/outboxshop/internal/amqptopo"
 	"github.com/outboxshop/outboxshop/internal/envconfig"
@@ -42,7 +41,8 @@ const (
 	// ModeAPI runs the HTTP API and the consumer of the stock events (`orders api`).
 	ModeAPI Mode = "api"
 	// ModeRelay runs the outbox relay and its cleanup, with /healthz, /readyz and /metrics on
-	// RelayHTTPAddr (`orders relay`).
+	// RelayHTTPAddr (`orders relay`). ModeAPI and ModeAll serve them on the API's address, or
+	// on OpsAddr when it is set (the API's then keeps /healthz and /readyz, not /metrics).
 	ModeRelay Mode = "relay"
 	// ModeAll runs everything in one process (`orders all`).
 	ModeAll Mode = "all"
@@ -73,8 +73,7 @@ type App struct {
 	checks    []readiness.Check       // of /readyz, besides the database
 	consumer  *inboxrabbitmq.Consumer // nil in ModeRelay
 	httpm     *ordershttp.Metrics
-	apiLn     net.Listener
-	opsLn     net.Listener
+	http      service.Listeners // the API's and the operations routes' (internal/service)
 }
 
 // New checks cfg and returns an App that Start runs in mode.
@@ -131,20 +130,16 @@ func (a *App) Start(ctx context.Context) (err error) {
 	if a.declarer, err = amqptopo.NewDeclarer(a.cfg.AMQPURLs(), a.brokerTLS, a.topology.Shared(), a.Log); err != nil {
 		return err
 	}
-	// The HTTP requests of whichever router this process serves (the API, or the relay's ops
+	// The HTTP requests of whichever routers this process serves (the API, the operations
 	// port).
 	if a.httpm, err = ordershttp.NewMetrics(a.Registry, a.ConstLabels()); err != nil {
 		return fmt.Errorf("register HTTP metrics: %w", err)
 	}
-	if a.mode == ModeAPI || a.mode == ModeAll {
-		if a.apiLn, err = service.Listen(ctx, a.Process, a.cfg.HTTPAddr); err != nil {
-			return err
-		}
-	}
-	if a.mode == ModeRelay {
-		if a.opsLn, err = service.Listen(ctx, a.Process, a.cfg.RelayHTTPAddr); err != nil {
-			return err
-		}
+	// The API on ORDERS_HTTP_ADDR and, when set, the operations routes on ORDERS_OPS_ADDR;
+	// the relay's operations routes on ORDERS_RELAY_HTTP_ADDR.
+	if a.http, err = service.ListenHTTP(ctx, a.Process, a.mode != ModeRelay,
+		service.HTTPAddrs{API: a.cfg.HTTPAddr, Ops: a.cfg.OpsAddr, Relay: a.cfg.RelayHTTPAddr}); err != nil {
+		return err
 	}
 	// Everything is built before anything runs, so that a configuration error leaves nothing
 	// behind. The relay's are built first, so that in ModeAll the API's /readyz checks the
@@ -154,10 +149,18 @@ func (a *App) Start(ctx context.Context) (err error) {
 			return err
 		}
 	}
-	if a.apiLn != nil {
+	if a.http.API != nil {
 		if err := a.addAPI(); err != nil {
 			return err
 		}
+	}
+	if a.http.Ops != nil {
+		// After the API's and the relay's, so that /readyz checks whatever the process runs.
+		checks := append([]readiness.Check{{Name: "database", Check: readiness.Ping(a.store.Ping)}}, a.checks...)
+		ops := ordershttp.NewOpsHandler(ordershttp.OpsConfig{
+			Gatherer: a.Registry, Metrics: a.httpm, Checks: checks, Logger: a.Log,
+		})
+		service.AddServer(a.Process, "ops http server", a.http.Ops, ops, a.cfg.HTTPShutdownTimeout)
 	}
 	a.Launch(ctx, "http_addr", a.Addr(), "ops_addr", a.OpsAddr())
 	return nil
@@ -199,6 +202,7 @@ func (a *App) addAPI() error {
 	a.checks = append(a.checks, check)
 	api := ordershttp.NewHandler(ordershttp.Config{
 		Checks:   a.checks,
+		Ops:      a.http.APIOps(),
 		Orders:   a.store,
 		Gatherer: a.Registry,
 		Metrics:  a.httpm,
@@ -211,7 +215,7 @@ func (a *App) addAPI() error {
 		TracerProvider:  a.TracerProvider,
 		Propagator:      a.Propagator,
 	})
-	service.AddServer(a.Process, "http server", a.apiLn, api, a.cfg.HTTPShutdownTimeout)
+	service.AddServer(a.Process, "http server", a.http.API, api, a.cfg.HTTPShutdownTimeout)
 	// Every ORDERS_IDEMPOTENCY_KEY_CLEANUP_INTERVAL; after a failed run it backs off from
 	// 100ms to 10s (never longer than the interval) and logs the failure once (service.Every).
 	service.AddJob(a.Process, service.Job{
@@ -234,13 +238,6 @@ func (a *App) addRelay() error {
 		return err
 	}
 	a.checks = append(a.checks, check)
-	if a.opsLn != nil {
-		checks := append([]readiness.Check{{Name: "database", Check: readiness.Ping(a.store.Ping)}}, a.checks...)
-		ops := ordershttp.NewOpsHandler(ordershttp.OpsConfig{
-			Gatherer: a.Registry, Metrics: a.httpm, Checks: checks, Logger: a.Log,
-		})
-		service.AddServer(a.Process, "relay http server", a.opsLn, ops, a.cfg.HTTPShutdownTimeout)
-	}
 	return nil
 }
 
@@ -259,14 +256,15 @@ func (a *App) cleanupIdempotencyKeys(ctx context.Context) error {
 func (a *App) Consuming() bool { return a.consumer != nil && a.consumer.Connected() }
 
 // Addr is the API's address ("127.0.0.1:port"), or "" when the mode serves no API.
-func (a *App) Addr() string { return service.Addr(a.apiLn) }
+func (a *App) Addr() string { return a.http.APIAddr() }
 
 // URL is the API's base URL, e.g. http://127.0.0.1:43127.
 func (a *App) URL() string { return "http://" + a.Addr() }
 
-// OpsAddr is where the relay process serves /healthz, /readyz and /metrics ("" in the other
-// modes, whose API serves them).
-func (a *App) OpsAddr() string { return service.Addr(a.opsLn) }
+// OpsAddr is where the process serves /healthz, /readyz and /metrics on a listener of their
+// own: the relay's (ORDERS_RELAY_HTTP_ADDR), or the api and all processes' when
+// ORDERS_OPS_ADDR is set; "" when the API serves them.
+func (a *App) OpsAddr() string { return a.http.OpsAddr() }
 
 // Run starts the App and runs it until ctx is cancelled or a component fails, then stops it.
 // A ctx cancelled while Start still waits for the database is a graceful stop too.

@@ -298,6 +298,61 @@ func TestAppSeparateProcesses(t *testing.T) {
 	require.NotContains(t, apiFamilies, "outbox_relay_state")
 }
 
+// TestAppOpsAddr gives an `orders all` process ORDERS_OPS_ADDR: /healthz, /readyz and
+// /metrics answer there, the API on its own address, which keeps /healthz and /readyz for a
+// health check of its port but answers /metrics 404, as any unknown route.
+func TestAppOpsAddr(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(t)
+	cfg.OpsAddr = "127.0.0.1:0"
+	a := start(t, cfg, app.ModeAll)
+	require.NotEmpty(t, a.OpsAddr())
+	require.NotEqual(t, a.Addr(), a.OpsAddr())
+	ops := "http://" + a.OpsAddr()
+
+	created := call(t, http.MethodPost, a.URL()+"/orders", orderBody, "X-Request-ID: req-ops")
+	require.Equal(t, http.StatusCreated, created.status, "body: %s", created.body)
+	id := decodeOrder(t, created).ID
+	require.Equal(t, http.StatusOK, call(t, http.MethodGet, a.URL()+"/orders/"+id, "").status)
+
+	require.Equal(t, http.StatusOK, call(t, http.MethodGet, ops+"/healthz", "").status)
+	testinfra.Eventually(t, 20*time.Second, func() bool {
+		return call(t, http.MethodGet, ops+"/readyz", "").status == http.StatusOK
+	}, "ready on the operations address")
+	_, families := metricstest.Scrape(t, ops+"/metrics")
+	for _, name := range []string{"orders_created_total", "outbox_relay_state", "inbox_messages_processed_total", "http_requests_total", "go_goroutines"} {
+		require.Contains(t, families, name)
+	}
+	require.Contains(t, metricstest.LabelValues(families, "http_requests_total", "route"), "/orders",
+		"the API's requests are counted on the operations address")
+	notAPI := call(t, http.MethodGet, ops+"/orders/"+id, "")
+	require.Equal(t, http.StatusNotFound, notAPI.status, "the operations address serves no API")
+
+	metrics := call(t, http.MethodGet, a.URL()+"/metrics", "")
+	require.Equal(t, http.StatusNotFound, metrics.status, "no metrics on the API's address: body %s", metrics.body)
+	require.Equal(t, problem.ContentType, metrics.header.Get("Content-Type"))
+	require.Equal(t, problem.TypeNotFound, metrics.problem.Type)
+	require.Equal(t, http.StatusOK, call(t, http.MethodGet, a.URL()+"/healthz", "").status, "the API's port keeps its health check")
+	require.Equal(t, http.StatusOK, call(t, http.MethodGet, a.URL()+"/readyz", "").status)
+
+	t.Run("ModeAPI", func(t *testing.T) {
+		t.Parallel()
+		api := start(t, cfg, app.ModeAPI)
+		require.NotEmpty(t, api.OpsAddr())
+		require.Equal(t, http.StatusOK, call(t, http.MethodGet, "http://"+api.OpsAddr()+"/metrics", "").status)
+		require.Equal(t, http.StatusNotFound, call(t, http.MethodGet, api.URL()+"/metrics", "").status)
+	})
+	t.Run("ModeRelayKeepsItsAddress", func(t *testing.T) {
+		t.Parallel()
+		relayCfg := cfg
+		relayCfg.OpsAddr = "127.0.0.1:1" // not bound: the relay serves on ORDERS_RELAY_HTTP_ADDR
+		relay := start(t, relayCfg, app.ModeRelay)
+		require.Empty(t, relay.Addr())
+		require.NotEqual(t, "127.0.0.1:1", relay.OpsAddr())
+		require.Equal(t, http.StatusOK, call(t, http.MethodGet, "http://"+relay.OpsAddr()+"/metrics", "").status)
+	})
+}
+
 // TestAppDatabaseDown points the App at a proxy in front of PostgreSQL and cuts it.
 func TestAppDatabaseDown(t *testing.T) {
 	t.Parallel()
@@ -388,6 +443,23 @@ func TestAppStartFails(t *testing.T) {
 		require.ErrorContains(t, err, "ORDERS_RELAY_BATCH_SIZE")
 		require.ErrorContains(t, err, "ORDERS_CONSUMER_CONCURRENCY")
 	})
+	t.Run("OpsAddrOnTheAPIsPort", func(t *testing.T) {
+		t.Parallel()
+		cfg := app.DefaultConfig()
+		cfg.OpsAddr = cfg.HTTPAddr
+		_, err := app.New(cfg, app.ModeAPI, app.Options{})
+		require.ErrorContains(t, err, "ORDERS_OPS_ADDR (:8080) must differ from ORDERS_HTTP_ADDR (:8080)")
+	})
+	t.Run("OpsPortInUse", func(t *testing.T) {
+		t.Parallel()
+		cfg := testConfig(t)
+		first := start(t, cfg, app.ModeAPI)
+		cfg.OpsAddr = first.Addr()
+		second, err := app.New(cfg, app.ModeAPI, app.Options{})
+		require.NoError(t, err)
+		require.ErrorContains(t, second.Start(context.Background()), "listen on "+first.Addr())
+		require.NoError(t, second.Stop())
+	})
 	t.Run("PortInUse", func(t *testing.T) {
 		t.Parallel()
 		cfg := testConfig(t)
@@ -414,6 +486,7 @@ func TestDefaultConfig(t *testing.T) {
 	require.Equal(t, time.Second, cfg.RelayPollInterval)
 	require.Equal(t, ":8080", cfg.HTTPAddr)
 	require.Equal(t, ":8081", cfg.RelayHTTPAddr)
+	require.Empty(t, cfg.OpsAddr, "the API's listener serves the operations routes")
 	require.Equal(t, 1, cfg.OrderCreatedVersion, "version 2 only once every consumer reads it")
 }
 

@@ -8,7 +8,8 @@ import (
 const usage = `usage: orders <command>
 
 commands:
-  api, serve      serve the HTTP API and consume the warehouse's stock events
+  api, serve      serve the HTTP API and consume the warehouse's stock events (/metrics on
+                  ORDERS_OPS_ADDR instead of the API's address when it is set)
   relay           publish the outbox (serves /healthz, /readyz, /metrics on ORDERS_RELAY_HTTP_ADDR)
   all             api and relay in one process
   migrate         create and migrate the database, then exit

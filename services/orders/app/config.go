@@ -39,6 +39,11 @@ type Config struct {
 
 	// HTTPAddr is where the API listens (api and all).
 	HTTPAddr string `env:"ORDERS_HTTP_ADDR" envDefault:":8080"`
+	// OpsAddr is where the api and all processes serve /healthz, /readyz and /metrics on a
+	// listener of their own (a port a scraper and the probes reach and the API's clients do
+	// not). Empty (the default): the API's listener serves them. When set, the API's listener
+	// keeps /healthz and /readyz but answers /metrics 404 (internal/service Listeners).
+	OpsAddr string `env:"ORDERS_OPS_ADDR"`
 	// RelayHTTPAddr is where the relay process serves /healthz, /readyz and /metrics.
 	RelayHTTPAddr string `env:"ORDERS_RELAY_HTTP_ADDR" envDefault:":8081"`
 	// HTTPShutdownTimeout is how long in-flight requests get to finish on shutdown.
@@ -107,5 +112,6 @@ func (c Config) Validate() error {
 	check(c.IdempotencyKeyRetention > 0 && c.IdempotencyKeyCleanupInterval > 0,
 		"ORDERS_IDEMPOTENCY_KEY_RETENTION and ORDERS_IDEMPOTENCY_KEY_CLEANUP_INTERVAL must be positive")
 	check(c.HTTPShutdownTimeout > 0, "ORDERS_HTTP_SHUTDOWN_TIMEOUT must be positive")
+	service.CheckOpsAddr(&v, "ORDERS_", c.HTTPAddr, c.OpsAddr)
 	return v.Err()
 }

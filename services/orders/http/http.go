@@ -65,6 +65,11 @@ type Config struct {
 	// Checks are /readyz's dependencies besides the database, which is always checked (the
 	// stock consumer's broker connection, say).
 	Checks []readiness.Check
+	// Ops are the operations routes served beside the API: httpapi.AllOps (the default:
+	// /healthz, /readyz, /metrics), or httpapi.ProbesOnly when the process serves them on a
+	// listener of their own (internal/service Listeners.APIOps), and /metrics answers 404
+	// here.
+	Ops httpapi.OpsRoutes
 	// DatabaseTimeout bounds the database work of one request; past it the answer is 503.
 	// Default 5s.
 	DatabaseTimeout time.Duration
@@ -102,7 +107,7 @@ func NewHandler(cfg Config) *Handler {
 	r.Get("/orders/{id}", h.getOrder)
 	r.Post("/orders/{id}/cancel", h.cancelOrder)
 	checks := append([]readiness.Check{{Name: "database", Check: readiness.Ping(cfg.Orders.Ping)}}, cfg.Checks...)
-	h.edge.MountOps(r, httpapi.AllOps, cfg.Gatherer, checks, min(h.dbTimeout, readiness.DefaultTimeout))
+	h.edge.MountOps(r, cfg.Ops, cfg.Gatherer, checks, min(h.dbTimeout, readiness.DefaultTimeout))
 	h.router = r
 	return h
 }
@@ -122,7 +127,8 @@ type OpsConfig struct {
 }
 
 // NewOpsHandler returns a handler with only /healthz, /readyz and /metrics, for the processes
-// that serve no API (the relay).
+// that serve no API (the relay) and for the operations listener of an API process
+// (ORDERS_OPS_ADDR).
 func NewOpsHandler(cfg OpsConfig) http.Handler {
 	log := cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
 	e := edge(log, 0, cfg.Metrics)

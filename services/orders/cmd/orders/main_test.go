@@ -73,6 +73,8 @@ func TestRun(t *testing.T) {
 		{name: "a command that takes no arguments refuses some", args: []string{"api", "relay"}, code: 2, stderr: "takes no arguments"},
 		{name: "a bad variable fails with its name", args: []string{"migrate"}, env: map[string]string{"ORDERS_LOG_LEVEL": "loud"}, code: 1, stderr: "loud"},
 		{name: "an invalid setting fails", args: []string{"api"}, env: map[string]string{"ORDERS_CONSUMER_CONCURRENCY": "0"}, code: 1, stderr: "ORDERS_CONSUMER_CONCURRENCY"},
+		{name: "an operations address on the API's port fails naming both", args: []string{"api"}, env: map[string]string{"ORDERS_OPS_ADDR": ":8080"},
+			code: 1, stderr: "ORDERS_OPS_ADDR (:8080) must differ from ORDERS_HTTP_ADDR (:8080)"},
 		{name: "bad crash points fail with their variable", args: []string{"api"}, env: map[string]string{"CHAOS_FAILPOINTS": "x=boom"}, code: 1, stdout: "CHAOS_FAILPOINTS"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -95,6 +97,7 @@ func TestRun(t *testing.T) {
 	t.Run("all runs until its context ends, then exits 0", func(t *testing.T) {
 		t.Parallel()
 		env := environ(t)
+		env["ORDERS_OPS_ADDR"] = "127.0.0.1:0"
 		t.Cleanup(func() { deleteTopology(t, env) })
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
@@ -105,6 +108,7 @@ func TestRun(t *testing.T) {
 			"the consumer started; output so far:\n%s", &stdout)
 		cancel()
 		require.Equal(t, 0, <-done, stderr.String())
+		require.Contains(t, stdout.String(), "ops_addr=127.0.0.1:", "the operations listener of ORDERS_OPS_ADDR")
 		require.Contains(t, stdout.String(), "orders stopped")
 	})
 }
