@@ -10,7 +10,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
 
 	"github.com/outboxshop/outboxshop/internal/amqptopo"
 	"github.com/outboxshop/outboxshop/internal/envconfig"
@@ -29,13 +28,15 @@ type Mode string
 
 // The modes, one per subcommand of cmd/warehouse.
 const (
-	// ModeAPI serves the HTTP API on Config.HTTPAddr and consumes the warehouse queue.
+	// ModeAPI serves the HTTP API on Config.HTTPAddr and consumes the warehouse queue;
+	// /healthz, /readyz and /metrics are on HTTPAddr too, or on Config.OpsAddr when it is set
+	// (HTTPAddr then keeps /healthz and /readyz, not /metrics).
 	ModeAPI Mode = "api"
 	// ModeRelay runs the outbox relay and outbox cleanup, and serves /healthz, /readyz and
 	// /metrics on Config.RelayHTTPAddr.
 	ModeRelay Mode = "relay"
 	// ModeAll runs everything in one process: ModeAPI and the relay (its metrics are on the
-	// API's /metrics; RelayHTTPAddr is not used).
+	// API's /metrics, or OpsAddr's when it is set; RelayHTTPAddr is not used).
 	ModeAll Mode = "all"
 )
 
@@ -68,7 +69,7 @@ type App struct {
 	mode Mode
 
 	store *postgres.Store
-	ln    net.Listener
+	http  service.Listeners // the API's and the operations routes' (internal/service)
 	// adminToken is the resolved admin token (Config.ResolveAdminToken), "" when disabled.
 	adminToken envconfig.Secret
 	consumer   *inboxrabbitmq.Consumer // nil in ModeRelay
@@ -133,11 +134,10 @@ func (a *App) Start(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	addr := a.cfg.RelayHTTPAddr
-	if api {
-		addr = a.cfg.HTTPAddr
-	}
-	if a.ln, err = service.Listen(ctx, a.Process, addr); err != nil {
+	// The API on WAREHOUSE_HTTP_ADDR and, when set, the operations routes on
+	// WAREHOUSE_OPS_ADDR; the relay's operations routes on WAREHOUSE_RELAY_HTTP_ADDR.
+	if a.http, err = service.ListenHTTP(ctx, a.Process, api,
+		service.HTTPAddrs{API: a.cfg.HTTPAddr, Ops: a.cfg.OpsAddr, Relay: a.cfg.RelayHTTPAddr}); err != nil {
 		return err
 	}
 
@@ -188,8 +188,8 @@ func (a *App) Start(ctx context.Context) (err error) {
 		TracerProvider: a.TracerProvider, Propagator: a.Propagator,
 	}
 	if api {
-		httpCfg.Store = a.store
-		httpCfg.AdminToken = a.adminToken
+		apiCfg := httpCfg
+		apiCfg.Store, apiCfg.AdminToken, apiCfg.Ops = a.store, a.adminToken, a.http.APIOps()
 		if a.adminToken == "" {
 			a.Log.InfoContext(ctx, "the admin API is disabled: PUT /stock/{sku} answers 403 until WAREHOUSE_ADMIN_TOKEN or WAREHOUSE_ADMIN_TOKEN_FILE is set")
 		}
@@ -201,9 +201,14 @@ func (a *App) Start(ctx context.Context) (err error) {
 		// Every StockMetricsInterval; after a failed read it backs off from 100ms to 10s
 		// (never longer than the interval) and logs the failure once (service.Every).
 		service.AddJob(a.Process, service.Job{Name: "stock metrics", Interval: StockMetricsInterval, Run: svc.stockGauge(a.store)})
+		service.AddServer(a.Process, "http server", a.http.API, warehousehttp.NewRouter(apiCfg), a.cfg.ShutdownTimeout)
 	}
-	service.AddServer(a.Process, "http server", a.ln, warehousehttp.NewRouter(httpCfg), a.cfg.ShutdownTimeout)
-	a.Launch(ctx, slog.String("http_addr", a.HTTPAddr()), slog.Bool("api", api), slog.Bool("consumer", consumer), slog.Bool("relay", relay))
+	if a.http.Ops != nil {
+		// Without a Store: /healthz, /readyz and /metrics alone.
+		service.AddServer(a.Process, "ops http server", a.http.Ops, warehousehttp.NewRouter(httpCfg), a.cfg.ShutdownTimeout)
+	}
+	a.Launch(ctx, slog.String("http_addr", a.http.APIAddr()), slog.String("ops_addr", a.OpsAddr()),
+		slog.Bool("api", api), slog.Bool("consumer", consumer), slog.Bool("relay", relay))
 	return nil
 }
 
@@ -212,8 +217,18 @@ func (a *App) Start(ctx context.Context) (err error) {
 func (a *App) Run(ctx context.Context) error { return a.Process.Run(ctx, a.Start) }
 
 // HTTPAddr is the address the HTTP server listens on ("127.0.0.1:41234"): the API in ModeAPI
-// and ModeAll, /healthz, /readyz and /metrics only in ModeRelay.
-func (a *App) HTTPAddr() string { return service.Addr(a.ln) }
+// and ModeAll, /healthz, /readyz and /metrics only in ModeRelay (OpsAddr too).
+func (a *App) HTTPAddr() string {
+	if a.http.API == nil {
+		return a.http.OpsAddr()
+	}
+	return a.http.APIAddr()
+}
+
+// OpsAddr is where the process serves /healthz, /readyz and /metrics on a listener of their
+// own: the relay's (WAREHOUSE_RELAY_HTTP_ADDR), or the api and all processes' when
+// WAREHOUSE_OPS_ADDR is set; "" when the API serves them.
+func (a *App) OpsAddr() string { return a.http.OpsAddr() }
 
 // Store is the PostgreSQL adapter on Pool (nil before Start).
 func (a *App) Store() *postgres.Store { return a.store }

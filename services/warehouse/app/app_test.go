@@ -21,6 +21,7 @@ import (
 
 	"github.com/outboxshop/outboxshop/internal/envconfig"
 	"github.com/outboxshop/outboxshop/internal/metricstest"
+	"github.com/outboxshop/outboxshop/internal/problem"
 	"github.com/outboxshop/outboxshop/internal/testinfra"
 	"github.com/outboxshop/outboxshop/services/warehouse"
 	"github.com/outboxshop/outboxshop/services/warehouse/app"
@@ -221,6 +222,7 @@ func TestModes(t *testing.T) {
 	t.Run("relay serves /healthz, /readyz and /metrics on its own port, and no API", func(t *testing.T) {
 		t.Parallel()
 		a := start(t, testConfig(t), app.ModeRelay)
+		require.Equal(t, a.HTTPAddr(), a.OpsAddr())
 		base := "http://" + a.HTTPAddr()
 		status, _ := get(t, base+"/healthz")
 		require.Equal(t, http.StatusOK, status)
@@ -249,6 +251,7 @@ func TestModes(t *testing.T) {
 	t.Run("api reports its consumer on /readyz and serves /metrics", func(t *testing.T) {
 		t.Parallel()
 		a := start(t, testConfig(t), app.ModeAPI)
+		require.Empty(t, a.OpsAddr(), "the API's listener serves the operations routes")
 		testinfra.Eventually(t, 20*time.Second, a.Consuming, "consuming")
 		status, body := get(t, "http://"+a.HTTPAddr()+"/readyz")
 		require.Equal(t, http.StatusOK, status)
@@ -271,6 +274,52 @@ func TestModes(t *testing.T) {
 			require.Contains(t, families, name)
 		}
 		require.NotContains(t, families, "outbox_relay_state")
+	})
+
+	t.Run("WAREHOUSE_OPS_ADDR serves /healthz, /readyz and /metrics, and the API's address no /metrics", func(t *testing.T) {
+		t.Parallel()
+		cfg := testConfig(t)
+		cfg.OpsAddr = "127.0.0.1:0"
+		a := start(t, cfg, app.ModeAll)
+		require.NotEmpty(t, a.OpsAddr())
+		require.NotEqual(t, a.HTTPAddr(), a.OpsAddr())
+		api, ops := "http://"+a.HTTPAddr(), "http://"+a.OpsAddr()
+
+		status, body := get(t, api+"/stock/BOOK-1")
+		require.Equal(t, http.StatusOK, status, body)
+		status, _ = get(t, ops+"/stock/BOOK-1")
+		require.Equal(t, http.StatusNotFound, status, "the operations address serves no API")
+
+		status, _ = get(t, ops+"/healthz")
+		require.Equal(t, http.StatusOK, status)
+		testinfra.Eventually(t, 20*time.Second, func() bool {
+			status, body = get(t, ops+"/readyz")
+			return status == http.StatusOK
+		}, "ready on the operations address")
+		require.Contains(t, body, `"consumer":"up"`)
+		require.Contains(t, body, `"relay":`)
+		require.Contains(t, body, `"database":"up"`)
+		_, families := metricstest.Scrape(t, ops+"/metrics")
+		for _, name := range []string{"outbox_relay_state", "outbox_pending_messages", "inbox_retention_seconds", "http_requests_total", "go_goroutines"} {
+			require.Contains(t, families, name)
+		}
+		require.Contains(t, metricstest.LabelValues(families, "http_requests_total", "route"), "/stock/{sku}",
+			"the API's requests are counted on the operations address")
+
+		// The API's address keeps the probes, for a health check of its port, but not /metrics:
+		// a 404 problem, as any unknown route.
+		status, _ = get(t, api+"/healthz")
+		require.Equal(t, http.StatusOK, status)
+		status, _ = get(t, api+"/readyz")
+		require.Equal(t, http.StatusOK, status)
+		res, err := http.Get(api + "/metrics")
+		require.NoError(t, err)
+		defer res.Body.Close()
+		var p problem.Details
+		require.NoError(t, json.NewDecoder(res.Body).Decode(&p))
+		require.Equal(t, http.StatusNotFound, res.StatusCode)
+		require.Equal(t, problem.ContentType, res.Header.Get("Content-Type"))
+		require.Equal(t, problem.TypeNotFound, p.Type)
 	})
 
 	t.Run("creates its database when it does not exist", func(t *testing.T) {
@@ -299,6 +348,15 @@ func TestModes(t *testing.T) {
 		cfg.ConsumerConcurrency = 0
 		_, err = startApp(context.Background(), cfg, app.ModeAPI, nil)
 		require.ErrorContains(t, err, "WAREHOUSE_CONSUMER_CONCURRENCY")
+	})
+
+	t.Run("fails to start when its operations port is taken", func(t *testing.T) {
+		t.Parallel()
+		cfg := testConfig(t)
+		a := start(t, cfg, app.ModeAPI)
+		cfg.OpsAddr = a.HTTPAddr()
+		_, err := startApp(context.Background(), cfg, app.ModeAPI, nil)
+		require.ErrorContains(t, err, "listen on "+a.HTTPAddr())
 	})
 
 	t.Run("fails to start when its port is taken", func(t *testing.T) {
@@ -367,6 +425,12 @@ func TestConfig(t *testing.T) {
 		_, err = app.LoadConfigFrom(map[string]string{"WAREHOUSE_CONSUMER_PREFETCH": "64", "WAREHOUSE_CONSUMER_CONCURRENCY": "2",
 			"WAREHOUSE_CONSUMER_BATCH_SIZE": "32"})
 		require.NoError(t, err)
+		_, err = app.LoadConfigFrom(map[string]string{"WAREHOUSE_OPS_ADDR": ":8090"})
+		require.ErrorContains(t, err, "WAREHOUSE_OPS_ADDR (:8090) must differ from WAREHOUSE_HTTP_ADDR (:8090)")
+		cfg, err := app.LoadConfigFrom(map[string]string{"WAREHOUSE_OPS_ADDR": ":9090"})
+		require.NoError(t, err)
+		require.Equal(t, ":9090", cfg.OpsAddr)
+		require.Empty(t, app.DefaultConfig().OpsAddr, "the API's listener serves the operations routes")
 		_, err = app.LoadConfigFrom(map[string]string{"WAREHOUSE_QUEUE": ""})
 		require.NoError(t, err, "an empty variable is unset")
 		_, err = app.LoadConfigFrom(map[string]string{"WAREHOUSE_AMQP_URL": "amqp://a:5672/,http://b/"})

@@ -13,7 +13,8 @@ import (
 const usage = `usage: warehouse <command>
 
 commands:
-  api, serve      serve the HTTP API and consume the orders' events
+  api, serve      serve the HTTP API and consume the orders' events (/metrics on
+                  WAREHOUSE_OPS_ADDR instead of the API's address when it is set)
   relay           publish the outbox (serves /healthz, /readyz, /metrics on WAREHOUSE_RELAY_HTTP_ADDR)
   all             api and relay in one process
   migrate         create and migrate the database, then exit

@@ -24,8 +24,14 @@ type Config struct {
 	// connections, the relay one per batch in flight and one more, the API the rest.
 	DatabaseMaxConns int32 `env:"WAREHOUSE_DATABASE_MAX_CONNS" envDefault:"24"`
 
-	// HTTPAddr is where `api` and `all` serve the API, /healthz, /readyz and /metrics.
+	// HTTPAddr is where `api` and `all` serve the API, /healthz and /readyz, and /metrics
+	// unless OpsAddr is set.
 	HTTPAddr string `env:"WAREHOUSE_HTTP_ADDR" envDefault:":8090"`
+	// OpsAddr is where `api` and `all` serve /healthz, /readyz and /metrics on a listener of
+	// their own (a port a scraper and the probes reach and the API's clients do not). Empty
+	// (the default): HTTPAddr serves them. When set, HTTPAddr keeps /healthz and /readyz but
+	// answers /metrics 404 (internal/service Listeners).
+	OpsAddr string `env:"WAREHOUSE_OPS_ADDR"`
 	// RelayHTTPAddr is where `relay` serves /healthz, /readyz and /metrics.
 	RelayHTTPAddr string `env:"WAREHOUSE_RELAY_HTTP_ADDR" envDefault:":8091"`
 	// DBTimeout bounds the database work of one HTTP request, and one attempt to connect.
@@ -123,6 +129,7 @@ func (c Config) Validate() error {
 	v.Check(int(c.DatabaseMaxConns) >= c.ConsumerConcurrency+c.RelayConnections()+1,
 		"WAREHOUSE_DATABASE_MAX_CONNS (%d) must exceed WAREHOUSE_CONSUMER_CONCURRENCY (%d) by at least %d: the relay's connections (WAREHOUSE_RELAY_IN_FLIGHT_BATCHES + 1, or 2 × WAREHOUSE_RELAY_IN_FLIGHT_BATCHES + 2 in mode wal) and the API's",
 		c.DatabaseMaxConns, c.ConsumerConcurrency, c.RelayConnections()+1)
+	service.CheckOpsAddr(&v, "WAREHOUSE_", c.HTTPAddr, c.OpsAddr)
 	_, err := c.ResolveAdminToken()
 	v.Add(err)
 	for _, d := range []struct {

@@ -9,7 +9,8 @@
 //	GET  /reservations/{order_id}  what the warehouse did for an order, with its lines
 //	GET  /healthz                  liveness: the process answers
 //	GET  /readyz                   readiness: the database and Config.Checks (503 when not)
-//	GET  /metrics                  Prometheus metrics
+//	GET  /metrics                  Prometheus metrics (on the operations listener alone when
+//	                               WAREHOUSE_OPS_ADDR is set: Config.Ops)
 //
 // Every request is counted by route pattern ("/stock/{sku}", never the SKU itself), method and
 // status code, and timed, when Config.Metrics is set ([Metrics]).
@@ -106,6 +107,11 @@ type Config struct {
 	Pinger Pinger
 	// Checks are /readyz's other dependencies (the consumer's broker connection, the relay).
 	Checks []readiness.Check
+	// Ops are the operations routes served beside the API: httpapi.AllOps (the default:
+	// /healthz, /readyz, /metrics), or httpapi.ProbesOnly when the process serves them on a
+	// listener of their own (internal/service Listeners.APIOps), and /metrics answers 404
+	// here.
+	Ops httpapi.OpsRoutes
 	// Gatherer is served on /metrics. Default: an empty registry.
 	Gatherer prometheus.Gatherer
 	// Metrics records every request (NewMetrics). nil records nothing.
@@ -162,7 +168,7 @@ func NewRouter(cfg Config) http.Handler {
 	if cfg.Pinger != nil {
 		checks = append(checks, readiness.Check{Name: "database", Check: readiness.Ping(cfg.Pinger.Ping)})
 	}
-	s.edge.MountOps(r, httpapi.AllOps, cfg.Gatherer, append(checks, cfg.Checks...), min(cfg.DBTimeout, readiness.DefaultTimeout))
+	s.edge.MountOps(r, cfg.Ops, cfg.Gatherer, append(checks, cfg.Checks...), min(cfg.DBTimeout, readiness.DefaultTimeout))
 	if cfg.Store != nil {
 		r.Get("/stock", s.listStock)
 		r.Get("/stock/{sku}", s.getStock)

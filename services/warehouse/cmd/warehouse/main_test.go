@@ -75,6 +75,8 @@ func TestRun(t *testing.T) {
 		{name: "a bad variable fails with its name", args: []string{"migrate"}, env: map[string]string{"WAREHOUSE_LOG_LEVEL": "loud"}, code: 1, stderr: "loud"},
 		{name: "an invalid setting fails", args: []string{"api"}, env: map[string]string{"WAREHOUSE_CONSUMER_CONCURRENCY": "0"}, code: 1, stderr: "WAREHOUSE_CONSUMER_CONCURRENCY"},
 		{name: "an unknown seed flag is a usage error", args: []string{"seed", "--bogus"}, code: 2, stderr: "flag provided but not defined"},
+		{name: "an operations address on the API's port fails naming both", args: []string{"api"}, env: map[string]string{"WAREHOUSE_OPS_ADDR": ":8090"},
+			code: 1, stderr: "WAREHOUSE_OPS_ADDR (:8090) must differ from WAREHOUSE_HTTP_ADDR (:8090)"},
 		{name: "bad crash points fail with their variable", args: []string{"api"}, env: map[string]string{"CHAOS_FAILPOINTS": "x=boom"}, code: 1, stdout: "CHAOS_FAILPOINTS"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -118,6 +120,7 @@ UPDATE stock SET available = 6 WHERE sku = 'BAG-1'`)
 	t.Run("all runs until its context ends, then exits 0", func(t *testing.T) {
 		t.Parallel()
 		env := environ(t)
+		env["WAREHOUSE_OPS_ADDR"] = "127.0.0.1:0"
 		t.Cleanup(func() { deleteTopology(t, env) })
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
@@ -128,6 +131,7 @@ UPDATE stock SET available = 6 WHERE sku = 'BAG-1'`)
 			"the consumer started; output so far:\n%s", &stdout)
 		cancel()
 		require.Equal(t, 0, <-done, stderr.String())
+		require.Contains(t, stdout.String(), "ops_addr=127.0.0.1:", "the operations listener of WAREHOUSE_OPS_ADDR")
 		require.Contains(t, stdout.String(), "warehouse stopped")
 	})
 }
