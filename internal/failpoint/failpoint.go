@@ -5,8 +5,10 @@
 //	CHAOS_FAILPOINTS=relay.after-publish=kill@25,consumer.after-commit=kill
 //
 // kill@N sends the process SIGKILL the N-th time the point is reached (kill means kill@1):
-// no deferred code runs, no connection is closed politely — as when a machine dies. A point
-// that is not armed costs one map lookup on a nil map; a nil *Set costs a nil check.
+// no deferred code runs, no connection is closed politely — as when a machine dies. panic@N
+// panics there instead ("failpoint <name>"): in an HTTP handler the recoverer answers 500,
+// anywhere else the process crashes with Go's stack trace, for tests of what a panic shows.
+// A point that is not armed costs one map lookup on a nil map; a nil *Set costs a nil check.
 package failpoint
 
 import (
@@ -28,14 +30,16 @@ type Set struct {
 }
 
 type point struct {
-	at   int64
-	hits atomic.Int64
+	action string // "kill" or "panic"
+	at     int64
+	hits   atomic.Int64
 }
 
 // FromEnv parses CHAOS_FAILPOINTS. An empty variable gives a nil Set.
 func FromEnv() (*Set, error) { return Parse(os.Getenv(EnvVar)) }
 
-// Parse parses a spec such as "relay.after-publish=kill@25,api.after-commit=kill".
+// Parse parses a spec such as "relay.after-publish=kill@25,api.after-commit=kill" (or
+// "api.after-commit=panic").
 func Parse(spec string) (*Set, error) {
 	spec = strings.TrimSpace(spec)
 	if spec == "" {
@@ -45,21 +49,21 @@ func Parse(spec string) (*Set, error) {
 	for _, entry := range strings.Split(spec, ",") {
 		name, action, ok := strings.Cut(strings.TrimSpace(entry), "=")
 		if !ok || name == "" {
-			return nil, fmt.Errorf("failpoint %q: want name=kill or name=kill@N", entry)
+			return nil, fmt.Errorf("failpoint %q: want name=kill, name=kill@N, name=panic or name=panic@N", entry)
 		}
 		verb, count, hasCount := strings.Cut(action, "@")
-		if verb != "kill" {
-			return nil, fmt.Errorf("failpoint %q: unknown action %q (only kill is supported)", entry, verb)
+		if verb != "kill" && verb != "panic" {
+			return nil, fmt.Errorf("failpoint %q: unknown action %q (kill or panic)", entry, verb)
 		}
 		at := int64(1)
 		if hasCount {
 			n, err := strconv.ParseInt(count, 10, 64)
 			if err != nil || n < 1 {
-				return nil, fmt.Errorf("failpoint %q: kill@N needs a positive N", entry)
+				return nil, fmt.Errorf("failpoint %q: %s@N needs a positive N", entry, verb)
 			}
 			at = n
 		}
-		s.points[name] = &point{at: at}
+		s.points[name] = &point{action: verb, at: at}
 	}
 	return s, nil
 }
@@ -73,9 +77,13 @@ func (s *Set) Hit(name string) {
 	if !ok {
 		return
 	}
-	if p.hits.Add(1) == p.at {
-		s.kill()
+	if p.hits.Add(1) != p.at {
+		return
 	}
+	if p.action == "panic" {
+		panic("failpoint " + name)
+	}
+	s.kill()
 }
 
 // Armed lists the armed point names, for a start-up log line.
@@ -85,7 +93,7 @@ func (s *Set) Armed() []string {
 	}
 	names := make([]string, 0, len(s.points))
 	for n, p := range s.points {
-		names = append(names, fmt.Sprintf("%s=kill@%d", n, p.at))
+		names = append(names, fmt.Sprintf("%s=%s@%d", n, p.action, p.at))
 	}
 	return names
 }

@@ -6,7 +6,7 @@ import (
 
 func TestParse(t *testing.T) {
 	t.Parallel()
-	for _, bad := range []string{"x", "=kill", "a=panic", "a=kill@0", "a=kill@x"} {
+	for _, bad := range []string{"x", "=kill", "a=explode", "a=kill@0", "a=panic@0", "a=kill@x"} {
 		if _, err := Parse(bad); err == nil {
 			t.Errorf("Parse(%q) accepted", bad)
 		}
@@ -46,6 +46,26 @@ func TestKillAtNthHit(t *testing.T) {
 	if len(s.Armed()) != 2 {
 		t.Fatalf("Armed() = %v", s.Armed())
 	}
+}
+
+func TestPanicAtNthHit(t *testing.T) {
+	t.Parallel()
+	s, err := Parse("api.after-commit=panic@2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.kill = func() { t.Fatal("a panic point killed") }
+	s.Hit("api.after-commit")
+	defer func() {
+		if v := recover(); v != "failpoint api.after-commit" {
+			t.Fatalf("recovered %v, want the point's panic", v)
+		}
+		if got := s.Armed(); len(got) != 1 || got[0] != "api.after-commit=panic@2" {
+			t.Fatalf("Armed() = %v", got)
+		}
+	}()
+	s.Hit("api.after-commit")
+	t.Fatal("the 2nd hit did not panic")
 }
 
 func BenchmarkHitUnarmed(b *testing.B) {
