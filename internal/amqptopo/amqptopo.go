@@ -43,7 +43,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
-	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -52,6 +51,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outboxshop/outboxshop/internal/redact"
 )
 
 // Queue arguments amqp091-go has no constant for.
@@ -249,21 +250,13 @@ func NewDeclarer(urls []string, tlsConf *tls.Config, t Topology, log *slog.Logge
 	}
 	for i, u := range urls {
 		if _, err := amqp.ParseURI(u); err != nil {
-			return nil, fmt.Errorf("topology: broker url %d: %w", i+1, redact(err))
+			return nil, fmt.Errorf("topology: broker url %d: %w", i+1, redact.URLError(err))
 		}
 	}
 	d := &Declarer{urls: slices.Clone(urls), tls: tlsConf, t: t, log: cmp.Or(log, slog.New(slog.DiscardHandler)), dial: DefaultDialTimeout,
 		warned: map[string]bool{}}
 	d.next.Store(uint32(rand.N(len(urls))))
 	return d, nil
-}
-
-// redact drops the URL, which may hold a password, from a parse error.
-func redact(err error) error {
-	if ue, ok := errors.AsType[*url.Error](err); ok {
-		return ue.Err
-	}
-	return err
 }
 
 // Topology returns what d declares.

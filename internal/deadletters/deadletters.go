@@ -41,6 +41,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxshop/outboxshop/internal/amqptopo"
+	"github.com/outboxshop/outboxshop/internal/redact"
 	"github.com/outboxshop/outboxshop/internal/service"
 	"github.com/outboxshop/outboxshop/pkg/inbox/inboxrabbitmq"
 )
@@ -217,10 +218,7 @@ func dial(ctx context.Context, name string, urls []string, tlsConf *tls.Config) 
 	for i, u := range urls {
 		uri, err := amqp.ParseURI(u)
 		if err != nil {
-			if ue, ok := errors.AsType[*url.Error](err); ok {
-				err = ue.Err
-			}
-			failed = append(failed, fmt.Sprintf("broker URL %d of %d: %v", i+1, len(urls), err))
+			failed = append(failed, fmt.Sprintf("broker URL %d of %d: %v", i+1, len(urls), redact.URLError(err)))
 			continue
 		}
 		deadline := time.Now().Add(DialTimeout)
@@ -232,7 +230,7 @@ func dial(ctx context.Context, name string, urls []string, tlsConf *tls.Config) 
 		if err == nil {
 			return conn, nil
 		}
-		failed = append(failed, brokerName(uri)+": "+redact(err.Error(), u, uri.Password))
+		failed = append(failed, brokerName(uri)+": "+redact.Text(err.Error(), u, uri.Password))
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("connect to the broker: %w (%s)", ctx.Err(), strings.Join(failed, "; "))
 		}
@@ -248,17 +246,6 @@ func brokerName(uri amqp.URI) string {
 		name += "/" + url.PathEscape(uri.Vhost)
 	}
 	return name
-}
-
-// redact removes the URL and the password from an error's text, should the client library
-// ever put them there.
-func redact(text, rawURL, password string) string {
-	text = strings.ReplaceAll(text, rawURL, "<broker URL>")
-	if password != "" {
-		text = strings.ReplaceAll(text, password, "xxxxx")
-		text = strings.ReplaceAll(text, url.QueryEscape(password), "xxxxx")
-	}
-	return text
 }
 
 // Report is the JSON object of --json. Its field names are a contract: chaos scenarios parse

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -25,6 +24,7 @@ import (
 	"github.com/outboxshop/outboxshop/internal/httpserver"
 	"github.com/outboxshop/outboxshop/internal/pgdb"
 	"github.com/outboxshop/outboxshop/internal/readiness"
+	"github.com/outboxshop/outboxshop/internal/redact"
 	"github.com/outboxshop/outboxshop/internal/tlsfiles"
 	"github.com/outboxshop/outboxshop/pkg/inbox"
 	"github.com/outboxshop/outboxshop/pkg/inbox/inboxmetrics"
@@ -129,12 +129,10 @@ func (e BrokerEnv) Check(v *envconfig.Checks, prefix string) {
 		urls := e.AMQPURLs()
 		for i, u := range urls {
 			_, err := amqp.ParseURI(u)
-			if err != nil {
-				// The URL may hold a password: name it by its place in the list.
-				if ue, ok := errors.AsType[*url.Error](err); ok {
-					err = ue.Err
-				}
-			}
+			// The URL may hold a password: name it by its place in the list, and quote
+			// nothing of it (a password written without its percent-encoding is what a
+			// parser quotes).
+			err = redact.URLError(err)
 			v.Check(err == nil, "%sAMQP_URL: URL %d of %d is not an amqp:// or amqps:// URL (%v); separate the URLs of several nodes "+
 				"with commas, and write a comma inside a user name or password as %%2C", prefix, i+1, len(urls), err)
 		}
