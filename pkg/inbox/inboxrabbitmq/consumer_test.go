@@ -607,6 +607,8 @@ func TestNewConsumer(t *testing.T) {
 			with(valid, func(c *inboxrabbitmq.Config) {
 				c.URL, c.URLs = "", []string{"amqp://a/", "amqp://user:s3cret@host:port/"}
 			}),
+			// A password with a / not percent-encoded: the parser quotes it as the port.
+			with(valid, func(c *inboxrabbitmq.Config) { c.URL = "amqp://user:s3cret/x@host:5672/" }),
 		} {
 			_, err := inboxrabbitmq.NewConsumer(pool, cfg)
 			require.ErrorContains(t, err, "invalid port")

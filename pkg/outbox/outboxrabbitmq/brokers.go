@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/url"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -115,13 +116,19 @@ func (b *brokers) tlsConfig(i int) *tls.Config {
 	return c
 }
 
-// redact drops the URL, which may hold a password, from a parse error.
+// redact drops the URL, which may hold a password, from a parse error, and what the parser
+// quoted of it: a password written without its percent-encoding is what it stumbles on
+// ("invalid port \":<password>\" after host"). internal/redact URLError, which this package
+// cannot import.
 func redact(err error) error {
 	if ue, ok := errors.AsType[*url.Error](err); ok {
-		return ue.Err
+		err = ue.Err
 	}
-	return err
+	return errors.New(quoted.ReplaceAllString(err.Error(), ""))
 }
+
+// quoted is a double-quoted string of an error message, with the space before it.
+var quoted = regexp.MustCompile(` ?"(?:[^"\\]|\\.)*"`)
 
 // dialFunc connects to url, with tlsConf for an amqps:// one (brokers.tlsConfig), giving up
 // at deadline.

@@ -141,6 +141,8 @@ func TestPublisher(t *testing.T) {
 				"URLs[1] is amqp://, which TLSClientConfig does not apply to: use amqps://"},
 			"TLSConfigAndURLFiles": {outboxrabbitmq.Config{URL: "amqps://a/?cacertfile=/ca.pem", TLSClientConfig: &tls.Config{}},
 				"URL has TLS parameters (cacertfile, certfile, keyfile or server_name_indication) and TLSClientConfig is set"},
+			// A password with a / not percent-encoded: the parser quotes it as the port.
+			"UnescapedPassword": {outboxrabbitmq.Config{URL: "amqp://user:s3cret/x@b:5672/"}, "URL: invalid port after host"},
 		} {
 			t.Run(name, func(t *testing.T) {
 				t.Parallel()
