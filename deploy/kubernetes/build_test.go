@@ -20,6 +20,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -60,6 +61,7 @@ var kinds = map[string]func() any{
 	"monitoring.coreos.com/v1/ServiceMonitor": func() any { return new(monitoringv1.ServiceMonitor) },
 	"monitoring.coreos.com/v1/PrometheusRule": func() any { return new(monitoringv1.PrometheusRule) },
 	"keda.sh/v1alpha1/ScaledObject":           func() any { return new(kedav1alpha1.ScaledObject) },
+	"networking.k8s.io/v1/NetworkPolicy":      func() any { return new(networkingv1.NetworkPolicy) },
 	"cert-manager.io/v1/Issuer":               func() any { return new(certmanagerv1.Issuer) },
 	"cert-manager.io/v1/Certificate":          func() any { return new(certmanagerv1.Certificate) },
 }
@@ -268,7 +270,7 @@ func TestBuild(t *testing.T) {
 	for kind, n := range map[string]int{
 		"Deployment": 4, "Job": 2, "RabbitmqCluster": 1, "Cluster": 1, "Database": 2,
 		"PrometheusRule": 1, "ScaledObject": 2, "PodMonitor": 1, "ServiceMonitor": 1,
-		"Issuer": 2, "Certificate": 2,
+		"NetworkPolicy": 7, "Issuer": 2, "Certificate": 2,
 	} {
 		require.Equal(t, n, got[kind], "number of %s objects", kind)
 	}

@@ -38,6 +38,10 @@
 //     without TLS; the commands that create the URLs' Secrets (kustomization.yaml, the same
 //     in docs/production.md) build amqps:// URLs to every node on 5671 and postgres:// ones
 //     to shop-db-rw with sslmode=verify-full;
+//   - the NetworkPolicies, evaluated for every pair of pods (the shop's, the operators'
+//     instances, Prometheus, the operators, an ingress controller, kube-dns, the Kubernetes
+//     API) on every port of the destination, allow exactly the connections
+//     network/policies.yaml lists, and no shop process reaches another's pods;
 //   - the warehouse API, and no other Deployment, reads its admin token from the Secret
 //     warehouse-admin (key token, which the person deploying creates: kustomization.yaml)
 //     mounted read-only as a file, through WAREHOUSE_ADMIN_TOKEN_FILE; no manifest holds a
