@@ -204,7 +204,7 @@ func TestTLS(t *testing.T) {
 	script := strings.Join(cmds, "\n")
 
 	// postgres://…@shop-db-rw:5432/$svc?sslmode=verify-full for each service's Secret.
-	dbURL := regexp.MustCompile(`--from-literal=database-url="(postgres://[^"]+)"`).FindStringSubmatch(script)
+	dbURL := regexp.MustCompile(`--from-file=database-url=<\(printf %s "(postgres://[^"]+)"\)`).FindStringSubmatch(script)
 	require.NotNil(t, dbURL, "the database URL")
 	require.Regexp(t, `\?sslmode=verify-full$`, dbURL[1])
 	host := urlHosts.FindStringSubmatch(dbURL[1])[1]
@@ -212,6 +212,8 @@ func TestTLS(t *testing.T) {
 	require.Contains(t, pgNames, host, "the server's certificate names the URL's host")
 	require.Contains(t, script, "for svc in orders warehouse; do")
 	require.Contains(t, script, "kubectl -n outboxshop create secret generic $svc-connection")
+	require.Contains(t, script, `--from-file=amqp-url=<(printf %s "${amqp_url%,}")`)
+	require.NotContains(t, script, "--from-literal", "no URL with its password as an argument of kubectl")
 
 	// amqps://…@shop-mq-server-N.shop-mq-nodes:5671/ for each node.
 	node := regexp.MustCompile(`for i in ([0-9 ]+); do printf '(amqps?)://%s:%s@([a-z0-9-]+)-%d\.([a-z0-9-]+):(\d+)/,'`).FindStringSubmatch(script)
