@@ -309,24 +309,11 @@ var settingsSources = []string{
 // the Go source, on its own or in a struct embedded under its prefix.
 func declared(t *testing.T, name string) bool {
 	t.Helper()
-	if pendingSettings[name] {
-		return true
-	}
 	// Any setting can be given as a file (internal/envconfig): <VARIABLE>_FILE.
 	if base, ok := strings.CutSuffix(name, "_FILE"); ok && declaredInSource(t, base) {
 		return true
 	}
 	return declaredInSource(t, name)
-}
-
-// pendingSettings are settings the manifests use that the services' source declares in
-// changes made alongside these manifests (TLS to the database and the broker, the API's
-// separate ops port). Remove each once its declaration is in settingsSources: then the test
-// checks it as any other.
-var pendingSettings = map[string]bool{
-	"ORDERS_DATABASE_CA_FILE": true, "WAREHOUSE_DATABASE_CA_FILE": true,
-	"ORDERS_AMQP_CA_FILE": true, "WAREHOUSE_AMQP_CA_FILE": true,
-	"ORDERS_OPS_ADDR": true, "WAREHOUSE_OPS_ADDR": true,
 }
 
 func declaredInSource(t *testing.T, name string) bool {
