@@ -2,6 +2,8 @@ package outbox_test
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"io/fs"
@@ -422,4 +424,49 @@ func ExampleMigrations() {
 	// Output:
 	// goose: [001_outbox.sql 002_waiting_and_json_payload.sql 003_handed.sql]
 	// golang-migrate: [migrations/golang-migrate/001_outbox.down.sql migrations/golang-migrate/001_outbox.up.sql migrations/golang-migrate/002_waiting_and_json_payload.down.sql migrations/golang-migrate/002_waiting_and_json_payload.up.sql migrations/golang-migrate/003_handed.down.sql migrations/golang-migrate/003_handed.up.sql]
+}
+
+// Example_tls runs the relays against a database and a broker that take TLS alone, with a
+// private CA and a client certificate. A URL says what libpq's do (sslmode=verify-full,
+// sslrootcert, sslcert, sslkey); a tls.Config says the rest: the publisher's
+// TLSClientConfig, the WAL relay's WALConfig.TLSConfig, or the pool's own
+// ConnConfig.TLSConfig. It has no Output: it needs the servers and the files.
+func Example_tls() {
+	ctx := context.Background()
+	// The CA that signs the servers' certificates, and the relay's client certificate.
+	roots := x509.NewCertPool()
+	ca, err := os.ReadFile("/etc/outbox/tls/ca.crt")
+	if err != nil || !roots.AppendCertsFromPEM(ca) {
+		log.Fatal("no CA certificate: ", err)
+	}
+	cert, err := tls.LoadX509KeyPair("/etc/outbox/tls/relay.crt", "/etc/outbox/tls/relay.key")
+	if err != nil {
+		log.Fatal(err)
+	}
+	tlsConf := &tls.Config{RootCAs: roots, Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+
+	// The pool: the URL says it all.
+	dbURL := "postgres://relay@db.internal:5432/shop?sslmode=verify-full&sslrootcert=/etc/outbox/tls/ca.crt" +
+		"&sslcert=/etc/outbox/tls/relay.crt&sslkey=/etc/outbox/tls/relay.key"
+	pool, err := pgxpool.New(ctx, dbURL)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	// The publisher: amqps://, checked against tlsConf's CA for the URL's host.
+	pub, err := outboxrabbitmq.New(outboxrabbitmq.Config{URL: os.Getenv("AMQP_URL"), TLSClientConfig: tlsConf})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pub.Close()
+	// The WAL relay's replication connection: with a tls.Config, whatever the URL's sslmode.
+	relay, err := outbox.NewWALRelay(pool, pub, outbox.Config{}, outbox.WALConfig{
+		URL: "postgres://relay@db.internal:5432/shop", TLSConfig: tlsConf,
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := relay.Run(ctx); err != nil { // until ctx ends
+		log.Fatal(err)
+	}
 }

@@ -3,6 +3,8 @@ package inboxrabbitmq_test
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -260,4 +262,45 @@ func ExampleConfig_WithDefaults() {
 	// concurrency: 8 max deliveries: 5
 	// retries: 1s to 30s held at most 15m0s
 	// reconnects: 500ms to 30s
+}
+
+// Example_tls consumes from a broker and into a database that take TLS alone, with a
+// private CA and a client certificate: the pool as its URL says it (sslmode=verify-full,
+// sslrootcert, sslcert, sslkey), the consumer with a tls.Config, for what an amqps:// URL
+// cannot say. It has no Output: it needs the servers and the files.
+func Example_tls() {
+	ctx := context.Background()
+	roots := x509.NewCertPool()
+	ca, err := os.ReadFile("/etc/inbox/tls/ca.crt")
+	if err != nil || !roots.AppendCertsFromPEM(ca) {
+		log.Fatal("no CA certificate: ", err)
+	}
+	cert, err := tls.LoadX509KeyPair("/etc/inbox/tls/consumer.crt", "/etc/inbox/tls/consumer.key")
+	if err != nil {
+		log.Fatal(err)
+	}
+	pool, err := pgxpool.New(ctx, "postgres://billing@db.internal:5432/billing?sslmode=verify-full&sslrootcert=/etc/inbox/tls/ca.crt"+
+		"&sslcert=/etc/inbox/tls/consumer.crt&sslkey=/etc/inbox/tls/consumer.key")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+
+	consumer, err := inboxrabbitmq.NewConsumer(pool, inboxrabbitmq.Config{
+		URL:                "amqps://billing:secret@mq.internal:5671/",
+		TLSClientConfig:    &tls.Config{RootCAs: roots, Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12},
+		Queue:              "billing.orders",
+		Name:               "billing",
+		DeadLetterExchange: "shop.dlx",
+		Handler: func(ctx context.Context, tx pgx.Tx, d inboxrabbitmq.Delivery) error {
+			_, err := tx.Exec(ctx, `INSERT INTO invoices (order_id) VALUES ($1)`, d.ID)
+			return err
+		},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := consumer.Run(ctx); err != nil { // until ctx ends
+		log.Fatal(err)
+	}
 }
