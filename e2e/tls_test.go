@@ -4,7 +4,6 @@ import (
 	"context"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -26,17 +25,7 @@ import (
 // all are refused before anything connects.
 func TestTLS(t *testing.T) {
 	t.Parallel()
-	files := testinfra.NewTLSFiles(t)
-	var (
-		db *testinfra.PostgresServer
-		wg sync.WaitGroup
-	)
-	wg.Go(func() { db = testinfra.StartPostgresTLS(t, files) })
-	node := testinfra.StartRabbitNodeTLS(t, files)
-	wg.Wait()
-	if db == nil {
-		t.FailNow() // StartPostgresTLS failed the test from another goroutine
-	}
+	files, db, node := testinfra.StartTLS(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 

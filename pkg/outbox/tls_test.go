@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -28,18 +27,7 @@ import (
 // certificate.
 func TestTLS(t *testing.T) {
 	t.Parallel()
-	files := testinfra.NewTLSFiles(t)
-	var (
-		db   *testinfra.PostgresServer
-		node *testinfra.RabbitNode
-		wg   sync.WaitGroup
-	)
-	wg.Go(func() { db = testinfra.StartPostgresTLS(t, files, "-c", "wal_level=logical") })
-	node = testinfra.StartRabbitNodeTLS(t, files)
-	wg.Wait()
-	if db == nil {
-		t.FailNow() // StartPostgresTLS failed the test from another goroutine
-	}
+	files, db, node := testinfra.StartTLS(t, "-c", "wal_level=logical")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 
@@ -75,13 +63,9 @@ func TestTLS(t *testing.T) {
 		require.NoError(t, tx.Commit(ctx))
 		return ids
 	}
-	// relayed runs relay until every id has been delivered.
-	relayed := func(t *testing.T, run func(context.Context) error, ids []string) {
-		t.Helper()
-		rctx, stop := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() { done <- run(rctx) }()
-		testinfra.Eventually(t, 30*time.Second, func() bool {
+	// delivered reports whether every id has been delivered.
+	delivered := func(ids []string) func() bool {
+		return func() bool {
 			seen := got.ids()
 			for _, id := range ids {
 				if seen[id] == 0 {
@@ -89,7 +73,15 @@ func TestTLS(t *testing.T) {
 				}
 			}
 			return true
-		}, "every row delivered over TLS")
+		}
+	}
+	// relayed runs relay until every id has been delivered.
+	relayed := func(t *testing.T, run func(context.Context) error, ids []string) {
+		t.Helper()
+		rctx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- run(rctx) }()
+		testinfra.Eventually(t, 30*time.Second, delivered(ids), "every row delivered over TLS")
 		stop()
 		require.NoError(t, <-done)
 	}
@@ -110,15 +102,7 @@ func TestTLS(t *testing.T) {
 		go func() { done <- w.Run(rctx) }()
 		testinfra.Eventually(t, 30*time.Second, func() bool { return w.State() == outbox.StateRunning }, "the WAL relay streams over TLS")
 		ids = append(ids, add(t, "wal", 20)...)
-		testinfra.Eventually(t, 30*time.Second, func() bool {
-			seen := got.ids()
-			for _, id := range ids {
-				if seen[id] == 0 {
-					return false
-				}
-			}
-			return true
-		}, "every row delivered by the WAL relay")
+		testinfra.Eventually(t, 30*time.Second, delivered(ids), "every row delivered by the WAL relay")
 		stop()
 		require.NoError(t, <-done)
 		// The slot is the server's: drop it, now that its walsender ends.

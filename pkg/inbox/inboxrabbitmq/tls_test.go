@@ -6,7 +6,6 @@ import (
 	"errors"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -22,17 +21,7 @@ import (
 // connected, and says why: the certificate, in its status's error.
 func TestTLS(t *testing.T) {
 	t.Parallel()
-	files := testinfra.NewTLSFiles(t)
-	var (
-		db *testinfra.PostgresServer
-		wg sync.WaitGroup
-	)
-	wg.Go(func() { db = testinfra.StartPostgresTLS(t, files) })
-	node := testinfra.StartRabbitNodeTLS(t, files)
-	wg.Wait()
-	if db == nil {
-		t.FailNow() // StartPostgresTLS failed the test from another goroutine
-	}
+	files, db, node := testinfra.StartTLS(t)
 	b := setupWith(t, db.TLSURL("postgres")+files.TLSFileParams(), node.URL)
 
 	t.Run("Consumes", func(t *testing.T) {

@@ -314,6 +314,33 @@ func startPostgresTLS(files *TLSFiles, settings []string) (*PostgresServer, func
 	return s, stop, nil
 }
 
+// StartTLS makes the certificates of [NewTLSFiles] and starts, at once, a PostgreSQL
+// server of [StartPostgresTLS] (with the extra settings given) and a RabbitMQ node of
+// [StartRabbitNodeTLS] on them: what a test of a whole path over TLS needs.
+func StartTLS(t testing.TB, pgSettings ...string) (*TLSFiles, *PostgresServer, *RabbitNode) {
+	t.Helper()
+	files := NewTLSFiles(t)
+	var (
+		db  *PostgresServer
+		err error
+		wg  sync.WaitGroup
+	)
+	wg.Go(func() {
+		var stop func()
+		db, stop, err = startPostgresTLS(files, pgSettings)
+		t.Cleanup(stop)
+	})
+	node := StartRabbitNodeTLS(t, files)
+	wg.Wait()
+	if err != nil {
+		if _, ok := errors.AsType[*missingError](err); ok {
+			unavailable(t, "a private PostgreSQL server", err)
+		}
+		t.Fatalf("private PostgreSQL server with TLS: %v", err)
+	}
+	return files, db, node
+}
+
 // TLSURL is the URL of database db on a server of [StartPostgresTLS], by its certificate's
 // host name, with sslmode=verify-full and nothing else: a client adds the CA and its client
 // certificate (sslrootcert, sslcert, sslkey, or its own settings).
