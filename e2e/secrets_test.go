@@ -159,6 +159,12 @@ func TestSecretsStaySecret(t *testing.T) {
 	}
 	mqProxy := testinfra.NewProxy(t, mqHost)
 
+	// TLS files: a client certificate and its key, and the key of another certificate.
+	tlsFiles := testinfra.NewTLSFiles(t)
+	serverKey, err := os.ReadFile(tlsFiles.ServerKeyFile)
+	require.NoError(t, err)
+	allSecrets = append(allSecrets, secret{"TLS client key", tlsFiles.ClientKey}, secret{"TLS server key", string(serverKey)})
+
 	otlp := newOTLPReceiver(t)
 	dir := t.TempDir()
 	file := func(name, content string) string {
@@ -287,6 +293,18 @@ func TestSecretsStaySecret(t *testing.T) {
 			}},
 			{name: "dead-letters, broker URL not escaped", args: []string{"dead-letters"}, code: 1, env: func(t *testing.T, svc, p string) map[string]string {
 				return with(env(t, svc), p+"AMQP_URL", "amqp://shop:"+mqPassword+"@127.0.0.1:5672/")
+			}},
+			{name: "broker TLS, the key of another certificate", args: []string{"api"}, code: 1, want: "AMQP_KEY_FILE", env: func(t *testing.T, svc, p string) map[string]string {
+				return with(env(t, svc), p+"AMQP_URL", strings.Replace(mqURL(mqUser, mqPassword, refused()), "amqp://", "amqps://", 1),
+					p+"AMQP_CA_FILE", tlsFiles.CAFile, p+"AMQP_CERT_FILE", tlsFiles.ClientCertFile, p+"AMQP_KEY_FILE", tlsFiles.ServerKeyFile)
+			}},
+			{name: "database TLS, a key file given as the CA", args: []string{"migrate"}, code: 1, want: "DATABASE_CA_FILE", env: func(t *testing.T, svc, p string) map[string]string {
+				return with(env(t, svc), p+"DATABASE_URL", strings.Replace(dbURL("shop", dbPassword, pg.Port, "db"), "sslmode=disable", "sslmode=verify-full", 1),
+					p+"DATABASE_CA_FILE", tlsFiles.ClientKeyFile, p+"DATABASE_CERT_FILE", tlsFiles.ClientCertFile, p+"DATABASE_KEY_FILE", tlsFiles.ClientKeyFile)
+			}},
+			{name: "database TLS, a server without TLS", args: []string{"migrate"}, code: 1, want: "the server does not take TLS", env: func(t *testing.T, svc, p string) map[string]string {
+				return with(env(t, svc), p+"DATABASE_URL", strings.Replace(dbURL("shop", dbPassword, pg.Port, "db"), "sslmode=disable", "sslmode=verify-full", 1),
+					p+"DATABASE_CA_FILE", tlsFiles.CAFile, p+"DATABASE_CERT_FILE", tlsFiles.ClientCertFile, p+"DATABASE_KEY_FILE", tlsFiles.ClientKeyFile)
 			}},
 			{name: "the database cut off while running", args: []string{"all"}, code: -1, until: "started",
 				probe: func(t *testing.T, p *process, svc string) {

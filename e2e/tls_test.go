@@ -117,6 +117,10 @@ func TestTLS(t *testing.T) {
 		refused(t, other(ocfg, func(c *ordersapp.Config) { c.AMQPCertFile, c.AMQPKeyFile = "", "" }),
 			"ORDERS_AMQP_CERT_FILE", "client certificate")
 	})
+	t.Run("BrokerPortWithoutTLS", func(t *testing.T) {
+		plain := strings.Replace(strings.Replace(testinfra.AMQPURL(t), "amqp://", "amqps://", 1), "127.0.0.1", testinfra.TLSHost, 1)
+		refused(t, other(ocfg, func(c *ordersapp.Config) { c.AMQPURL = plain }), "ORDERS_AMQP_URL: URL 1 of 1", "check that the port takes TLS")
+	})
 	t.Run("SettingsThatCannotWork", func(t *testing.T) {
 		for name, c := range map[string]struct {
 			change func(*ordersapp.Config)

@@ -27,6 +27,7 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
+	"strings"
 	"syscall"
 	"time"
 
@@ -181,8 +182,12 @@ func Open(ctx context.Context, cfg Config) (*pgxpool.Pool, error) {
 			return nil, fmt.Errorf("open database: gave up after %d attempts: %w (last: %w)", attempt, ctx.Err(), err)
 		}
 		if !Transient(err) {
+			if serverWithoutTLS(err) {
+				err = fmt.Errorf("the server does not take TLS, which the sslmode of %[1]sURL requires: check the host and port of "+
+					"%[1]sURL, and the server's ssl setting: %[2]w", cmp.Or(cfg.Setting, "the database "), err)
+			}
 			if tlsfiles.Refused(err) {
-				err = fmt.Errorf("the TLS handshake failed on a certificate; check that %[1]sCA_FILE is the CA that signed the "+
+				err = fmt.Errorf("the TLS handshake failed; check that %[1]sCA_FILE is the CA that signed the "+
 					"server's certificate, that the certificate names the host of %[1]sURL (%[2]s), and that %[1]sCERT_FILE and "+
 					"%[1]sKEY_FILE are a client certificate the server accepts: %[3]w", cmp.Or(cfg.Setting, "the database "), pcfg.ConnConfig.Host, err)
 			}
@@ -247,6 +252,14 @@ func EnsureDatabase(ctx context.Context, cfg *pgx.ConnConfig) error {
 	return nil
 }
 
+// serverWithoutTLS reports whether err is pgconn's answer to a server that refused the TLS
+// a connection asked for (sslmode=require or stricter): a server with ssl=off. pgconn has no
+// error value for it, only this text (pgx v5; e2e's TestSecretsStaySecret fails if it changes).
+func serverWithoutTLS(err error) bool {
+	_, ok := errors.AsType[*pgconn.ConnectError](err)
+	return ok && strings.Contains(err.Error(), "server refused TLS connection")
+}
+
 func hasCode(err error, code string) bool {
 	pgErr, ok := errors.AsType[*pgconn.PgError](err)
 	return ok && pgErr.Code == code
@@ -274,9 +287,9 @@ func Transient(err error) bool {
 	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok {
 		return inbox.ClassifySQLState(pgErr.Code) == inbox.ClassTransient
 	}
-	if tlsfiles.Refused(err) {
-		// A certificate refused in the handshake: a configuration, or a certificate, must
-		// change.
+	if tlsfiles.Refused(err) || serverWithoutTLS(err) {
+		// A certificate refused in the handshake, or a server without TLS: a configuration,
+		// or a certificate, must change.
 		return false
 	}
 	if _, ok := errors.AsType[*pgconn.ConnectError](err); ok {

@@ -207,7 +207,7 @@ func BrokerTLS(ctx context.Context, broker BrokerEnv, prefix string) (*tls.Confi
 // CheckBrokerTLS connects to each amqps:// URL of urls with tlsConf (its ServerName the
 // URL's host) and returns an error naming the settings when a broker's certificate is
 // refused, or the broker refuses the client's: a wrong CA file, a host name the
-// certificate does not name, a missing client certificate. It goes as far as the broker's
+// certificate does not name, a missing client certificate, a port that does not take TLS. It goes as far as the broker's
 // first AMQP frame, which comes only after the broker accepted the client's certificate. A
 // broker that does not answer within timeout is not an error here: the consumer and the
 // relay wait for it, as they do at any time. prefix names the variables ("ORDERS_").
@@ -219,8 +219,8 @@ func CheckBrokerTLS(ctx context.Context, urls []string, tlsConf *tls.Config, tim
 		}
 		addr := net.JoinHostPort(uri.Host, strconv.Itoa(uri.Port))
 		if refused, err := handshake(ctx, addr, uri.Host, tlsConf, timeout); refused {
-			return fmt.Errorf("%[1]sAMQP_URL: URL %[2]d of %[3]d (%[4]s): the TLS handshake failed on a certificate; check that "+
-				"%[1]sAMQP_CA_FILE is the CA that signed the broker's certificate, that the certificate names %[5]q, and that "+
+			return fmt.Errorf("%[1]sAMQP_URL: URL %[2]d of %[3]d (%[4]s): the TLS handshake failed; check that the port takes TLS, "+
+				"that %[1]sAMQP_CA_FILE is the CA that signed the broker's certificate, that the certificate names %[5]q, and that "+
 				"%[1]sAMQP_CERT_FILE and %[1]sAMQP_KEY_FILE are a client certificate the broker accepts: %[6]w",
 				prefix, i+1, len(urls), addr, uri.Host, err)
 		}
@@ -230,7 +230,8 @@ func CheckBrokerTLS(ctx context.Context, urls []string, tlsConf *tls.Config, tim
 
 // handshake does the TLS handshake with the broker at addr, sends the AMQP protocol header
 // and reads the first byte of the answer: a broker that refuses the client's certificate
-// says so with an alert by then. It reports whether the handshake failed on a certificate.
+// says so with an alert by then. It reports whether the handshake failed on a certificate, or on a port without TLS
+// (tlsfiles.Refused).
 //
 // The broker closes the connection after its alert, and the header written meanwhile may
 // make its kernel answer with a reset, which can reach the client before the alert is read

@@ -83,11 +83,15 @@ func (f Files) Config(n Names) (*tls.Config, error) {
 
 // Refused reports whether err is a TLS handshake that failed on a certificate: the
 // client refused the server's (another CA, another host name, expired), or the server
-// refused the client's or its lack of one (a TLS alert). Waiting will not fix it, unlike a
-// server that is down: a configuration, or a certificate, must change.
+// refused the client's or its lack of one (a TLS alert); or on a server that does not speak
+// TLS at all (its first answer is no TLS record: a plain port). Waiting will not fix it,
+// unlike a server that is down: a configuration, or a certificate, must change.
 func Refused(err error) bool {
 	if err == nil {
 		return false
+	}
+	if _, ok := errors.AsType[tls.RecordHeaderError](err); ok {
+		return true
 	}
 	if _, ok := errors.AsType[*tls.CertificateVerificationError](err); ok {
 		return true
