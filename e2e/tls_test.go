@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	kit "github.com/outboxshop/outboxshop/internal/service"
 	"github.com/outboxshop/outboxshop/internal/testinfra"
 	ordersapp "github.com/outboxshop/outboxshop/services/orders/app"
 	warehouseapp "github.com/outboxshop/outboxshop/services/warehouse/app"
@@ -22,10 +23,11 @@ import (
 // through the saga. Then each wrong setting stops a start, within a bounded time, with an
 // error that names it: a CA that did not sign the server's certificate, a host name the
 // certificate does not name, no client certificate; and the settings that cannot work at
-// all are refused before anything connects.
+// all are refused before anything connects. The orders relay is the WAL relay, whose
+// replication connection takes the same TLS as the pool.
 func TestTLS(t *testing.T) {
 	t.Parallel()
-	files, db, node := testinfra.StartTLS(t)
+	files, db, node := testinfra.StartTLS(t, "-c", "wal_level=logical")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 
@@ -48,6 +50,9 @@ func TestTLS(t *testing.T) {
 	ocfg.EventsExchange, ocfg.DeadLetterExchange = exchange, dlx
 	ocfg.Queue, ocfg.DeadLetterQueue = "orders", "orders.dead"
 	ocfg.RelayPollInterval = 100 * time.Millisecond
+	// The orders relay reads the transaction log: its replication connection goes over TLS
+	// too, with the files the pool's URL got.
+	ocfg.RelayMode = kit.RelayModeWAL
 
 	t.Run("Saga", func(t *testing.T) {
 		// The migrate subcommand's path creates each database over TLS.
