@@ -129,12 +129,11 @@ func TestClusterProfile(t *testing.T) {
 			svc := p.Services[name]
 			conf := ""
 			for _, v := range svc.Volumes {
-				if v.Type == types.VolumeTypeBind && strings.HasPrefix(v.Target, "/etc/rabbitmq/conf.d/") && strings.HasSuffix(v.Target, ".conf") {
+				if v.Type == types.VolumeTypeBind && strings.HasPrefix(v.Target, "/etc/rabbitmq/conf.d/") && v.Source == repoPath("deploy", "rabbitmq", "cluster.conf") {
 					conf = v.Source
 				}
 			}
-			require.NotEmpty(t, conf, "%s mounts a cluster configuration in /etc/rabbitmq/conf.d", name)
-			require.Equal(t, repoPath("deploy", "rabbitmq", "cluster.conf"), conf)
+			require.NotEmpty(t, conf, "%s mounts deploy/rabbitmq/cluster.conf in /etc/rabbitmq/conf.d", name)
 			nodes := classicConfigNodes(t, conf)
 			require.Equal(t, want, nodes, "%s: peers, rabbit@rabbitmq first (the node the others join)", name)
 			dep, ok := svc.DependsOn["rabbitmq"]
@@ -169,8 +168,8 @@ func TestClusterProfile(t *testing.T) {
 			for _, one := range urlList(v) {
 				u, err := url.Parse(one)
 				require.NoError(t, err, "%s %sAMQP_URL", name, prefix)
-				require.Equal(t, "amqp", u.Scheme)
-				require.Equal(t, "5672", u.Port())
+				require.Equal(t, "amqps", u.Scheme, "%s %sAMQP_URL: TLS to every node", name, prefix)
+				require.Equal(t, "5671", u.Port(), "%s %sAMQP_URL", name, prefix)
 				hosts = append(hosts, u.Hostname())
 			}
 			if !slices.Equal(rabbitmqNodes, hosts) {

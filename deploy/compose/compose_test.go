@@ -37,6 +37,7 @@ func TestCompose(t *testing.T) {
 		for _, name := range []string{"postgres", "rabbitmq", "prometheus", "alertmanager", "grafana", "jaeger"} {
 			want = append(want, name)
 		}
+		want = append(want, oneShots...)
 		require.ElementsMatch(t, want, slices.Collect(maps.Keys(p.Services)))
 	})
 
@@ -126,7 +127,8 @@ func TestCompose(t *testing.T) {
 				}
 			}
 			for _, k := range facts.required {
-				if given[k] == "" {
+				// A one-shot runs a command of its own in the image, not its server.
+				if given[k] == "" && !slices.Contains(oneShots, name) {
 					errs = append(errs, fmt.Errorf("%s needs %s", name, k))
 				}
 			}
@@ -334,6 +336,12 @@ func TestCompose(t *testing.T) {
 		for _, name := range slices.Sorted(maps.Keys(p.Services)) {
 			svc := p.Services[name]
 			hc := svc.HealthCheck
+			if slices.Contains(oneShots, name) {
+				if hc != nil && !hc.Disable {
+					errs = append(errs, fmt.Errorf("%s runs once: a healthcheck would never pass after it exits", name))
+				}
+				continue
+			}
 			if hc == nil || hc.Disable || len(hc.Test) < 2 || hc.Test[0] == "NONE" {
 				errs = append(errs, fmt.Errorf("%s has no healthcheck", name))
 				continue
@@ -382,6 +390,9 @@ func TestCompose(t *testing.T) {
 		for _, name := range slices.Sorted(maps.Keys(p.Services)) {
 			svc := p.Services[name]
 			for dep, d := range svc.DependsOn {
+				if slices.Contains(oneShots, dep) && d.Condition != types.ServiceConditionCompletedSuccessfully {
+					errs = append(errs, fmt.Errorf("%s depends on the one-shot %s with condition %q, want %s", name, dep, d.Condition, types.ServiceConditionCompletedSuccessfully))
+				}
 				if hc := p.Services[dep].HealthCheck; hc != nil && !hc.Disable && d.Condition != types.ServiceConditionHealthy {
 					errs = append(errs, fmt.Errorf("%s depends on %s with condition %q, want %s", name, dep, d.Condition, types.ServiceConditionHealthy))
 				}
@@ -420,6 +431,10 @@ func TestCompose(t *testing.T) {
 	t.Run("every service restarts after a crash", func(t *testing.T) {
 		t.Parallel()
 		for name, svc := range project(t).Services {
+			if slices.Contains(oneShots, name) {
+				require.Equal(t, types.RestartPolicyOnFailure, svc.Restart, "service %s runs once: again after a failure, never after it exits 0", name)
+				continue
+			}
 			require.Contains(t, []string{types.RestartPolicyUnlessStopped, types.RestartPolicyAlways, types.RestartPolicyOnFailure}, svc.Restart,
 				"service %s: a SIGKILL exit (137) must restart it", name)
 		}

@@ -54,6 +54,11 @@ var goServices = map[string]goService{
 	"alert-logger":    {pkg: "./tools/cmd/alertlog", listenVar: "ALERTLOG_HTTP_ADDR"},
 }
 
+// oneShots are the services that run to completion: the others that need what they make wait
+// for them with service_completed_successfully. They serve nothing, so they have no healthcheck
+// and listen on nothing, and they restart on failure alone.
+var oneShots = []string{"tls-certs"}
+
 // imageFacts is what the stack relies on in an image made by others, from its documentation.
 type imageFacts struct {
 	ports    []int    // what it listens on in its container
@@ -75,7 +80,8 @@ var thirdPartyImages = map[string]imageFacts{
 		doc:      "https://hub.docker.com/_/postgres (Environment Variables)",
 	},
 	"rabbitmq": {
-		// 5672 (AMQP); the plugins' ports come from the mounted enabled_plugins file.
+		// 5672 (AMQP) unless listeners.tcp = none; the TLS listener's and the plugins' ports
+		// come from the mounted configuration and enabled_plugins files.
 		ports: []int{5672},
 		// RABBITMQ_ERLANG_COOKIE is read by the server and its CLI tools themselves, not by
 		// the image's entrypoint: https://github.com/rabbitmq/rabbitmq-server/issues/7262.
@@ -224,6 +230,10 @@ func listeningPorts(t *testing.T, p *types.Project) map[string][]int {
 	t.Helper()
 	ports := map[string][]int{}
 	for name, svc := range p.Services {
+		if slices.Contains(oneShots, name) {
+			ports[name] = nil
+			continue
+		}
 		if role, ok := goServices[name]; ok {
 			if role.listenVar == "" {
 				ports[name] = nil
@@ -246,6 +256,15 @@ func listeningPorts(t *testing.T, p *types.Project) map[string][]int {
 		require.True(t, ok, "service %s: image %s is neither built here nor in thirdPartyImages", name, svc.Image)
 		ports[name] = slices.Clone(facts.ports)
 		if imageRepo(svc.Image) == "rabbitmq" {
+			conf := rabbitmqConf(t, svc)
+			if conf["listeners.tcp"] == "none" {
+				ports[name] = slices.DeleteFunc(ports[name], func(p int) bool { return p == 5672 })
+			}
+			if v, ok := conf["listeners.ssl.default"]; ok {
+				n, err := strconv.Atoi(v)
+				require.NoError(t, err, "%s: listeners.ssl.default = %q", name, v)
+				ports[name] = append(ports[name], n)
+			}
 			for _, plugin := range rabbitmqPlugins(t, svc) {
 				if port, ok := rabbitmqPluginPorts[plugin]; ok {
 					ports[name] = append(ports[name], port)
@@ -254,6 +273,42 @@ func listeningPorts(t *testing.T, p *types.Project) map[string][]int {
 		}
 	}
 	return ports
+}
+
+// rabbitmqConf is the configuration mounted into a RabbitMQ service, as the node reads it:
+// /etc/rabbitmq/rabbitmq.conf, then the files of /etc/rabbitmq/conf.d in the order of their
+// names, a later key replacing an earlier one.
+func rabbitmqConf(t *testing.T, svc types.ServiceConfig) map[string]string {
+	t.Helper()
+	var targets []string
+	for _, v := range svc.Volumes {
+		if v.Type != types.VolumeTypeBind {
+			continue
+		}
+		if v.Target == "/etc/rabbitmq/rabbitmq.conf" || (path.Dir(v.Target) == "/etc/rabbitmq/conf.d" && strings.HasSuffix(v.Target, ".conf")) {
+			targets = append(targets, v.Target)
+		}
+	}
+	slices.SortFunc(targets, func(a, b string) int {
+		// rabbitmq.conf first, then conf.d by name.
+		return strings.Compare(strings.Replace(a, "/rabbitmq.conf", "/", 1), strings.Replace(b, "/rabbitmq.conf", "/", 1))
+	})
+	conf := map[string]string{}
+	for _, target := range targets {
+		file := hostPath(svc, target)
+		b, err := os.ReadFile(file)
+		require.NoError(t, err)
+		for line := range strings.SplitSeq(string(b), "\n") {
+			line = strings.TrimSpace(line)
+			if line == "" || strings.HasPrefix(line, "#") {
+				continue
+			}
+			k, v, ok := strings.Cut(line, "=")
+			require.True(t, ok, "%s: %q is not key = value", file, line)
+			conf[strings.TrimSpace(k)] = strings.TrimSpace(v)
+		}
+	}
+	return conf
 }
 
 var pluginsRE = regexp.MustCompile(`^\s*\[([a-z0-9_,\s]*)\]\s*\.\s*$`)
