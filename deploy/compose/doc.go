@@ -27,7 +27,8 @@
 //     a pinned Jaeger all-in-one with OTLP on and a health probe of its admin port; Prometheus
 //     stores exemplars (--enable-feature=exemplar-storage), and Grafana has the Jaeger
 //     datasource, to which the Prometheus datasource links an exemplar's trace_id;
-//   - every service has a healthcheck, a restart policy and an image with a version tag;
+//   - every service has a healthcheck (but the one-shots, which restart on failure alone), a
+//     restart policy and an image with a version tag;
 //     depends_on waits for service_healthy, orders the shop as the queues require and has no
 //     cycle; no two services publish the same host port;
 //   - the credentials come from the environment with the defaults of .env.example, and the
@@ -37,7 +38,14 @@
 //     classic peer discovery configuration naming the three nodes with rabbit@rabbitmq first,
 //     a healthcheck that passes once three nodes run in the cluster; every shop process is
 //     given all three nodes' AMQP URLs and waits for each to be healthy, the two profiled ones
-//     with required: false so that the stack still starts without the profile.
+//     with required: false so that the stack still starts without the profile;
+//   - TLS: the one-shot tls-certs runs the committed deploy/compose/tls-certs.sh in the nodes'
+//     image, and whatever mounts its volumes (read-only) waits for it to complete; the shop
+//     processes dial amqps:// on 5671 to every node and postgres with sslmode=verify-full,
+//     trusting one CA from those volumes; every node listens on 5671 with the generated files
+//     (rabbitmq-2 and rabbitmq-3 on nothing else) and postgres runs with ssl=on; with openssl on
+//     the machine the script is run and what it issues verified (host names, key pairs, modes,
+//     owners, no key where the shop reads); no private key is among the repository's files.
 //
 // The Dockerfile is parsed and linted with BuildKit's own parser and linter (what `docker build
 // --check` runs), its base images are pinned and its runtime stage runs as non-root; its COPY
