@@ -108,12 +108,18 @@ func WithTLSFiles(dbURL string, f tlsfiles.Files, setting string) (string, error
 			return "", fmt.Errorf("%sURL says %s, and %s is set: give the files in the settings alone", setting, p, files)
 		}
 	}
-	for p, file := range map[string]string{"sslrootcert": f.CA, "sslcert": f.Cert, "sslkey": f.Key} {
-		if file != "" {
-			q.Set(p, file)
+	// Appended to the query as it is: re-encoding it (url.Values.Encode) would write a space
+	// as "+", which libpq's parser, and pgx's, read as a plus, in the user's own parameters
+	// and in the files' paths alike.
+	for _, p := range [][2]string{{"sslrootcert", f.CA}, {"sslcert", f.Cert}, {"sslkey", f.Key}} {
+		if p[1] == "" {
+			continue
 		}
+		if u.RawQuery != "" {
+			u.RawQuery += "&"
+		}
+		u.RawQuery += p[0] + "=" + strings.ReplaceAll(url.QueryEscape(p[1]), "+", "%20")
 	}
-	u.RawQuery = q.Encode()
 	return u.String(), nil
 }
 

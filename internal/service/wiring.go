@@ -4,10 +4,12 @@ import (
 	"cmp"
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -195,7 +197,9 @@ func (e DatabaseTLSEnv) Check(v *envconfig.Checks, prefix, dbURL string) {
 // the variables ("ORDERS_").
 func BrokerTLS(ctx context.Context, broker BrokerEnv, prefix string) (*tls.Config, error) {
 	tlsConf, err := broker.AMQPTLS(prefix)
-	if err != nil {
+	if err != nil || tlsConf == nil {
+		// Without the settings, an amqps:// URL is amqp091-go's to check, with the files
+		// its own parameters may name (cacertfile, …), which this check would not know.
 		return nil, err
 	}
 	if err := CheckBrokerTLS(ctx, broker.AMQPURLs(), tlsConf, amqptopo.DefaultDialTimeout, prefix); err != nil {
@@ -230,14 +234,40 @@ func CheckBrokerTLS(ctx context.Context, urls []string, tlsConf *tls.Config, tim
 
 // handshake does the TLS handshake with the broker at addr, sends the AMQP protocol header
 // and reads the first byte of the answer: a broker that refuses the client's certificate
-// says so with an alert by then. It reports whether the handshake failed on a certificate, or on a port without TLS
-// (tlsfiles.Refused).
+// says so with an alert by then. It reports whether the handshake failed on a certificate,
+// or on a port without TLS (tlsfiles.Refused).
 //
 // The broker closes the connection after its alert, and the header written meanwhile may
 // make its kernel answer with a reset, which can reach the client before the alert is read
-// (ECONNRESET instead of "certificate required"). So a broker that asked for a client
-// certificate when the client had none counts as refusing it whatever ends the connection.
+// (ECONNRESET instead of "certificate required"). So when the broker asked for a client
+// certificate the client does not have, and the connection then ended (not by a timeout),
+// a second attempt tells a refusal from a broker that went down at that moment: one that
+// ends the same way again refused the client; a broker that is going down does not get as
+// far as asking.
 func handshake(ctx context.Context, addr, host string, tlsConf *tls.Config, timeout time.Duration) (refused bool, err error) {
+	for attempt := 1; ; attempt++ {
+		asked, err := handshakeOnce(ctx, addr, host, tlsConf, timeout)
+		switch {
+		case tlsfiles.Refused(err):
+			return true, err
+		case err == nil || !asked || timedOut(err) || ctx.Err() != nil:
+			return false, err
+		case attempt == 2:
+			return true, fmt.Errorf("the broker asks for a client certificate, and none is set: %w", err)
+		}
+		t := time.NewTimer(200 * time.Millisecond) // a broker going down, its port closed by then
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return false, err
+		}
+	}
+}
+
+// handshakeOnce is one attempt of handshake: it returns whether the broker asked for a
+// client certificate that the client does not have, and how the attempt ended.
+func handshakeOnce(ctx context.Context, addr, host string, tlsConf *tls.Config, timeout time.Duration) (asked bool, err error) {
 	c := tlsConf.Clone()
 	if c == nil {
 		c = &tls.Config{MinVersion: tls.VersionTLS12}
@@ -245,11 +275,11 @@ func handshake(ctx context.Context, addr, host string, tlsConf *tls.Config, time
 	if c.ServerName == "" {
 		c.ServerName = host
 	}
-	var asked atomic.Bool // the broker asked for a client certificate, and there is none
+	var missing atomic.Bool
 	certs := c.Certificates
 	c.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
 		if len(certs) == 0 {
-			asked.Store(true)
+			missing.Store(true)
 			return &tls.Certificate{}, nil
 		}
 		return &certs[0], nil
@@ -258,22 +288,27 @@ func handshake(ctx context.Context, addr, host string, tlsConf *tls.Config, time
 	defer cancel()
 	d := tls.Dialer{Config: c}
 	conn, err := d.DialContext(ctx, "tcp", addr)
-	if err == nil {
-		defer conn.Close()
-		if dl, ok := ctx.Deadline(); ok {
-			_ = conn.SetDeadline(dl)
-		}
-		if _, err = conn.Write([]byte("AMQP\x00\x00\x09\x01")); err == nil {
-			_, err = conn.Read(make([]byte, 1))
-		}
+	if err != nil {
+		return missing.Load(), err
 	}
-	switch {
-	case tlsfiles.Refused(err):
-		return true, err
-	case err != nil && asked.Load() && ctx.Err() == nil:
-		return true, fmt.Errorf("the broker asks for a client certificate, and none is set: %w", err)
+	defer conn.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		_ = conn.SetDeadline(dl)
 	}
-	return false, err
+	if _, err = conn.Write([]byte("AMQP\x00\x00\x09\x01")); err == nil {
+		_, err = conn.Read(make([]byte, 1))
+	}
+	return missing.Load(), err
+}
+
+// timedOut reports whether err is a deadline that passed: a broker slow to answer, never a
+// refusal.
+func timedOut(err error) bool {
+	if errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	ne, ok := errors.AsType[net.Error](err)
+	return ok && ne.Timeout()
 }
 
 // RelayEnv are the relay's variables, the same in both services: each service's Config
@@ -601,13 +636,15 @@ func replicationURL(dbURL string) string {
 	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
 		return dbURL
 	}
-	q := u.Query()
-	for k := range q {
-		if strings.HasPrefix(k, "pool_") {
-			q.Del(k)
+	// The other parameters as they are: re-encoding them would write a space as "+", which
+	// libpq's parser, and pgx's, read as a plus.
+	var kept []string
+	for _, kv := range strings.Split(u.RawQuery, "&") {
+		if kv != "" && !strings.HasPrefix(kv, "pool_") {
+			kept = append(kept, kv)
 		}
 	}
-	u.RawQuery = q.Encode()
+	u.RawQuery = strings.Join(kept, "&")
 	return u.String()
 }
 

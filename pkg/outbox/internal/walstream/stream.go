@@ -211,6 +211,11 @@ func parseConfig(cfg Config) (*pgconn.Config, error) {
 	all := append([]*pgconn.FallbackConfig{{Host: pgcfg.Host, Port: pgcfg.Port, TLSConfig: pgcfg.TLSConfig}}, pgcfg.Fallbacks...)
 	kept := make([]*pgconn.FallbackConfig, 0, len(all))
 	for _, a := range all {
+		if network, _ := pgconn.NetworkAddress(a.Host, a.Port); network == "unix" {
+			// A socket is local: pgconn never speaks TLS over one, nor do servers.
+			kept = append(kept, a)
+			continue
+		}
 		if a.TLSConfig == nil && slices.ContainsFunc(all, func(b *pgconn.FallbackConfig) bool {
 			return b.TLSConfig != nil && b.Host == a.Host && b.Port == a.Port
 		}) {
@@ -219,6 +224,11 @@ func parseConfig(cfg Config) (*pgconn.Config, error) {
 		c := cfg.TLSConfig.Clone()
 		if c.ServerName == "" {
 			c.ServerName = a.Host
+		}
+		if pgcfg.SSLNegotiation == "direct" && len(c.NextProtos) == 0 {
+			// What pgconn sets in the configs it builds: a server refuses direct TLS
+			// without it.
+			c.NextProtos = []string{"postgresql"}
 		}
 		kept = append(kept, &pgconn.FallbackConfig{Host: a.Host, Port: a.Port, TLSConfig: c})
 	}
