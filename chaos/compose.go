@@ -259,6 +259,9 @@ func (c *Compose) StartShop(ctx context.Context, spec ShopSpec) (Endpoints, erro
 	if spec.BrokerCluster {
 		return Endpoints{}, fmt.Errorf("a RabbitMQ cluster: %w (run the scenario with -target local)", ErrUnsupported)
 	}
+	if spec.TLS {
+		return Endpoints{}, fmt.Errorf("servers that take TLS alone: %w (run the scenario with -target local)", ErrUnsupported)
+	}
 	c.mu.Lock()
 	c.configured = nil
 	c.mu.Unlock()

@@ -78,6 +78,9 @@ type localShop struct {
 	// cluster is the shop's three-node broker when the shop asked for one
 	// (ShopSpec.BrokerCluster); nil otherwise: the target's node, through the proxy.
 	cluster *rabbitCluster
+	// tls are the shop's own servers, which take TLS alone, when the shop asked for them
+	// (ShopSpec.TLS); nil otherwise: the target's servers, without TLS.
+	tls *tlsServers
 }
 
 // baseService is the service a process is a replica of ("orders-relay-2" → orders-relay).
@@ -267,6 +270,9 @@ func (l *Local) StartShop(ctx context.Context, spec ShopSpec) (Endpoints, error)
 		return Endpoints{}, errors.New("local target: a shop is already running")
 	}
 	l.mu.Unlock()
+	if spec.TLS && (spec.OrdersStandby || spec.BrokerCluster) {
+		return Endpoints{}, fmt.Errorf("local target: TLS with a standby or a broker cluster: %w", ErrUnsupported)
+	}
 	for svc, n := range spec.Replicas {
 		if n > 1 && !slices.Contains(Services, svc) {
 			return Endpoints{}, fmt.Errorf("local target: replicas of %q: not a service", svc)
@@ -309,7 +315,10 @@ func (l *Local) StartShop(ctx context.Context, spec ShopSpec) (Endpoints, error)
 	if err := os.MkdirAll(shop.dir, 0o755); err != nil {
 		return Endpoints{}, err
 	}
-	ordersURL := l.ordersPG.URL(shop.ordersDB)
+	// The databases' URLs for the services, and for the runner's own clients: the same,
+	// but over TLS.
+	ordersURL, warehouseURL := l.ordersPG.URL(shop.ordersDB), l.warehouse.URL(shop.warehouseDB)
+	ordersServiceURL, warehouseServiceURL := ordersURL, warehouseURL
 	var ordersServers []string
 	if spec.OrdersStandby {
 		l.mu.Lock()
@@ -321,6 +330,7 @@ func (l *Local) StartShop(ctx context.Context, spec ShopSpec) (Endpoints, error)
 			return Endpoints{}, err
 		}
 		ordersURL = pair.URL(shop.ordersDB)
+		ordersServiceURL = ordersURL
 		ordersServers = []string{pair.primary.URL(shop.ordersDB), pair.standby.URL(shop.ordersDB)}
 	}
 	procs := spec.Processes()
@@ -348,6 +358,22 @@ func (l *Local) StartShop(ctx context.Context, spec ShopSpec) (Endpoints, error)
 		clusterURLs, clusterNodes = cluster.URLs(), cluster.names()
 		brokerURL, observedURL = strings.Join(clusterURLs, ","), clusterURLs[0]
 	}
+	if spec.TLS {
+		l.mu.Lock()
+		l.shop = shop // so that StopShop removes the servers, also when starting them fails
+		l.mu.Unlock()
+		servers, err := startTLSServers(ctx, filepath.Join(shop.dir, "tls"), "chaos"+strconv.Itoa(os.Getpid())+id+"@localhost", l.ordersPG)
+		shop.tls = servers
+		if err != nil {
+			return Endpoints{}, err
+		}
+		// Their logs are the shop's from their start.
+		shop.logStart = map[Component]int64{}
+		ordersURL, ordersServiceURL = servers.ordersPG.URL(shop.ordersDB), servers.ordersPG.serviceURL(shop.ordersDB)
+		warehouseURL, warehouseServiceURL = servers.warehouse.URL(shop.warehouseDB), servers.warehouse.serviceURL(shop.warehouseDB)
+		// The processes reach the node directly: the proxy stands before the target's node.
+		brokerURL, observedURL = servers.rabbit.serviceURL(), servers.rabbit.URL()
+	}
 	addr := func(s Service) string { return "127.0.0.1:" + strconv.Itoa(ports[s]) }
 	// Each process names itself to PostgreSQL (application_name), so that a scenario can tell
 	// its sessions in pg_stat_activity.
@@ -356,9 +382,15 @@ func (l *Local) StartShop(ctx context.Context, spec ShopSpec) (Endpoints, error)
 		env := []string{"PATH=" + os.Getenv("PATH"), "HOME=" + shop.dir, "TZ=UTC"}
 		switch base := baseService(s); base {
 		case OrdersAPI, OrdersRelay:
-			env = append(env, ordersSettings(dbURL(ordersURL, s), brokerURL, addr(OrdersAPI), addr(relayOf(s, OrdersRelay)))...)
+			env = append(env, ordersSettings(dbURL(ordersServiceURL, s), brokerURL, addr(OrdersAPI), addr(relayOf(s, OrdersRelay)))...)
+			if shop.tls != nil {
+				env = append(env, shop.tls.settings("ORDERS_")...)
+			}
 		default:
-			env = append(env, warehouseSettings(dbURL(l.warehouse.URL(shop.warehouseDB), s), brokerURL, addr(Warehouse), addr(relayOf(s, WarehouseRelay)), shop.adminToken)...)
+			env = append(env, warehouseSettings(dbURL(warehouseServiceURL, s), brokerURL, addr(Warehouse), addr(relayOf(s, WarehouseRelay)), shop.adminToken)...)
+			if shop.tls != nil {
+				env = append(env, shop.tls.settings("WAREHOUSE_")...)
+			}
 		}
 		// The scenario's settings come last: exec keeps the last value of a repeated name.
 		return append(append(env, spec.Settings...), spec.ProcessSettings[s]...)
@@ -404,7 +436,7 @@ func (l *Local) StartShop(ctx context.Context, spec ShopSpec) (Endpoints, error)
 	}
 	return Endpoints{
 		OrdersURL: "http://" + addr(OrdersAPI), StockURL: "http://" + addr(Warehouse),
-		OrdersDB: ordersURL, WarehouseDB: l.warehouse.URL(shop.warehouseDB),
+		OrdersDB: ordersURL, WarehouseDB: warehouseURL,
 		AMQPURL: observedURL, Metrics: metrics, OrdersDBServers: ordersServers, AdminToken: shop.adminToken,
 		AMQPURLs: clusterURLs, BrokerNodes: clusterNodes,
 	}, nil
@@ -491,29 +523,31 @@ func (l *Local) Deaths() []Death {
 func (l *Local) Kill(ctx context.Context, c Component) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
+	ordersPG, warehouse, rabbit := l.servers()
 	switch c {
 	case Broker:
-		return l.rabbit.kill(ctx)
+		return rabbit.kill(ctx)
 	case OrdersDB:
 		if pair := l.ordersPair(); pair != nil {
 			return pair.primary.kill(ctx)
 		}
-		return l.ordersPG.kill(ctx)
+		return ordersPG.kill(ctx)
 	case OrdersDBStandby:
 		if pair := l.ordersPair(); pair != nil {
 			return pair.standby.kill(ctx)
 		}
 	case WarehouseDB:
-		return l.warehouse.kill(ctx)
+		return warehouse.kill(ctx)
 	}
 	return fmt.Errorf("kill %s: %w", c, ErrUnsupported)
 }
 
 // Restart implements Target.
 func (l *Local) Restart(ctx context.Context, c Component) error {
+	ordersPG, warehouse, rabbit := l.servers()
 	switch c {
 	case Broker:
-		return l.rabbit.start(ctx)
+		return rabbit.start(ctx)
 	case OrdersDB:
 		if pair := l.ordersPair(); pair != nil {
 			if pair.promoted.Load() {
@@ -522,13 +556,13 @@ func (l *Local) Restart(ctx context.Context, c Component) error {
 			}
 			return pair.primary.start(ctx)
 		}
-		return l.ordersPG.start(ctx)
+		return ordersPG.start(ctx)
 	case OrdersDBStandby:
 		if pair := l.ordersPair(); pair != nil {
 			return pair.standby.start(ctx)
 		}
 	case WarehouseDB:
-		return l.warehouse.start(ctx)
+		return warehouse.start(ctx)
 	}
 	return fmt.Errorf("restart %s: %w", c, ErrUnsupported)
 }
@@ -613,27 +647,30 @@ func (l *Local) Exec(ctx context.Context, svc Service, args ...string) ([]byte, 
 func (l *Local) BrokerAlarm(ctx context.Context, on bool) error {
 	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	return l.rabbit.memoryAlarm(ctx, on)
+	_, _, rabbit := l.servers()
+	return rabbit.memoryAlarm(ctx, on)
 }
 
 // BrokerAlarms implements Target: rabbitmqctl eval rabbit_alarm:get_alarms().
 func (l *Local) BrokerAlarms(ctx context.Context) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	return l.rabbit.alarms(ctx)
+	_, _, rabbit := l.servers()
+	return rabbit.alarms(ctx)
 }
 
-// componentLogPaths are the servers' log files.
+// componentLogPaths are the current shop's servers' log files.
 func (l *Local) componentLogPaths() map[Component]string {
 	paths := map[Component]string{}
-	if l.ordersPG != nil {
-		paths[OrdersDB] = l.ordersPG.logPath
+	ordersPG, warehouse, rabbit := l.servers()
+	if ordersPG != nil {
+		paths[OrdersDB] = ordersPG.logPath
 	}
-	if l.warehouse != nil {
-		paths[WarehouseDB] = l.warehouse.logPath
+	if warehouse != nil {
+		paths[WarehouseDB] = warehouse.logPath
 	}
-	if l.rabbit != nil {
-		paths[Broker] = l.rabbit.logPath()
+	if rabbit != nil {
+		paths[Broker] = rabbit.logPath()
 	}
 	return paths
 }
@@ -734,6 +771,9 @@ func (l *Local) StopShop(ctx context.Context) error {
 	var errs []error
 	if shop.cluster != nil {
 		errs = append(errs, shop.cluster.remove(ctx))
+	}
+	if shop.tls != nil {
+		errs = append(errs, shop.tls.remove(ctx))
 	}
 	if shop.ordersPair != nil {
 		errs = append(errs, shop.ordersPair.remove(ctx))

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"os/user"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -59,6 +60,28 @@ func (a *account) mkdirOwned(dir string) error {
 		return err
 	}
 	return a.chown(dir)
+}
+
+// writeOwned writes the file at path, readable by a alone (or the runner, when a is nil).
+func writeOwned(a *account, path string, content []byte) error {
+	if err := os.WriteFile(path, content, 0o600); err != nil {
+		return err
+	}
+	return a.chown(path)
+}
+
+// copyOwned copies the files src into dir under the names dst, each readable by a alone.
+func copyOwned(a *account, dir string, files map[string]string) error {
+	for dst, src := range files {
+		b, err := os.ReadFile(src)
+		if err != nil {
+			return err
+		}
+		if err := writeOwned(a, filepath.Join(dir, dst), b); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // groupAttr puts a child in a process group of its own, so that it and every process it

@@ -32,6 +32,8 @@ type pgServer struct {
 	logPath string
 	// args are extra command-line settings of the server ("-c", "name=value").
 	args []string
+	// tls, when set, are the certificates of a server that takes TLS alone (useTLS).
+	tls *testinfra.TLSFiles
 
 	proc *groupProcess // nil when not started or stopped
 }
@@ -59,9 +61,46 @@ func newPGServer(name, dir string) (*pgServer, error) {
 	}, nil
 }
 
-// URL is the URL of database db on this server.
+// URL is the URL of database db on this server, for the runner's own clients: over TLS,
+// with the CA and the client certificate as URL parameters, when the server takes TLS alone.
 func (s *pgServer) URL(db string) string {
+	if s.tls != nil {
+		return s.serviceURL(db) + s.tls.TLSFileParams()
+	}
 	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", s.port, db)
+}
+
+// serviceURL is the URL of database db that a service gets: URL, but over TLS without the
+// files, which the services take from their settings (*_DATABASE_CA_FILE and the others)
+// and refuse in the URL. The host is the one the server's certificate names.
+func (s *pgServer) serviceURL(db string) string {
+	if s.tls != nil {
+		return fmt.Sprintf("postgres://postgres@%s:%d/%s?sslmode=verify-full", testinfra.TLSHost, s.port, db)
+	}
+	return s.URL(db)
+}
+
+// useTLS makes the server, once initialised (init or clone), take connections over TLS
+// alone, with the server certificate of files, and authenticate them by a client
+// certificate of their CA whose common name is the user's (cert). The socket keeps trust,
+// for the tools. It takes effect at the next start.
+func (s *pgServer) useTLS(files *testinfra.TLSFiles) error {
+	data := filepath.Join(s.dir, "data")
+	hba := "local all all trust\n" +
+		"hostssl all all 127.0.0.1/32 cert\nhostssl all all ::1/128 cert\n" +
+		"hostssl replication all 127.0.0.1/32 cert\nhostssl replication all ::1/128 cert\n"
+	if err := writeOwned(s.acct, filepath.Join(data, "pg_hba.conf"), []byte(hba)); err != nil {
+		return fmt.Errorf("%s: %w", s.name, err)
+	}
+	// PostgreSQL refuses a key that others can read: each file is the server's user's alone.
+	if err := copyOwned(s.acct, data, map[string]string{
+		"ca.pem": files.CAFile, "server.pem": files.ServerCertFile, "server.key": files.ServerKeyFile,
+	}); err != nil {
+		return fmt.Errorf("%s: %w", s.name, err)
+	}
+	s.args = append(s.args, "-c", "ssl=on", "-c", "ssl_ca_file=ca.pem", "-c", "ssl_cert_file=server.pem", "-c", "ssl_key_file=server.key")
+	s.tls = files
+	return nil
 }
 
 func (s *pgServer) addr() string { return "127.0.0.1:" + strconv.Itoa(s.port) }

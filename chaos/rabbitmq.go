@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -28,6 +29,9 @@ type rabbitServer struct {
 	distPort int
 	acct     *account
 	script   string
+
+	// tls, when set, are the certificates of a node that takes AMQP over TLS alone.
+	tls *testinfra.TLSFiles
 
 	proc *groupProcess // nil when not started or stopped
 	// watermark is the node's memory high watermark before memoryAlarm raised the alarm.
@@ -73,7 +77,25 @@ func newRabbitServer(node, dir string) (*rabbitServer, error) {
 
 // URL is the broker's AMQP URL (user guest, allowed from anywhere by loopback_users = none:
 // through the proxy, connections still come from 127.0.0.1, but nothing here depends on it).
-func (s *rabbitServer) URL() string { return fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", s.port) }
+//
+// Over TLS, it names the host of the node's certificate, and the CA and the client
+// certificate as URL parameters, for the runner's own clients (amqp091-go reads them).
+func (s *rabbitServer) URL() string {
+	if s.tls != nil {
+		return s.serviceURL() + "?cacertfile=" + url.QueryEscape(s.tls.CAFile) +
+			"&certfile=" + url.QueryEscape(s.tls.ClientCertFile) + "&keyfile=" + url.QueryEscape(s.tls.ClientKeyFile)
+	}
+	return fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", s.port)
+}
+
+// serviceURL is the URL a service gets: URL, but over TLS without the files, which the
+// services take from their settings (*_AMQP_CA_FILE and the others) and refuse in the URL.
+func (s *rabbitServer) serviceURL() string {
+	if s.tls != nil {
+		return fmt.Sprintf("amqps://guest:guest@%s:%d/", testinfra.TLSHost, s.port)
+	}
+	return s.URL()
+}
 
 func (s *rabbitServer) addr() string { return "127.0.0.1:" + strconv.Itoa(s.port) }
 
@@ -84,10 +106,25 @@ func (s *rabbitServer) init() error {
 			return fmt.Errorf("rabbitmq: %w", err)
 		}
 	}
+	listeners := fmt.Sprintf("listeners.tcp.1 = 127.0.0.1:%d\n", s.port)
+	if s.tls != nil {
+		// AMQP over TLS alone, and a client certificate of the CA required of every client.
+		if err := copyOwned(s.acct, s.dir, map[string]string{
+			"ca.pem": s.tls.CAFile, "server.pem": s.tls.ServerCertFile, "server.key": s.tls.ServerKeyFile,
+		}); err != nil {
+			return fmt.Errorf("rabbitmq: %w", err)
+		}
+		d := func(name string) string { return filepath.Join(s.dir, name) }
+		listeners = fmt.Sprintf("listeners.tcp = none\nlisteners.ssl.1 = 127.0.0.1:%d\n", s.port) +
+			"ssl_options.cacertfile = " + d("ca.pem") + "\n" +
+			"ssl_options.certfile = " + d("server.pem") + "\n" +
+			"ssl_options.keyfile = " + d("server.key") + "\n" +
+			"ssl_options.verify = verify_peer\nssl_options.fail_if_no_peer_cert = true\n"
+	}
 	files := map[string]string{
 		"enabled_plugins": "[].\n",
-		"rabbitmq.conf": fmt.Sprintf("listeners.tcp.1 = 127.0.0.1:%d\nloopback_users = none\n"+
-			"log.console = true\nlog.console.level = warning\nlog.file = false\n", s.port),
+		"rabbitmq.conf": listeners + "loopback_users = none\n" +
+			"log.console = true\nlog.console.level = warning\nlog.file = false\n",
 	}
 	for name, content := range files {
 		p := filepath.Join(s.dir, name)

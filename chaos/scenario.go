@@ -46,6 +46,8 @@ type Scenario struct {
 	OrdersStandby bool
 	// BrokerCluster runs the broker as a three-node cluster (see [ShopSpec].BrokerCluster).
 	BrokerCluster bool
+	// TLS runs the shop on servers that take TLS alone (see [ShopSpec].TLS).
+	TLS bool
 	// PerMessageWarnings are log messages (a line's "msg") that a process logs at WARN once
 	// for each message the scenario makes it refuse: the check of the busiest second leaves
 	// them out, since their rate is the load's, not a loop's (see spin.go).

@@ -86,6 +86,12 @@ type ShopSpec struct {
 	// all three) and gives every service process the three nodes' URLs: KillBrokerNode and
 	// RestartBrokerNode then act on one node. Only the local target supports it.
 	BrokerCluster bool
+	// TLS runs the shop on servers of its own that take TLS alone and ask every client for a
+	// certificate of their private CA: every process gets amqps:// and sslmode=verify-full
+	// URLs and the CA and client certificate as settings (*_AMQP_CA_FILE, *_DATABASE_CA_FILE
+	// and the others), and the runner's own clients connect over TLS too (Endpoints). Only
+	// the local target supports it, and not with OrdersStandby or BrokerCluster.
+	TLS bool
 }
 
 // Processes lists the shop's processes in start order: the four services, then the extra
@@ -118,10 +124,13 @@ func (s Stopped) Clean() bool { return !s.Killed && s.Status == "exit status 0" 
 type Endpoints struct {
 	// OrdersURL and StockURL are the two HTTP APIs (http://127.0.0.1:port).
 	OrdersURL, StockURL string
-	// OrdersDB and WarehouseDB are PostgreSQL URLs of the two services' databases.
+	// OrdersDB and WarehouseDB are PostgreSQL URLs of the two services' databases (over TLS,
+	// with sslrootcert, sslcert and sslkey, when the shop runs on TLS).
 	OrdersDB, WarehouseDB string
 	// AMQPURL reaches the broker directly, around any fault the target puts in the network:
-	// the runner's observer queue and poison messages use it.
+	// the runner's observer queue and poison messages use it. When the shop runs on TLS, it
+	// is amqps:// with the CA and client certificate as parameters (cacertfile, certfile,
+	// keyfile), which amqp091-go reads.
 	AMQPURL string
 	// AdminToken is the warehouse's admin token, which PUT /stock/{sku} requires
 	// (Authorization: Bearer): the runner sets the stock with it.
