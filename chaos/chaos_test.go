@@ -17,7 +17,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // TestScenarios runs every scenario against the local target, as `make chaos` does: private
 // PostgreSQL servers (a primary and its standby for pg-failover and pg-flap-failover) and a private RabbitMQ node
-// (a three-node cluster for broker-node-kill), the service binaries built fresh, about ten
+// (a three-node cluster for broker-node-kill; servers of its own that take TLS alone for tls), the service binaries built fresh, about ten
 // minutes in all. Without initdb or rabbitmq-server it skips, saying so; under CI=true that
 // is a failure instead. -short skips it.
 func TestScenarios(t *testing.T) {
