@@ -23,7 +23,7 @@ type tlsServers struct {
 }
 
 // startTLSServers makes the certificates (a CA, a server certificate for localhost, a client
-// certificate for the user postgres) and starts the three servers at once: the databases as
+// certificate for the user postgres) and starts the three servers: the databases as
 // copies of template, the target's server (faster than initdb), the node as node.
 func startTLSServers(ctx context.Context, dir, node string, template *pgServer) (*tlsServers, error) {
 	t := &tlsServers{dir: dir}
@@ -47,24 +47,29 @@ func startTLSServers(ctx context.Context, dir, node string, template *pgServer) 
 		return t, err
 	}
 	t.rabbit.tls = t.files
-	errs := make([]error, 3)
+	errs := make([]error, 2)
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		if errs[0] = t.rabbit.init(); errs[0] == nil {
 			errs[0] = t.rabbit.start(ctx)
 		}
 	})
-	for i, pg := range []*pgServer{t.ordersPG, t.warehouse} {
-		wg.Go(func() {
-			if errs[i+1] = pg.clone(ctx, template, false); errs[i+1] != nil {
+	// One copy after the other, while the node starts: two at once from one server, each
+	// asking for a fast checkpoint, can remove the WAL the other is still to stream
+	// ("requested WAL segment … has already been removed").
+	wg.Go(func() {
+		for _, pg := range []*pgServer{t.ordersPG, t.warehouse} {
+			if errs[1] = pg.clone(ctx, template, false); errs[1] != nil {
 				return
 			}
-			if errs[i+1] = pg.useTLS(t.files); errs[i+1] != nil {
+			if errs[1] = pg.useTLS(t.files); errs[1] != nil {
 				return
 			}
-			errs[i+1] = pg.start(ctx)
-		})
-	}
+			if errs[1] = pg.start(ctx); errs[1] != nil {
+				return
+			}
+		}
+	})
 	wg.Wait()
 	return t, errors.Join(errs...)
 }
