@@ -60,6 +60,10 @@ func NewTLSFiles(t testing.TB) *TLSFiles {
 	return f
 }
 
+// WriteTLSFiles makes them as [NewTLSFiles] does, in dir, which the caller removes: for a
+// program that runs servers over TLS outside a test (the chaos runner).
+func WriteTLSFiles(dir string) (*TLSFiles, error) { return newTLSFiles(dir) }
+
 func newTLSFiles(dir string) (*TLSFiles, error) {
 	f := &TLSFiles{
 		CAFile: filepath.Join(dir, "ca.pem"), OtherCAFile: filepath.Join(dir, "other-ca.pem"),
