@@ -3,6 +3,7 @@ package chaos
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -31,6 +32,9 @@ const (
 	netLabLock    = "/run/obsnetlab.lock"
 	maxIfNameLen  = 15
 	netLabMaxHost = 254
+	// delayQueueLen is the number of packets a delay holds at most in one namespace; the
+	// kernel drops the packets beyond it, as a full router queue would.
+	delayQueueLen = 16384
 )
 
 // netLabSeq numbers the bridges and veths of this process.
@@ -45,7 +49,7 @@ var netLabWord = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$`)
 
 // netLab is a private network of namespaces on one bridge. It puts the hosts of a chaos run (broker nodes, database servers, service
 // processes) into network namespaces of their own on one Linux bridge, so that a scenario can
-// cut or thin out the traffic between any two sets of them, while the runner (the
+// cut, thin out or slow down the traffic between any two sets of them, while the runner (the
 // load generator, the verifier) stays in the root namespace and reaches every host.
 //
 //	runner (root namespace) 10.X.Y.1 ── bridge obb<pid>-<n>
@@ -74,15 +78,21 @@ var netLabWord = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$`)
 // the device are silent also to the sending process (a drop in the output hook would fail
 // its UDP sends with EPERM).
 //
-// The lab owns the firewall of its hosts' namespaces: Heal deletes table netdev chaos there.
+// A delay queues the packets it holds with iptables-nft's NFQUEUE target (nft's own queue
+// statement needs a kernel module, NFT_QUEUE, that this lab does not count on) to a
+// goroutine of the runner that reads the queue over netlink and lets each packet through
+// once its time has come (see [nfqDelayer]).
+//
+// The lab owns the firewall of its hosts' namespaces: Heal deletes table netdev chaos and
+// iptables' table ip filter there.
 //
 // A host's eth0 sends each TCP segment as a packet of its own (gso_max_segs 1; a veth would
-// otherwise pass bursts of up to 64 KiB as one packet), so loss counts real packets.
+// otherwise pass bursts of up to 64 KiB as one packet), so loss and delay count real packets.
 // The lab is IPv4 alone: its interfaces get no IPv6 address, not even a link-local one.
 //
 // # Needs
 //
-// Root, ip (iproute2) and nft (nftables).
+// Root, ip (iproute2) and nft (nftables); for Delay, iptables-nft (Debian package iptables).
 // Where the machine has bridge-nf-call-iptables on, traffic between hosts also passes the root
 // namespace's forward hook: a firewall there that drops forwarded packets (Docker's) cuts the
 // hosts from each other.
@@ -94,12 +104,14 @@ type netLab struct {
 	bridge string
 	subnet netip.Prefix // 10.X.Y.0/24
 
-	mu      sync.Mutex
-	hosts   map[string]*netHost
-	order   []*netHost          // in the order they were added
-	rules   map[string]*nsRules // by host name: the partitions and loss on its eth0
-	touched map[string]bool     // hosts whose namespace has had rules since the last Heal
-	closed  bool
+	mu        sync.Mutex
+	hosts     map[string]*netHost
+	order     []*netHost          // in the order they were added
+	rules     map[string]*nsRules // by host name: the partitions and loss on its eth0
+	touched   map[string]bool     // hosts whose namespace has had rules since the last Heal
+	delays    []*nfqDelayer
+	nextQueue uint16
+	closed    bool
 }
 
 // netHost is one namespace on the lab's bridge, with its own address.
@@ -374,7 +386,52 @@ func (l *netLab) Loss(ctx context.Context, a, b []string, percent int) error {
 	return nil
 }
 
-// Heal removes every partition and loss. Connections that survived carry on.
+// Delay holds every packet between each host of a and each host of b, both ways, for d plus
+// a random jitter in [0, jitter), drawn for each packet, then lets it through: a round trip
+// between the sets takes 2d more (plus up to twice the jitter). As with netem, a jitter
+// reorders packets. The packets are queued at the receiver's input hook (iptables-nft's
+// NFQUEUE target) to a goroutine of the runner (an [nfqDelayer] per namespace). Delays of two
+// calls over the same pair of hosts do not add up: the first one set holds the packets.
+// Delay needs iptables-nft (Debian package iptables).
+func (l *netLab) Delay(ctx context.Context, a, b []string, d, jitter time.Duration) error {
+	if d < 0 || jitter < 0 || d+jitter == 0 {
+		return fmt.Errorf("netlab: delay %v, jitter %v: want a positive delay or jitter", d, jitter)
+	}
+	iptables, err := exec.LookPath("iptables-nft")
+	if err != nil {
+		return fmt.Errorf("netlab: delay needs iptables-nft (Debian package iptables): %w", err)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ha, hb, err := l.sets(a, b)
+	if err != nil {
+		return fmt.Errorf("netlab: delay: %w", err)
+	}
+	l.nextQueue++
+	queue := l.nextQueue
+	hold := func(at, from []*netHost) error {
+		for _, h := range at {
+			dl, err := startDelayer(h, queue, d, jitter)
+			if err != nil {
+				return err
+			}
+			l.delays = append(l.delays, dl)
+			l.touched[h.Name] = true
+			if _, err := h.Run(ctx, iptables, "-w", "-A", "INPUT", "-s", ipList(from),
+				"-j", "NFQUEUE", "--queue-num", strconv.Itoa(int(queue))); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err := errors.Join(hold(hb, ha), hold(ha, hb)); err != nil {
+		return fmt.Errorf("netlab: delay between %v and %v: %w", a, b, err)
+	}
+	return nil
+}
+
+// Heal removes every partition, loss and delay: the rules first, then the delays, which let
+// the packets they still hold through at once. Connections that survived carry on.
 func (l *netLab) Heal(ctx context.Context) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -391,7 +448,7 @@ func (l *netLab) heal(ctx context.Context) error {
 		if !l.touched[h.Name] {
 			continue
 		}
-		const flush = "table netdev chaos\ndelete table netdev chaos\n"
+		const flush = "table netdev chaos\ndelete table netdev chaos\ntable ip filter\ndelete table ip filter\n"
 		if _, err := h.runInput(ctx, []byte(flush), "nft", "-f", "-"); err != nil {
 			errs = append(errs, err)
 			continue
@@ -399,13 +456,17 @@ func (l *netLab) heal(ctx context.Context) error {
 		delete(l.touched, h.Name)
 	}
 	clear(l.rules)
+	for _, d := range l.delays {
+		errs = append(errs, d.close())
+	}
+	l.delays = nil
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("netlab: heal: %w", err)
 	}
 	return nil
 }
 
-// Close removes everything the lab made: the rules, the processes still in its
+// Close removes everything the lab made: the delays and rules, the processes still in its
 // namespaces (SIGKILL: stop them gracefully before), the veths, the namespaces and the
 // bridge. A second call does nothing.
 func (l *netLab) Close() error {
@@ -418,6 +479,10 @@ func (l *netLab) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var errs []error
+	for _, d := range l.delays {
+		errs = append(errs, d.close())
+	}
+	l.delays = nil
 	for _, h := range l.order {
 		errs = append(errs, removeNetHost(ctx, h.NS, h.veth))
 	}
@@ -491,7 +556,8 @@ func (l *netLab) apply(ctx context.Context, hosts []*netHost) error {
 }
 
 // renderRules is the nft script that replaces a namespace's table netdev chaos with r. Its
-// chains run at eth0, before the IP stack.
+// chains run at eth0, before the IP stack: a packet cut on its way in is not queued for a
+// delay.
 func renderRules(r *nsRules) string {
 	var b strings.Builder
 	b.WriteString("table netdev chaos\ndelete table netdev chaos\ntable netdev chaos {\n")
@@ -513,6 +579,9 @@ func renderRules(r *nsRules) string {
 func ipSet(hosts []*netHost) string {
 	return "{ " + strings.Join(hostIPs(hosts), ", ") + " }"
 }
+
+// ipList is the addresses of hosts as iptables takes them (comma-separated).
+func ipList(hosts []*netHost) string { return strings.Join(hostIPs(hosts), ",") }
 
 func hostIPs(hosts []*netHost) []string {
 	ips := make([]string, len(hosts))
@@ -756,3 +825,404 @@ func runInput(ctx context.Context, stdin []byte, name string, args ...string) ([
 	out, err := cmd.CombinedOutput()
 	return bytes.TrimSpace(out), err
 }
+
+// The NFQUEUE protocol (linux/netfilter/nfnetlink_queue.h), the little of it a delay needs.
+const (
+	nfnlSubsysQueue   = 3
+	nfqnlMsgPacket    = nfnlSubsysQueue<<8 | 0
+	nfqnlMsgVerdict   = nfnlSubsysQueue<<8 | 1
+	nfqnlMsgConfig    = nfnlSubsysQueue<<8 | 2
+	nfqaPacketHdr     = 1 // in a packet: struct nfqnl_msg_packet_hdr, the packet id first
+	nfqaVerdictHdr    = 2 // in a verdict: struct nfqnl_msg_verdict_hdr
+	nfqaCfgCmd        = 1 // struct nfqnl_msg_config_cmd
+	nfqaCfgParams     = 2 // struct nfqnl_msg_config_params
+	nfqaCfgQueueMaxln = 3
+	nfqaCfgMask       = 4
+	nfqaCfgFlags      = 5
+	nfqnlCfgCmdBind   = 1
+	nfqnlCopyMeta     = 1 // the packet's metadata alone, not its bytes
+	nfqaCfgFGSO       = 1 << 2
+	nfAccept          = 1
+	nlaTypeMask       = 0x3fff
+)
+
+// nfqDelayer holds the packets of one NFQUEUE queue of one namespace for a delay each and
+// then lets them through. Its netlink socket is opened in the namespace (a socket stays in
+// the namespace it was opened in) and read by a goroutine of the runner, which keeps each
+// packet's id with its deadline (delay plus a jitter of its own); a second goroutine gives
+// the ACCEPT verdicts as the deadlines pass, out of order when jitters cross. The kernel
+// gets the metadata alone and keeps the packets themselves.
+type nfqDelayer struct {
+	host          string
+	queue         uint16
+	delay, jitter time.Duration
+	f             *os.File
+	rc            syscall.RawConn
+
+	mu       sync.Mutex
+	held     heldPackets
+	err      error         // the first failure of either goroutine
+	kick     chan struct{} // a packet came in
+	stop     chan struct{} // closed by close: let everything through and end
+	readEnd  chan struct{} // closed when the reader ended
+	relEnd   chan struct{} // closed when the releaser ended
+	once     sync.Once
+	closeErr error
+}
+
+// heldPacket is a packet's id and when to let it through.
+type heldPacket struct {
+	at time.Time
+	id uint32
+}
+
+// heldPackets is a min-heap of held packets by deadline.
+type heldPackets []heldPacket
+
+func (h *heldPackets) push(p heldPacket) {
+	*h = append(*h, p)
+	s := *h
+	for i := len(s) - 1; i > 0; {
+		parent := (i - 1) / 2
+		if !s[i].at.Before(s[parent].at) {
+			break
+		}
+		s[i], s[parent] = s[parent], s[i]
+		i = parent
+	}
+}
+
+func (h *heldPackets) pop() heldPacket {
+	s := *h
+	top := s[0]
+	last := len(s) - 1
+	s[0] = s[last]
+	s = s[:last]
+	for i := 0; ; {
+		small, l, r := i, 2*i+1, 2*i+2
+		if l < len(s) && s[l].at.Before(s[small].at) {
+			small = l
+		}
+		if r < len(s) && s[r].at.Before(s[small].at) {
+			small = r
+		}
+		if small == i {
+			break
+		}
+		s[i], s[small] = s[small], s[i]
+		i = small
+	}
+	*h = s
+	return top
+}
+
+// startDelayer binds queue in h's namespace and starts holding its packets. The iptables
+// rule that sends packets to the queue must come after it: a queue nobody listens to drops
+// them.
+func startDelayer(h *netHost, queue uint16, delay, jitter time.Duration) (*nfqDelayer, error) {
+	fd := -1
+	err := h.inNS(func() error {
+		var err error
+		fd, err = unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_NETFILTER)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("netlab: delay in %s: netfilter netlink socket: %w", h.Name, err)
+	}
+	if err := nfqBind(fd, queue); err != nil {
+		_ = unix.Close(fd)
+		return nil, fmt.Errorf("netlab: delay in %s: bind queue %d: %w", h.Name, queue, err)
+	}
+	f := os.NewFile(uintptr(fd), fmt.Sprintf("nfqueue-%s-%d", h.Name, queue))
+	rc, err := f.SyscallConn()
+	if err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("netlab: delay in %s: %w", h.Name, err)
+	}
+	d := &nfqDelayer{
+		host: h.Name, queue: queue, delay: delay, jitter: jitter, f: f, rc: rc,
+		kick: make(chan struct{}, 1), stop: make(chan struct{}),
+		readEnd: make(chan struct{}), relEnd: make(chan struct{}),
+	}
+	go d.read()
+	go d.release()
+	return d, nil
+}
+
+// nfqBind sets the socket up (a large receive buffer, no ENOBUFS errors: a packet the socket
+// has no room for is dropped by the kernel, as a full queue would), binds queue to it, asks
+// for the metadata alone and for GSO packets whole, and leaves the socket non-blocking.
+func nfqBind(fd int, queue uint16) error {
+	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		return fmt.Errorf("bind: %w", err)
+	}
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 8<<20); err != nil {
+		return fmt.Errorf("receive buffer: %w", err)
+	}
+	if err := unix.SetsockoptInt(fd, unix.SOL_NETLINK, unix.NETLINK_NO_ENOBUFS, 1); err != nil {
+		return fmt.Errorf("NETLINK_NO_ENOBUFS: %w", err)
+	}
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: 5}); err != nil {
+		return fmt.Errorf("receive timeout: %w", err)
+	}
+	const seq = 1
+	msg := nfqMessage(nfqnlMsgConfig, unix.NLM_F_REQUEST|unix.NLM_F_ACK, seq, queue,
+		nlAttr(nfqaCfgCmd, []byte{nfqnlCfgCmdBind, 0, 0, 0}),
+		nlAttr(nfqaCfgParams, []byte{0, 0, 0, 0, nfqnlCopyMeta}),
+		nlAttr(nfqaCfgQueueMaxln, be32(delayQueueLen)),
+		nlAttr(nfqaCfgMask, be32(nfqaCfgFGSO)),
+		nlAttr(nfqaCfgFlags, be32(nfqaCfgFGSO)),
+	)
+	if err := unix.Sendto(fd, msg, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		return fmt.Errorf("send config: %w", err)
+	}
+	buf := make([]byte, 8192)
+	for {
+		n, _, err := unix.Recvfrom(fd, buf, 0)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("config answer: %w", err)
+		}
+		msgs, err := syscall.ParseNetlinkMessage(buf[:n])
+		if err != nil {
+			return fmt.Errorf("config answer: %w", err)
+		}
+		for _, m := range msgs {
+			if m.Header.Type != unix.NLMSG_ERROR || m.Header.Seq != seq {
+				continue
+			}
+			if len(m.Data) < 4 {
+				return errors.New("config answer: short error message")
+			}
+			if code := int32(binary.NativeEndian.Uint32(m.Data[:4])); code != 0 {
+				return fmt.Errorf("config: %w", syscall.Errno(-code))
+			}
+			return unix.SetNonblock(fd, true)
+		}
+	}
+}
+
+// read takes the queue's packets in and holds each until its deadline.
+func (d *nfqDelayer) read() {
+	defer close(d.readEnd)
+	buf := make([]byte, 1<<16)
+	for {
+		var n int
+		var rerr error
+		err := d.rc.Read(func(fd uintptr) bool {
+			n, _, rerr = unix.Recvfrom(int(fd), buf, 0)
+			return !errors.Is(rerr, unix.EAGAIN)
+		})
+		if err != nil { // close set a deadline to stop us, or the file is closed
+			return
+		}
+		if errors.Is(rerr, unix.EINTR) {
+			continue
+		}
+		if rerr != nil {
+			d.fail(fmt.Errorf("receive: %w", rerr))
+			return
+		}
+		d.hold(buf[:n], time.Now(), false)
+	}
+}
+
+// hold keeps the packets of the netlink messages in b, received at now, until their
+// deadlines, or until now when at once is set.
+func (d *nfqDelayer) hold(b []byte, now time.Time, atOnce bool) {
+	msgs, err := syscall.ParseNetlinkMessage(b)
+	if err != nil {
+		d.fail(fmt.Errorf("parse: %w", err))
+		return
+	}
+	d.mu.Lock()
+	for _, m := range msgs {
+		switch m.Header.Type {
+		case nfqnlMsgPacket:
+			id, ok := nfqPacketID(m.Data)
+			if !ok {
+				continue
+			}
+			at := now
+			if !atOnce {
+				at = at.Add(d.delay)
+				if d.jitter > 0 {
+					at = at.Add(rand.N(d.jitter))
+				}
+			}
+			d.held.push(heldPacket{at: at, id: id})
+		case unix.NLMSG_ERROR:
+			// A verdict the kernel refused (no such packet): it was dropped already.
+			if len(m.Data) >= 4 && int32(binary.NativeEndian.Uint32(m.Data[:4])) != 0 && d.err == nil {
+				d.err = fmt.Errorf("verdict refused: %w", syscall.Errno(-int32(binary.NativeEndian.Uint32(m.Data[:4]))))
+			}
+		}
+	}
+	d.mu.Unlock()
+	select {
+	case d.kick <- struct{}{}:
+	default:
+	}
+}
+
+// release gives the ACCEPT verdicts as the deadlines pass; once stopped, for every packet
+// still held, at once.
+func (d *nfqDelayer) release() {
+	defer close(d.relEnd)
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	stopped := false
+	for {
+		d.mu.Lock()
+		now := time.Now()
+		var due []uint32
+		for len(d.held) > 0 && (stopped || !d.held[0].at.After(now)) {
+			due = append(due, d.held.pop().id)
+		}
+		wait := time.Duration(-1)
+		if len(d.held) > 0 {
+			wait = d.held[0].at.Sub(now)
+		}
+		d.mu.Unlock()
+		if err := d.accept(due); err != nil {
+			d.fail(err)
+		}
+		if stopped {
+			return
+		}
+		if wait >= 0 {
+			timer.Reset(wait)
+		} else {
+			timer.Stop()
+		}
+		select {
+		case <-d.stop:
+			stopped = true
+		case <-d.kick:
+		case <-timer.C:
+		}
+	}
+}
+
+// accept sends ACCEPT verdicts for ids, many to a datagram.
+func (d *nfqDelayer) accept(ids []uint32) error {
+	var buf []byte
+	flush := func() error {
+		if len(buf) == 0 {
+			return nil
+		}
+		var serr error
+		err := d.rc.Write(func(fd uintptr) bool {
+			serr = unix.Sendto(int(fd), buf, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK})
+			return !errors.Is(serr, unix.EAGAIN)
+		})
+		buf = buf[:0]
+		if err = errors.Join(err, serr); err != nil {
+			return fmt.Errorf("send verdicts: %w", err)
+		}
+		return nil
+	}
+	for _, id := range ids {
+		verdict := append(be32(nfAccept), be32(id)...)
+		buf = append(buf, nfqMessage(nfqnlMsgVerdict, unix.NLM_F_REQUEST, 0, d.queue, nlAttr(nfqaVerdictHdr, verdict))...)
+		if len(buf) > 32<<10 {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+	}
+	return flush()
+}
+
+// fail keeps the first failure for close to report.
+func (d *nfqDelayer) fail(err error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.err == nil {
+		d.err = err
+	}
+}
+
+// close stops the delay: the reader ends, the packets already in the socket are taken in,
+// every held packet is let through at once, and the socket is closed (which unbinds the
+// queue). Remove the rules that queue packets first, or the packets queued after close
+// are dropped. A second call returns the first one's result.
+func (d *nfqDelayer) close() error {
+	d.once.Do(func() {
+		_ = d.f.SetReadDeadline(time.Now())
+		<-d.readEnd
+		_ = d.rc.Control(func(fd uintptr) {
+			buf := make([]byte, 1<<16)
+			for {
+				n, _, err := unix.Recvfrom(int(fd), buf, unix.MSG_DONTWAIT)
+				if errors.Is(err, unix.EINTR) {
+					continue
+				}
+				if err != nil {
+					return
+				}
+				d.hold(buf[:n], time.Now(), true)
+			}
+		})
+		close(d.stop)
+		<-d.relEnd
+		err := d.f.Close()
+		d.mu.Lock()
+		if d.err != nil && !errors.Is(d.err, syscall.ENOENT) {
+			err = errors.Join(d.err, err)
+		}
+		d.mu.Unlock()
+		if err != nil {
+			d.closeErr = fmt.Errorf("netlab: delay in %s (queue %d): %w", d.host, d.queue, err)
+		}
+	})
+	return d.closeErr
+}
+
+// nfqPacketID is the packet id of an NFQNL_MSG_PACKET's payload (after the netlink header).
+func nfqPacketID(data []byte) (uint32, bool) {
+	if len(data) < 4 {
+		return 0, false
+	}
+	for b := data[4:]; len(b) >= 4; { // after struct nfgenmsg
+		l := int(binary.NativeEndian.Uint16(b[0:2]))
+		if l < 4 || l > len(b) {
+			return 0, false
+		}
+		if binary.NativeEndian.Uint16(b[2:4])&nlaTypeMask == nfqaPacketHdr && l >= 8 {
+			return binary.BigEndian.Uint32(b[4:8]), true
+		}
+		b = b[min(nlAlign(l), len(b)):]
+	}
+	return 0, false
+}
+
+// nfqMessage is a netlink message of the queue subsystem for queue: header, struct nfgenmsg
+// (AF_UNSPEC, version 0, the queue in network order), attributes.
+func nfqMessage(typ, flags uint16, seq uint32, queue uint16, attrs ...[]byte) []byte {
+	body := []byte{unix.AF_UNSPEC, unix.NFNETLINK_V0, byte(queue >> 8), byte(queue)}
+	for _, a := range attrs {
+		body = append(body, a...)
+	}
+	h := make([]byte, unix.NLMSG_HDRLEN)
+	binary.NativeEndian.PutUint32(h[0:4], uint32(unix.NLMSG_HDRLEN+len(body)))
+	binary.NativeEndian.PutUint16(h[4:6], typ)
+	binary.NativeEndian.PutUint16(h[6:8], flags)
+	binary.NativeEndian.PutUint32(h[8:12], seq)
+	return append(h, body...)
+}
+
+// nlAttr is a netlink attribute, padded to 4 bytes.
+func nlAttr(typ uint16, payload []byte) []byte {
+	a := make([]byte, 4, nlAlign(4+len(payload)))
+	binary.NativeEndian.PutUint16(a[0:2], uint16(4+len(payload)))
+	binary.NativeEndian.PutUint16(a[2:4], typ)
+	a = append(a, payload...)
+	return append(a, make([]byte, nlAlign(len(a))-len(a))...)
+}
+
+func nlAlign(n int) int { return (n + 3) &^ 3 }
+
+func be32(v uint32) []byte { return binary.BigEndian.AppendUint32(nil, v) }

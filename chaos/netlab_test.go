@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -20,13 +21,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// TestNetLab runs the network lab for real: namespaces on a bridge and nftables rules, with
-// small TCP and UDP servers inside the namespaces. It needs root, ip and nft (Debian
-// packages iproute2, nftables); without them it skips, saying so, and under CI=true fails
-// instead.
+// TestNetLab runs the network lab for real: namespaces on a bridge, nftables rules and
+// NFQUEUE delays, with small TCP and UDP servers inside the namespaces. It needs root, ip and
+// nft (Debian packages iproute2, nftables), and iptables-nft for the delays (Debian package
+// iptables); without them it skips, saying so, and under CI=true fails instead.
 func TestNetLab(t *testing.T) {
 	t.Parallel()
-	needNetLab(t, "ip", "nft")
+	needNetLab(t, "ip", "nft", "iptables-nft")
 
 	// Alone, before the labs of the other subtests: their sweeps would race with its fakes.
 	t.Run("SweepRemovesDeadRunnersLabs", testNetLabSweep)
@@ -35,6 +36,7 @@ func TestNetLab(t *testing.T) {
 		t.Run("PartitionBothWays", testNetLabPartitionBothWays)
 		t.Run("PartitionOneWay", testNetLabPartitionOneWay)
 		t.Run("Loss", testNetLabLoss)
+		t.Run("Delay", testNetLabDelay)
 		t.Run("CloseRemovesEverything", testNetLabClose)
 	})
 	// Every subtest has ended: no thread of this process may be in a lab's namespace.
@@ -69,7 +71,7 @@ func needNetLab(t *testing.T, tools ...string) {
 		return
 	}
 	msg := "the network lab needs " + strings.Join(missing, ", ") +
-		" (Debian packages iproute2, nftables)"
+		" (Debian packages iproute2, nftables, iptables)"
 	if os.Getenv("CI") == "true" {
 		t.Fatal(msg)
 	}
@@ -332,8 +334,8 @@ func testNetLabHostsTalk(t *testing.T) {
 	_, err = lab.Host("a").Run(t.Context(), "false")
 	require.ErrorContains(t, err, "false in a")
 
-	// Each TCP segment leaves a host as a packet of its own (no GSO burst), so that loss
-	// counts real packets.
+	// Each TCP segment leaves a host as a packet of its own (no GSO burst), so that loss and
+	// delay count real packets.
 	txBefore := txPackets(t, lab.Host("a"))
 	const size = 1 << 20
 	bulk := requireDial(t, lab.Host("a"), servers[2])
@@ -458,6 +460,74 @@ func testNetLabLoss(t *testing.T) {
 		"after Heal every datagram arrives (%d of %d)", ub.count(a.IP, 'd')-gotB, n)
 }
 
+// testNetLabDelay: a delay of 100ms each way adds 200ms to the round trip between a and b
+// and none to a and c; a jitter spreads it; a bulk transfer goes through; Heal removes it.
+func testNetLabDelay(t *testing.T) {
+	t.Parallel()
+	lab := setupNetLab(t, "delay", "a", "b", "c")
+	a := lab.Host("a")
+	sb, sc := startEcho(t, lab, lab.Host("b")), startEcho(t, lab, lab.Host("c"))
+	ab, ac := requireDial(t, a, sb), requireDial(t, a, sc)
+	rtts := func(c net.Conn, n int) []time.Duration {
+		t.Helper()
+		var ds []time.Duration
+		for range n {
+			d, err := roundTrip(c, 5*time.Second)
+			require.NoError(t, err)
+			ds = append(ds, d)
+		}
+		slices.Sort(ds)
+		return ds
+	}
+	base := rtts(ab, 5)[2]
+	t.Logf("round trip a ↔ b without delay: %v", base)
+
+	require.NoError(t, lab.Delay(t.Context(), []string{"a"}, []string{"b"}, 100*time.Millisecond, 0))
+	delayed := rtts(ab, 5)
+	t.Logf("round trips a ↔ b with 100ms each way: %v", delayed)
+	require.GreaterOrEqual(t, delayed[0], base+150*time.Millisecond)
+	require.Less(t, delayed[4], time.Second)
+	// Medians against a busy machine: a delayed round trip takes 200ms at least.
+	require.Less(t, rtts(ac, 5)[2], 100*time.Millisecond, "a ↔ c is not delayed")
+	// A new connection takes its handshake's round trip.
+	start := time.Now()
+	requireDial(t, a, sb)
+	require.GreaterOrEqual(t, time.Since(start), 2*150*time.Millisecond, "handshake and echo, delayed")
+
+	require.NoError(t, lab.Heal(t.Context()))
+	require.Less(t, rtts(ab, 5)[2], 100*time.Millisecond, "Heal removes the delay")
+
+	// A jitter: each packet held 20ms plus up to 60ms more, each way.
+	require.NoError(t, lab.Delay(t.Context(), []string{"b"}, []string{"a"}, 20*time.Millisecond, 60*time.Millisecond))
+	jittered := rtts(ab, 20)
+	t.Logf("round trips a ↔ b with 20ms + [0, 60ms) each way: %v", jittered)
+	require.GreaterOrEqual(t, jittered[0], 40*time.Millisecond)
+	require.Less(t, jittered[19], time.Second)
+	require.Greater(t, jittered[19]-jittered[0], 10*time.Millisecond, "the jitter spreads the round trips")
+
+	// Many packets at once: 4 MiB through the echo and back, delayed and reordered.
+	const size = 4 << 20
+	bulk := requireDial(t, a, sb)
+	require.NoError(t, bulk.SetDeadline(time.Now().Add(60*time.Second)))
+	sent := make([]byte, size)
+	for i := range sent {
+		sent[i] = byte(i * 7)
+	}
+	start = time.Now()
+	werr := make(chan error, 1)
+	go func() { _, err := bulk.Write(sent); werr <- err }()
+	got := make([]byte, size)
+	_, err := io.ReadFull(bulk, got)
+	require.NoError(t, err)
+	require.NoError(t, <-werr)
+	require.Equal(t, sent, got)
+	t.Logf("4 MiB echoed through the jittered delay in %v", time.Since(start).Round(time.Millisecond))
+
+	require.NoError(t, lab.Heal(t.Context()))
+	require.Less(t, rtts(ab, 5)[2], 100*time.Millisecond, "Heal removes the delay")
+	require.ErrorContains(t, lab.Delay(t.Context(), []string{"a"}, []string{"b"}, 0, 0), "positive")
+}
+
 // testNetLabClose: Close kills what runs in the namespaces and removes the namespaces, the
 // veths and the bridge, also with faults in place; a second Close does nothing.
 func testNetLabClose(t *testing.T) {
@@ -474,6 +544,7 @@ func testNetLabClose(t *testing.T) {
 	_, err = lab.AddHost(t.Context(), "a")
 	require.ErrorContains(t, err, "already there")
 	require.NoError(t, lab.Partition(t.Context(), []string{"a"}, []string{"b"}, true))
+	require.NoError(t, lab.Delay(t.Context(), []string{"a"}, []string{"b"}, time.Second, 0))
 	// A daemon left in a namespace (as epmd would be) is killed by Close.
 	cmd := exec.Command("sleep", "60")
 	require.NoError(t, lab.Host("a").Start(cmd))
