@@ -605,6 +605,21 @@ func (c *Compose) DelayNetwork(context.Context, time.Duration) error {
 // HealNetwork implements Target: nothing to heal.
 func (c *Compose) HealNetwork(context.Context) error { return nil }
 
+// Partition implements Target: the compose target has no network lab.
+func (c *Compose) Partition(context.Context, []string, []string, bool) error {
+	return fmt.Errorf("partition: %w", ErrUnsupported)
+}
+
+// DegradeNetwork implements Target: the compose target has no network lab.
+func (c *Compose) DegradeNetwork(context.Context, []string, []string, int, time.Duration, time.Duration) error {
+	return fmt.Errorf("degrade the network: %w", ErrUnsupported)
+}
+
+// HealPartitions implements Target: the compose target has no network lab.
+func (c *Compose) HealPartitions(context.Context) error {
+	return fmt.Errorf("heal partitions: %w", ErrUnsupported)
+}
+
 // NetworkStats implements Target.
 func (c *Compose) NetworkStats() NetworkStats { return NetworkStats{} }
 

@@ -81,6 +81,9 @@ type localShop struct {
 	// tls are the shop's own servers, which take TLS alone, when the shop asked for them
 	// (ShopSpec.TLS); nil otherwise: the target's servers, without TLS.
 	tls *tlsServers
+	// lab is the shop's network lab when the shop asked for one (ShopSpec.Network); nil
+	// otherwise: everything beside the runner, on 127.0.0.1.
+	lab *shopLab
 }
 
 // baseService is the service a process is a replica of ("orders-relay-2" → orders-relay).
@@ -270,8 +273,11 @@ func (l *Local) StartShop(ctx context.Context, spec ShopSpec) (Endpoints, error)
 		return Endpoints{}, errors.New("local target: a shop is already running")
 	}
 	l.mu.Unlock()
-	if spec.TLS && (spec.OrdersStandby || spec.BrokerCluster) {
-		return Endpoints{}, fmt.Errorf("local target: TLS with a standby or a broker cluster: %w", ErrUnsupported)
+	if spec.TLS && (spec.OrdersStandby || spec.BrokerCluster || spec.Network) {
+		return Endpoints{}, fmt.Errorf("local target: TLS with a standby, a broker cluster or a network lab: %w", ErrUnsupported)
+	}
+	if spec.Network {
+		spec.BrokerCluster, spec.OrdersStandby = true, true
 	}
 	for svc, n := range spec.Replicas {
 		if n > 1 && !slices.Contains(Services, svc) {
@@ -319,12 +325,48 @@ func (l *Local) StartShop(ctx context.Context, spec ShopSpec) (Endpoints, error)
 	// but over TLS.
 	ordersURL, warehouseURL := l.ordersPG.URL(shop.ordersDB), l.warehouse.URL(shop.warehouseDB)
 	ordersServiceURL, warehouseServiceURL := ordersURL, warehouseURL
+	procs := spec.Processes()
+	if spec.Network {
+		l.mu.Lock()
+		l.shop = shop // so that StopShop removes the lab, also when making it fails
+		l.mu.Unlock()
+		names := []string{HostOrdersPrimary, HostOrdersStandby, HostWarehouseDB}
+		for i := 1; i <= clusterSize; i++ {
+			names = append(names, brokerHost(i))
+		}
+		for _, s := range procs {
+			names = append(names, string(s))
+		}
+		lab, err := startShopLab(ctx, id, names)
+		shop.lab = lab
+		if err != nil {
+			return Endpoints{}, err
+		}
+		// The warehouse's server, in the lab: a copy of the target's, as the orders primary.
+		wh, err := newPGServer("warehouse-db", filepath.Join(shop.dir, "pg-warehouse"))
+		if err != nil {
+			return Endpoints{}, err
+		}
+		lab.warehouse = wh
+		if err := wh.clone(ctx, l.warehouse, false); err != nil {
+			return Endpoints{}, err
+		}
+		if err := lab.place(wh, HostWarehouseDB); err != nil {
+			return Endpoints{}, err
+		}
+		if err := wh.start(ctx); err != nil {
+			return Endpoints{}, err
+		}
+		shop.logStart[WarehouseDB] = 0
+		warehouseURL = wh.URL(shop.warehouseDB)
+		warehouseServiceURL = warehouseURL
+	}
 	var ordersServers []string
 	if spec.OrdersStandby {
 		l.mu.Lock()
 		l.shop = shop // so that StopShop removes the pair, also when starting it fails
 		l.mu.Unlock()
-		pair, err := startPGPair(ctx, filepath.Join(shop.dir, "pg-orders"), l.ordersPG)
+		pair, err := startPGPair(ctx, filepath.Join(shop.dir, "pg-orders"), l.ordersPG, shop.lab)
 		shop.ordersPair = pair
 		if err != nil {
 			return Endpoints{}, err
@@ -333,7 +375,6 @@ func (l *Local) StartShop(ctx context.Context, spec ShopSpec) (Endpoints, error)
 		ordersServiceURL = ordersURL
 		ordersServers = []string{pair.primary.URL(shop.ordersDB), pair.standby.URL(shop.ordersDB)}
 	}
-	procs := spec.Processes()
 	ports := map[Service]int{}
 	for _, s := range procs {
 		p, err := testinfra.FreePort()
@@ -349,7 +390,7 @@ func (l *Local) StartShop(ctx context.Context, spec ShopSpec) (Endpoints, error)
 		l.mu.Lock()
 		l.shop = shop // so that StopShop removes the cluster, also when starting it fails
 		l.mu.Unlock()
-		cluster, err := startRabbitCluster(ctx, filepath.Join(shop.dir, "rabbitmq"), "chaos"+strconv.Itoa(os.Getpid())+id)
+		cluster, err := startRabbitCluster(ctx, filepath.Join(shop.dir, "rabbitmq"), "chaos"+strconv.Itoa(os.Getpid())+id, shop.lab)
 		shop.cluster = cluster
 		if err != nil {
 			return Endpoints{}, err
@@ -375,6 +416,9 @@ func (l *Local) StartShop(ctx context.Context, spec ShopSpec) (Endpoints, error)
 		brokerURL, observedURL = servers.rabbit.serviceURL(), servers.rabbit.URL()
 	}
 	addr := func(s Service) string { return "127.0.0.1:" + strconv.Itoa(ports[s]) }
+	if shop.lab != nil {
+		addr = func(s Service) string { return shop.lab.net.Host(string(s)).IP + ":" + strconv.Itoa(ports[s]) }
+	}
 	// Each process names itself to PostgreSQL (application_name), so that a scenario can tell
 	// its sessions in pg_stat_activity.
 	dbURL := func(base string, s Service) string { return base + "&application_name=" + string(s) }
@@ -411,6 +455,9 @@ func (l *Local) StartShop(ctx context.Context, spec ShopSpec) (Endpoints, error)
 		ps.failpoints = spec.Failpoints[s]
 		ps.logPath = filepath.Join(shop.dir, string(s)+".log")
 		ps.readyURL = "http://" + addr(s) + "/readyz"
+		if shop.lab != nil {
+			ps.ns = shop.lab.net.Host(string(s)).NS
+		}
 		p := newProcess(ps, l.cfg.RestartDelay)
 		shop.procs[s] = p
 		shop.order = append(shop.order, s)
@@ -777,7 +824,11 @@ func (l *Local) StopShop(ctx context.Context) error {
 	}
 	if shop.ordersPair != nil {
 		errs = append(errs, shop.ordersPair.remove(ctx))
-	} else if l.ordersPG.running() {
+	}
+	if shop.lab != nil {
+		errs = append(errs, shop.lab.close(ctx))
+	}
+	if shop.ordersPair == nil && l.ordersPG.running() {
 		errs = append(errs, l.ordersPG.dropDatabase(ctx, shop.ordersDB))
 	}
 	if l.warehouse.running() {

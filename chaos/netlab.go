@@ -193,6 +193,9 @@ func (l *netLab) addr(n int) string {
 // RunnerIP is the root namespace's address on the bridge.
 func (l *netLab) RunnerIP() string { return l.addr(1) }
 
+// Subnet is the lab's network, "10.X.Y.0/24".
+func (l *netLab) Subnet() string { return l.subnet.String() }
+
 // AddHost creates a namespace with loopback up and a veth pair to the bridge, its end in the
 // namespace named eth0 with the next free address (.2, .3, …). It takes a few milliseconds.
 func (l *netLab) AddHost(ctx context.Context, name string) (*netHost, error) {

@@ -95,6 +95,40 @@ func groupAttr(a *account) *syscall.SysProcAttr {
 	return attr
 }
 
+// command returns the command that runs name with args as a's user (the runner's when a is
+// nil), in a process group of its own (groupAttr), in the network namespace ns when ns is set.
+//
+// In a namespace it runs through `ip netns exec`, which also puts the namespace's own
+// /etc/netns/<ns>/hosts over /etc/hosts (the broker nodes find each other by name there),
+// and switches to a's user with setpriv after entering it: entering a namespace needs root.
+// Both exec in place, so the command's process is the program's own: signals to it reach
+// the program.
+func command(ns string, a *account, name string, args ...string) *exec.Cmd {
+	name, args, attr := inNamespace(ns, a, name, args)
+	cmd := exec.Command(name, args...)
+	cmd.SysProcAttr = attr
+	return cmd
+}
+
+// commandContext is command, killed when ctx ends (exec.CommandContext).
+func commandContext(ctx context.Context, ns string, a *account, name string, args ...string) *exec.Cmd {
+	name, args, attr := inNamespace(ns, a, name, args)
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.SysProcAttr = attr
+	return cmd
+}
+
+func inNamespace(ns string, a *account, name string, args []string) (string, []string, *syscall.SysProcAttr) {
+	if ns == "" {
+		return name, args, groupAttr(a)
+	}
+	argv := []string{"netns", "exec", ns}
+	if a != nil {
+		argv = append(argv, "setpriv", "--reuid="+strconv.Itoa(a.uid), "--regid="+strconv.Itoa(a.gid), "--clear-groups")
+	}
+	return "ip", append(append(argv, name), args...), groupAttr(nil)
+}
+
 // signalGroup sends sig to the process group led by pid. A group that is already gone is
 // not an error.
 func signalGroup(pid int, sig syscall.Signal) error {

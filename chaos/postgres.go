@@ -2,7 +2,9 @@ package chaos
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -34,6 +36,9 @@ type pgServer struct {
 	args []string
 	// tls, when set, are the certificates of a server that takes TLS alone (useTLS).
 	tls *testinfra.TLSFiles
+	// ns and ip, when set, are the network namespace the server runs in and its address
+	// there (onLab); otherwise it listens on 127.0.0.1 beside the runner.
+	ns, ip string
 
 	proc *groupProcess // nil when not started or stopped
 }
@@ -67,7 +72,7 @@ func (s *pgServer) URL(db string) string {
 	if s.tls != nil {
 		return s.serviceURL(db) + s.tls.TLSFileParams()
 	}
-	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", s.port, db)
+	return fmt.Sprintf("postgres://postgres@%s/%s?sslmode=disable", s.addr(), db)
 }
 
 // serviceURL is the URL of database db that a service gets: URL, but over TLS without the
@@ -103,7 +108,32 @@ func (s *pgServer) useTLS(files *testinfra.TLSFiles) error {
 	return nil
 }
 
-func (s *pgServer) addr() string { return "127.0.0.1:" + strconv.Itoa(s.port) }
+func (s *pgServer) addr() string { return net.JoinHostPort(s.host(), strconv.Itoa(s.port)) }
+
+// host is the address the server listens on.
+func (s *pgServer) host() string {
+	if s.ip != "" {
+		return s.ip
+	}
+	return "127.0.0.1"
+}
+
+// onLab makes the server, once initialised (init or clone), run in the lab host h's network
+// namespace on h's address, and take connections (replication included) from the lab's
+// network, where the runner and the other hosts are. It takes effect at the next start.
+func (s *pgServer) onLab(h *netHost, subnet string) error {
+	hba := filepath.Join(s.dir, "data", "pg_hba.conf")
+	f, err := os.OpenFile(hba, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		return fmt.Errorf("%s: %w", s.name, err)
+	}
+	_, err = fmt.Fprintf(f, "host all all %[1]s trust\nhost replication all %[1]s trust\n", subnet)
+	if err := errors.Join(err, f.Close()); err != nil {
+		return fmt.Errorf("%s: %w", s.name, err)
+	}
+	s.ns, s.ip = h.NS, h.IP
+	return nil
+}
 
 // init creates the cluster.
 func (s *pgServer) init(ctx context.Context) error {
@@ -133,13 +163,12 @@ func (s *pgServer) start(ctx context.Context) error {
 	}
 	defer logf.Close()
 	args := append([]string{"-D", filepath.Join(s.dir, "data"), "-p", strconv.Itoa(s.port), "-k", s.dir,
-		"-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "max_connections=200",
+		"-c", "listen_addresses=" + s.host(), "-c", "fsync=off", "-c", "max_connections=200",
 		"-c", "shared_buffers=32MB", "-c", "log_min_messages=warning",
 		// So that a scenario can run the services on their WAL relays.
 		"-c", "wal_level=logical"}, s.args...)
-	cmd := exec.Command(s.binary, args...)
+	cmd := command(s.ns, s.acct, s.binary, args...)
 	cmd.Dir = s.dir
-	cmd.SysProcAttr = groupAttr(s.acct)
 	cmd.Env = []string{"PATH=/usr/bin:/bin", "LANG=C"}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	proc, err := startGroupProcess(cmd)

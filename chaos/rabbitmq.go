@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"os/exec"
@@ -32,6 +33,11 @@ type rabbitServer struct {
 
 	// tls, when set, are the certificates of a node that takes AMQP over TLS alone.
 	tls *testinfra.TLSFiles
+	// ns and ip, when set, are the network namespace the node runs in and its address there
+	// (a node of a cluster on a network lab); otherwise it listens on 127.0.0.1 and
+	// registers with the machine's epmd. conf is more of rabbitmq.conf.
+	ns, ip string
+	conf   string
 
 	proc *groupProcess // nil when not started or stopped
 	// watermark is the node's memory high watermark before memoryAlarm raised the alarm.
@@ -85,7 +91,7 @@ func (s *rabbitServer) URL() string {
 		return s.serviceURL() + "?cacertfile=" + url.QueryEscape(s.tls.CAFile) +
 			"&certfile=" + url.QueryEscape(s.tls.ClientCertFile) + "&keyfile=" + url.QueryEscape(s.tls.ClientKeyFile)
 	}
-	return fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", s.port)
+	return fmt.Sprintf("amqp://guest:guest@%s/", s.addr())
 }
 
 // serviceURL is the URL a service gets: URL, but over TLS without the files, which the
@@ -97,7 +103,15 @@ func (s *rabbitServer) serviceURL() string {
 	return s.URL()
 }
 
-func (s *rabbitServer) addr() string { return "127.0.0.1:" + strconv.Itoa(s.port) }
+func (s *rabbitServer) addr() string { return net.JoinHostPort(s.host(), strconv.Itoa(s.port)) }
+
+// host is the address the node listens on.
+func (s *rabbitServer) host() string {
+	if s.ip != "" {
+		return s.ip
+	}
+	return "127.0.0.1"
+}
 
 // init writes the node's configuration and directories.
 func (s *rabbitServer) init() error {
@@ -106,7 +120,7 @@ func (s *rabbitServer) init() error {
 			return fmt.Errorf("rabbitmq: %w", err)
 		}
 	}
-	listeners := fmt.Sprintf("listeners.tcp.1 = 127.0.0.1:%d\n", s.port)
+	listeners := fmt.Sprintf("listeners.tcp.1 = %s\n", s.addr())
 	if s.tls != nil {
 		// AMQP over TLS alone, and a client certificate of the CA required of every client.
 		if err := copyOwned(s.acct, s.dir, map[string]string{
@@ -124,7 +138,13 @@ func (s *rabbitServer) init() error {
 	files := map[string]string{
 		"enabled_plugins": "[].\n",
 		"rabbitmq.conf": listeners + "loopback_users = none\n" +
-			"log.console = true\nlog.console.level = warning\nlog.file = false\n",
+			"log.console = true\nlog.console.level = warning\nlog.file = false\n" + s.conf,
+	}
+	if s.ns != "" {
+		// The machine's rabbitmq-env.conf may bind epmd and the distribution to 127.0.0.1
+		// (Debian's does): in a namespace of its own, the node must be reachable on its
+		// address, and so must its epmd, which it starts there.
+		files["rabbitmq-env.conf"] = "# the node's own: not the machine's\n"
 	}
 	for name, content := range files {
 		p := filepath.Join(s.dir, name)
@@ -142,7 +162,7 @@ func (s *rabbitServer) init() error {
 // name, its directories and, through HOME, its private Erlang cookie.
 func (s *rabbitServer) env() []string {
 	d := func(name string) string { return filepath.Join(s.dir, name) }
-	return []string{
+	env := []string{
 		"PATH=/usr/sbin:/usr/bin:/sbin:/bin",
 		"LANG=C.UTF-8",
 		"HOME=" + s.dir, // a private Erlang cookie; the shared one is left alone
@@ -156,6 +176,10 @@ func (s *rabbitServer) env() []string {
 		"RABBITMQ_PLUGINS_EXPAND_DIR=" + d("plugins-expand"),
 		"RABBITMQ_PID_FILE=" + d("pid"),
 	}
+	if s.ns != "" {
+		env = append(env, "RABBITMQ_CONF_ENV_FILE="+d("rabbitmq-env.conf"))
+	}
+	return env
 }
 
 // logPath is where the node's output goes.
@@ -171,9 +195,8 @@ func (s *rabbitServer) start(ctx context.Context) error {
 		return err
 	}
 	defer logf.Close()
-	cmd := exec.Command(s.script)
+	cmd := command(s.ns, s.acct, s.script)
 	cmd.Dir = s.dir
-	cmd.SysProcAttr = groupAttr(s.acct)
 	cmd.Env = s.env()
 	cmd.Stdout, cmd.Stderr = logf, logf
 	proc, err := startGroupProcess(cmd)
@@ -262,9 +285,10 @@ func (s *rabbitServer) ctl(ctx context.Context, args ...string) (string, error) 
 			return "", err
 		}
 	}
-	cmd := exec.CommandContext(ctx, bin, append([]string{"-q", "-n", s.node}, args...)...)
+	// In the node's namespace: the tool finds the node, and the node's peers, by the names
+	// its hosts file gives them.
+	cmd := commandContext(ctx, s.ns, s.acct, bin, append([]string{"-q", "-n", s.node}, args...)...)
 	cmd.Dir = s.dir
-	cmd.SysProcAttr = groupAttr(s.acct)
 	cmd.Env = s.env()
 	var stderr strings.Builder
 	cmd.Stderr = &stderr

@@ -570,5 +570,5 @@ func loadEnd(ctx context.Context, start time.Time, least, most time.Duration, in
 // shopSpec is the shop sc runs on.
 func (sc Scenario) shopSpec() ShopSpec {
 	return ShopSpec{Name: sc.Name, Settings: sc.Settings, Replicas: sc.Replicas, ProcessSettings: sc.ProcessSettings,
-		OrdersStandby: sc.OrdersStandby, BrokerCluster: sc.BrokerCluster, TLS: sc.TLS}
+		OrdersStandby: sc.OrdersStandby, BrokerCluster: sc.BrokerCluster, TLS: sc.TLS, Network: sc.Network}
 }

@@ -48,6 +48,9 @@ type Scenario struct {
 	BrokerCluster bool
 	// TLS runs the shop on servers that take TLS alone (see [ShopSpec].TLS).
 	TLS bool
+	// Network runs the shop on a network lab, each server and process in a network
+	// namespace of its own (see [ShopSpec].Network).
+	Network bool
 	// PerMessageWarnings are log messages (a line's "msg") that a process logs at WARN once
 	// for each message the scenario makes it refuse: the check of the busiest second leaves
 	// them out, since their rate is the load's, not a loop's (see spin.go).

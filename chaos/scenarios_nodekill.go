@@ -36,15 +36,36 @@ type rabbitCluster struct {
 // startRabbitCluster starts the nodes in parallel (most of a node's start is its VM
 // booting) and joins them to the first one at a time (joins in parallel race in the schema
 // database). The cluster is returned also on error, for remove.
-func startRabbitCluster(ctx context.Context, dir, prefix string) (*rabbitCluster, error) {
+//
+// On a network lab (lab not nil), node i runs on the lab host brokerHost(i), in its
+// namespace on its own address, with standard ports and an epmd of its own, named
+// rabbit@broker-<i>; the nodes pause a minority (labClusterConf) and give up on a
+// silent peer after labNetTicktime.
+func startRabbitCluster(ctx context.Context, dir, prefix string, lab *shopLab) (*rabbitCluster, error) {
 	c := &rabbitCluster{dir: dir}
 	b := make([]byte, 20)
 	_, _ = rand.Read(b)
 	cookie := strings.ToUpper(hex.EncodeToString(b))
 	for i := 1; i <= clusterSize; i++ {
-		n, err := newRabbitServer(fmt.Sprintf("%sn%d@localhost", prefix, i), filepath.Join(dir, "n"+strconv.Itoa(i)))
+		name := fmt.Sprintf("%sn%d@localhost", prefix, i)
+		host := brokerHost(i)
+		if lab != nil {
+			// A namespace of its own, an epmd of its own: no other node to tell it from.
+			name = "rabbit@" + host
+		}
+		n, err := newRabbitServer(name, filepath.Join(dir, "n"+strconv.Itoa(i)))
 		if err != nil {
 			return c, err
+		}
+		if lab != nil {
+			h, err := lab.host(host)
+			if err != nil {
+				return c, err
+			}
+			n.ns, n.ip = h.NS, h.IP
+			n.port, n.distPort = 5672, 25672
+			n.conf = labClusterConf + fmt.Sprintf("net_ticktime = %d\n", int(labNetTicktime.Seconds()))
+			lab.nodes[n.node] = host
 		}
 		c.nodes = append(c.nodes, n)
 		if err := n.init(); err != nil {
@@ -118,20 +139,48 @@ func (c *rabbitCluster) node(name string) (*rabbitServer, error) {
 // name/type/value triples).
 var clientName = regexp.MustCompile(`"connection_name"\s*[:,]\s*(?:"longstr"\s*,\s*)?"([^"]*)"`)
 
-// state asks a running node which node leads which quorum queue and which clients are
-// connected to which node (two rabbitmqctl calls, a second or so each).
+// state asks a running node which node leads which quorum queue, which clients are connected
+// to which node, and which nodes run and were partitioned from which (three rabbitmqctl
+// calls, a second or so each). A node that does not answer (paused in a minority, say) is
+// passed over for the next.
 func (c *rabbitCluster) state(ctx context.Context) ([]BrokerNodeState, error) {
-	var asked *rabbitServer
+	var errs []error
 	for _, n := range c.nodes {
-		if n.running() {
-			asked = n
+		if !n.running() {
+			continue
+		}
+		states, err := c.stateFrom(ctx, n)
+		if err == nil {
+			return states, nil
+		}
+		errs = append(errs, fmt.Errorf("asking %s: %w", n.node, err))
+		if ctx.Err() != nil {
 			break
 		}
 	}
-	if asked == nil {
+	if len(errs) == 0 {
 		return nil, errors.New("no node of the cluster is running")
 	}
-	out, err := asked.ctl(ctx, "list_queues", "--formatter", "json", "name", "type", "leader")
+	return nil, errors.Join(errs...)
+}
+
+// stateFrom is state, as the node asked sees it.
+func (c *rabbitCluster) stateFrom(ctx context.Context, asked *rabbitServer) ([]BrokerNodeState, error) {
+	out, err := asked.ctl(ctx, "cluster_status", "--formatter", "json")
+	if err != nil {
+		return nil, err
+	}
+	var status struct {
+		RunningNodes []string        `json:"running_nodes"`
+		Partitions   json.RawMessage `json:"partitions"`
+	}
+	if err := json.Unmarshal([]byte(out), &status); err != nil {
+		return nil, fmt.Errorf("rabbitmqctl cluster_status: %w: %s", err, out)
+	}
+	// {"node": ["peer", …]} when there were partitions; [] or {} when none.
+	partitions := map[string][]string{}
+	_ = json.Unmarshal(status.Partitions, &partitions)
+	out, err = asked.ctl(ctx, "list_queues", "--formatter", "json", "name", "type", "leader")
 	if err != nil {
 		return nil, err
 	}
@@ -155,6 +204,8 @@ func (c *rabbitCluster) state(ctx context.Context) ([]BrokerNodeState, error) {
 	states := make([]BrokerNodeState, len(c.nodes))
 	for i, n := range c.nodes {
 		states[i].Node = n.node
+		states[i].Running = slices.Contains(status.RunningNodes, n.node)
+		states[i].PartitionedFrom = slices.Sorted(slices.Values(partitions[n.node]))
 		for _, q := range queues {
 			if q.Type == "quorum" && q.Leader == n.node {
 				states[i].Leads = append(states[i].Leads, q.Name)
@@ -447,6 +498,12 @@ func describeCluster(states []BrokerNodeState) string {
 	parts := make([]string, len(states))
 	for i, s := range states {
 		parts[i] = fmt.Sprintf("%s leads [%s], serves [%s]", s.Node, strings.Join(s.Leads, " "), strings.Join(s.Clients, ", "))
+		if !s.Running {
+			parts[i] += " (not running)"
+		}
+		if len(s.PartitionedFrom) > 0 {
+			parts[i] += ", partitioned from [" + strings.Join(s.PartitionedFrom, " ") + "]"
+		}
 	}
 	return strings.Join(parts, "; ")
 }

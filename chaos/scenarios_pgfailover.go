@@ -36,7 +36,10 @@ type pgPair struct {
 // its own; an initdb takes several times as long on a loaded machine), starts it, clones the
 // standby from it with pg_basebackup -R, starts that, and returns once the primary streams to
 // it synchronously. The pair is returned also on error, for remove.
-func startPGPair(ctx context.Context, dir string, template *pgServer) (*pgPair, error) {
+//
+// On a network lab (lab not nil), the primary runs on HostOrdersPrimary and the standby on
+// HostOrdersStandby, each in its namespace.
+func startPGPair(ctx context.Context, dir string, template *pgServer, lab *shopLab) (*pgPair, error) {
 	p := &pgPair{dir: dir}
 	var err error
 	if p.primary, err = newPGServer("orders-db-primary", filepath.Join(dir, "primary")); err != nil {
@@ -52,11 +55,21 @@ func startPGPair(ctx context.Context, dir string, template *pgServer) (*pgPair, 
 	if err := p.primary.clone(ctx, template, false); err != nil {
 		return p, err
 	}
+	if lab != nil {
+		if err := lab.place(p.primary, HostOrdersPrimary); err != nil {
+			return p, err
+		}
+	}
 	if err := p.primary.start(ctx); err != nil {
 		return p, err
 	}
 	if err := p.standby.clone(ctx, p.primary, true); err != nil {
 		return p, err
+	}
+	if lab != nil {
+		if err := lab.place(p.standby, HostOrdersStandby); err != nil {
+			return p, err
+		}
 	}
 	if err := p.standby.start(ctx); err != nil {
 		return p, err
@@ -85,7 +98,7 @@ func (s *pgServer) clone(ctx context.Context, from *pgServer, standby bool) erro
 	if err := s.acct.mkdirOwned(s.dir); err != nil {
 		return fmt.Errorf("%s: %w", s.name, err)
 	}
-	args := []string{"-h", "127.0.0.1", "-p", strconv.Itoa(from.port), "-U", "postgres",
+	args := []string{"-h", from.host(), "-p", strconv.Itoa(from.port), "-U", "postgres",
 		"-D", filepath.Join(s.dir, "data"), "-X", "stream", "--no-sync", "--checkpoint=fast"}
 	if standby {
 		args = append(args, "-R")
@@ -147,8 +160,10 @@ func (l *Local) Promote(ctx context.Context, c Component) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	if pair.primary.running() {
-		// Two primaries would split the brain: the old one must be gone first.
+	if pair.primary.running() && !l.primaryCutOff() {
+		// Two primaries would split the brain: the old one must be gone first, or cut off
+		// from the standby (a network partition, where fencing the old primary is the
+		// failover manager's next duty).
 		return fmt.Errorf("promote the standby of %s: the primary is running", c)
 	}
 	pair.promoted.Store(true)

@@ -28,6 +28,8 @@ type procSpec struct {
 	// readyURL answers 200 once the process is ready; readyBody, when set, must appear in
 	// the answer too (the warehouse's /readyz says whether its consumer is connected).
 	readyURL, readyBody string
+	// ns is the network namespace the process runs in, when the shop is on a network lab.
+	ns string
 }
 
 // process is a supervised service process: when it dies without the runner asking, the
@@ -92,10 +94,9 @@ func (p *process) startLocked() error {
 	}
 	fmt.Fprintf(logf, "### chaos: %s incarnation %d started %s failpoints=%q\n",
 		p.spec.service, p.incarnation, time.Now().Format(time.RFC3339Nano), fp)
-	cmd := exec.Command(p.spec.binary, p.spec.args...)
+	cmd := command(p.spec.ns, nil, p.spec.binary, p.spec.args...)
 	cmd.Env = env
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = groupAttr(nil)
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start %s: %w", p.spec.service, err)
 	}

@@ -86,6 +86,13 @@ type ShopSpec struct {
 	// all three) and gives every service process the three nodes' URLs: KillBrokerNode and
 	// RestartBrokerNode then act on one node. Only the local target supports it.
 	BrokerCluster bool
+	// Network runs every server and process of the shop in a network namespace of its own,
+	// on one bridge (a network lab): the broker as a three-node cluster that pauses a
+	// minority (BrokerCluster is implied), the orders database on a primary and a
+	// synchronous standby (OrdersStandby is implied), the warehouse's database, and each
+	// service process. Partition and DegradeNetwork then act on them. Only the local target
+	// supports it, as root, and not with TLS.
+	Network bool
 	// TLS runs the shop on servers of its own that take TLS alone and ask every client for a
 	// certificate of their private CA: every process gets amqps:// and sslmode=verify-full
 	// URLs and the CA and client certificate as settings (*_AMQP_CA_FILE, *_DATABASE_CA_FILE
@@ -157,6 +164,12 @@ type BrokerNodeState struct {
 	// Clients lists the client-provided names of the connections to the node
 	// ("orders-relay", "outboxshop inbox warehouse"…).
 	Clients []string
+	// Running says whether the node runs the broker, in the view of the node asked (a node
+	// that paused in a minority, or that is down, does not).
+	Running bool
+	// PartitionedFrom lists the nodes that this node reports it was partitioned from
+	// (rabbitmqctl cluster_status: partitions), as the node asked knows it.
+	PartitionedFrom []string
 }
 
 // Death is a service process that ended without the runner asking.
@@ -266,6 +279,17 @@ type Target interface {
 	HealNetwork(ctx context.Context) error
 	// NetworkStats says what the network faults of the current shop did.
 	NetworkStats() NetworkStats
+	// Partition cuts the hosts a from the hosts b on a shop on a network lab
+	// (ShopSpec.Network): every packet from a host of a to a host of b is dropped, and with
+	// bothWays every packet back too, silently, as a broken link would (connections stall;
+	// nothing resets them). Hosts are the shop's processes (Service names), its database
+	// servers (HostOrdersPrimary, HostOrdersStandby, HostWarehouseDB) and its broker nodes
+	// (their Erlang names, as Endpoints.BrokerNodes gives them). The runner itself is
+	// never cut. DegradeNetwork drops lossPercent of the packets between them, both ways,
+	// and holds each for delay plus up to jitter. HealPartitions undoes both.
+	Partition(ctx context.Context, a, b []string, bothWays bool) error
+	DegradeNetwork(ctx context.Context, a, b []string, lossPercent int, delay, jitter time.Duration) error
+	HealPartitions(ctx context.Context) error
 	// Pause stops svc's process without ending it (SIGSTOP, or the container frozen): it
 	// keeps its connections, locks and transactions, and does nothing. Resume lets it go on.
 	Pause(ctx context.Context, svc Service) error

@@ -108,5 +108,8 @@ func (l *Local) servers() (orders, warehouse *pgServer, rabbit *rabbitServer) {
 	if l.shop != nil && l.shop.tls != nil {
 		return l.shop.tls.ordersPG, l.shop.tls.warehouse, l.shop.tls.rabbit
 	}
+	if l.shop != nil && l.shop.lab != nil && l.shop.lab.warehouse != nil {
+		return l.ordersPG, l.shop.lab.warehouse, l.rabbit
+	}
 	return l.ordersPG, l.warehouse, l.rabbit
 }
