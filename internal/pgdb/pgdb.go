@@ -44,9 +44,10 @@ import (
 
 // Defaults of [Config].
 const (
-	DefaultConnectTimeout = 5 * time.Second
-	DefaultRetryDelay     = 250 * time.Millisecond
-	DefaultMaxRetryDelay  = 10 * time.Second
+	DefaultConnectTimeout  = 5 * time.Second
+	DefaultRetryDelay      = 250 * time.Millisecond
+	DefaultMaxRetryDelay   = 10 * time.Second
+	DefaultDeadPeerTimeout = 10 * time.Second
 )
 
 // Config configures [Open].
@@ -57,6 +58,15 @@ type Config struct {
 	MaxConns int32
 	// ConnectTimeout bounds one connection attempt. Default 5s.
 	ConnectTimeout time.Duration
+	// DeadPeerTimeout is how long a connection lives on once the server stopped answering
+	// at the TCP level, as across a network partition, where nothing resets the connection:
+	// data sent and not acknowledged for that long (TCP_USER_TIMEOUT, on Linux), or an idle
+	// connection whose keepalive probes go unanswered for about that long, closes it, and
+	// the statement waiting on it fails as an outage. Without it a statement sent into a
+	// partition waits for the kernel's retransmissions, a quarter of an hour, or for the
+	// caller's context, and a LISTEN waits for ever. A slow server is not a dead one: its
+	// kernel acknowledges what it is sent. Default 10s ([DefaultDeadPeerTimeout]).
+	DeadPeerTimeout time.Duration
 	// Migrate brings the schema up to date; it runs on every start and must be idempotent.
 	// Optional.
 	Migrate func(ctx context.Context, pool *pgxpool.Pool) error
@@ -162,6 +172,7 @@ func Open(ctx context.Context, cfg Config) (*pgxpool.Pool, error) {
 		pcfg.MaxConns = cfg.MaxConns
 	}
 	pcfg.ConnConfig.ConnectTimeout = cmp.Or(cfg.ConnectTimeout, DefaultConnectTimeout)
+	pcfg.ConnConfig.DialFunc = deadPeerDialer(cmp.Or(cfg.DeadPeerTimeout, DefaultDeadPeerTimeout)).DialContext
 	if cfg.Tracer != nil {
 		pcfg.ConnConfig.Tracer = cfg.Tracer
 	}
