@@ -35,6 +35,11 @@ const (
 	// another: a silent connection is noticed after two missed heartbeats (10s each), then
 	// the clients reconnect after their backoff.
 	clientMoveBound = 60 * time.Second
+	// isolatedResumeBound is how soon after the promotion an order placed after it must
+	// complete, the old primary still cut off: every process's statements and LISTEN on it
+	// give up after the dead-peer timeout (10s, internal/pgdb), then connect to the new
+	// primary, the old one's address taking the connect timeout first.
+	isolatedResumeBound = 30 * time.Second
 	// isolatedAlone is how long the orders primary is cut off before its standby is
 	// promoted: what a failover manager takes to decide.
 	isolatedAlone = 3 * time.Second
@@ -474,7 +479,7 @@ func (p *isolated) inject(ctx context.Context, e *Env) error {
 		return fmt.Errorf("connect to the new primary: %w", err)
 	}
 	defer nconn.Close(context.WithoutCancel(ctx))
-	awaitCompletionAfter(ctx, e, nconn, promotedAt, partitionResumeBound, "the promotion")
+	awaitCompletionAfter(ctx, e, nconn, promotedAt, isolatedResumeBound, "the promotion")
 	if !sleepCtx(ctx, time.Until(promotedAt.Add(isolatedAfterPromotion))) {
 		return ctx.Err()
 	}
