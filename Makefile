@@ -75,5 +75,5 @@ bench: ## Relay throughput and latency vs. the raw limits and Watermill, the WAL
 	@go run ./bench/cmd/bench $(BENCH_FLAGS)
 
 .PHONY: chaos
-chaos: ## Kill, pause, alarm and restart the shop mid-load; prove nothing lost or applied twice (~10 min; CHAOS=poison,…).
+chaos: ## Kill, pause, alarm, partition and restart the shop mid-load; prove nothing lost or applied twice (~20 min, partitions as root; CHAOS=poison,…).
 	@go run ./chaos/cmd/chaos run $${CHAOS:-all}

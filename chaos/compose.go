@@ -262,6 +262,9 @@ func (c *Compose) StartShop(ctx context.Context, spec ShopSpec) (Endpoints, erro
 	if spec.TLS {
 		return Endpoints{}, fmt.Errorf("servers that take TLS alone: %w (run the scenario with -target local)", ErrUnsupported)
 	}
+	if spec.Network {
+		return Endpoints{}, fmt.Errorf("a network lab: %w (run the scenario with -target local, as root)", ErrUnsupported)
+	}
 	c.mu.Lock()
 	c.configured = nil
 	c.mu.Unlock()

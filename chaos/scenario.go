@@ -51,6 +51,9 @@ type Scenario struct {
 	// Network runs the shop on a network lab, each server and process in a network
 	// namespace of its own (see [ShopSpec].Network).
 	Network bool
+	// OutsideCI leaves the scenario out of TestScenarios, which CI runs within its time
+	// budget; `make chaos` (run all) runs it. README.md#in-ci says which and why.
+	OutsideCI bool
 	// PerMessageWarnings are log messages (a line's "msg") that a process logs at WARN once
 	// for each message the scenario makes it refuse: the check of the busiest second leaves
 	// them out, since their rate is the load's, not a loop's (see spin.go).

@@ -293,6 +293,7 @@ func brokerClientPartitionScenario() Scenario {
 			"still in the cluster: their connections go silent; they notice by heartbeats and move to another node, the node " +
 			"requeues what the consumer had not acknowledged; nothing lost or applied twice",
 		Network:         true,
+		OutsideCI:       true,
 		MinLoad:         partitionLoad,
 		LoadAfterInject: partitionLoadAfter,
 		Inject:          c.inject,
@@ -578,6 +579,7 @@ func flakyNetworkScenario() Scenario {
 			"hold each 50–200ms, both ways, redrawn every 10s for a minute: connections stall, time out and come back; " +
 			"nothing lost or applied twice",
 		Network:         true,
+		OutsideCI:       true,
 		MinLoad:         flakyFor + 10*time.Second,
 		LoadAfterInject: partitionLoadAfter,
 		Inject:          f.inject,

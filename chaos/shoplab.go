@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -68,6 +69,9 @@ func (s *shopLab) isCut(from, to string) bool {
 // startShopLab creates the lab and a host for each of names, and gives every namespace a
 // hosts file that names the broker nodes.
 func startShopLab(ctx context.Context, id string, names []string) (*shopLab, error) {
+	if missing := MissingNetworkTools(); len(missing) > 0 {
+		return nil, fmt.Errorf("a shop on a network lab needs %s", strings.Join(missing, ", "))
+	}
 	lab, err := newNetLab(ctx, id)
 	if err != nil {
 		return nil, err
@@ -242,4 +246,20 @@ func (s *shopLab) place(pg *pgServer, name string) error {
 		return err
 	}
 	return pg.onLab(h, s.net.Subnet())
+}
+
+// MissingNetworkTools lists what a shop on a network lab needs and this machine lacks: root
+// (namespaces, and the servers' users entered after them), ip (iproute2), nft (nftables),
+// iptables (iptables-nft, for delays) and setpriv (util-linux).
+func MissingNetworkTools() []string {
+	var missing []string
+	if os.Geteuid() != 0 {
+		missing = append(missing, "root")
+	}
+	for _, tool := range []string{"ip", "nft", "iptables", "setpriv"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			missing = append(missing, tool)
+		}
+	}
+	return missing
 }
