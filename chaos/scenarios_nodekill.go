@@ -166,40 +166,44 @@ func (c *rabbitCluster) state(ctx context.Context) ([]BrokerNodeState, error) {
 
 // stateFrom is state, as the node asked sees it.
 func (c *rabbitCluster) stateFrom(ctx context.Context, asked *rabbitServer) ([]BrokerNodeState, error) {
-	out, err := asked.ctl(ctx, "cluster_status", "--formatter", "json")
-	if err != nil {
+	// Each call starts an Erlang VM of its own, seconds of it waiting: the three at once.
+	calls := [][]string{
+		{"cluster_status", "--formatter", "json"},
+		{"list_queues", "--formatter", "json", "name", "type", "leader"},
+		// 3.10 has no node column (and its JSON shows a pid without the node's name): the
+		// connection's name, "client address -> node address", gives the node's address.
+		{"list_connections", "--formatter", "json", "name", "client_properties"},
+	}
+	outs := make([]string, len(calls))
+	errs := make([]error, len(calls))
+	var wg sync.WaitGroup
+	for i, args := range calls {
+		wg.Go(func() { outs[i], errs[i] = asked.ctl(ctx, args...) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
 	var status struct {
 		RunningNodes []string        `json:"running_nodes"`
 		Partitions   json.RawMessage `json:"partitions"`
 	}
-	if err := json.Unmarshal([]byte(out), &status); err != nil {
-		return nil, fmt.Errorf("rabbitmqctl cluster_status: %w: %s", err, out)
+	if err := json.Unmarshal([]byte(outs[0]), &status); err != nil {
+		return nil, fmt.Errorf("rabbitmqctl cluster_status: %w: %s", err, outs[0])
 	}
 	// {"node": ["peer", …]} when there were partitions; [] or {} when none.
 	partitions := map[string][]string{}
 	_ = json.Unmarshal(status.Partitions, &partitions)
-	out, err = asked.ctl(ctx, "list_queues", "--formatter", "json", "name", "type", "leader")
-	if err != nil {
-		return nil, err
-	}
 	var queues []struct{ Name, Type, Leader string }
-	if err := json.Unmarshal([]byte(out), &queues); err != nil {
-		return nil, fmt.Errorf("rabbitmqctl list_queues: %w: %s", err, out)
-	}
-	// 3.10 has no node column (and its JSON shows a pid without the node's name): the
-	// connection's name, "client address -> node address", gives the node's AMQP port.
-	out, err = asked.ctl(ctx, "list_connections", "--formatter", "json", "name", "client_properties")
-	if err != nil {
-		return nil, err
+	if err := json.Unmarshal([]byte(outs[1]), &queues); err != nil {
+		return nil, fmt.Errorf("rabbitmqctl list_queues: %w: %s", err, outs[1])
 	}
 	var conns []struct {
 		Name             string
 		ClientProperties json.RawMessage `json:"client_properties"`
 	}
-	if err := json.Unmarshal([]byte(out), &conns); err != nil {
-		return nil, fmt.Errorf("rabbitmqctl list_connections: %w: %s", err, out)
+	if err := json.Unmarshal([]byte(outs[2]), &conns); err != nil {
+		return nil, fmt.Errorf("rabbitmqctl list_connections: %w: %s", err, outs[2])
 	}
 	states := make([]BrokerNodeState, len(c.nodes))
 	for i, n := range c.nodes {

@@ -39,7 +39,7 @@ const (
 	// complete, the old primary still cut off: every process's statements and LISTEN on it
 	// give up after the dead-peer timeout (10s, internal/pgdb), then connect to the new
 	// primary, the old one's address taking the connect timeout first.
-	isolatedResumeBound = 30 * time.Second
+	isolatedResumeBound = 45 * time.Second
 	// isolatedAlone is how long the orders primary is cut off before its standby is
 	// promoted: what a failover manager takes to decide.
 	isolatedAlone = 3 * time.Second
