@@ -29,6 +29,7 @@ const (
 	bridgePrefix  = "obb"
 	vethPrefix    = "obv"
 	netnsDir      = "/run/netns"
+	etcNetnsDir   = "/etc/netns"
 	netLabLock    = "/run/obsnetlab.lock"
 	maxIfNameLen  = 15
 	netLabMaxHost = 254
@@ -168,7 +169,7 @@ func newNetLab(ctx context.Context, id string) (*netLab, error) {
 		"addr add %s/24 dev %s\nlink set %s up\n",
 		l.bridge, l.bridge, l.RunnerIP(), l.bridge, l.bridge)
 	if out, err := runInput(ctx, []byte(batch), "ip", "-batch", "-"); err != nil {
-		_, _ = runInput(ctx, nil, "ip", "link", "delete", l.bridge)
+		_, _ = runInput(context.WithoutCancel(ctx), nil, "ip", "link", "delete", l.bridge)
 		return nil, fmt.Errorf("netlab: new lab %s: bridge %s: %w: %s", id, l.bridge, err, out)
 	}
 	return l, nil
@@ -621,6 +622,15 @@ func sweepLocked(ctx context.Context) error {
 			errs = append(errs, removeNetHost(ctx, f[0], ""))
 		}
 	}
+	// Files a namespace of a dead runner had (ip netns exec's /etc/netns/<ns>), also when the
+	// namespace itself is gone.
+	if entries, err := os.ReadDir(etcNetnsDir); err == nil {
+		for _, e := range entries {
+			if staleNetLabName(e.Name(), netnsPrefix) {
+				errs = append(errs, os.RemoveAll(etcNetnsDir+"/"+e.Name()))
+			}
+		}
+	}
 	out, err = runInput(ctx, nil, "ip", "-o", "link", "show")
 	if err != nil {
 		return fmt.Errorf("netlab: sweep: ip link show: %w: %s", err, out)
@@ -677,8 +687,9 @@ func processGone(pid int) bool {
 	return i >= 0 && i+2 < len(stat) && (stat[i+2] == 'Z' || stat[i+2] == 'X')
 }
 
-// removeNetHost kills every process in the namespace ns, deletes veth (when not empty) and
-// the namespace. Parts already gone are not an error.
+// removeNetHost kills every process in the namespace ns, deletes veth (when not empty), the
+// namespace and its files in /etc/netns/<ns> (which ip netns exec mounts over /etc for what
+// it runs there: a hosts file, say). Parts already gone are not an error.
 func removeNetHost(ctx context.Context, ns, veth string) error {
 	var errs []error
 	if err := killNetns(ctx, ns); err != nil {
@@ -694,6 +705,9 @@ func removeNetHost(ctx context.Context, ns, veth string) error {
 		if _, serr := os.Stat(netnsDir + "/" + ns); err != nil && serr == nil {
 			errs = append(errs, fmt.Errorf("delete namespace %s: %w: %s", ns, err, out))
 		}
+	}
+	if err := os.RemoveAll(etcNetnsDir + "/" + ns); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

@@ -623,8 +623,18 @@ func testNetLabSweep(t *testing.T) {
 	require.NoError(t, err)
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
+	// The dead runner's hosts file, and that of a namespace of its already gone.
+	gone := fmt.Sprintf("%s%d-gone-b", netnsPrefix, pid)
+	for _, n := range []string{ns, gone} {
+		require.NoError(t, os.MkdirAll(etcNetnsDir+"/"+n, 0o755))
+		require.NoError(t, os.WriteFile(etcNetnsDir+"/"+n+"/hosts", []byte("10.0.0.1 x\n"), 0o644))
+		t.Cleanup(func() { _ = os.RemoveAll(etcNetnsDir + "/" + n) })
+	}
 
 	require.NoError(t, sweepNetLabs(ctx))
+	for _, n := range []string{ns, gone} {
+		require.NoDirExists(t, etcNetnsDir+"/"+n, "swept")
+	}
 	present := labNames(t)
 	for _, n := range []string{ns, veth, bridge} {
 		require.NotContains(t, present, n, "swept")

@@ -124,7 +124,9 @@ func inNamespace(ns string, a *account, name string, args []string) (string, []s
 	}
 	argv := []string{"netns", "exec", ns}
 	if a != nil {
-		argv = append(argv, "setpriv", "--reuid="+strconv.Itoa(a.uid), "--regid="+strconv.Itoa(a.gid), "--clear-groups")
+		// The kernel clears the parent-death signal when the user changes: setpriv sets it
+		// again, so the server still dies with the runner (groupAttr).
+		argv = append(argv, "setpriv", "--reuid="+strconv.Itoa(a.uid), "--regid="+strconv.Itoa(a.gid), "--clear-groups", "--pdeathsig=keep")
 	}
 	return "ip", append(append(argv, name), args...), groupAttr(nil)
 }
@@ -234,6 +236,17 @@ func tcpAnswers(addr string) bool {
 	}
 	_ = c.Close()
 	return true
+}
+
+// tcpRefuses reports whether addr refuses connections: its host is up and answers, and
+// nothing listens there (ECONNREFUSED). A timeout or any other failure is not a refusal.
+func tcpRefuses(addr string) bool {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err == nil {
+		_ = c.Close()
+		return false
+	}
+	return errors.Is(err, syscall.ECONNREFUSED)
 }
 
 // lookBin finds a server binary: on PATH, or in the first of dirs that has it.

@@ -315,7 +315,7 @@ const (
 	nodeKillDown = 5 * time.Second
 	// nodeKillLoad is the scenario's least load: room for two kills, each with its recovery
 	// and the restart of the killed node, on a quiet machine. Each reading of the cluster's
-	// state costs two rabbitmqctl calls (5 to 10s on a quiet two-core machine, 40s on a
+	// state costs three rabbitmqctl calls, at once (5 to 10s on a quiet two-core machine, 40s on a
 	// loaded one), and a restart 10 to 30s (50s loaded): the load then goes on until
 	// nodeKillLoadAfter after the second restart.
 	nodeKillLoad = 70 * time.Second

@@ -34,7 +34,7 @@ const (
 	// labNetTicktime is the nodes' net_ticktime: a node that hears nothing from a peer for
 	// between 0.75 and 1.25 of it takes the peer for gone. RabbitMQ's default is 60s; a
 	// partition scenario must outlast it, so the lab's is shorter.
-	labNetTicktime = 8 * time.Second
+	labNetTicktime = 10 * time.Second
 	// labClusterConf is the nodes' rabbitmq.conf beyond the target's: a node in a minority
 	// pauses (closes its clients' connections and stops listening) until it sees a majority
 	// again, the documented partition handling for quorum queues.
@@ -50,21 +50,16 @@ type shopLab struct {
 	warehouse *pgServer
 	// nodes maps the broker's Erlang node names to their hosts.
 	nodes map[string]string
-	// hostsDirs are the /etc/netns/<ns> directories written for the namespaces' hosts files.
-	hostsDirs []string
 
+	// mu serialises the lab's faults with the record of them: a Promote must never believe
+	// a cut that a concurrent heal undid.
 	mu sync.Mutex
 	// cut holds the pairs of hosts {from, to} whose packets Partition drops, until
 	// HealPartitions.
 	cut map[[2]string]bool
 }
 
-// isCut reports whether the packets from one host to another are dropped.
-func (s *shopLab) isCut(from, to string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.cut[[2]string{from, to}]
-}
+
 
 // startShopLab creates the lab and a host for each of names, and gives every namespace a
 // hosts file that names the broker nodes.
@@ -94,10 +89,10 @@ func startShopLab(ctx context.Context, id string, names []string) (*shopLab, err
 			fmt.Fprintf(&hosts, "%s %s\n", h.IP, brokerHost(i))
 		}
 	}
-	// ip netns exec mounts /etc/netns/<ns>/hosts over /etc/hosts for what it runs.
+	// ip netns exec mounts /etc/netns/<ns>/hosts over /etc/hosts for what it runs; the lab
+	// removes the directory with the namespace.
 	for _, name := range names {
-		dir := filepath.Join("/etc/netns", lab.Host(name).NS)
-		s.hostsDirs = append(s.hostsDirs, dir)
+		dir := filepath.Join(etcNetnsDir, lab.Host(name).NS)
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return s, fmt.Errorf("network lab: %w", err)
 		}
@@ -139,9 +134,6 @@ func (s *shopLab) close(ctx context.Context) error {
 		errs = append(errs, s.warehouse.kill(ctx), os.RemoveAll(s.warehouse.dir))
 	}
 	errs = append(errs, s.net.Close())
-	for _, dir := range s.hostsDirs {
-		errs = append(errs, os.RemoveAll(dir))
-	}
 	return errors.Join(errs...)
 }
 
@@ -172,11 +164,12 @@ func (l *Local) Partition(ctx context.Context, a, b []string, bothWays bool) err
 	if len(ha) == 0 || len(hb) == 0 || slices.ContainsFunc(ha, func(h string) bool { return slices.Contains(hb, h) }) {
 		return fmt.Errorf("partition %v from %v: two sets of hosts, none in both", a, b)
 	}
+	lab.mu.Lock()
+	defer lab.mu.Unlock()
+	// Recorded only once in effect: a cut half made is not one to promote on.
 	if err := lab.net.Partition(ctx, ha, hb, bothWays); err != nil {
 		return err
 	}
-	lab.mu.Lock()
-	defer lab.mu.Unlock()
 	if lab.cut == nil {
 		lab.cut = map[[2]string]bool{}
 	}
@@ -222,21 +215,44 @@ func (l *Local) HealPartitions(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := lab.net.Heal(ctx); err != nil {
-		return err
-	}
 	lab.mu.Lock()
 	defer lab.mu.Unlock()
+	// Forgotten first: a heal that fails half-way leaves no cut to promote on.
 	lab.cut = nil
-	return nil
+	return lab.net.Heal(ctx)
 }
 
-// primaryCutOff reports whether the orders primary and its standby are cut from each other
-// both ways on the shop's lab: then the standby may be promoted with the primary running,
-// as a failover manager that no longer hears the primary would.
+// primaryCutOff reports whether the orders primary is cut, both ways, from its standby and
+// from every process of the shop on its lab: then the standby may be promoted with the
+// primary running, as a failover manager that no longer hears the primary would, and no
+// process can write to the old primary meanwhile. A primary cut from its standby alone is
+// not enough: the processes would go on writing to it.
 func (l *Local) primaryCutOff() bool {
 	lab, err := l.shopLab()
-	return err == nil && lab.isCut(HostOrdersPrimary, HostOrdersStandby) && lab.isCut(HostOrdersStandby, HostOrdersPrimary)
+	if err != nil {
+		return false
+	}
+	l.mu.Lock()
+	peers := []string{HostOrdersStandby}
+	if l.shop != nil {
+		for _, s := range l.shop.order {
+			peers = append(peers, string(s))
+		}
+	}
+	l.mu.Unlock()
+	return lab.cutOff(HostOrdersPrimary, peers)
+}
+
+// cutOff reports whether host is cut from every one of peers, both ways.
+func (s *shopLab) cutOff(host string, peers []string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, p := range peers {
+		if !s.cut[[2]string{host, p}] || !s.cut[[2]string{p, host}] {
+			return false
+		}
+	}
+	return true
 }
 
 // place puts a database server, once initialised, on the lab host name.
@@ -250,13 +266,13 @@ func (s *shopLab) place(pg *pgServer, name string) error {
 
 // MissingNetworkTools lists what a shop on a network lab needs and this machine lacks: root
 // (namespaces, and the servers' users entered after them), ip (iproute2), nft (nftables),
-// iptables (iptables-nft, for delays) and setpriv (util-linux).
+// iptables-nft (Debian's iptables, for delays) and setpriv (util-linux).
 func MissingNetworkTools() []string {
 	var missing []string
 	if os.Geteuid() != 0 {
 		missing = append(missing, "root")
 	}
-	for _, tool := range []string{"ip", "nft", "iptables", "setpriv"} {
+	for _, tool := range []string{"ip", "nft", "iptables-nft", "setpriv"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			missing = append(missing, tool)
 		}

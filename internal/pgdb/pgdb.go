@@ -65,7 +65,11 @@ type Config struct {
 	// the statement waiting on it fails as an outage. Without it a statement sent into a
 	// partition waits for the kernel's retransmissions, a quarter of an hour, or for the
 	// caller's context, and a LISTEN waits for ever. A slow server is not a dead one: its
-	// kernel acknowledges what it is sent. Default 10s ([DefaultDeadPeerTimeout]).
+	// kernel acknowledges what it is sent, so a long statement, or a commit waiting for a
+	// synchronous standby, is not cut short. A server that stops reading for that long while
+	// the client still sends (a COPY or a pipeline larger than the socket buffers, its backend
+	// blocked on a lock) looks dead too. Default 10s ([DefaultDeadPeerTimeout]); negative:
+	// none, the kernel's defaults.
 	DeadPeerTimeout time.Duration
 	// Migrate brings the schema up to date; it runs on every start and must be idempotent.
 	// Optional.
@@ -172,7 +176,9 @@ func Open(ctx context.Context, cfg Config) (*pgxpool.Pool, error) {
 		pcfg.MaxConns = cfg.MaxConns
 	}
 	pcfg.ConnConfig.ConnectTimeout = cmp.Or(cfg.ConnectTimeout, DefaultConnectTimeout)
-	pcfg.ConnConfig.DialFunc = deadPeerDialer(cmp.Or(cfg.DeadPeerTimeout, DefaultDeadPeerTimeout)).DialContext
+	if d := cmp.Or(cfg.DeadPeerTimeout, DefaultDeadPeerTimeout); d > 0 {
+		pcfg.ConnConfig.DialFunc = deadPeerDialer(d).DialContext
+	}
 	if cfg.Tracer != nil {
 		pcfg.ConnConfig.Tracer = cfg.Tracer
 	}
