@@ -59,8 +59,6 @@ type shopLab struct {
 	cut map[[2]string]bool
 }
 
-
-
 // startShopLab creates the lab and a host for each of names, and gives every namespace a
 // hosts file that names the broker nodes.
 func startShopLab(ctx context.Context, id string, names []string) (*shopLab, error) {
