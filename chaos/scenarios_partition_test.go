@@ -53,3 +53,31 @@ func TestShopLabResolve(t *testing.T) {
 	_, err = (&Local{}).shopLab()
 	require.ErrorIs(t, err, ErrUnsupported, "a shop without a lab")
 }
+
+func TestPrimaryCutOff(t *testing.T) {
+	lab := &shopLab{net: &netLab{}}
+	l := &Local{shop: &localShop{lab: lab, order: []Service{OrdersAPI, OrdersRelay}}}
+	cut := func(pairs ...[2]string) {
+		lab.cut = map[[2]string]bool{}
+		for _, p := range pairs {
+			lab.cut[p] = true
+		}
+	}
+	both := func(a, b string) [][2]string { return [][2]string{{a, b}, {b, a}} }
+	var all [][2]string
+	for _, peer := range []string{HostOrdersStandby, string(OrdersAPI), string(OrdersRelay)} {
+		all = append(all, both(HostOrdersPrimary, peer)...)
+	}
+
+	cut(all...)
+	require.True(t, l.primaryCutOff(), "cut from its standby and from every process, both ways")
+	cut(both(HostOrdersPrimary, HostOrdersStandby)...)
+	require.False(t, l.primaryCutOff(), "cut from its standby alone: the processes still write to it")
+	cut(all[1:]...)
+	require.False(t, l.primaryCutOff(), "one way only to the standby")
+	cut(all[:len(all)-1]...)
+	require.False(t, l.primaryCutOff(), "a process still hears it")
+	lab.cut = nil
+	require.False(t, l.primaryCutOff(), "healed")
+	require.False(t, (&Local{}).primaryCutOff(), "no lab")
+}
