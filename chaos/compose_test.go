@@ -428,7 +428,7 @@ func TestComposeOperations(t *testing.T) {
 		for name, runs := range map[string]bool{
 			"wal-relay-kill": true, "slot-dropped": true, "wal-relay-catchup-kill": true,
 			"wal-relay-standby": false, "relay-mode-switch": false, "pg-failover-wal": false,
-			"broker-minority-partition": false, "pg-primary-isolated": false, "flaky-network": false,
+			"broker-minority-partition": false, "pg-primary-isolated": false, "pg-primary-isolated-wal": false, "flaky-network": false,
 		} {
 			sc, ok := Lookup(name)
 			require.True(t, ok, name)

@@ -21,6 +21,7 @@ func TestRegistry(t *testing.T) {
 			"consumer-before-commit", "consumer-after-commit", "consumer-mid-batch",
 			"broker-kill", "network", "orders-db-kill", "poison", "api-after-commit", "contract-change", "broker-node-kill",
 			"outbox-poison", "migrate-under-load", "broker-alarm", "relay-paused", "db-outage-long",
+			"broker-minority-partition", "broker-client-partition", "pg-primary-isolated", "pg-primary-isolated-wal", "flaky-network",
 			"pg-failover", "pg-flap-failover", "tls", "wal-relay-kill", "slot-dropped", "pg-failover-wal", "wal-relay-catchup-kill", "wal-relay-standby", "relay-mode-switch",
 		}, Names())
 	})

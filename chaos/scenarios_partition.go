@@ -410,6 +410,9 @@ func (c *clientCut) check(ctx context.Context, e *Env, o *Outcome) {
 
 // isolated is what pg-primary-isolated's Inject learns and its Check verifies.
 type isolated struct {
+	// wal: the orders relay is the WAL relay, whose stream must give up on the silent
+	// primary too, and create its slot again on the new one.
+	wal      bool
 	mu       sync.Mutex
 	promoted bool
 	// cutAt and promotedAt bound the time no order could be committed anywhere: the primary
@@ -441,6 +444,21 @@ func pgPrimaryIsolatedScenario() Scenario {
 		Inject:          p.inject,
 		Check:           checks(checkNoDeaths, p.check),
 	}
+}
+
+// pgPrimaryIsolatedWALScenario is pg-primary-isolated with the orders relay on the WAL
+// relay: its replication stream, silent once the primary is cut off, must be given up on
+// (every status asks the server for a reply) and follow the failover.
+func pgPrimaryIsolatedWALScenario() Scenario {
+	p := &isolated{wal: true}
+	sc := pgPrimaryIsolatedScenario()
+	sc.Name = "pg-primary-isolated-wal"
+	sc.Summary = "pg-primary-isolated with the orders WAL relay: its stream from the silent primary is given up on after 10s, " +
+		"its slot created again on the new primary, the rows pending then published through its retry lane; nothing lost"
+	sc.Settings = []string{"ORDERS_RELAY_MODE=" + relayModeWAL}
+	sc.OutsideCI = true
+	sc.Inject, sc.Check = p.inject, checks(checkNoDeaths, p.check)
+	return sc
 }
 
 func (p *isolated) inject(ctx context.Context, e *Env) error {
@@ -590,7 +608,7 @@ func (p *isolated) check(ctx context.Context, e *Env, o *Outcome) {
 		return
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	checkFollowedFailover(ctx, e, conn, false, func(format string, args ...any) {
+	checkFollowedFailover(ctx, e, conn, p.wal, func(format string, args ...any) {
 		o.Failures = append(o.Failures, fmt.Sprintf(format, args...))
 	})
 }
@@ -671,5 +689,6 @@ func (f *flaky) inject(ctx context.Context, e *Env) error {
 }
 
 func init() {
-	register(brokerMinorityPartitionScenario(), brokerClientPartitionScenario(), pgPrimaryIsolatedScenario(), flakyNetworkScenario())
+	register(brokerMinorityPartitionScenario(), brokerClientPartitionScenario(), pgPrimaryIsolatedScenario(),
+		pgPrimaryIsolatedWALScenario(), flakyNetworkScenario())
 }

@@ -165,7 +165,10 @@ type WALConfig struct {
 	// ([Store.CreatePublication]). Default: [Tables.WALName].
 	Publication string
 	// StatusInterval is how often the relay tells the server its position while no
-	// confirmation moves it, well inside the server's wal_sender_timeout. Default 1s.
+	// confirmation moves it, well inside the server's wal_sender_timeout. Default 1s. Each
+	// status asks the server for a reply: a stream that hears nothing for 10s (or three
+	// intervals, if longer) takes its server for gone, or cut off by the network, and is
+	// opened again, as after any outage.
 	StatusInterval time.Duration
 }
 

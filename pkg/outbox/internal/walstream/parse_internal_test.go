@@ -3,6 +3,7 @@ package walstream
 import (
 	"crypto/tls"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -52,4 +53,16 @@ func TestParseConfigTLS(t *testing.T) {
 			require.Empty(t, conf.ServerName, "the caller's config is never written")
 		})
 	}
+}
+
+// TestParseConfigConnectTimeout: each connection attempt is bounded (a host cut off by the
+// network answers nothing), by the URL's connect_timeout when it sets one.
+func TestParseConfigConnectTimeout(t *testing.T) {
+	t.Parallel()
+	c, err := parseConfig(Config{URL: "postgres://u@h1,h2/db?sslmode=disable"})
+	require.NoError(t, err)
+	require.Equal(t, DefaultConnectTimeout, c.ConnectTimeout)
+	c, err = parseConfig(Config{URL: "postgres://u@h1,h2/db?sslmode=disable&connect_timeout=3"})
+	require.NoError(t, err)
+	require.Equal(t, 3*time.Second, c.ConnectTimeout)
 }

@@ -77,6 +77,12 @@ type Config struct {
 	// StatusInterval is how often the stream tells the server its position while it waits,
 	// well inside the server's wal_sender_timeout. Default one second.
 	StatusInterval time.Duration
+	// SilenceTimeout is how long Next waits without a single message from the server before
+	// it fails (ErrSilent). Every status asks the server for a reply, so a server that says
+	// nothing for that long while the stream reads is gone or cut off by the network, where
+	// nothing resets the connection and the kernel would retransmit for a quarter of an
+	// hour. Default 10s ([DefaultSilenceTimeout]); at least three StatusIntervals.
+	SilenceTimeout time.Duration
 	// Start is where the stream starts when it is past the slot's confirmed position: commits
 	// that end at or before it are not streamed again (a reader that knows more than the
 	// slot does, having confirmed what the server had not yet heard of). 0: the slot's.
@@ -89,12 +95,24 @@ type Config struct {
 	Created func(ctx context.Context, snapshot string) error
 }
 
+// DefaultSilenceTimeout is Config.SilenceTimeout's default; DefaultConnectTimeout bounds each
+// connection attempt when the URL sets no connect_timeout.
+const (
+	DefaultSilenceTimeout = 10 * time.Second
+	DefaultConnectTimeout = 10 * time.Second
+)
+
+// ErrSilent is wrapped by Next's error when the server sent nothing for SilenceTimeout.
+var ErrSilent = errors.New("walstream: the server sent nothing, not even an answer to a status")
+
 // Stream reads a slot. It is not safe for concurrent use.
 type Stream struct {
 	cfg        Config
 	conn       *pgconn.PgConn
 	relations  map[uint32]*pglogrepl.RelationMessage
 	lastStatus time.Time
+	// lastHeard is when the server's last message arrived.
+	lastHeard time.Time
 	// confirmed is what the stream reports to the server; Confirm and Advance raise it.
 	confirmed atomic.Uint64
 	// reported is the position the server was last told; lastEnd the end of the last commit
@@ -124,6 +142,10 @@ func Open(ctx context.Context, cfg Config) (*Stream, error) {
 	if cfg.StatusInterval <= 0 {
 		cfg.StatusInterval = time.Second
 	}
+	if cfg.SilenceTimeout <= 0 {
+		cfg.SilenceTimeout = DefaultSilenceTimeout
+	}
+	cfg.SilenceTimeout = max(cfg.SilenceTimeout, 3*cfg.StatusInterval)
 	pgcfg, err := parseConfig(cfg)
 	if err != nil {
 		return nil, err
@@ -202,6 +224,12 @@ func parseConfig(cfg Config) (*pgconn.Config, error) {
 		return nil, fmt.Errorf("walstream: parse the database URL: %w", err)
 	}
 	pgcfg.RuntimeParams["replication"] = "database"
+	if pgcfg.ConnectTimeout == 0 {
+		// A host cut off by the network answers nothing, not even a refusal: without a bound
+		// each attempt waits out the kernel's SYN retries (two minutes) before the next host
+		// of the URL is tried.
+		pgcfg.ConnectTimeout = DefaultConnectTimeout
+	}
 	if cfg.TLSConfig == nil {
 		return pgcfg, nil
 	}
@@ -308,8 +336,9 @@ func (s *Stream) status(ctx context.Context) error {
 	}
 	s.lastStatus = time.Now()
 	lsn := s.Confirmed()
+	// The reply (a keepalive) is how Next tells a quiet server from a silent one.
 	if err := pglogrepl.SendStandbyStatusUpdate(ctx, s.conn, pglogrepl.StandbyStatusUpdate{
-		WALWritePosition: lsn, WALFlushPosition: lsn, WALApplyPosition: lsn,
+		WALWritePosition: lsn, WALFlushPosition: lsn, WALApplyPosition: lsn, ReplyRequested: true,
 	}); err != nil {
 		return err
 	}
@@ -321,6 +350,9 @@ func (s *Stream) status(ctx context.Context) error {
 // inserted none are skipped (pgoutput sends their BEGIN and COMMIT).
 func (s *Stream) Next(ctx context.Context) (Commit, error) {
 	var cur *Commit
+	// What the server said before this call is no answer to it: the caller may have been
+	// away (publishing) for longer than SilenceTimeout.
+	waiting := time.Now()
 	for {
 		if time.Since(s.lastStatus) > s.cfg.StatusInterval || s.Confirmed() > s.reported {
 			if err := s.status(ctx); err != nil {
@@ -332,10 +364,14 @@ func (s *Stream) Next(ctx context.Context) (Commit, error) {
 		cancel()
 		if err != nil {
 			if pgconn.Timeout(err) && ctx.Err() == nil {
+				if silent := time.Since(later(waiting, s.lastHeard)); silent > s.cfg.SilenceTimeout {
+					return Commit{}, fmt.Errorf("%w for %s: gone, or cut off by the network", ErrSilent, silent.Round(time.Millisecond))
+				}
 				continue
 			}
 			return Commit{}, fmt.Errorf("walstream: receive: %w", err)
 		}
+		s.lastHeard = time.Now()
 		switch msg := raw.(type) {
 		case *pgproto3.ErrorResponse:
 			return Commit{}, fmt.Errorf("walstream: %w", pgconn.ErrorResponseToPgError(msg))
@@ -465,4 +501,12 @@ func decodeRow(rel *pglogrepl.RelationMessage, tuple *pglogrepl.TupleData) (Row,
 		}
 	}
 	return m, seq, errors.Join(errs...)
+}
+
+// later returns the later of a and b.
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/url"
 	"testing"
 	"time"
 
@@ -169,6 +170,29 @@ func TestStream(t *testing.T) {
 		c, err := s.Next(ctx)
 		require.NoError(t, err, "the stream survived %s of idleness (wal_sender_timeout %s)", 3*time.Second, timeout)
 		require.Equal(t, ids(later), ids(c.Messages))
+	})
+
+	// A quiet server answers every status; a silent one (cut off by the network: nothing
+	// resets the connection) is given up on after SilenceTimeout.
+	t.Run("GivesUpOnASilentServer", func(t *testing.T) {
+		_, cfg := setup(t, "silent")
+		u, err := url.Parse(cfg.URL)
+		require.NoError(t, err)
+		proxy := testinfra.NewProxy(t, u.Host)
+		cfg.URL = proxy.RewriteURL(t, cfg.URL)
+		cfg.StatusInterval, cfg.SilenceTimeout = 100*time.Millisecond, time.Second
+		s := open(t, cfg)
+		idle, cancelIdle := context.WithTimeout(ctx, 3*time.Second)
+		_, err = s.Next(idle)
+		cancelIdle()
+		require.ErrorIs(t, err, context.DeadlineExceeded, "idle for three silence timeouts, the server answering")
+
+		proxy.Freeze()
+		t.Cleanup(proxy.Resume)
+		start := time.Now()
+		_, err = s.Next(ctx)
+		require.ErrorIs(t, err, walstream.ErrSilent)
+		require.Less(t, time.Since(start), 3*time.Second, "given up on within the silence timeout, and a status interval")
 	})
 
 	t.Run("OnlyTheConfiguredTable", func(t *testing.T) {
