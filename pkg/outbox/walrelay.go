@@ -1463,6 +1463,18 @@ func (d *dispatcher) mark(ctx context.Context, m *marks, hand []walRow, strict b
 		return databaseError{fmt.Errorf("mark outbox batch: begin: %w", err)}
 	}
 	defer rollback(ctx, tx)
+	// The marks must land where the rows were streamed from. Two servers may take writes
+	// at once (an old primary cut off by the network, healed before it was fenced): a pool
+	// connection on the other one would find none of the rows, take them for deleted, and
+	// the slot would move past rows never marked, pending for ever.
+	var started time.Time
+	if err := tx.QueryRow(ctx, "SELECT pg_postmaster_start_time()").Scan(&started); err != nil {
+		return databaseError{fmt.Errorf("mark outbox batch: %w", err)}
+	}
+	if !started.Equal(d.streamServer) {
+		return databaseError{fmt.Errorf("mark outbox batch: the marks would run on another server (started %s) than the stream's (started %s): a failover, or two primaries",
+			started, d.streamServer)}
+	}
 	short := func(what string, tag pgconn.CommandTag, want int) error {
 		if n := tag.RowsAffected(); strict && n < int64(want) {
 			return databaseError{fmt.Errorf("%s: %d of %d: %w", what, n, want, errNotVisible)}

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxshop/outboxshop/pkg/outbox/internal/testinfra"
@@ -65,4 +67,46 @@ func TestWidenXids(t *testing.T) {
 			require.Equal(t, c.want, got)
 		})
 	}
+}
+
+// walNopPublisher publishes nothing: the marks below need a relay, not a broker.
+type walNopPublisher struct{}
+
+func (walNopPublisher) Publish(_ context.Context, msgs []Message) []error { return make([]error, len(msgs)) }
+
+// TestWALMarksOnlyOnTheStreamsServer: a batch's marks run where its rows were streamed
+// from, or not at all. With two servers taking writes (an old primary cut off by the
+// network and healed before it was fenced), a pool connection on the other one found none
+// of the rows, took them for deleted, and the slot moved past rows left pending for ever
+// (found by the chaos scenario pg-primary-isolated-wal).
+func TestWALMarksOnlyOnTheStreamsServer(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testinfra.NewPool(t)
+	require.NoError(t, Migrate(ctx, pool))
+	w, err := NewWALRelay(pool, walNopPublisher{}, Config{}, WALConfig{URL: "postgres://unused/db"})
+	require.NoError(t, err)
+	msgs := []Message{{Exchange: "x", RoutingKey: "k", Type: "T", AggregateType: "a", AggregateID: "1", Payload: []byte(`{}`)}}
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return Add(ctx, tx, msgs...) }))
+	var here time.Time
+	require.NoError(t, pool.QueryRow(ctx, "SELECT pg_postmaster_start_time()").Scan(&here))
+	var pending int
+	count := func() int {
+		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM outbox_messages WHERE published_at IS NULL").Scan(&pending))
+		return pending
+	}
+	marks := &marks{published: []pgtype.UUID{{Bytes: msgs[0].ID, Valid: true}}}
+
+	elsewhere := &dispatcher{w: w, streamServer: here.Add(-time.Second)}
+	for _, strict := range []bool{true, false} {
+		err = elsewhere.mark(ctx, marks, nil, strict)
+		require.ErrorContains(t, err, "the marks would run on another server")
+		var dbErr databaseError
+		require.ErrorAs(t, err, &dbErr, "an outage: the batch is streamed again, never taken for deleted rows")
+		require.Equal(t, 1, count(), "nothing marked")
+	}
+
+	same := &dispatcher{w: w, streamServer: here}
+	require.NoError(t, same.mark(ctx, marks, nil, true))
+	require.Zero(t, count(), "marked on the stream's server")
 }
