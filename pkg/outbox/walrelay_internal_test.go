@@ -72,7 +72,9 @@ func TestWidenXids(t *testing.T) {
 // walNopPublisher publishes nothing: the marks below need a relay, not a broker.
 type walNopPublisher struct{}
 
-func (walNopPublisher) Publish(_ context.Context, msgs []Message) []error { return make([]error, len(msgs)) }
+func (walNopPublisher) Publish(_ context.Context, msgs []Message) []error {
+	return make([]error, len(msgs))
+}
 
 // TestWALMarksOnlyOnTheStreamsServer: a batch's marks run where its rows were streamed
 // from, or not at all. With two servers taking writes (an old primary cut off by the
