@@ -379,12 +379,7 @@ func (k *nodeKill) inject(ctx context.Context, e *Env) error {
 		return fmt.Errorf("read the cluster's state: %w", err)
 	}
 	e.Saw("cluster before the first kill: %s", describeCluster(states))
-	leader := ""
-	for _, s := range states {
-		if slices.Contains(s.Leads, ordersQueue) {
-			leader = s.Node
-		}
-	}
+	leader := leaderOf(states, ordersQueue)
 	if leader == "" {
 		return fmt.Errorf("no node leads %s: %s", ordersQueue, describeCluster(states))
 	}
@@ -463,6 +458,16 @@ func (k *nodeKill) killAndRecover(ctx context.Context, e *Env, conn *pgx.Conn, n
 		e.Fail("the API took no order while node %s was down", node)
 	}
 	return nil
+}
+
+// leaderOf is the node that leads the quorum queue queue, "" if none does.
+func leaderOf(states []BrokerNodeState, queue string) string {
+	for _, s := range states {
+		if slices.Contains(s.Leads, queue) {
+			return s.Node
+		}
+	}
+	return ""
 }
 
 // pickClientNode returns the node with a relay and a consumer connected to it, the one with

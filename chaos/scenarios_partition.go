@@ -134,29 +134,36 @@ func brokerMinorityPartitionScenario() Scenario {
 	}
 }
 
-func (m *minority) inject(ctx context.Context, e *Env) error {
+// beforeBrokerCut opens a connection to the orders database, waits until 2s into the load,
+// and reads the cluster's state, as the broker partitions start; the caller closes conn.
+func beforeBrokerCut(ctx context.Context, e *Env) (*pgx.Conn, []BrokerNodeState, error) {
 	if len(e.Endpoints.BrokerNodes) != clusterSize {
-		return fmt.Errorf("the broker is not a cluster of %d nodes (%d nodes)", clusterSize, len(e.Endpoints.BrokerNodes))
+		return nil, nil, fmt.Errorf("the broker is not a cluster of %d nodes (%d nodes)", clusterSize, len(e.Endpoints.BrokerNodes))
 	}
 	conn, err := openDB(ctx, e.Endpoints.OrdersDB)
 	if err != nil {
-		return fmt.Errorf("connect to the orders database: %w", err)
+		return nil, nil, fmt.Errorf("connect to the orders database: %w", err)
 	}
-	defer conn.Close(context.WithoutCancel(ctx))
 	if !e.AtLoad(ctx, 2*time.Second) {
-		return ctx.Err()
+		_ = conn.Close(context.WithoutCancel(ctx))
+		return nil, nil, ctx.Err()
 	}
 	states, err := e.Target.BrokerClusterState(ctx)
 	if err != nil {
-		return fmt.Errorf("read the cluster's state: %w", err)
+		_ = conn.Close(context.WithoutCancel(ctx))
+		return nil, nil, fmt.Errorf("read the cluster's state: %w", err)
 	}
 	e.Saw("cluster before the cut: %s", describeCluster(states))
-	leader := ""
-	for _, s := range states {
-		if slices.Contains(s.Leads, ordersQueue) {
-			leader = s.Node
-		}
+	return conn, states, nil
+}
+
+func (m *minority) inject(ctx context.Context, e *Env) error {
+	conn, states, err := beforeBrokerCut(ctx, e)
+	if err != nil {
+		return err
 	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	leader := leaderOf(states, ordersQueue)
 	if leader == "" {
 		return fmt.Errorf("no node leads %s: %s", ordersQueue, describeCluster(states))
 	}
@@ -316,19 +323,11 @@ func brokerClientPartitionScenario() Scenario {
 }
 
 func (c *clientCut) inject(ctx context.Context, e *Env) error {
-	conn, err := openDB(ctx, e.Endpoints.OrdersDB)
+	conn, states, err := beforeBrokerCut(ctx, e)
 	if err != nil {
-		return fmt.Errorf("connect to the orders database: %w", err)
+		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	if !e.AtLoad(ctx, 2*time.Second) {
-		return ctx.Err()
-	}
-	states, err := e.Target.BrokerClusterState(ctx)
-	if err != nil {
-		return fmt.Errorf("read the cluster's state: %w", err)
-	}
-	e.Saw("cluster before the cut: %s", describeCluster(states))
 	node, clients := pickClientNode(states)
 	if node == "" {
 		return fmt.Errorf("no node has a shop client: %s", describeCluster(states))

@@ -125,6 +125,19 @@ func (s *shopLab) resolve(names []string) ([]string, error) {
 	return out, nil
 }
 
+// resolveBoth resolves two sets of names.
+func (s *shopLab) resolveBoth(a, b []string) ([]string, []string, error) {
+	ha, err := s.resolve(a)
+	if err != nil {
+		return nil, nil, err
+	}
+	hb, err := s.resolve(b)
+	if err != nil {
+		return nil, nil, err
+	}
+	return ha, hb, nil
+}
+
 // close stops the lab's warehouse server, and removes the lab and the hosts files.
 func (s *shopLab) close(ctx context.Context) error {
 	var errs []error
@@ -151,11 +164,7 @@ func (l *Local) Partition(ctx context.Context, a, b []string, bothWays bool) err
 	if err != nil {
 		return err
 	}
-	ha, err := lab.resolve(a)
-	if err != nil {
-		return err
-	}
-	hb, err := lab.resolve(b)
+	ha, hb, err := lab.resolveBoth(a, b)
 	if err != nil {
 		return err
 	}
@@ -188,11 +197,7 @@ func (l *Local) DegradeNetwork(ctx context.Context, a, b []string, lossPercent i
 	if err != nil {
 		return err
 	}
-	ha, err := lab.resolve(a)
-	if err != nil {
-		return err
-	}
-	hb, err := lab.resolve(b)
+	ha, hb, err := lab.resolveBoth(a, b)
 	if err != nil {
 		return err
 	}
