@@ -130,7 +130,7 @@ func brokerMinorityPartitionScenario() Scenario {
 		MinLoad:         partitionLoad,
 		LoadAfterInject: partitionLoadAfter,
 		Inject:          m.inject,
-		Check:           checks(checkNoDeaths, m.check),
+		Check:           checks(checkNoDeaths, checkEveryConfirmedConsumed, m.check),
 	}
 }
 
@@ -318,7 +318,7 @@ func brokerClientPartitionScenario() Scenario {
 		MinLoad:         partitionLoad,
 		LoadAfterInject: partitionLoadAfter,
 		Inject:          c.inject,
-		Check:           checks(checkNoDeaths, c.check),
+		Check:           checks(checkNoDeaths, checkEveryConfirmedConsumed, c.check),
 	}
 }
 
@@ -442,7 +442,7 @@ func pgPrimaryIsolatedScenario() Scenario {
 		MinLoad:         partitionLoad,
 		LoadAfterInject: partitionLoadAfter,
 		Inject:          p.inject,
-		Check:           checks(checkNoDeaths, p.check),
+		Check:           checks(checkNoDeaths, checkEveryConfirmedConsumed, p.check),
 	}
 }
 
@@ -457,7 +457,7 @@ func pgPrimaryIsolatedWALScenario() Scenario {
 		"its slot created again on the new primary, the rows pending then published through its retry lane; nothing lost"
 	sc.Settings = []string{"ORDERS_RELAY_MODE=" + relayModeWAL}
 	sc.OutsideCI = true
-	sc.Inject, sc.Check = p.inject, checks(checkNoDeaths, p.check)
+	sc.Inject, sc.Check = p.inject, checks(checkNoDeaths, checkEveryConfirmedConsumed, p.check)
 	return sc
 }
 
@@ -637,7 +637,7 @@ func flakyNetworkScenario() Scenario {
 		MinLoad:         flakyFor + 10*time.Second,
 		LoadAfterInject: partitionLoadAfter,
 		Inject:          f.inject,
-		Check:           checks(checkNoDeaths, func(ctx context.Context, e *Env, o *Outcome) { checkShopClientsConnected(ctx, e, o) }),
+		Check:           checks(checkNoDeaths, checkEveryConfirmedConsumed, func(ctx context.Context, e *Env, o *Outcome) { checkShopClientsConnected(ctx, e, o) }),
 	}
 }
 

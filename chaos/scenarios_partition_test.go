@@ -81,3 +81,15 @@ func TestPrimaryCutOff(t *testing.T) {
 	require.False(t, l.primaryCutOff(), "healed")
 	require.False(t, (&Local{}).primaryCutOff(), "no lab")
 }
+
+func TestUnconsumed(t *testing.T) {
+	confirmed := map[string]string{"a": "OrderCreated", "b": "OrderCreated", "c": "OrderCancelled", "d": "Audit"}
+	consumed := map[string]string{"a": "OrderCreated", "c": "OrderCancelled", "x": "OrderCreated"}
+	missing, checked := unconsumed(confirmed, consumed)
+	require.Equal(t, 3, checked, "Audit is a type the consumer takes none of: not routed to it")
+	require.Equal(t, map[string][]string{"OrderCreated": {"b"}}, missing)
+
+	missing, checked = unconsumed(confirmed, map[string]string{"a": "OrderCreated", "b": "OrderCreated", "c": "OrderCancelled"})
+	require.Equal(t, 3, checked)
+	require.Empty(t, missing)
+}
