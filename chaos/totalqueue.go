@@ -85,8 +85,8 @@ func checkEveryConfirmedConsumed(ctx context.Context, e *Env, o *Outcome) {
 			return
 		}
 		missing, checked := unconsumed(confirmed, consumed)
-		seen = append(seen, fmt.Sprintf("%s → %s: %d of %d confirmed, all consumed but %d", f.from, f.to, checked, len(confirmed),
-			countAll(missing)))
+		seen = append(seen, fmt.Sprintf("%s → %s: %d confirmed (%d of types it consumes), %d not consumed", f.from, f.to,
+			len(confirmed), checked, countAll(missing)))
 		for _, typ := range slices.Sorted(maps.Keys(missing)) {
 			ids := missing[typ]
 			fail("total-queue check: %d %s confirmed to the %s relay never consumed by %s (e.g. %s)",
