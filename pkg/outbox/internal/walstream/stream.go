@@ -293,16 +293,49 @@ func quoteLiteral(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
 }
 
-// Close tells the server the confirmed position, if it has not heard it yet, and ends the
-// stream.
+// Close tells the server the confirmed position, if it has not heard it yet, ends the
+// replication and closes the connection. The replication is ended as the protocol ends it
+// (CopyDone, then what the server still sends is read until it is ready for a query), not
+// only closed: a socket closed while the server's data waits unread in it is reset, and a
+// reset can reach the server before it read the status sent just before, which it then
+// never reads (a restart streamed again what had been confirmed). Once the server answered,
+// it has read the status, and the slot is free at once. Within ctx; past it, or on a
+// connection that failed, the connection is closed as it is.
 func (s *Stream) Close(ctx context.Context) error {
 	var err error
 	// A connection that failed is closing already, in pgconn's background: nothing more can
 	// be sent on it.
-	if s.Confirmed() > s.reported && !s.conn.IsClosed() {
-		err = s.status(ctx)
+	if !s.conn.IsClosed() {
+		err = s.end(ctx)
 	}
 	return errors.Join(err, s.conn.Close(ctx))
+}
+
+// end sends the last status and ends the replication: it returns once the server answered
+// the end, which it reads after the status.
+func (s *Stream) end(ctx context.Context) error {
+	if s.Confirmed() > s.reported {
+		if err := s.status(ctx); err != nil {
+			return fmt.Errorf("walstream: send status: %w", err)
+		}
+	}
+	s.conn.Frontend().Send(&pgproto3.CopyDone{})
+	if err := s.conn.Frontend().Flush(); err != nil {
+		return fmt.Errorf("walstream: end the replication: %w", err)
+	}
+	var refused error
+	for {
+		msg, err := s.conn.ReceiveMessage(ctx)
+		if err != nil {
+			return fmt.Errorf("walstream: end the replication: %w", err)
+		}
+		switch m := msg.(type) {
+		case *pgproto3.ErrorResponse:
+			refused = fmt.Errorf("walstream: end the replication: %w", pgconn.ErrorResponseToPgError(m))
+		case *pgproto3.ReadyForQuery:
+			return refused
+		}
+	}
 }
 
 // Confirm tells the server that everything up to lsn is done: the slot may drop the WAL

@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/url"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
@@ -151,6 +153,44 @@ func TestStream(t *testing.T) {
 		c3, err := s.Next(ctx)
 		require.NoError(t, err)
 		require.Equal(t, ids(three), ids(c3.Messages))
+	})
+
+	// A stream that stops reading while the server still sends (its caller stopped) tells
+	// the server its last position on Close all the same. Closing a socket with unread data
+	// resets the connection, and a reset can reach the server before it read the status
+	// sent just before: a restart then read again what had been confirmed.
+	t.Run("ClosesWithItsLastStatus", func(t *testing.T) {
+		pool, cfg := setup(t, "last_status")
+		var active bool
+		for round := range 5 {
+			s, err := walstream.Open(ctx, cfg)
+			require.NoError(t, err)
+			write(t, pool, msg("a", round))
+			c, err := s.Next(ctx)
+			require.NoError(t, err)
+			// Commits the stream never reads: the server sends them into the socket.
+			big := msg("b", round)
+			big.Payload = json.RawMessage(fmt.Sprintf(`{"pad": %q}`, strings.Repeat("x", 8<<10)))
+			for range 64 {
+				write(t, pool, big)
+			}
+			var end pglogrepl.LSN
+			require.NoError(t, pool.QueryRow(ctx, "SELECT pg_current_wal_lsn()").Scan(&end))
+			testinfra.Eventually(t, 10*time.Second, func() bool {
+				var sent pglogrepl.LSN
+				err := pool.QueryRow(ctx, `SELECT r.sent_lsn FROM pg_stat_replication r JOIN pg_replication_slots s ON s.active_pid = r.pid
+					WHERE s.slot_name = $1`, cfg.Slot).Scan(&sent)
+				return err == nil && sent >= c.End+1
+			}, "the server sends past the commit read")
+			s.Advance(c.End)
+			require.NoError(t, s.Close(ctx))
+			var confirmed pglogrepl.LSN
+			testinfra.Eventually(t, 10*time.Second, func() bool {
+				err := pool.QueryRow(ctx, "SELECT active, confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = $1", cfg.Slot).Scan(&active, &confirmed)
+				return err == nil && !active
+			}, "the walsender gone")
+			require.GreaterOrEqual(t, confirmed, c.End, "round %d: the last status reached the server", round)
+		}
 	})
 
 	// An idle stream answers the server's keepalives: past wal_sender_timeout it still reads.
