@@ -437,8 +437,10 @@ func (w *WALRelay) setState(to State, cause error) {
 	}
 }
 
-// Run streams and publishes until ctx is cancelled, then finishes the batches in flight and
-// returns nil; or returns an error wrapping [ErrWALSetup] when the database is not set up
+// Run streams and publishes until ctx is cancelled, then finishes the batches in flight,
+// tells the server how far it got and ends its replication, so that the slot is free for
+// the next relay at once (unless the server does not answer within 5 s), and returns nil;
+// or returns an error wrapping [ErrWALSetup] when the database is not set up
 // for it (wal_level, the role, the publication, the server's limits), at once rather than
 // retry what only an operator can change. It rides out the broker and the database going
 // away as [Relay.Run] does. Run may be called again after it returned, but not twice at once.
@@ -558,8 +560,15 @@ func (w *WALRelay) session(ctx context.Context, confirmed *slotPosition) error {
 	if err != nil {
 		return err
 	}
-	defer func() { // a last status, best effort, and bounded: the server may be gone
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer func() {
+		// A last status, and the replication ended, bounded: the server may be gone. A
+		// session that failed waits less for its answer: the database may be what failed,
+		// and the next session is what matters then.
+		bound := 5 * time.Second
+		if ctx.Err() == nil {
+			bound = time.Second
+		}
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), bound)
 		defer cancel()
 		_ = st.Close(cctx)
 	}()

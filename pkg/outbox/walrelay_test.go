@@ -738,6 +738,9 @@ WHERE f.id = $1 AND o.seq > (SELECT seq FROM outbox_messages WHERE id = $2) AND 
 		}
 		eventually(t, "some rows delivered", func() bool { return len(got.ids()) >= 50 })
 		require.NoError(t, stop())
+		var active bool
+		require.NoError(t, b.pool.QueryRow(ctx, "SELECT active FROM pg_replication_slots WHERE database = current_database()").Scan(&active))
+		require.False(t, active, "a stopped relay has ended its replication: the slot is free at once, for the next relay")
 		for n := 200; n < 300; n++ {
 			all = append(all, b.write(t, b.msg(fmt.Sprintf("r%d", n%10), n))[0].ID.String())
 		}

@@ -121,6 +121,9 @@ type Stream struct {
 	// serverStarted is the server's start time (pg_postmaster_start_time), in microseconds
 	// since the Unix epoch.
 	serverStarted int64
+	// failed is set once Next or Status failed other than by its context's end: the
+	// server may be gone or silent, and Close does not wait for its answer.
+	failed bool
 }
 
 // serverStartedSQL reads the server's start time, which tells one server from another (a
@@ -299,13 +302,21 @@ func quoteLiteral(s string) string {
 // only closed: a socket closed while the server's data waits unread in it is reset, and a
 // reset can reach the server before it read the status sent just before, which it then
 // never reads (a restart streamed again what had been confirmed). Once the server answered,
-// it has read the status, and the slot is free at once. Within ctx; past it, or on a
-// connection that failed, the connection is closed as it is.
+// it has read the status, and the slot is free at once. Within ctx; past it the connection
+// is closed as it is. A stream that failed (a server gone, silent, or that ended the
+// replication with an error) is told the position, if it can be, and closed at once: its
+// answer may never come.
 func (s *Stream) Close(ctx context.Context) error {
 	var err error
-	// A connection that failed is closing already, in pgconn's background: nothing more can
-	// be sent on it.
-	if !s.conn.IsClosed() {
+	switch {
+	case s.conn.IsClosed():
+		// A connection that failed is closing already, in pgconn's background: nothing more
+		// can be sent on it.
+	case s.failed:
+		if s.Confirmed() > s.reported {
+			err = s.status(ctx)
+		}
+	default:
 		err = s.end(ctx)
 	}
 	return errors.Join(err, s.conn.Close(ctx))
@@ -361,7 +372,18 @@ func (s *Stream) Advance(lsn pglogrepl.LSN) {
 func (s *Stream) Confirmed() pglogrepl.LSN { return pglogrepl.LSN(s.confirmed.Load()) }
 
 // Status tells the server the confirmed position now.
-func (s *Stream) Status(ctx context.Context) error { return s.status(ctx) }
+func (s *Stream) Status(ctx context.Context) error {
+	err := s.status(ctx)
+	s.fail(ctx, err)
+	return err
+}
+
+// fail records that the stream failed, when err is not ctx's end.
+func (s *Stream) fail(ctx context.Context, err error) {
+	if err != nil && ctx.Err() == nil {
+		s.failed = true
+	}
+}
 
 func (s *Stream) status(ctx context.Context) error {
 	if s.conn.IsClosed() {
@@ -381,7 +403,8 @@ func (s *Stream) status(ctx context.Context) error {
 
 // Next returns the next committed transaction that inserted outbox rows. Transactions that
 // inserted none are skipped (pgoutput sends their BEGIN and COMMIT).
-func (s *Stream) Next(ctx context.Context) (Commit, error) {
+func (s *Stream) Next(ctx context.Context) (c Commit, err error) {
+	defer func() { s.fail(ctx, err) }()
 	var cur *Commit
 	// What the server said before this call is no answer to it: the caller may have been
 	// away (publishing) for longer than SilenceTimeout.
