@@ -439,7 +439,9 @@ func (w *WALRelay) setState(to State, cause error) {
 
 // Run streams and publishes until ctx is cancelled, then finishes the batches in flight,
 // tells the server how far it got and ends its replication, so that the slot is free for
-// the next relay at once (unless the server does not answer within 5 s), and returns nil;
+// the next relay at once (unless the server does not answer within 5 s: it first sends the
+// rest of a transaction of the publication it is sending, which for hundreds of thousands
+// of rows can take longer), and returns nil;
 // or returns an error wrapping [ErrWALSetup] when the database is not set up
 // for it (wal_level, the role, the publication, the server's limits), at once rather than
 // retry what only an operator can change. It rides out the broker and the database going
@@ -562,8 +564,8 @@ func (w *WALRelay) session(ctx context.Context, confirmed *slotPosition) error {
 	}
 	defer func() {
 		// A last status, and the replication ended, bounded: the server may be gone. A
-		// session that failed waits less for its answer: the database may be what failed,
-		// and the next session is what matters then.
+		// session that ended for any reason but a stop waits less for its answer: the next
+		// session is what matters then.
 		bound := 5 * time.Second
 		if ctx.Err() == nil {
 			bound = time.Second
@@ -692,7 +694,7 @@ func (w *WALRelay) open(ctx context.Context, cfg walstream.Config, confirmed *sl
 	}
 	if handedAt == nil { // created now: read its hand-over's time
 		if err := w.db.QueryRow(ctx, fmt.Sprintf(walSlotsHandedAt, record), cfg.Slot).Scan(&handedAt); err != nil {
-			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second) // a failure: see session
 			defer cancel()
 			_ = st.Close(cctx)
 			return nil, databaseError{fmt.Errorf("read slot %s: %w", cfg.Slot, err)}

@@ -121,8 +121,9 @@ type Stream struct {
 	// serverStarted is the server's start time (pg_postmaster_start_time), in microseconds
 	// since the Unix epoch.
 	serverStarted int64
-	// failed is set once Next or Status failed other than by its context's end: the
-	// server may be gone or silent, and Close does not wait for its answer.
+	// failed is set once the connection or the server failed Next or Status (not their
+	// context's end, nor the stream's own decoding): the server may be gone or silent, or
+	// have ended the replication, and Close does not wait for its answer.
 	failed bool
 }
 
@@ -302,11 +303,21 @@ func quoteLiteral(s string) string {
 // only closed: a socket closed while the server's data waits unread in it is reset, and a
 // reset can reach the server before it read the status sent just before, which it then
 // never reads (a restart streamed again what had been confirmed). Once the server answered,
-// it has read the status, and the slot is free at once. Within ctx; past it the connection
-// is closed as it is. A stream that failed (a server gone, silent, or that ended the
-// replication with an error) is told the position, if it can be, and closed at once: its
-// answer may never come.
+// it has read the status, and the slot is free at once.
+//
+// It takes at most ctx's time, and at most SilenceTimeout: past either, the connection is
+// closed as it is. The server answers at once, unless it is sending a transaction of the
+// publication: it sends the rest of that first, which for a transaction of hundreds of
+// thousands of rows takes seconds. A stream that failed (a server gone, silent, or that
+// ended the replication with an error) is told the position, if it can be, and closed at
+// once: its answer may never come.
 func (s *Stream) Close(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.SilenceTimeout)
+	defer cancel()
+	if d, ok := ctx.Deadline(); ok && !s.conn.IsClosed() {
+		// The writes below are not bounded by ctx otherwise (a server that stopped reading).
+		_ = s.conn.Conn().SetWriteDeadline(d)
+	}
 	var err error
 	switch {
 	case s.conn.IsClosed():
@@ -314,7 +325,9 @@ func (s *Stream) Close(ctx context.Context) error {
 		// can be sent on it.
 	case s.failed:
 		if s.Confirmed() > s.reported {
-			err = s.status(ctx)
+			if err = s.status(ctx); err != nil {
+				err = fmt.Errorf("walstream: send status: %w", err)
+			}
 		}
 	default:
 		err = s.end(ctx)
@@ -403,8 +416,13 @@ func (s *Stream) status(ctx context.Context) error {
 
 // Next returns the next committed transaction that inserted outbox rows. Transactions that
 // inserted none are skipped (pgoutput sends their BEGIN and COMMIT).
-func (s *Stream) Next(ctx context.Context) (c Commit, err error) {
-	defer func() { s.fail(ctx, err) }()
+func (s *Stream) Next(ctx context.Context) (Commit, error) {
+	// broke returns an error of the connection or the server: the stream has failed (see
+	// Close). An error of the stream's own decoding leaves the server as it was.
+	broke := func(err error) (Commit, error) {
+		s.fail(ctx, err)
+		return Commit{}, err
+	}
 	var cur *Commit
 	// What the server said before this call is no answer to it: the caller may have been
 	// away (publishing) for longer than SilenceTimeout.
@@ -412,7 +430,7 @@ func (s *Stream) Next(ctx context.Context) (c Commit, err error) {
 	for {
 		if time.Since(s.lastStatus) > s.cfg.StatusInterval || s.Confirmed() > s.reported {
 			if err := s.status(ctx); err != nil {
-				return Commit{}, fmt.Errorf("walstream: send status: %w", err)
+				return broke(fmt.Errorf("walstream: send status: %w", err))
 			}
 		}
 		rctx, cancel := context.WithTimeout(ctx, s.cfg.StatusInterval)
@@ -421,16 +439,16 @@ func (s *Stream) Next(ctx context.Context) (c Commit, err error) {
 		if err != nil {
 			if pgconn.Timeout(err) && ctx.Err() == nil {
 				if silent := time.Since(later(waiting, s.lastHeard)); silent > s.cfg.SilenceTimeout {
-					return Commit{}, fmt.Errorf("%w for %s: gone, or cut off by the network", ErrSilent, silent.Round(time.Millisecond))
+					return broke(fmt.Errorf("%w for %s: gone, or cut off by the network", ErrSilent, silent.Round(time.Millisecond)))
 				}
 				continue
 			}
-			return Commit{}, fmt.Errorf("walstream: receive: %w", err)
+			return broke(fmt.Errorf("walstream: receive: %w", err))
 		}
 		s.lastHeard = time.Now()
 		switch msg := raw.(type) {
 		case *pgproto3.ErrorResponse:
-			return Commit{}, fmt.Errorf("walstream: %w", pgconn.ErrorResponseToPgError(msg))
+			return broke(fmt.Errorf("walstream: %w", pgconn.ErrorResponseToPgError(msg)))
 		case *pgproto3.CopyData:
 			switch msg.Data[0] {
 			case pglogrepl.PrimaryKeepaliveMessageByteID:
@@ -447,7 +465,7 @@ func (s *Stream) Next(ctx context.Context) (c Commit, err error) {
 				}
 				if ka.ReplyRequested {
 					if err := s.status(ctx); err != nil {
-						return Commit{}, fmt.Errorf("walstream: send status: %w", err)
+						return broke(fmt.Errorf("walstream: send status: %w", err))
 					}
 				}
 			case pglogrepl.XLogDataByteID:
