@@ -758,7 +758,12 @@ func (w *WALRelay) classify(err error) error {
 		if strings.Contains(pgErr.Message, "wal_senders") {
 			return fmt.Errorf("%w: %w (raise max_wal_senders and restart the server)", ErrWALSetup, err)
 		}
-	case "42704": // undefined_object: the publication, from pgoutput
+	case "42704": // undefined_object: the publication, from pgoutput; or the slot
+		// A slot dropped after the session found it, before it streamed (an operator, a
+		// failover's clean-up): the next session finds it gone and creates it again.
+		if strings.Contains(pgErr.Message, "replication slot") {
+			return databaseError{err}
+		}
 		return fmt.Errorf("%w: %w (create it with Store.CreatePublication)", ErrWALSetup, err)
 	case "55006": // object_in_use: another relay streams the slot; stand by
 		return fmt.Errorf("%w: %s: %w", errSlotInUse, w.wal.Slot, err)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/stretchr/testify/require"
 
@@ -111,4 +112,32 @@ func TestWALMarksOnlyOnTheStreamsServer(t *testing.T) {
 	same := &dispatcher{w: w, streamServer: here}
 	require.NoError(t, same.mark(ctx, marks, nil, true))
 	require.Zero(t, count(), "marked on the stream's server")
+}
+
+// TestWALClassify: the replication errors that mean a setting to change stop the relay
+// (ErrWALSetup); a slot dropped between the session's look at it and START_REPLICATION,
+// which PostgreSQL reports with the same code as a missing publication ("replication slot
+// \"x\" does not exist", 42704, from ReplicationSlotAcquire), is a failure to retry: the
+// next session finds the slot gone and creates it again.
+func TestWALClassify(t *testing.T) {
+	t.Parallel()
+	w := &WALRelay{wal: WALConfig{Slot: "outbox_messages"}}
+	for _, tc := range []struct {
+		code, message string
+		setup         bool
+	}{
+		{"42704", `replication slot "outbox_messages" does not exist`, false},
+		{"42704", `publication "outbox_messages" does not exist`, true},
+		{"55000", "logical decoding requires wal_level >= logical", true},
+		{"42501", "permission denied to start WAL sender", true},
+		{"53400", "all replication slots are in use", true},
+		{"57P01", "terminating connection due to administrator command", false},
+	} {
+		err := w.classify(&pgconn.PgError{Code: tc.code, Message: tc.message})
+		require.Equal(t, tc.setup, errors.Is(err, ErrWALSetup), "%s %s: %v", tc.code, tc.message, err)
+		if !tc.setup {
+			var db databaseError
+			require.ErrorAs(t, err, &db, "%s: a database failure, retried", tc.message)
+		}
+	}
 }
