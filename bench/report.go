@@ -330,8 +330,11 @@ func BuildTable(r Results) Table {
 
 // relayName names a relay of item 10 in the table.
 func relayName(relay string) string {
-	if relay == RelayWAL {
+	switch relay {
+	case RelayWAL:
 		return "WAL relay"
+	case RelayWALDelete:
+		return "WAL relay (DeletePublished)"
 	}
 	return "polling relay"
 }
@@ -359,7 +362,7 @@ func walRows(w WALResult, limitA float64, limitACPU *CPUUsage, peer float64) []R
 			row.CPU = FormatCPU(d.CPU, "relay")
 		}
 		row.Ratio = FormatPercent(ratio) + " of A (1 ch)"
-		if d.Relay == RelayWAL {
+		if isWAL(d.Relay) {
 			if poll := w.drainRate(RelayPoll, d.Hot); poll > 0 && d.Err == nil {
 				row.Ratio += " · " + FormatTimes(Ratio(d.Rate, poll)) + " polling"
 			}
@@ -373,12 +376,12 @@ func walRows(w WALResult, limitA float64, limitACPU *CPUUsage, peer float64) []R
 			row.Ratio += " · A's CPU per msg " + FormatPercent(share) + " of this row's"
 		}
 		rows = append(rows, row)
-		if d.Relay == RelayWAL && !d.Hot {
+		if isWAL(d.Relay) && !d.Hot {
 			times := math.NaN()
 			if d.Err == nil {
 				times = Ratio(d.Rate, peer)
 			}
-			rows = append(rows, Row{Item: "10", What: "… the WAL relay's drain against Watermill's forwarder (item 4)",
+			rows = append(rows, Row{Item: "10", What: "… the " + relayName(d.Relay) + "'s drain against Watermill's forwarder (item 4)",
 				Ratio: FormatTimes(times), Target: AtLeast(times, TargetWALTimesPeer, "≥ 10× peer").String()})
 		}
 	}

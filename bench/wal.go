@@ -25,7 +25,13 @@ const (
 	RelayPoll = "poll" // outbox.Relay, pipelined
 	RelayWAL  = "wal"  // outbox.WALRelay
 	RelayNone = "none" // no relay running (the writers' reference)
+	// RelayWALDelete is outbox.WALRelay with Config.DeletePublished: the rows it publishes
+	// are deleted, not marked.
+	RelayWALDelete = "wal-delete"
 )
+
+// isWAL tells whether relay is a WAL relay.
+func isWAL(relay string) bool { return relay == RelayWAL || relay == RelayWALDelete }
 
 // WALResult is item 10: the WAL relay beside the polling relay, both on a private
 // PostgreSQL server at wal_level=logical that the run starts and removes (the configured
@@ -111,7 +117,7 @@ func (e *env) walPhase(ctx context.Context, s Sizes, batch, inFlight int) *WALRe
 	res.Server = pe.serverVersion(ctx) + ", wal_level=logical, fsync on, shared_buffers 128MB, no standby"
 
 	for _, hot := range []bool{false, true} {
-		for _, relay := range []string{RelayPoll, RelayWAL} {
+		for _, relay := range []string{RelayPoll, RelayWAL, RelayWALDelete} {
 			if ctx.Err() != nil {
 				return res
 			}
@@ -415,7 +421,7 @@ func (db *walDB) move(ctx context.Context, rows int) error {
 // fill readies db for a drain by relay: the WAL relay's slot first, then the backlog of rows
 // rows in the outbox; and returns the sink of its queue.
 func (db *walDB) fill(ctx context.Context, e *env, relay string, rows int) (*sink, error) {
-	if relay == RelayWAL {
+	if isWAL(relay) {
 		if err := db.slot(ctx, e); err != nil {
 			return nil, err
 		}
@@ -430,11 +436,12 @@ func (db *walDB) fill(ctx context.Context, e *env, relay string, rows int) (*sin
 func (e *env) newRelay(db *walDB, relay string, pub outbox.Publisher, cfg outbox.Config) (interface {
 	Run(context.Context) error
 }, error) {
-	if relay == RelayWAL {
+	if isWAL(relay) {
 		walURL, err := withAppName(db.url, db.appName+"walsender")
 		if err != nil {
 			return nil, err
 		}
+		cfg.DeletePublished = relay == RelayWALDelete
 		return outbox.NewWALRelay(db.pool, pub, cfg, outbox.WALConfig{URL: walURL})
 	}
 	cfg.DisableNotify = true
@@ -512,7 +519,7 @@ func (e *env) walDrain(ctx context.Context, relay string, hot bool, rows, batch,
 	}
 	if res.Err == nil {
 		if got, _, err := snk.waitFor(ctx, n, 30*time.Second); err != nil {
-			res.Err = fmt.Errorf("the relay marked %d rows published but the queue received %d: %w", n, got, err)
+			res.Err = fmt.Errorf("the relay reported %d rows published but the queue received %d: %w", n, got, err)
 		}
 	}
 	return res

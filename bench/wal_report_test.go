@@ -20,8 +20,10 @@ func walResults() bench.Results {
 		Drains: []bench.WALDrain{
 			{Relay: bench.RelayPoll, Rows: 200_000, Published: 200_000, Rate: 7_500},
 			{Relay: bench.RelayWAL, Rows: 200_000, Published: 200_000, Rate: 9_000, CPU: cpu},
+			{Relay: bench.RelayWALDelete, Rows: 200_000, Published: 200_000, Rate: 9_500},
 			{Relay: bench.RelayPoll, Hot: true, Rows: 200_000, Published: 3_000, Bounded: true, Rate: 150},
 			{Relay: bench.RelayWAL, Hot: true, Rows: 200_000, Published: 200_000, Rate: 8_000},
+			{Relay: bench.RelayWALDelete, Hot: true, Rows: 200_000, Published: 200_000, Rate: 7_000},
 		},
 		Latency: []bench.LatencyResult{
 			{Rate: 300, Notify: true, Relay: bench.RelayPoll, Achieved: 299, Duration: 20 * time.Second,
@@ -64,6 +66,13 @@ func TestWALRows(t *testing.T) {
 		require.Equal(t, "relay 30.0 ms · pg 20.0 ms · broker 130 ms · idle 10%", wal.CPU)
 		require.Equal(t, "9.00×", row(t, tab, "the WAL relay's drain against Watermill's forwarder").Ratio)
 		require.Equal(t, "✗ ≥ 10× peer", row(t, tab, "the WAL relay's drain against Watermill's forwarder").Target)
+
+		del := row(t, tab, "WAL relay (DeletePublished) drain of 200,000 rows, batch 500")
+		require.Equal(t, "95% of A (1 ch) · 1.27× polling", del.Ratio)
+		require.Equal(t, "✓ ≥ 85% of A", del.Target)
+		require.Equal(t, "9.50×", row(t, tab, "the WAL relay (DeletePublished)'s drain against Watermill's forwarder").Ratio)
+		require.Equal(t, "70% of A (1 ch) · 46.7× polling", row(t, tab, "WAL relay (DeletePublished) drain of 200,000 rows, all of one aggregate").Ratio)
+		require.Equal(t, "✗ ≥ 75% of A", row(t, tab, "WAL relay (DeletePublished) drain of 200,000 rows, all of one aggregate").Target)
 
 		hotPoll := row(t, tab, "polling relay drain of 200,000 rows, all of one aggregate")
 		require.Equal(t, "150 rows/s (3,000 published in the time bound)", hotPoll.Result)

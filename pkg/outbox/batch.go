@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -61,18 +63,52 @@ FOR UPDATE OF o SKIP LOCKED`
 // which made PostgreSQL the relay's bottleneck on a long backlog.
 //
 // It returns what the relay needs to know of the server for the batch: whether it has
-// synchronous standbys, and its start time (see awaitReplication).
+// synchronous standbys, and its start time (see awaitReplication); and whether the relay's
+// role may delete from table $3, when $3 names one ([Config].DeletePublished), so that a
+// relay that could not delete what it publishes publishes nothing.
 const claimSettings = `
 SELECT set_config('idle_in_transaction_session_timeout', $1, true),
        set_config('statement_timeout', $2, true),
        set_config('jit', 'off', true),
        current_setting('synchronous_standby_names') <> '',
-       pg_postmaster_start_time()`
+       pg_postmaster_start_time(),
+       CASE WHEN $3::text = '' THEN true ELSE has_table_privilege($3::text, 'DELETE') END`
+
+// errNoDelete: the relay's role may not delete from the table, and DeletePublished is set.
+var errNoDelete = errors.New("the relay's role may not DELETE from the outbox table, and Config.DeletePublished is set")
 
 // markPublished marks exactly the confirmed rows. clock_timestamp, not now(): now() is when
 // the claim began.
 const markPublished = `
 UPDATE {{.Messages}} SET published_at = clock_timestamp() WHERE id = ANY($1::uuid[])`
+
+// deleteConfirmed is markPublished for a relay with [Config].DeletePublished: it deletes
+// the confirmed rows, and returns how many of them it left in the table (the outer query
+// reads the table as it was before the DELETE): none, unless a trigger, a rule or a row
+// security policy kept the DELETE from them. A dead row is not deleted (the WAL relay may
+// stream a row again after a restart, dead since): it stays for ListDead and Requeue.
+const deleteConfirmed = `
+WITH d AS (DELETE FROM {{.Messages}} WHERE id = ANY($1::uuid[]) AND dead_at IS NULL RETURNING id)
+SELECT count(*) FROM {{.Messages}} o
+WHERE o.id = ANY($1::uuid[]) AND o.dead_at IS NULL AND o.id NOT IN (SELECT id FROM d)`
+
+// markConfirmed records the rows the broker confirmed, in tx: markPublished, or with
+// [Config].DeletePublished deleteConfirmed, which fails when it could not delete them all.
+// The tag is markPublished's (how many rows it found); empty after deleteConfirmed.
+func (r *Relay) markConfirmed(ctx context.Context, tx pgx.Tx, ids []pgtype.UUID) (pgconn.CommandTag, error) {
+	if !r.cfg.DeletePublished {
+		return tx.Exec(ctx, r.sql.markPublished, ids)
+	}
+	var left int64
+	if err := tx.QueryRow(ctx, r.sql.deleteConfirmed, ids).Scan(&left); err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	if left > 0 {
+		return pgconn.CommandTag{}, fmt.Errorf("%d of %d confirmed rows not deleted: a trigger, a rule or a row security policy of the table keeps the relay's DELETE from them (Config.DeletePublished)",
+			left, len(ids))
+	}
+	return pgconn.CommandTag{}, nil
+}
 
 // markFailed counts an attempt against each failed row, schedules its retry from the moment
 // of the failure, and buries the rows that gave up.
@@ -414,7 +450,7 @@ func (r *Relay) report(ctx context.Context, msgs []Message, s *settlement, spans
 // for at once.
 func (r *Relay) mark(ctx context.Context, tx pgx.Tx, m *marks) error {
 	if len(m.published) > 0 {
-		if _, err := tx.Exec(ctx, r.sql.markPublished, m.published); err != nil {
+		if _, err := r.markConfirmed(ctx, tx, m.published); err != nil {
 			return databaseError{fmt.Errorf("mark %d outbox rows published: %w", len(m.published), err)}
 		}
 	}
@@ -487,8 +523,16 @@ func (r *Relay) publish(ctx context.Context, deadline time.Time, msgs []Message,
 func (r *Relay) claim(ctx context.Context, tx pgx.Tx) (msgs []Message, unreadable map[int]error, srv server, err error) {
 	ms := strconv.FormatInt(r.cfg.ClaimTimeout.Milliseconds(), 10)
 	var ignored string
-	if err := tx.QueryRow(ctx, claimSettings, ms, ms).Scan(&ignored, &ignored, &ignored, &srv.synchronous, &srv.started); err != nil {
+	var deletes string
+	if r.cfg.DeletePublished {
+		deletes = r.cfg.Tables.sqlNames().MessagesText
+	}
+	var mayDelete bool
+	if err := tx.QueryRow(ctx, claimSettings, ms, ms, deletes).Scan(&ignored, &ignored, &ignored, &srv.synchronous, &srv.started, &mayDelete); err != nil {
 		return nil, nil, srv, fmt.Errorf("set timeouts: %w", err)
+	}
+	if !mayDelete {
+		return nil, nil, srv, fmt.Errorf("%w (GRANT DELETE ON %s TO the relay's role)", errNoDelete, deletes)
 	}
 	rows, err := tx.Query(ctx, r.claimSQL, r.cfg.BatchSize)
 	if err != nil {

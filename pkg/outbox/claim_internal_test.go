@@ -44,7 +44,7 @@ SELECT gen_random_uuid(), 'x', 'k', 'T', 'order', g::text, '{}'::json FROM gener
 					return err
 				}
 				if settings {
-					if _, err := tx.Exec(ctx, claimSettings, "5000", "5000"); err != nil {
+					if _, err := tx.Exec(ctx, claimSettings, "5000", "5000", ""); err != nil {
 						return err
 					}
 				}

@@ -30,6 +30,8 @@ const (
 	childBatchSize = "OUTBOXSHOP_TEST_CHILD_BATCH_SIZE"
 	// childWALURL, when set, makes the child a WAL relay reading through that URL.
 	childWALURL = "OUTBOXSHOP_TEST_CHILD_WAL_URL"
+	// childDeletePublished, when set, makes the child delete the rows it publishes.
+	childDeletePublished = "OUTBOXSHOP_TEST_CHILD_DELETE_PUBLISHED"
 )
 
 // runChild is the child process: run a relay that dies the first time it reaches the crash
@@ -59,6 +61,7 @@ func runChild() {
 			}
 		}},
 	}
+	cfg.DeletePublished = os.Getenv(childDeletePublished) != ""
 	var r interface{ Run(context.Context) error }
 	if url := os.Getenv(childWALURL); url != "" {
 		r, err = outbox.NewWALRelay(pool, pub, cfg, outbox.WALConfig{URL: url})
@@ -100,12 +103,18 @@ func TestRelayKilled(t *testing.T) {
 	for _, tc := range []struct {
 		failpoint      string
 		wantDuplicates bool // the broker got the batch before the crash
+		delete         bool // Config.DeletePublished: the marks delete
 	}{
-		{outbox.FailpointBeforePublish, false},
-		{outbox.FailpointAfterPublish, true},
-		{outbox.FailpointAfterMark, true},
+		{outbox.FailpointBeforePublish, false, false},
+		{outbox.FailpointAfterPublish, true, false},
+		{outbox.FailpointAfterMark, true, false},
+		{outbox.FailpointAfterMark, true, true},
 	} {
-		t.Run(tc.failpoint, func(t *testing.T) {
+		name := tc.failpoint
+		if tc.delete {
+			name += "/DeletePublished"
+		}
+		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			b := setup(t)
@@ -115,12 +124,20 @@ func TestRelayKilled(t *testing.T) {
 				b.write(t, b.msg(fmt.Sprintf("order-%d", i), i))
 			}
 
-			killedRelay(t, dbURL, b.amqpURL, tc.failpoint)
+			cfg := fastConfig(t)
+			published := func() bool { return b.count(t, "published_at IS NOT NULL") == n }
+			var env []string
+			if tc.delete {
+				cfg.DeletePublished = true
+				published = func() bool { return b.count(t, "true") == 0 } // deleted
+				env = append(env, childDeletePublished+"=1")
+			}
+			killedRelayBatching(t, dbURL, b.amqpURL, tc.failpoint, 1000, env...)
 			require.Equal(t, n, b.count(t, "published_at IS NULL"), "the killed relay's transaction rolled back")
 
 			effects := consumeThroughInbox(t, b.pool, b.amqpURL, b.top.Queue)
-			b.startRelay(t, b.pool, b.pub, fastConfig(t))
-			testinfra.Eventually(t, waitFor, func() bool { return b.count(t, "published_at IS NOT NULL") == n }, "all rows published after restart")
+			b.startRelay(t, b.pool, b.pub, cfg)
+			testinfra.Eventually(t, waitFor, published, "all rows published after restart")
 			testinfra.Eventually(t, waitFor, func() bool { return effects.applied() == n }, "every effect applied")
 
 			// Each business effect happened exactly once, duplicates or not.

@@ -19,7 +19,8 @@
 //     for a readiness probe (README.md#running-the-relay, README.md#sizing-the-pool). Or
 //     [NewWALRelay], which reads the committed rows from a logical replication slot instead
 //     of polling the table ([Store.CreatePublication]; README.md#polling-or-the-wal).
-//   - Operating: [RunCleanup] in one process; [ReadStats], [ListDead] and [Requeue];
+//   - Operating: [RunCleanup] in one process (or [Config].DeletePublished:
+//     README.md#published-rows); [ReadStats], [ListDead] and [Requeue];
 //     [CommitReplicated] with synchronous standbys (README.md#operations).
 //   - Your own table names or schema: [NewStore], and the same Tables in [Config].Tables
 //     (README.md#your-own-table-names-and-schema).

@@ -11,13 +11,20 @@ import (
 
 // The ways a relay that tails the WAL can tell the table which rows went out, each per batch
 // of markBatch rows (the WAL relay's batch in the bench), in a transaction of its own:
-// today's mark (published_at, as the polling relay's), a DELETE of the rows at once, and a
-// watermark (one row holding the stream's position, the table's rows left as they are).
+// today's mark (published_at, as the polling relay's), a DELETE of the rows at once (bare, and
+// as Config.DeletePublished runs it), and a watermark (one row holding the stream's
+// position, the table's rows left as they are).
 // Each leaves the rows to a later cleanup but the DELETE.
 const (
-	markBatch        = 500
-	markCostUpdate   = `UPDATE outbox_messages SET published_at = clock_timestamp() WHERE id = ANY($1::uuid[]) AND $2::bigint IS NOT NULL`
-	markCostDelete   = `DELETE FROM outbox_messages WHERE id = ANY($1::uuid[]) AND $2::bigint IS NOT NULL`
+	markBatch      = 500
+	markCostUpdate = `UPDATE outbox_messages SET published_at = clock_timestamp() WHERE id = ANY($1::uuid[]) AND $2::bigint IS NOT NULL`
+	markCostDelete = `DELETE FROM outbox_messages WHERE id = ANY($1::uuid[]) AND $2::bigint IS NOT NULL`
+	// markCostDeleted is Config.DeletePublished's statement (deleteConfirmed): the DELETE,
+	// and the count of the rows it left.
+	markCostDeleted = `
+WITH d AS (DELETE FROM outbox_messages WHERE id = ANY($1::uuid[]) AND dead_at IS NULL AND $2::bigint IS NOT NULL RETURNING id)
+SELECT count(*) FROM outbox_messages o
+WHERE o.id = ANY($1::uuid[]) AND o.dead_at IS NULL AND o.id NOT IN (SELECT id FROM d)`
 	markCostWater    = `UPDATE bench_watermark SET seq = $2 WHERE $1::uuid[] IS NOT NULL`
 	markCostCleanUp  = `DELETE FROM outbox_messages WHERE seq <= $1`
 	markCostWaterTbl = `CREATE TABLE IF NOT EXISTS bench_watermark (seq bigint NOT NULL); INSERT INTO bench_watermark VALUES (0)`
@@ -37,6 +44,7 @@ func BenchmarkMarkCost(b *testing.B) {
 	}{
 		{"update", markCostUpdate, true},
 		{"delete", markCostDelete, false},
+		{"delete-published", markCostDeleted, false},
 		{"watermark", markCostWater, true},
 	} {
 		b.Run(c.name, func(b *testing.B) {

@@ -140,6 +140,17 @@ type Config struct {
 	// ([ErrTooLarge]) rather than have the broker close the channel. Default 16 MiB
 	// ([DefaultMaxMessageBytes], RabbitMQ 4's max_message_size; 3.x allows 128 MiB).
 	MaxMessageBytes int
+	// DeletePublished makes the relay delete the rows the broker confirmed, where it would
+	// set their published_at: the table then holds only pending and dead rows, and
+	// [Cleanup] has nothing left to do. On PostgreSQL a DELETE costs a fraction of the
+	// UPDATE, which writes a new version of the row and of its index entries, and its
+	// later cleanup: a fifth of their time or less and a twenty-fifth of their WAL
+	// (docs/benchmarks.md), which the WAL relay's walsender also reads. What goes is the table's record of what was
+	// published, and when. [ReadStats], [ListDead], [Requeue], the metrics and the alert
+	// rules read only pending and dead rows, and mean the same with it
+	// (README.md#published-rows). Both relays honour it, the [WALRelay]'s retry lane too;
+	// every relay of a table should run with the same setting.
+	DeletePublished bool
 	// Logger receives state changes and failures. nil discards.
 	Logger *slog.Logger
 	// Hooks observe the relay (metrics, crash points).
@@ -238,7 +249,8 @@ type StateChange struct {
 
 // BatchResult is the committed outcome of one relay cycle, passed to [Hooks].BatchDone.
 type BatchResult struct {
-	// Published rows are confirmed by the broker and marked published.
+	// Published rows are confirmed by the broker and marked published (deleted, with
+	// [Config].DeletePublished).
 	Published []Message
 	// PublishedSpans are the span contexts of the Published rows' publish spans, at the same
 	// index (for exemplars); the zero SpanContext for a span not sampled, and nil when none

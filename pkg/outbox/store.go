@@ -38,6 +38,7 @@ type statements struct {
 	listDead, requeueDead                 string
 	cleanupCutoff, deletePublished        string
 	claimBatch, markPublished, markFailed string
+	deleteConfirmed                       string
 	markDeferred, releaseNext             string
 	markWaiting, repairWaiting            string
 	// The WAL relay's (walrelay.go).
@@ -100,6 +101,7 @@ func newStatements(n sqlNames) (statements, error) {
 		{"deletePublished", &s.deletePublished, deletePublished},
 		{"claimBatch", &s.claimBatch, claimBatch},
 		{"markPublished", &s.markPublished, markPublished},
+		{"deleteConfirmed", &s.deleteConfirmed, deleteConfirmed},
 		{"markFailed", &s.markFailed, markFailed},
 		{"markDeferred", &s.markDeferred, markDeferred},
 		{"releaseNext", &s.releaseNext, releaseNext},

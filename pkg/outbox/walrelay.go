@@ -101,9 +101,10 @@ LEFT JOIN pg_publication_tables t
 WHERE p.pubname = $1`
 
 // tableSchema is the schema of the outbox table ($1, its quoted name), for the stream to
-// match the table's inserts exactly.
+// match the table's inserts exactly; and whether the relay's role may delete from it
+// ([Config].DeletePublished).
 const tableSchema = `
-SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+SELECT n.nspname, has_table_privilege(c.oid, 'DELETE') FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE c.oid = to_regclass($1)`
 
 // The slot's hand-over record: <table>_wal_slots, made by Store.CreatePublication, holds a
@@ -291,8 +292,9 @@ var ErrWALSetup = errors.New("outbox: the database is not set up for the WAL rel
 // row of that earlier batch (its marks may still run): so an aggregate's rows reach the
 // broker in commit order, and one aggregate's backlog flows a batch per confirm, not a row
 // per relay cycle. The outcome of a batch is marked in the table as the polling relay marks
-// it (published_at, or attempts, last_error and dead_at), in a short transaction; and the
-// slot's position is confirmed only past commits whose every row is marked. A restart,
+// it (published_at, or a DELETE with [Config].DeletePublished; or attempts, last_error and
+// dead_at), in a short transaction; and the slot's position is confirmed only past commits
+// whose every row is marked. A restart,
 // after a crash at any point, streams again from that position: nothing is lost, and what
 // is published again is at most the rows of the batches in flight, of the transactions
 // not yet wholly marked (a position is the end of a commit), and of those marked since the
@@ -549,9 +551,15 @@ func (w *WALRelay) session(ctx context.Context, confirmed *slotPosition) error {
 	case !ok:
 		return databaseError{err}
 	}
-	var schema string
-	if err := w.db.QueryRow(ctx, tableSchema, w.cfg.Tables.sqlNames().MessagesText).Scan(&schema); err != nil {
+	var (
+		schema    string
+		mayDelete bool
+	)
+	if err := w.db.QueryRow(ctx, tableSchema, w.cfg.Tables.sqlNames().MessagesText).Scan(&schema, &mayDelete); err != nil {
 		return databaseError{fmt.Errorf("read the outbox table's schema: %w", err)}
+	}
+	if w.cfg.DeletePublished && !mayDelete {
+		return fmt.Errorf("%w: %w (GRANT DELETE ON %s TO the relay's role)", ErrWALSetup, errNoDelete, w.cfg.Tables.sqlNames().MessagesText)
 	}
 	cfg := walstream.Config{
 		URL: w.wal.URL, TLSConfig: w.wal.TLSConfig, Slot: w.wal.Slot, Publication: w.wal.Publication,
@@ -1428,8 +1436,12 @@ var errNotVisible = errors.New("rows streamed are not in the table")
 // markVisible marks the batch. Its barrier waited until the rows' transactions were
 // visible, so a row the mark misses is gone (deleted by hand, or by the transaction that
 // inserted it): it marks the others and logs it.
+//
+// With [Config].DeletePublished a row missing is no news: a restart streams again rows
+// published and deleted before it (the window of WALRelay's comment), which every
+// statement then misses. It marks non-strictly at once.
 func (d *dispatcher) markVisible(ctx context.Context, m *marks, hand []walRow) error {
-	err := d.mark(ctx, m, hand, true)
+	err := d.mark(ctx, m, hand, !d.w.cfg.DeletePublished)
 	if !errors.Is(err, errNotVisible) {
 		return err
 	}
@@ -1498,7 +1510,7 @@ func (d *dispatcher) mark(ctx context.Context, m *marks, hand []walRow, strict b
 		return nil
 	}
 	if len(m.published) > 0 {
-		tag, err := tx.Exec(ctx, r.sql.markPublished, m.published)
+		tag, err := r.markConfirmed(ctx, tx, m.published)
 		if err != nil {
 			return databaseError{fmt.Errorf("mark %d outbox rows published: %w", len(m.published), err)}
 		}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -517,6 +518,69 @@ func TestWALRelay(t *testing.T) {
 		eventually(t, "and marked", func() bool { return b.count(t, "published_at IS NOT NULL") == len(after) })
 	})
 
+	t.Run("DeletePublished", func(t *testing.T) {
+		// The stream's marks and the retry lane's delete what they publish; the dead row
+		// stays. Then a relay killed after its marks committed, before the slot heard of
+		// them: its successor streams the deleted rows again, publishes them again (the
+		// window doc.go bounds) and takes their absence for what it is, without a warning.
+		b, url := setup(t, "delete_published")
+		got := consume(t, b.amqpURL, b.top.Queue)
+		var logs lockedBuffer
+		cfg := fastConfig(t)
+		cfg.DeletePublished = true
+		cfg.BatchSize = 20
+		cfg.MaxMessageBytes = 1 << 10
+		cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+		_, stop := streaming(t, b, url, cfg)
+		big := b.msg("big", 0)
+		big.Payload = json.RawMessage(`{"p":"` + strings.Repeat("x", 2<<10) + `"}`)
+		bigID := b.write(t, big, b.msg("big", 1))[0].ID // its aggregate's next row goes on
+		for n := range 100 {
+			b.write(t, b.msg("hot", n), b.msg(fmt.Sprintf("spread-%d", n), n))
+		}
+		eventually(t, "every healthy row delivered", func() bool { return len(got.ids()) == 201 })
+		eventually(t, "the published rows deleted, the dead row kept", func() bool { return b.count(t, "true") == 1 })
+		require.Equal(t, 1, b.count(t, fmt.Sprintf("id = '%s' AND dead_at IS NOT NULL", bigID)))
+		st, err := outbox.ReadStats(ctx, b.pool)
+		require.NoError(t, err)
+		require.Equal(t, outbox.Stats{Dead: 1}, st)
+
+		// Requeued (fixed by hand first), the dead row goes out through the retry lane.
+		_, err = b.pool.Exec(ctx, `UPDATE outbox_messages SET payload = '{"p":"fixed"}' WHERE id = $1`, bigID)
+		require.NoError(t, err)
+		n, err := outbox.Requeue(ctx, b.pool, bigID)
+		require.NoError(t, err)
+		require.EqualValues(t, 1, n)
+		eventually(t, "the requeued row delivered", func() bool { return got.ids()[bigID.String()] == 1 })
+		eventually(t, "and deleted", func() bool { return b.count(t, "true") == 0 })
+		require.NoError(t, stop())
+
+		var batch []outbox.Message
+		for k := range 25 {
+			batch = append(batch, b.msg(fmt.Sprintf("killed-%d", k), k))
+		}
+		b.write(t, batch...) // one commit: one batch
+		killedRelayBatching(t, b.pool.Config().ConnString(), b.amqpURL, outbox.FailpointAfterCommit, 1000,
+			childWALURL+"="+url, childDeletePublished+"=1")
+		require.Zero(t, b.count(t, "true"), "the killed relay's marks committed: its rows are deleted")
+		streaming(t, b, url, cfg)
+		eventually(t, "the batch published again", func() bool {
+			ids := got.ids()
+			for _, m := range batch {
+				if ids[m.ID.String()] != 2 {
+					return false
+				}
+			}
+			return true
+		})
+		// The slot moves past the batch once its marks committed: the next row is
+		// published once, after it.
+		after := b.write(t, b.msg("after", 0))[0].ID.String()
+		eventually(t, "the next row delivered", func() bool { return got.ids()[after] == 1 })
+		eventually(t, "and deleted", func() bool { return b.count(t, "true") == 0 })
+		require.NotContains(t, logs.String(), "no longer in the table", "rows deleted as published are no surprise")
+	})
+
 	t.Run("PoisonIsDeadAndTheStreamGoesOn", func(t *testing.T) {
 		b, url := setup(t, "poison")
 		got := consume(t, b.amqpURL, b.top.Queue)
@@ -922,6 +986,29 @@ WHERE f.id = $1 AND o.seq > (SELECT seq FROM outbox_messages WHERE id = $2) AND 
 			_, err := b.pool.Exec(ctx, "CREATE ROLE app LOGIN")
 			require.NoError(t, err)
 			check(t, strings.Replace(url, "postgres@", "app@", 1), "", "REPLICATION")
+		})
+		t.Run("DeletePublishedWithoutTheDeletePrivilege", func(t *testing.T) {
+			for _, q := range []string{
+				"CREATE ROLE nodelete LOGIN REPLICATION",
+				"GRANT SELECT, UPDATE ON outbox_messages TO nodelete",
+				"GRANT SELECT, INSERT, DELETE ON outbox_messages_wal_slots TO nodelete",
+			} {
+				_, err := b.pool.Exec(ctx, q)
+				require.NoError(t, err, q)
+			}
+			roleURL := strings.Replace(url, "postgres@", "nodelete@", 1)
+			pool, err := pgxpool.New(ctx, roleURL)
+			require.NoError(t, err)
+			defer pool.Close()
+			cfg := cfg
+			cfg.DeletePublished = true
+			w, err := outbox.NewWALRelay(pool, b.pub, cfg, outbox.WALConfig{URL: roleURL})
+			require.NoError(t, err)
+			rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			defer cancel()
+			err = w.Run(rctx)
+			require.ErrorIs(t, err, outbox.ErrWALSetup)
+			require.Contains(t, err.Error(), "GRANT DELETE ON")
 		})
 		t.Run("WALLevelReplica", func(t *testing.T) {
 			// The shared server runs at wal_level=replica.

@@ -67,7 +67,7 @@ func NewRelay(reg prometheus.Registerer, constLabels prometheus.Labels) (*Relay,
 		return prometheus.Opts{Namespace: "outbox", Name: name, Help: help, ConstLabels: constLabels}
 	}
 	m := &Relay{
-		published: prometheus.NewCounter(prometheus.CounterOpts(opts("published_total", "Rows confirmed by the broker and marked published."))),
+		published: prometheus.NewCounter(prometheus.CounterOpts(opts("published_total", "Rows confirmed by the broker and marked published (or deleted: DeletePublished)."))),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts(opts("publish_errors_total",
 			"Failed publish attempts by reason; unavailable counts rows left untouched by a broker outage.")), []string{"reason"}),
 		retries: prometheus.NewCounter(prometheus.CounterOpts(opts("retries_total", "Failed rows scheduled for another attempt."))),
