@@ -1,7 +1,6 @@
 package outbox_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -84,24 +83,6 @@ func TestDeletePublished(t *testing.T) {
 	require.EqualValues(t, 1, n)
 	testinfra.Eventually(t, waitFor, func() bool { return got.ids()[bigID.String()] == 1 }, "the requeued row delivered")
 	testinfra.Eventually(t, waitFor, func() bool { return b.count(t, "true") == 0 }, "and deleted")
-}
-
-// lockedBuffer is a bytes.Buffer that goroutines may write at once (a logger's output).
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // TestDeletePublishedCannotDelete: a relay with DeletePublished whose role may not delete

@@ -1,6 +1,7 @@
 package outbox_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -212,4 +213,22 @@ func holdNotifierLock(t testing.TB, b *bundle, fn func()) {
 	fn()
 	_, err = holder.Exec(ctx, "SELECT pg_advisory_unlock($1)", int64(notifierLock))
 	require.NoError(t, err)
+}
+
+// lockedBuffer is a bytes.Buffer that goroutines may write at once (a logger's output).
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

@@ -145,9 +145,9 @@ type Config struct {
 	// [Cleanup] has nothing left to do. On PostgreSQL a DELETE costs a fraction of the
 	// UPDATE, which writes a new version of the row and of its index entries, and its
 	// later cleanup: about a fifth of their time and a twenty-fifth of their WAL
-	// (docs/benchmarks.md), which the WAL relay's walsender also reads. What goes is the table's record of what was
-	// published, and when. [ReadStats], [ListDead], [Requeue], the metrics and the alert
-	// rules read only pending and dead rows, and mean the same with it
+	// (docs/benchmarks.md), which the WAL relay's walsender also reads. What goes is the
+	// table's record of what was published, and when. [ReadStats], [ListDead], [Requeue],
+	// the metrics and the alert rules read only pending and dead rows, and mean the same with it
 	// (README.md#published-rows). Both relays honour it, the [WALRelay]'s retry lane too;
 	// every relay of a table should run with the same setting.
 	DeletePublished bool
