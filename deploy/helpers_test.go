@@ -310,7 +310,9 @@ func outboxMetricNames() ([]string, error) {
 	}
 	publisher.Hooks(outboxrabbitmq.Hooks{}).Connected(outboxrabbitmq.ConnectionChange{Up: true})
 	// The table metrics are plain gauges: registering them is enough (no read, no database).
-	if _, err := outboxmetrics.NewStats(reg, nil, outboxmetrics.StatsConfig{ConstLabels: prometheus.Labels{"service": "orders"}}); err != nil {
+	// A partitioned table's add outbox_partitions_ahead_seconds.
+	if _, err := outboxmetrics.NewStats(reg, nil, outboxmetrics.StatsConfig{
+		Tables: outbox.Tables{Partition: time.Hour}, ConstLabels: prometheus.Labels{"service": "orders"}}); err != nil {
 		return nil, err
 	}
 	return gather(reg)

@@ -3,6 +3,7 @@ package outbox
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -29,6 +30,10 @@ type CleanupConfig struct {
 	// Interval is the time between two runs of RunCleanup. Default 1m
 	// ([DefaultCleanupInterval]).
 	Interval time.Duration
+	// PartitionsAhead is, for a partitioned table ([Tables.Partition]), how far ahead of now
+	// Cleanup keeps partitions made. Default: three partitions, and at least an hour. Keep it
+	// well above 30 minutes, the OutboxPartitionsRunningOut alert's threshold.
+	PartitionsAhead time.Duration
 	// Logger receives a line per run that deleted rows and the lines of a failure streak
 	// (RunCleanup), and a debug line per batch. Nil discards.
 	Logger *slog.Logger
@@ -41,6 +46,8 @@ func (c CleanupConfig) WithDefaults() (CleanupConfig, error) {
 		return c, fmt.Errorf("outbox: cleanup retention must be >= 0 (0 means %s), got %s", DefaultCleanupRetention, c.Retention)
 	case c.BatchSize < 0:
 		return c, fmt.Errorf("outbox: cleanup batch size must be >= 0 (0 means %d), got %d", DefaultCleanupBatchSize, c.BatchSize)
+	case c.PartitionsAhead < 0:
+		return c, fmt.Errorf("outbox: cleanup's partitions ahead must be >= 0 (0 means three partitions, and at least an hour), got %s", c.PartitionsAhead)
 	case c.Interval < 0:
 		return c, fmt.Errorf("outbox: cleanup interval must be >= 0 (0 means %s), got %s", DefaultCleanupInterval, c.Interval)
 	}
@@ -59,18 +66,26 @@ const cleanupCutoff = `SELECT now() - make_interval(secs => $1)`
 // deletePublished removes at most $2 rows published before $1. The subquery walks the
 // published_at index; SKIP LOCKED lets several cleaners run side by side without waiting for
 // each other. Pending and dead rows are never touched.
+//
+// On a partitioned table it deletes only rows created before $3, in the partitions old
+// enough to be dropped: those kept for their pending or dead rows. The newer partitions are
+// left whole for their drop (and not read: $3 prunes them).
 const deletePublished = `
 DELETE FROM {{.Messages}}
-WHERE id IN (
-  SELECT id FROM {{.Messages}}
-  WHERE published_at IS NOT NULL AND published_at < $1
+WHERE {{if .Partitioned}}(id, created_at){{else}}id{{end}} IN (
+  SELECT {{if .Partitioned}}id, created_at{{else}}id{{end}} FROM {{.Messages}}
+  WHERE published_at IS NOT NULL AND published_at < $1{{if .Partitioned}} AND created_at < $3{{end}}
   ORDER BY published_at
   LIMIT $2
-  FOR UPDATE SKIP LOCKED)`
+  FOR UPDATE SKIP LOCKED){{if .Partitioned}}
+  AND created_at < $3{{end}}`
 
 // Cleanup deletes the rows published more than cfg.Retention ago, in short DELETEs of at
 // most cfg.BatchSize rows, and returns how many it deleted; when ctx ends between batches,
-// it returns those and ctx's error.
+// it returns those and ctx's error. On a partitioned table ([Tables.Partition]) it first
+// makes the partitions of the next cfg.PartitionsAhead, and drops whole the partitions whose
+// range ended more than cfg.Retention ago and that hold no pending or dead row, counting
+// their rows as deleted (README.md#partitioned-tables).
 func Cleanup(ctx context.Context, db DBTX, cfg CleanupConfig) (deleted int64, err error) {
 	return defaultStore.Cleanup(ctx, db, cfg)
 }
@@ -81,12 +96,35 @@ func (s *Store) Cleanup(ctx context.Context, db DBTX, cfg CleanupConfig) (delete
 	if err != nil {
 		return 0, err
 	}
+	if p := s.tables.Partition; p != 0 && cfg.Retention < p {
+		return 0, fmt.Errorf("outbox: cleanup retention %s is shorter than a partition (%s): a transaction that began in a partition's range could find it dropped", cfg.Retention, p)
+	}
+	// A partitioned table's partitions first, so that a run that fails later has still made
+	// them. A partition not made (its lock not had in time: a long transaction on the table)
+	// fails the run, but only once the rest of it is done.
+	var notMade error
+	if err := checkLayoutOn(ctx, db, s); err != nil {
+		return 0, fmt.Errorf("clean up outbox: %w", err)
+	}
+	if s.tables.Partition != 0 {
+		if _, err := s.createPartitions(ctx, db, cfg.PartitionsAhead, false, cfg.Logger); err != nil {
+			notMade = fmt.Errorf("clean up outbox: %w", err)
+		}
+	}
 	var cutoff time.Time
 	if err := db.QueryRow(ctx, s.sql.cleanupCutoff, cfg.Retention.Seconds()).Scan(&cutoff); err != nil {
-		return 0, fmt.Errorf("clean up outbox: compute cutoff: %w", err)
+		return 0, errors.Join(notMade, fmt.Errorf("clean up outbox: compute cutoff: %w", err))
 	}
+	args := []any{cutoff, cfg.BatchSize}
+	if s.tables.Partition != 0 {
+		if deleted, err = s.dropPartitions(ctx, db, cutoff, cfg.Logger); err != nil {
+			return deleted, errors.Join(notMade, fmt.Errorf("clean up outbox: %w", err))
+		}
+		args = append(args, droppableBefore(cutoff, s.tables.Partition))
+	}
+	defer func() { err = errors.Join(notMade, err) }()
 	for {
-		tag, err := db.Exec(ctx, s.sql.deletePublished, cutoff, cfg.BatchSize)
+		tag, err := db.Exec(ctx, s.sql.deletePublished, args...)
 		if err != nil {
 			return deleted, fmt.Errorf("clean up outbox: delete batch: %w", err)
 		}

@@ -266,6 +266,36 @@ func ExampleCleanup() {
 	// deleted 0
 }
 
+// A partitioned outbox: one partition per hour, which Migrate makes for the next hours and
+// Cleanup then keeps ahead; Cleanup drops whole the partitions past the retention that hold
+// no pending or dead row. The relay, Add and the metrics need only the same Tables.
+func ExampleTables_partition() {
+	ctx := context.Background()
+	pool, _, cleanup := exampleEnv()
+	defer cleanup()
+
+	orders, err := outbox.NewStore(outbox.Tables{Partition: time.Hour})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := orders.Migrate(ctx, pool); err != nil { // makes the partitioned table
+		log.Fatal(err)
+	}
+	// RunCleanup, in one process or more (they take turns), runs this every minute.
+	if _, err := orders.Cleanup(ctx, pool, outbox.CleanupConfig{Retention: 24 * time.Hour}); err != nil {
+		log.Fatal(err)
+	}
+	// relay, err := outbox.NewRelay(pool, pub, outbox.Config{Tables: orders.Tables()})
+
+	st, err := orders.ReadStats(ctx, pool)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("partitions reach two hours ahead:", time.Until(st.PartitionsEnd) > 2*time.Hour)
+	// Output:
+	// partitions reach two hours ahead: true
+}
+
 // ExampleCommitReplicated answers an idempotent request's replay from what a transaction
 // only read: committed with CommitReplicated, the answer is given only once the row it
 // comes from is on the synchronous standbys, if the server has any.

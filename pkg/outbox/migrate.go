@@ -4,6 +4,7 @@ import (
 	"context"
 	"embed"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -37,6 +38,8 @@ const (
 	// notifyLock is the lock the notify trigger tries, so that one committing transaction
 	// at a time notifies (see migrations/templates/001_outbox.sql.tmpl).
 	notifyLock int64 = 8031453476610924398 // "outbox_n"
+	// partitionLock serialises the partition steps of Cleanup and Migrate (partition.go).
+	partitionLock int64 = 0x6f7574626f785f70 // "outbox_p"
 )
 
 // TxBeginner starts a transaction. *pgxpool.Pool and *pgx.Conn satisfy it.
@@ -109,7 +112,45 @@ func migrate(ctx context.Context, db TxBeginner, t Tables) error {
 	if err != nil {
 		return err
 	}
-	return pgmigrate.Apply(ctx, db, c)
+	if err := pgmigrate.Apply(ctx, db, c); err != nil {
+		return err
+	}
+	s, err := NewStore(t)
+	if err != nil {
+		return err
+	}
+	if err := checkLayoutOn(ctx, db, s); err != nil || t.Partition == 0 {
+		return err
+	}
+	d, ok := db.(DBTX)
+	if !ok {
+		return fmt.Errorf("outbox: migrate a partitioned table: a %T cannot run queries", db)
+	}
+	// The partitions of the next hours, so that writers can write before Cleanup first
+	// runs: waiting for another process making them, so as never to return before they are
+	// made. The locks are waited for as the migrations' are.
+	for attempt := 1; ; attempt++ {
+		_, err := s.createPartitions(ctx, d, 0, true, slog.New(slog.DiscardHandler))
+		if !isCode(err, "55P03") || attempt == pgmigrate.Attempts {
+			return err
+		}
+		if !retry.Sleep(ctx, c.Backoff(attempt)) {
+			return ctx.Err()
+		}
+	}
+}
+
+// checkLayoutOn runs s.checkLayout on db, in a transaction of its own when db cannot run
+// queries itself.
+func checkLayoutOn(ctx context.Context, db any, s *Store) error {
+	if d, ok := db.(DBTX); ok {
+		return s.checkLayout(ctx, d)
+	}
+	b, ok := db.(TxBeginner)
+	if !ok {
+		return fmt.Errorf("outbox: a %T can neither run queries nor begin a transaction", db)
+	}
+	return pgx.BeginFunc(ctx, b, func(tx pgx.Tx) error { return s.checkLayout(ctx, tx) })
 }
 
 // Migrate brings the outbox schema of the default [Tables] to the version this package

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -18,6 +19,10 @@ type Stats struct {
 	OldestPending time.Time
 	// Dead counts rows that gave up.
 	Dead int64
+	// PartitionsEnd is, for a partitioned table ([Tables.Partition]), where its last
+	// partition ends: a row written after it has no partition, and its writer fails. Cleanup
+	// keeps it [CleanupConfig].PartitionsAhead ahead of now. Zero for a plain table.
+	PartitionsEnd time.Time
 }
 
 // statsQuery reads the pending rows once through their partial index, and the dead ones
@@ -49,6 +54,19 @@ func (s *Store) ReadStats(ctx context.Context, db DBTX) (Stats, error) {
 	}
 	if oldest != nil {
 		st.OldestPending = *oldest
+	}
+	if s.tables.Partition != 0 {
+		var end *time.Time
+		var dateStyle string
+		if err := db.QueryRow(ctx, partitionsEnd, s.tables.sqlNames().MessagesText).Scan(&end, &dateStyle); err != nil {
+			return Stats{}, fmt.Errorf("read outbox stats: where the partitions end: %w", err)
+		}
+		if !strings.HasPrefix(dateStyle, "ISO") {
+			return Stats{}, fmt.Errorf("read outbox stats: the partitions' bounds are read back from their text, which only DateStyle ISO (the server's default) writes unambiguously; this session's is %q", dateStyle)
+		}
+		if end != nil {
+			st.PartitionsEnd = *end
+		}
 	}
 	return st, nil
 }

@@ -85,14 +85,16 @@ WHERE EXISTS (
 // publicationHas tells whether publication $1 exists, publishes inserts, holds the outbox
 // table ($2, its quoted name) however (FOR TABLE, FOR TABLES IN SCHEMA, FOR ALL TABLES),
 // and with a row filter or a column list (PostgreSQL 15), either of which would keep rows,
-// or columns, from the stream.
+// or columns, from the stream; and whether it publishes a partitioned table's rows as the
+// table's rather than their partition's (publish_via_partition_root), which a partitioned
+// outbox needs: pg_publication_tables lists its partitions otherwise, not the table.
 const publicationHas = `
 WITH tbl AS (
-    SELECT n.nspname, c.relname,
+    SELECT n.nspname, c.relname, c.relkind = 'p' AS partitioned,
            (SELECT count(*) FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped) AS columns
     FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
     WHERE c.oid = to_regclass($2))
-SELECT p.pubinsert, t.pubname IS NOT NULL,
+SELECT p.pubinsert, p.pubviaroot, coalesce((SELECT partitioned FROM tbl), false), t.pubname IS NOT NULL,
        coalesce(t.rowfilter IS NOT NULL, false),
        coalesce(cardinality(t.attnames) < (SELECT columns FROM tbl), false)
 FROM pg_publication p
@@ -239,6 +241,9 @@ func (s *Store) createPublication(ctx context.Context, db DBTX, name string) err
 	// A utility statement: no parameters, so the names are quoted into it.
 	create := "CREATE PUBLICATION " + pgx.Identifier{name}.Sanitize() + " FOR TABLE " +
 		s.tables.sqlNames().Messages + " WITH (publish = 'insert')"
+	if s.tables.Partition != 0 {
+		create = strings.TrimSuffix(create, ")") + ", publish_via_partition_root = true)"
+	}
 	if _, err := db.Exec(ctx, create); err != nil {
 		return fmt.Errorf("outbox: create publication %s: %w", name, err)
 	}
@@ -255,14 +260,18 @@ var (
 // checkPublication reports whether publication name holds the table for INSERTs, whole; the
 // error says why not, wrapping errNoPublication or errPublicationShape.
 func (s *Store) checkPublication(ctx context.Context, db DBTX, name string) (bool, error) {
-	var inserts, holds, filtered, columns bool
+	var inserts, viaRoot, partitioned, holds, filtered, columns bool
 	table := s.tables.qualified(s.tables.Messages)
-	err := db.QueryRow(ctx, s.sql.publicationHas, name, s.tables.sqlNames().MessagesText).Scan(&inserts, &holds, &filtered, &columns)
+	err := db.QueryRow(ctx, s.sql.publicationHas, name, s.tables.sqlNames().MessagesText).Scan(&inserts, &viaRoot, &partitioned, &holds, &filtered, &columns)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return false, fmt.Errorf("outbox: publication %s: %w", name, errNoPublication)
 	case err != nil:
 		return false, fmt.Errorf("outbox: read publication %s: %w", name, err)
+	case !holds && partitioned && !viaRoot:
+		// pg_publication_tables lists the partitions then, not the table: it may hold it.
+		return false, fmt.Errorf("outbox: publication %s does not stream the rows of the partitioned table %s as the table's (ALTER PUBLICATION %s SET (publish_via_partition_root = true), and ADD TABLE %s if it lacks it): %w",
+			name, table, name, table, errPublicationShape)
 	case !holds:
 		return false, fmt.Errorf("outbox: publication %s does not hold the table %s (ALTER PUBLICATION %s ADD TABLE %s): %w",
 			name, table, name, table, errPublicationShape)
@@ -544,8 +553,12 @@ type slotPosition struct {
 func (w *WALRelay) session(ctx context.Context, confirmed *slotPosition) error {
 	switch ok, err := w.lane.storeOf().checkPublication(ctx, w.db, w.wal.Publication); {
 	case errors.Is(err, errNoPublication):
-		return fmt.Errorf("%w: %w (create it with Store.CreatePublication, or CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert'))",
-			ErrWALSetup, err, w.wal.Publication, w.cfg.Tables.qualified(w.cfg.Tables.Messages))
+		with := "publish = 'insert'"
+		if w.cfg.Tables.Partition != 0 {
+			with += ", publish_via_partition_root = true"
+		}
+		return fmt.Errorf("%w: %w (create it with Store.CreatePublication, or CREATE PUBLICATION %s FOR TABLE %s WITH (%s))",
+			ErrWALSetup, err, w.wal.Publication, w.cfg.Tables.qualified(w.cfg.Tables.Messages), with)
 	case errors.Is(err, errPublicationShape):
 		return fmt.Errorf("%w: %w", ErrWALSetup, err)
 	case !ok:

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
@@ -35,17 +36,18 @@ func TestWALRelay(t *testing.T) {
 	defer cancel()
 
 	// setup makes database db with the outbox migrated and its publication, and a bundle
-	// (broker topology, publisher) around it.
-	setup := func(t *testing.T, db string) (*bundle, string) {
+	// (broker topology, publisher) around it. The outbox's tables are the default ones, or
+	// the one given.
+	setup := func(t *testing.T, db string, tables ...outbox.Tables) (*bundle, string) {
 		t.Helper()
 		pair.CreateDatabase(t, db)
 		url := pair.Primary.URL(db)
 		pool, err := pgxpool.New(ctx, url)
 		require.NoError(t, err)
 		t.Cleanup(pool.Close)
-		require.NoError(t, outbox.Migrate(ctx, pool))
-		store, err := outbox.NewStore(outbox.Tables{})
+		store, err := outbox.NewStore(append(tables, outbox.Tables{})[0])
 		require.NoError(t, err)
+		require.NoError(t, store.Migrate(ctx, pool))
 		require.NoError(t, store.CreatePublication(ctx, pool, ""))
 		require.NoError(t, store.CreatePublication(ctx, pool, ""), "a second time: nothing to do")
 		t.Cleanup(func() {
@@ -946,6 +948,73 @@ WHERE f.id = $1 AND o.seq > (SELECT seq FROM outbox_messages WHERE id = $2) AND 
 		eventually(t, "a relay on a slot of its own streams", func() bool { return w.State() == outbox.StateRunning })
 		idB := b.write(t, b.msg("b", 0))[0].ID.String()
 		eventually(t, "the second outbox published", func() bool { return gotB.ids()[idB] == 1 })
+	})
+
+	t.Run("PartitionedTable", func(t *testing.T) {
+		tables := outbox.Tables{Partition: time.Hour}
+		b, url := setup(t, "partitioned", tables)
+		var viaRoot bool
+		require.NoError(t, b.pool.QueryRow(ctx, "SELECT pubviaroot FROM pg_publication WHERE pubname = $1", tables.WALName()).Scan(&viaRoot))
+		require.True(t, viaRoot, "the publication streams the rows as the table's")
+		got := consume(t, b.amqpURL, b.top.Queue)
+		cfg := fastConfig(t)
+		cfg.Tables = tables
+		cfg.BatchSize = 50
+		_, stop := streaming(t, b, url, cfg)
+
+		// One aggregate's rows, in an old partition made by hand and in the current one,
+		// in turn: they go out in commit order.
+		var now time.Time
+		require.NoError(t, b.pool.QueryRow(ctx, "SELECT now()").Scan(&now))
+		hour := now.Truncate(time.Hour)
+		_, err := b.pool.Exec(ctx, fmt.Sprintf("CREATE TABLE old PARTITION OF outbox_messages FOR VALUES FROM ('%s') TO ('%s')",
+			hour.Add(-3*time.Hour).UTC().Format(time.RFC3339), hour.Add(-2*time.Hour).UTC().Format(time.RFC3339)))
+		require.NoError(t, err)
+		var want []string
+		for n := range 100 {
+			m := b.msg("one", n)
+			if n%2 == 1 {
+				want = append(want, b.write(t, m)[0].ID.String())
+				continue
+			}
+			id := uuid.New()
+			_, err := b.pool.Exec(ctx, `
+INSERT INTO outbox_messages (id, exchange, routing_key, type, aggregate_type, aggregate_id, payload, created_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7::text::json, $8)`,
+				id, m.Exchange, m.RoutingKey, m.Type, m.AggregateType, m.AggregateID, string(m.Payload), hour.Add(-150*time.Minute))
+			require.NoError(t, err)
+			want = append(want, id.String())
+		}
+		eventually(t, "every row delivered", func() bool { return len(got.ids()) == 100 })
+		require.Equal(t, map[string][]string{"one": want}, firstOrder(got), "in commit order across partitions")
+		eventually(t, "every row marked published", func() bool { return b.count(t, "published_at IS NOT NULL") == 100 })
+
+		// The old partition dropped under the stream: it goes on.
+		store, err := outbox.NewStore(tables)
+		require.NoError(t, err)
+		_, err = b.pool.Exec(ctx, "UPDATE outbox_messages SET published_at = published_at - interval '2 hours'") // past the retention
+		require.NoError(t, err)
+		deleted, err := store.Cleanup(ctx, b.pool, outbox.CleanupConfig{Retention: time.Hour})
+		require.NoError(t, err)
+		require.EqualValues(t, 50, deleted, "the old partition's rows; the current one's are left whole")
+		var gone bool
+		require.NoError(t, b.pool.QueryRow(ctx, "SELECT to_regclass('old') IS NULL").Scan(&gone))
+		require.True(t, gone, "the old partition is dropped")
+		more := b.write(t, b.msg("one", 100))[0].ID.String()
+		eventually(t, "a row written after the drop delivered", func() bool { return got.ids()[more] == 1 })
+		require.NoError(t, stop())
+
+		// A publication of the table that streams its rows as their partitions' is refused,
+		// saying what to change.
+		_, err = b.pool.Exec(ctx, "CREATE PUBLICATION leaves FOR TABLE outbox_messages WITH (publish = 'insert')")
+		require.NoError(t, err)
+		w, err := outbox.NewWALRelay(b.pool, b.pub, cfg, outbox.WALConfig{URL: url, Publication: "leaves"})
+		require.NoError(t, err)
+		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		err = w.Run(rctx)
+		require.ErrorIs(t, err, outbox.ErrWALSetup)
+		require.ErrorContains(t, err, "publish_via_partition_root = true")
 	})
 
 	t.Run("SetUpErrors", func(t *testing.T) {

@@ -266,6 +266,8 @@ type Stats struct {
 	oldestAge   prometheus.Gauge
 	dead        prometheus.Gauge
 	lastSuccess prometheus.Gauge
+	// partitionsAhead is nil for a plain table.
+	partitionsAhead prometheus.Gauge
 	// The WAL relay's slot (outbox.SlotStats).
 	slotExists, slotActive, slotLost, slotLag, slotRetained, slotSafe prometheus.Gauge
 }
@@ -332,8 +334,14 @@ func NewStats(reg prometheus.Registerer, db outbox.DBTX, cfg StatsConfig) (*Stat
 		slotSafe: prometheus.NewGauge(opts("wal_slot_safe_bytes",
 			"WAL that may still be written before the server invalidates the slot (safe_wal_size); +Inf without max_slot_wal_keep_size.")),
 	}
-	for _, c := range []prometheus.Collector{s.pending, s.oldestAge, s.dead, s.lastSuccess,
-		s.slotExists, s.slotActive, s.slotLost, s.slotLag, s.slotRetained, s.slotSafe} {
+	cs := []prometheus.Collector{s.pending, s.oldestAge, s.dead, s.lastSuccess,
+		s.slotExists, s.slotActive, s.slotLost, s.slotLag, s.slotRetained, s.slotSafe}
+	if cfg.Tables.Partition != 0 {
+		s.partitionsAhead = prometheus.NewGauge(opts("partitions_ahead_seconds",
+			"How far ahead of now the partitioned outbox table's partitions reach (outbox.Stats.PartitionsEnd); writers fail past it. Negative when behind."))
+		cs = append(cs, s.partitionsAhead)
+	}
+	for _, c := range cs {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -354,6 +362,13 @@ func (s *Stats) Refresh(ctx context.Context) error {
 		age = max(0, time.Since(st.OldestPending).Seconds())
 	}
 	s.oldestAge.Set(age)
+	if s.partitionsAhead != nil {
+		ahead := math.Inf(-1) // no partition at all: every write fails
+		if !st.PartitionsEnd.IsZero() {
+			ahead = time.Until(st.PartitionsEnd).Seconds()
+		}
+		s.partitionsAhead.Set(ahead)
+	}
 	slot, err := s.store.ReadSlotStats(ctx, s.db, s.slot)
 	if err != nil {
 		return err

@@ -188,6 +188,43 @@ func TestStatsTables(t *testing.T) {
 	require.ErrorIs(t, err, outbox.ErrInvalidTables)
 }
 
+// TestStatsPartitioned: on a partitioned table, outbox_partitions_ahead_seconds says how far
+// ahead its partitions reach; a plain table has no such metric.
+func TestStatsPartitioned(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testinfra.NewPool(t)
+	tables := outbox.Tables{Messages: "hourly", Partition: time.Hour}
+	store, err := outbox.NewStore(tables)
+	require.NoError(t, err)
+	require.NoError(t, store.Migrate(ctx, pool))
+
+	reg := prometheus.NewPedanticRegistry()
+	stats, err := outboxmetrics.NewStats(reg, pool, outboxmetrics.StatsConfig{Tables: tables})
+	require.NoError(t, err)
+	require.NoError(t, stats.Refresh(ctx))
+	ahead := testutil.ToFloat64(metric(t, reg, "outbox_partitions_ahead_seconds"))
+	require.Greater(t, ahead, (3*time.Hour - time.Minute).Seconds(), "Migrate made three hours ahead")
+	require.LessOrEqual(t, ahead, (4 * time.Hour).Seconds())
+
+	// Every partition gone: writers fail, and the metric says so.
+	_, err = pool.Exec(ctx, "DO $$ DECLARE p regclass; BEGIN FOR p IN SELECT inhrelid::regclass FROM pg_inherits WHERE inhparent = 'hourly'::regclass LOOP EXECUTE 'DROP TABLE ' || p; END LOOP; END $$")
+	require.NoError(t, err)
+	require.NoError(t, stats.Refresh(ctx))
+	require.True(t, math.IsInf(testutil.ToFloat64(metric(t, reg, "outbox_partitions_ahead_seconds")), -1))
+
+	plain := prometheus.NewPedanticRegistry()
+	require.NoError(t, outbox.Migrate(ctx, pool))
+	stats, err = outboxmetrics.NewStats(plain, pool, outboxmetrics.StatsConfig{})
+	require.NoError(t, err)
+	require.NoError(t, stats.Refresh(ctx))
+	families, err := plain.Gather()
+	require.NoError(t, err)
+	for _, f := range families {
+		require.NotEqual(t, "outbox_partitions_ahead_seconds", f.GetName(), "not for a plain table")
+	}
+}
+
 // TestStatsConfigWithDefaults: the effective config is what NewStats runs with, and a
 // negative interval is refused with the field's name rather than panicking a ticker.
 func TestStatsConfigWithDefaults(t *testing.T) {
