@@ -205,7 +205,9 @@ func (s *rabbitServer) start(ctx context.Context) error {
 	}
 	s.proc = proc
 
-	ctx, cancel := context.WithTimeout(ctx, 90*time.Second)
+	// A cluster node started again after a SIGKILL recovers its quorum queues' logs and
+	// waits for its peers' tables: on a loaded two-core machine that has taken over 90 s.
+	ctx, cancel := context.WithTimeout(ctx, 150*time.Second)
 	defer cancel()
 	return s.waitAMQP(ctx)
 }
