@@ -117,8 +117,14 @@ func (s *Store) Cleanup(ctx context.Context, db DBTX, cfg CleanupConfig) (delete
 	}
 	args := []any{cutoff, cfg.BatchSize}
 	if s.tables.Partition != 0 {
-		if deleted, err = s.dropPartitions(ctx, db, cutoff, cfg.Logger); err != nil {
+		var another bool
+		if deleted, another, err = s.dropPartitions(ctx, db, cutoff, cfg.Logger); err != nil {
 			return deleted, errors.Join(notMade, fmt.Errorf("clean up outbox: %w", err))
+		}
+		if another {
+			// Another process is dropping partitions: the rows of those it has not dropped
+			// yet are left to their drop, not deleted one by one, and its DELETE follows.
+			return deleted, notMade
 		}
 		args = append(args, droppableBefore(cutoff, s.tables.Partition))
 	}

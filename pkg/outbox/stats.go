@@ -5,8 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
+
+	"github.com/outboxshop/outboxshop/pkg/outbox/internal/pgpartition"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -58,11 +59,11 @@ func (s *Store) ReadStats(ctx context.Context, db DBTX) (Stats, error) {
 	if s.tables.Partition != 0 {
 		var end *time.Time
 		var dateStyle string
-		if err := db.QueryRow(ctx, partitionsEnd, s.tables.sqlNames().MessagesText).Scan(&end, &dateStyle); err != nil {
+		if err := db.QueryRow(ctx, pgpartition.EndSQL, s.tables.sqlNames().MessagesText).Scan(&end, &dateStyle); err != nil {
 			return Stats{}, fmt.Errorf("read outbox stats: where the partitions end: %w", err)
 		}
-		if !strings.HasPrefix(dateStyle, "ISO") {
-			return Stats{}, fmt.Errorf("read outbox stats: the partitions' bounds are read back from their text, which only DateStyle ISO (the server's default) writes unambiguously; this session's is %q", dateStyle)
+		if err := pgpartition.CheckDateStyle(dateStyle); err != nil {
+			return Stats{}, fmt.Errorf("read outbox stats: %w", err)
 		}
 		if end != nil {
 			st.PartitionsEnd = *end

@@ -91,6 +91,13 @@ var Sets = []Set{
 		Skip:   []string{"generate.go", "service.go", "service_test.go"},
 	},
 	{
+		// How a table partitioned by time is kept: partitions made ahead, old ones dropped.
+		Source: "internal/pgpartition",
+		Copies: []string{"pkg/outbox/internal/pgpartition"},
+		Tests:  true,
+		Skip:   []string{"generate.go"},
+	},
+	{
 		// The check that the libraries' documentation snippets compile and run.
 		Source:  "pkg/outbox/snippets_test.go",
 		Copies:  []string{"pkg/inbox/snippets_test.go"},
