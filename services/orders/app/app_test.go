@@ -364,7 +364,10 @@ func TestAppDatabaseDown(t *testing.T) {
 	cfg.DatabaseURL = proxy.RewriteURL(t, cfg.DatabaseURL)
 	a := start(t, cfg, app.ModeAPI)
 
-	require.Equal(t, http.StatusOK, call(t, http.MethodGet, a.URL()+"/readyz", "").status)
+	// Ready once its consumer runs, a moment after the start on a loaded machine.
+	testinfra.Eventually(t, 20*time.Second, func() bool {
+		return call(t, http.MethodGet, a.URL()+"/readyz", "").status == http.StatusOK
+	}, "ready")
 	created := call(t, http.MethodPost, a.URL()+"/orders", orderBody)
 	require.Equal(t, http.StatusCreated, created.status)
 	id := decodeOrder(t, created).ID
