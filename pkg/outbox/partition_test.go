@@ -251,8 +251,6 @@ func isLockTimeout(err error) bool {
 	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
 }
 
-func slicesEqual(a, b []string) bool { return strings.Join(a, ",") == strings.Join(b, ",") }
-
 // TestPartitionsMadeUnderLoad: writers write while two cleaners make half an hour more of
 // one-minute partitions: no write fails, the partitions follow each other without a gap or
 // an overlap, and a relay publishes every row once.
