@@ -1,6 +1,7 @@
 // Package pgpartition keeps a table partitioned by range of a timestamp column: it makes the
 // partitions ahead of time, on a grid, and drops whole the ones whose range ended long enough
-// ago. The outbox keeps its table partitioned by created_at with it.
+// ago. The outbox keeps its table partitioned by created_at with it, the inbox its table by
+// processed_at.
 //
 // Each step (make one partition, drop one) is a transaction of its own, at READ COMMITTED,
 // that waits at most [LockTimeout] for each lock it takes, and that holds an advisory lock
@@ -12,8 +13,8 @@
 // Partition bounds are read back from their text (pg_get_expr), which a session writes
 // unambiguously in ISO DateStyle: the steps set it for their own transactions.
 //
-// This is the source of the copy in the outbox's internal/pgpartition (a library must stay
-// copyable alone): edit it here and run go generate; a test in tools fails when a copy
+// This is the source of the copies in the libraries' internal/pgpartition (a library must
+// stay copyable alone): edit it here and run go generate; a test in tools fails when a copy
 // drifts.
 package pgpartition
 
@@ -46,6 +47,13 @@ type Table struct {
 	Name func(lo time.Time) string
 	// LockKey is the advisory lock of the table's steps.
 	LockKey int64
+}
+
+// ValidEvery reports whether every can be a partitions' length: a whole number of minutes,
+// from a minute to a day, that divides a day, so that the partitions of every day begin at
+// the same times.
+func ValidEvery(every time.Duration) bool {
+	return every >= time.Minute && every <= 24*time.Hour && every%time.Minute == 0 && (24*time.Hour)%every == 0
 }
 
 // Partition is one partition of the table. A bound that is not a timestamp (MINVALUE,

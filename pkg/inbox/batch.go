@@ -107,11 +107,18 @@ var errOneFailed = errors.New("a message of the batch failed")
 // ids of the rows it inserted: the others were processed before. Rows go in id order, so
 // that batches that share messages (redeliveries racing) wait for each other's rows in the
 // same order and do not deadlock.
+// On a partitioned table, the rows of messages no partition holds yet, under their advisory
+// locks (partition.go).
 const insertMessagesSQL = `INSERT INTO {{.Messages}} (consumer, message_id, message_type, received_at)
-SELECT $1, m.id, m.type, m.received_at
+SELECT $1::text, m.id, m.type, m.received_at
 FROM unnest($2::text[], $3::text[], $4::timestamptz[]) AS m(id, type, received_at)
+{{- if .Partitioned}}
+WHERE NOT EXISTS (SELECT FROM {{.Messages}} WHERE consumer = $1 AND message_id = m.id)
+ORDER BY m.id
+{{- else}}
 ORDER BY m.id
 ON CONFLICT (consumer, message_id) DO NOTHING
+{{- end}}
 RETURNING message_id`
 
 // processTogether is the first attempt at a batch, the one that costs the least when nothing
@@ -161,6 +168,11 @@ func (s *Store) processTogether(ctx context.Context, db TxBeginner, consumer str
 		return nil, errOneFailed
 	}
 	isNew := make([]bool, len(msgs))
+	if len(ids) > 0 && s.tables.Partition != 0 {
+		if err := s.lockMessages(ctx, tx, consumer, ids...); err != nil {
+			return nil, fmt.Errorf("record a batch of %d messages: %w", len(msgs), err)
+		}
+	}
 	if len(ids) > 0 {
 		rows, err := tx.Query(ctx, s.sql.insertMessages, consumer, ids, types, received)
 		if err == nil {
@@ -212,6 +224,19 @@ func (s *Store) processEachSaved(ctx context.Context, db TxBeginner, consumer st
 	}
 	defer rollback(ctx, tx)
 
+	if s.tables.Partition != 0 {
+		// Every message's lock at once, in the order every transaction takes them, outside
+		// the savepoints: a rollback to one would release its lock.
+		var ids []string
+		for i, msg := range msgs {
+			if invalid[i] == nil {
+				ids = append(ids, msg.ID)
+			}
+		}
+		if err := s.lockMessages(ctx, tx, consumer, ids...); err != nil {
+			return nil, fmt.Errorf("record a batch of %d messages: %w", len(msgs), err)
+		}
+	}
 	results := make([]Result, len(msgs))
 	for i, msg := range msgs {
 		if invalid[i] != nil {

@@ -3,6 +3,7 @@ package inbox
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -51,6 +52,10 @@ type CleanupConfig struct {
 	// failure streak's lines (once when runs start failing, at most every 30 seconds while
 	// they go on, once when one succeeds again). Nil discards.
 	Logger *slog.Logger
+	// PartitionsAhead is, for a partitioned table ([Tables.Partition]), how far ahead of now
+	// Cleanup keeps partitions made. Default: three partitions, and at least an hour. Keep it
+	// well above 30 minutes, the InboxPartitionsRunningOut alert's threshold.
+	PartitionsAhead time.Duration
 }
 
 // WithDefaults returns c validated, with every default filled in: what [Cleanup] and
@@ -63,6 +68,8 @@ func (c CleanupConfig) WithDefaults() (CleanupConfig, error) {
 		return c, fmt.Errorf("inbox: cleanup batch size must be >= 0 (0 means %d), got %d", DefaultCleanupBatchSize, c.BatchSize)
 	case c.Interval < 0:
 		return c, fmt.Errorf("inbox: cleanup interval must be >= 0 (0 means %s), got %s", DefaultCleanupInterval, c.Interval)
+	case c.PartitionsAhead < 0:
+		return c, fmt.Errorf("inbox: cleanup's partitions ahead must be >= 0 (0 means three partitions, and at least an hour), got %s", c.PartitionsAhead)
 	}
 	c.Retention = cmp.Or(c.Retention, DefaultCleanupRetention)
 	c.BatchSize = cmp.Or(c.BatchSize, DefaultCleanupBatchSize)
@@ -96,7 +103,11 @@ WHERE (consumer, message_id) IN (
 // committed on its own unless db is a transaction, until a batch comes back short, so that it
 // can run while consumers are busy. An invalid cfg returns an error without deleting
 // anything; when ctx ends between batches, Cleanup returns the rows deleted so far and ctx's
-// error. It cleans the table of the default [Tables]; [Store.Cleanup] another.
+// error. On a partitioned table ([Tables.Partition]) it deletes no row: it makes the
+// partitions of the next cfg.PartitionsAhead, and drops whole the partitions whose range
+// ended more than cfg.Retention ago, counting their rows as deleted; the rows of the others
+// stay up to a partition's length past their retention (README.md#partitioned-tables). It
+// cleans the table of the default [Tables]; [Store.Cleanup] another.
 func Cleanup(ctx context.Context, db Execer, cfg CleanupConfig) (deleted int64, err error) {
 	return defaultStore.Cleanup(ctx, db, cfg)
 }
@@ -107,9 +118,31 @@ func (s *Store) Cleanup(ctx context.Context, db Execer, cfg CleanupConfig) (dele
 	if err != nil {
 		return 0, err
 	}
+	if p := s.tables.Partition; p != 0 && cfg.Retention < p {
+		return 0, fmt.Errorf("inbox: cleanup retention %s is shorter than a partition (%s): a transaction that began in a partition's range could find it dropped", cfg.Retention, p)
+	}
+	if err := checkLayoutOn(ctx, db, s); err != nil {
+		return 0, fmt.Errorf("cleanup: %w", err)
+	}
+	// A partitioned table's partitions first, so that a run that fails later has still made
+	// them. A partition not made (its lock not had in time: a long transaction on the table)
+	// fails the run, but only once the rest of it is done.
+	var notMade error
+	if s.tables.Partition != 0 {
+		if _, err := s.createPartitions(ctx, db, cfg.PartitionsAhead, false, cfg.Logger); err != nil {
+			notMade = fmt.Errorf("cleanup: %w", err)
+		}
+	}
 	var cutoff time.Time
 	if err := db.QueryRow(ctx, s.sql.cleanupCutoff, cfg.Retention.Seconds()).Scan(&cutoff); err != nil {
-		return 0, fmt.Errorf("cleanup: compute cutoff: %w", err)
+		return 0, errors.Join(notMade, fmt.Errorf("cleanup: compute cutoff: %w", err))
+	}
+	if s.tables.Partition != 0 {
+		deleted, err := s.dropPartitions(ctx, db, cutoff, cfg.Logger)
+		if err != nil {
+			err = fmt.Errorf("cleanup: %w", err)
+		}
+		return deleted, errors.Join(notMade, err)
 	}
 	// One batch after another, without a wait, until one comes back short; not a retry loop:
 	// an error ends the run (RunCleanup backs off before the next).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,15 +18,17 @@ import (
 	"github.com/outboxshop/outboxshop/pkg/inbox/internal/testinfra"
 )
 
-// countingExecer counts the runs of Cleanup on it: each run starts with one QueryRow (the
-// cutoff), whether or not the database answers.
+// countingExecer counts the runs of Cleanup on it: each run first reads how the table is
+// laid out, once, whether or not the database answers.
 type countingExecer struct {
 	inbox.Execer
 	queries atomic.Int64
 }
 
 func (c *countingExecer) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	c.queries.Add(1)
+	if strings.Contains(sql, "relkind") {
+		c.queries.Add(1)
+	}
 	return c.Execer.QueryRow(ctx, sql, args...)
 }
 

@@ -97,9 +97,16 @@ func invalidText(s string, limit int) string {
 // SQL run by Process. $1 consumer, $2 message id, $3 message type, $4 received at. It and the
 // other statements are templates, rendered once per [Store] with its table names
 // ({{.Messages}}: the quoted, schema-qualified inbox table).
+// On a partitioned table the key does not deduplicate: the insert looks for the message in
+// every partition first, under the message's advisory lock (partition.go).
 const insertMessageSQL = `INSERT INTO {{.Messages}} (consumer, message_id, message_type, received_at)
+{{- if .Partitioned}}
+SELECT $1::text, $2::text, $3::text, $4::timestamptz
+WHERE NOT EXISTS (SELECT FROM {{.Messages}} WHERE consumer = $1 AND message_id = $2)
+{{- else}}
 VALUES ($1, $2, $3, $4)
-ON CONFLICT (consumer, message_id) DO NOTHING`
+ON CONFLICT (consumer, message_id) DO NOTHING
+{{- end}}`
 
 // Process applies a message at most once per consumer and reports whether it was a duplicate.
 //
@@ -129,7 +136,10 @@ ON CONFLICT (consumer, message_id) DO NOTHING`
 // two replicas) serialise on the inbox row: at READ COMMITTED, the PostgreSQL default, the
 // second waits for the first, then reports a duplicate, or runs fn if the first rolled back;
 // under REPEATABLE READ or SERIALIZABLE it fails with a serialization error, and its
-// redelivery is a duplicate. Either way fn's effects are committed once.
+// redelivery is a duplicate. Either way fn's effects are committed once. On a partitioned
+// table ([Tables.Partition]) the copies serialise on an advisory lock of the message instead,
+// and Process runs at READ COMMITTED only: in a transaction at another level it returns an
+// error that wraps [ErrIsolation].
 //
 // Process makes no span of its own: a duplicate sets [AttrDuplicate], true, on the recording
 // span of ctx, if any, and fn's spans nest under it. It records messages in the table of the
@@ -160,6 +170,11 @@ func (s *Store) Process(ctx context.Context, db TxBeginner, consumer string, msg
 	// rollback, or the connection would go back to a pool inside a failed transaction.
 	defer rollback(ctx, tx)
 
+	if s.tables.Partition != 0 {
+		if err := s.lockMessages(ctx, tx, consumer, msg.ID); err != nil {
+			return false, fmt.Errorf("record message %q: %w", msg.ID, err)
+		}
+	}
 	tag, err := tx.Exec(ctx, s.sql.insertMessage, consumer, msg.ID, msg.Type, receivedAt)
 	if err != nil {
 		err = fmt.Errorf("record message %q: %w", msg.ID, err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"embed"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -85,7 +86,28 @@ func migrate(ctx context.Context, db TxBeginner, t Tables) error {
 	if err != nil {
 		return err
 	}
-	return pgmigrate.Apply(ctx, db, c)
+	if err := pgmigrate.Apply(ctx, db, c); err != nil {
+		return err
+	}
+	s, err := NewStore(t)
+	if err != nil {
+		return err
+	}
+	if err := checkLayoutOn(ctx, db, s); err != nil || t.Partition == 0 {
+		return err
+	}
+	// The partitions of the next hours, so that consumers can process before Cleanup first
+	// runs: waiting for another process making them, so as never to return before they are
+	// made. The locks are waited for as the migrations' are.
+	for attempt := 1; ; attempt++ {
+		_, err := s.createPartitions(ctx, db, 0, true, slog.New(slog.DiscardHandler))
+		if !isCode(err, "55P03") || attempt == pgmigrate.Attempts {
+			return err
+		}
+		if !retry.Sleep(ctx, c.Backoff(attempt)) {
+			return ctx.Err()
+		}
+	}
 }
 
 // Migrate brings the inbox schema of the default [Tables] to the version this package needs.

@@ -5,9 +5,12 @@ import (
 	"fmt"
 	"hash/fnv"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxshop/outboxshop/pkg/inbox/internal/pgpartition"
 )
 
 // Tables names the tables of one inbox; the zero value is the default. The index and
@@ -26,6 +29,13 @@ type Tables struct {
 	// "orders_messages"; "inbox" and the default Messages) need one set here: [Migrate]
 	// refuses a version table that records versions while its own Messages table is missing.
 	Migrations string
+	// Partition, when set, makes Messages a table partitioned by range of processed_at, one
+	// partition per Partition of time (aligned on multiples of it since the Unix epoch, UTC),
+	// which [Migrate] and [Cleanup] create ahead and Cleanup drops whole once their retention
+	// is over (README.md#partitioned-tables). From a minute to a day, and a day must be a
+	// whole number of them. Zero, the default: one plain table, whose old rows Cleanup
+	// deletes.
+	Partition time.Duration
 }
 
 // DefaultMessagesTable is the inbox table's name when [Tables.Messages] is empty.
@@ -53,8 +63,8 @@ func (t Tables) WithDefaults() Tables {
 }
 
 // Validate reports whether t, with its defaults, names usable tables: valid UTF-8 without
-// NUL bytes, Messages at most [MaxTableBytes] bytes, Schema and Migrations at most 63, and
-// Messages and Migrations different. Names are quoted in every statement, so any other
+// NUL bytes, Messages at most [MaxTableBytes] bytes, Schema and Migrations at most 63,
+// Messages and Migrations different, and Partition zero or as its comment says. Names are quoted in every statement, so any other
 // character, case included, is kept as written. The error wraps [ErrInvalidTables].
 func (t Tables) Validate() error {
 	t = t.WithDefaults()
@@ -80,6 +90,9 @@ func (t Tables) Validate() error {
 	if t.Messages == t.Migrations {
 		return fmt.Errorf("%w: Messages and Migrations are both %q", ErrInvalidTables, t.Messages)
 	}
+	if p := t.Partition; p != 0 && !pgpartition.ValidEvery(p) {
+		return fmt.Errorf("%w: Partition is %s: it must be a whole number of minutes, from 1m to 24h, that divides a day", ErrInvalidTables, p)
+	}
 	return nil
 }
 
@@ -88,8 +101,11 @@ func (t Tables) String() string {
 	return t.WithDefaults().qualified(t.WithDefaults().Messages)
 }
 
-// isDefault tells whether t names the tables of the zero Tables.
-func (t Tables) isDefault() bool { return t.WithDefaults() == Tables{}.WithDefaults() }
+// isDefault tells whether t names the tables of the zero Tables, partitioned or not.
+func (t Tables) isDefault() bool {
+	t.Partition = 0
+	return t.WithDefaults() == Tables{}.WithDefaults()
+}
 
 // qualified quotes name, prefixed by t's schema if any.
 func (t Tables) qualified(name string) string {
@@ -119,7 +135,9 @@ type sqlNames struct {
 	MessagesText, MigrationsText string
 	// Schema is the schema, quoted; empty when unqualified.
 	Schema string
-	t      Tables
+	// Partitioned: the table is partitioned by range of processed_at ([Tables.Partition]).
+	Partitioned bool
+	t           Tables
 }
 
 // Local returns the quoted, unqualified name of an object derived from the inbox table (an
@@ -136,9 +154,10 @@ func (n sqlNames) Qualified(suffix string) string {
 func (t Tables) sqlNames() sqlNames {
 	t = t.WithDefaults()
 	n := sqlNames{
-		Messages:   t.qualified(t.Messages),
-		Migrations: t.qualified(t.Migrations),
-		t:          t,
+		Messages:    t.qualified(t.Messages),
+		Migrations:  t.qualified(t.Migrations),
+		Partitioned: t.Partition != 0,
+		t:           t,
 	}
 	n.MessagesText, n.MigrationsText = n.Messages, n.Migrations
 	if t.Schema != "" {

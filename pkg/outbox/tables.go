@@ -9,6 +9,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxshop/outboxshop/pkg/outbox/internal/pgpartition"
 )
 
 // Tables names the tables of one outbox; the zero value is the default. Everything else the
@@ -88,7 +90,7 @@ func (t Tables) Validate() error {
 	if t.Messages == t.Migrations {
 		return fmt.Errorf("%w: Messages and Migrations are both %q", ErrInvalidTables, t.Messages)
 	}
-	if p := t.Partition; p != 0 && (p < time.Minute || p > 24*time.Hour || p%time.Minute != 0 || (24*time.Hour)%p != 0) {
+	if p := t.Partition; p != 0 && !pgpartition.ValidEvery(p) {
 		return fmt.Errorf("%w: Partition is %s: it must be a whole number of minutes, from 1m to 24h, that divides a day", ErrInvalidTables, p)
 	}
 	return nil

@@ -93,7 +93,7 @@ var Sets = []Set{
 	{
 		// How a table partitioned by time is kept: partitions made ahead, old ones dropped.
 		Source: "internal/pgpartition",
-		Copies: []string{"pkg/outbox/internal/pgpartition"},
+		Copies: []string{"pkg/outbox/internal/pgpartition", "pkg/inbox/internal/pgpartition"},
 		Tests:  true,
 		Skip:   []string{"generate.go"},
 	},

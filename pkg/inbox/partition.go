@@ -1,0 +1,173 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outboxshop/outboxshop/pkg/inbox/internal/pgpartition"
+)
+
+// A partitioned inbox ([Tables.Partition]) is one table partitioned by range of processed_at:
+// every row goes to the partition of the time its transaction began, and a partition whose
+// range ended Retention ago holds only rows Cleanup would delete, so Cleanup drops it whole.
+// Migrate and Cleanup make the partitions ahead of time, with package pgpartition (a message
+// whose row falls in no partition fails as the database's fault, and is held).
+//
+// The key does not deduplicate any more: a unique index of a partitioned table must hold the
+// partition key, so (consumer, message_id, processed_at) lets a copy processed in the next
+// partition in. Process deduplicates instead: it takes a transaction-level advisory lock per
+// message (its own statement, so that the copy waiting on it reads, once it has it, what the
+// holder committed), then inserts the row only if no partition holds one for (consumer,
+// message_id), which the key's index finds in each partition. Copies of a message meet
+// whatever the producer stamped on them. That takes READ COMMITTED: under REPEATABLE READ
+// the insert would read a snapshot taken before the lock was had.
+
+// partitionLock is the advisory lock key of the default table's partition steps; other tables
+// derive theirs with Tables.lockKey. It spells "inbox_p" in ASCII.
+const partitionLock int64 = 0x696e626f785f70
+
+// minPartitionsAhead is the least time ahead of now that Cleanup keeps partitions made,
+// whatever their length: an hour of Cleanup's outage costs the consumers nothing.
+const minPartitionsAhead = time.Hour
+
+// ErrIsolation is wrapped by the error of [Process] and [ProcessBatch] on a partitioned table
+// ([Tables.Partition]) in a transaction whose isolation is not READ COMMITTED. It is marked
+// [Transient]: the message is not at fault, and is held until the setting is fixed.
+var ErrIsolation = errors.New("inbox: a partitioned inbox deduplicates at READ COMMITTED only")
+
+// lockMessagesSQL takes the advisory locks of a partitioned inbox's messages, $2 (their
+// keys: see messageLocks) under class $1, in the order given, and reads the transaction's
+// isolation. A transaction that already holds one takes it again at no cost.
+const lockMessagesSQL = `SELECT current_setting('transaction_isolation'), count(pg_advisory_xact_lock($1::int4, k))
+FROM unnest($2::int4[]) AS k`
+
+// messageLocks returns the advisory lock keys of the messages ids of consumer, each once, in
+// ascending order, so that transactions taking several wait for each other without
+// deadlocking. Two messages that share a key (one in 2³² pairs) only wait for each other.
+func messageLocks(consumer string, ids ...string) []int32 {
+	keys := make([]int32, 0, len(ids))
+	for _, id := range ids {
+		h := fnv.New32a()
+		// No NUL in a valid consumer or id: the pair is unambiguous.
+		fmt.Fprintf(h, "%s\x00%s", consumer, id)
+		keys = append(keys, int32(h.Sum32())) //nolint:gosec // any 32 bits will do
+	}
+	slices.Sort(keys)
+	return slices.Compact(keys)
+}
+
+// lockClass is the first key of the store's message locks, derived from its table's names,
+// so that two inboxes' messages never wait for each other.
+func (t Tables) lockClass() int32 {
+	t = t.WithDefaults()
+	h := fnv.New32a()
+	fmt.Fprintf(h, "inbox\x00dedup\x00%s\x00%s", t.Schema, t.Messages)
+	return int32(h.Sum32()) //nolint:gosec // any 32 bits will do
+}
+
+// lockMessages takes the advisory locks of messages ids of consumer on a partitioned table
+// (see the comment at the top of this file), in a statement of its own. It returns
+// ErrIsolation, [Transient], when tx is not at READ COMMITTED.
+func (s *Store) lockMessages(ctx context.Context, tx pgx.Tx, consumer string, ids ...string) error {
+	var isolation string
+	var n int64
+	if err := tx.QueryRow(ctx, lockMessagesSQL, s.tables.lockClass(), messageLocks(consumer, ids...)).Scan(&isolation, &n); err != nil {
+		return Transient(fmt.Errorf("lock %d messages: %w", len(ids), err))
+	}
+	if isolation != "read committed" {
+		return Transient(fmt.Errorf("%w; this transaction is at %s", ErrIsolation, isolation))
+	}
+	return nil
+}
+
+// partitioned is the table as package pgpartition keeps it.
+func (s *Store) partitioned() pgpartition.Table {
+	n := s.tables.sqlNames()
+	return pgpartition.Table{
+		Library: "inbox", Qualified: n.Messages, Text: n.MessagesText, Column: "processed_at",
+		Every: s.tables.Partition, Name: s.partitionName,
+		LockKey: s.tables.lockKey("partition", partitionLock),
+	}
+}
+
+// checkLayout reports whether the table is laid out as s's Tables say: partitioned by
+// processed_at, without a DEFAULT partition, when Partition is set; a plain table when not.
+func (s *Store) checkLayout(ctx context.Context, db pgpartition.Querier) error {
+	partitioned, byProcessedAt, withDefault, err := s.partitioned().Layout(ctx, db)
+	switch {
+	case err != nil:
+		return fmt.Errorf("inbox: read how %s is laid out: %w", s.tables, err)
+	case s.tables.Partition != 0 && !partitioned:
+		return fmt.Errorf("inbox: Tables.Partition is %s but %s is a plain table: it is not converted in place (README.md#partitioned-tables)", s.tables.Partition, s.tables)
+	case s.tables.Partition != 0 && !byProcessedAt:
+		return fmt.Errorf("inbox: %s is partitioned, but not by range of processed_at alone", s.tables)
+	case s.tables.Partition != 0 && withDefault:
+		return fmt.Errorf("inbox: %s has a DEFAULT partition: a partition made for rows it holds would fail; move its rows and drop it", s.tables)
+	case s.tables.Partition == 0 && partitioned:
+		return fmt.Errorf("inbox: %s is a partitioned table: set Tables.Partition to its partitions' length, in every process that uses it (README.md#partitioned-tables)", s.tables)
+	}
+	return nil
+}
+
+// checkLayoutOn runs s.checkLayout on db, in a transaction of its own when db cannot run
+// queries itself.
+func checkLayoutOn(ctx context.Context, db any, s *Store) error {
+	if d, ok := db.(pgpartition.Querier); ok {
+		return s.checkLayout(ctx, d)
+	}
+	b, ok := db.(TxBeginner)
+	if !ok {
+		return fmt.Errorf("inbox: a %T can neither run queries nor begin a transaction", db)
+	}
+	return pgx.BeginFunc(ctx, b, func(tx pgx.Tx) error { return s.checkLayout(ctx, tx) })
+}
+
+// partitionsAhead is how far ahead of now Cleanup makes partitions when asked for ahead (0:
+// three partitions, and at least minPartitionsAhead).
+func (s *Store) partitionsAhead(ahead time.Duration) time.Duration {
+	if ahead > 0 {
+		return ahead
+	}
+	return max(3*s.tables.Partition, minPartitionsAhead)
+}
+
+// partitionName is the name of the partition that begins at lo: the table's name, "_p" and
+// lo in UTC, to the minute.
+func (s *Store) partitionName(lo time.Time) string {
+	return s.tables.qualified(s.tables.Messages + "_p" + lo.UTC().Format("200601021504"))
+}
+
+// createPartitions makes the partitions from the current one to ahead from now (0: the
+// default), and returns how many it made; see pgpartition.Table.Create.
+func (s *Store) createPartitions(ctx context.Context, db any, ahead time.Duration, wait bool, log *slog.Logger) (int, error) {
+	made, err := s.partitioned().Create(ctx, db, s.partitionsAhead(ahead), wait, log)
+	if err != nil {
+		return made, fmt.Errorf("inbox: make partitions of %s: %w", s.tables, err)
+	}
+	return made, nil
+}
+
+// dropPartitions drops the partitions whose range ended by cutoff, and returns how many rows
+// they held (see pgpartition.Table.Drop). Every row of such a partition was processed before
+// cutoff: none keeps it.
+func (s *Store) dropPartitions(ctx context.Context, db any, cutoff time.Time, log *slog.Logger) (int64, error) {
+	retired, _, err := s.partitioned().Drop(ctx, db, cutoff, "", log)
+	if err != nil {
+		return retired, fmt.Errorf("inbox: %s: %w", s.tables, err)
+	}
+	return retired, nil
+}
+
+// isCode tells whether err is PostgreSQL's error code.
+func isCode(err error, code string) bool {
+	pgErr, ok := errors.AsType[*pgconn.PgError](err)
+	return ok && pgErr.Code == code
+}

@@ -1,0 +1,327 @@
+package inbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxshop/outboxshop/pkg/inbox"
+	"github.com/outboxshop/outboxshop/pkg/inbox/internal/testinfra"
+)
+
+// partitionRange is one partition of a table, as the catalog has it.
+type partitionRange struct {
+	name     string
+	from, to time.Time
+}
+
+// partitionsOf lists the partitions of table, oldest first.
+func partitionsOf(t testing.TB, db *pgxpool.Pool, table string) []partitionRange {
+	t.Helper()
+	rows, err := db.Query(context.Background(), `
+SELECT c.relname,
+       (regexp_match(pg_get_expr(c.relpartbound, c.oid), 'FROM \(''([^'']+)''\)'))[1]::timestamptz,
+       (regexp_match(pg_get_expr(c.relpartbound, c.oid), 'TO \(''([^'']+)''\)'))[1]::timestamptz
+FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+WHERE i.inhparent = $1::regclass ORDER BY 2`, table)
+	require.NoError(t, err)
+	parts, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (p partitionRange, err error) {
+		return p, r.Scan(&p.name, &p.from, &p.to)
+	})
+	require.NoError(t, err)
+	return parts
+}
+
+// requireContiguous checks that parts follow each other without a gap or an overlap, and
+// cover from at to until.
+func requireContiguous(t testing.TB, parts []partitionRange, at, until time.Time) {
+	t.Helper()
+	require.NotEmpty(t, parts)
+	for i := 1; i < len(parts); i++ {
+		require.True(t, parts[i].from.Equal(parts[i-1].to), "partition %s follows %s", parts[i].name, parts[i-1].name)
+	}
+	require.False(t, parts[0].from.After(at), "the first partition begins by %s: %v", at, parts[0])
+	require.True(t, parts[len(parts)-1].to.After(until), "the last partition ends after %s: %v", until, parts[len(parts)-1])
+}
+
+// dbNow reads the database's clock.
+func dbNow(t testing.TB, db *pgxpool.Pool) time.Time {
+	t.Helper()
+	var now time.Time
+	require.NoError(t, db.QueryRow(context.Background(), "SELECT now()").Scan(&now))
+	return now
+}
+
+// partitionedInbox returns a fresh database with a partitioned inbox of tables migrated, and
+// the effects table of the test handlers.
+func partitionedInbox(t testing.TB, tables inbox.Tables) (*pgxpool.Pool, *inbox.Store) {
+	t.Helper()
+	ctx := context.Background()
+	store, err := inbox.NewStore(tables)
+	require.NoError(t, err)
+	pool := testinfra.NewPool(t)
+	require.NoError(t, store.Migrate(ctx, pool))
+	_, err = pool.Exec(ctx, `CREATE TABLE effects (consumer text NOT NULL, message_id text NOT NULL)`)
+	require.NoError(t, err)
+	return pool, store
+}
+
+// pastPartition makes by hand the partition of store's table that holds at, and records in
+// it message id of consumer as processed at at: a message processed that long ago.
+func pastPartition(t testing.TB, pool *pgxpool.Pool, store *inbox.Store, consumer, id string, at time.Time) string {
+	t.Helper()
+	ctx := context.Background()
+	tables := store.Tables()
+	lo := at.Truncate(tables.Partition)
+	name := tables.Messages + "_p" + lo.UTC().Format("200601021504")
+	qualified := pgx.Identifier{tables.Schema, name}.Sanitize()
+	_, err := pool.Exec(ctx, fmt.Sprintf("CREATE TABLE IF NOT EXISTS %s PARTITION OF %s FOR VALUES FROM ('%s') TO ('%s')",
+		qualified, tables, lo.UTC().Format(time.RFC3339), lo.Add(tables.Partition).UTC().Format(time.RFC3339)))
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (consumer, message_id, message_type, received_at, processed_at)
+VALUES ($1, $2, 'order.placed', $3, $3)`, tables), consumer, id, at)
+	require.NoError(t, err)
+	return name
+}
+
+// TestPartitioned: an inbox partitioned by hour, in a schema of its own. Migrate makes the
+// next hours' partitions; a copy of a message processed in an older partition is a
+// duplicate, through Process and ProcessBatch alike; Cleanup drops a partition whole once its
+// range ended a retention ago, and a copy that arrives after that is processed again, as the
+// retention says; a partition whose range has not ended that long ago stays.
+func TestPartitioned(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool, store := partitionedInbox(t, inbox.Tables{Schema: "Part Inbox", Messages: "seen", Partition: time.Hour})
+	table := store.Tables().String()
+	now := dbNow(t, pool)
+	requireContiguous(t, partitionsOf(t, pool, table), now, now.Add(time.Hour))
+
+	// Processed 3 days ago and 20 hours ago, each in its own partition.
+	old := pastPartition(t, pool, store, "billing", "m-old", now.Add(-72*time.Hour))
+	recent := pastPartition(t, pool, store, "billing", "m-recent", now.Add(-20*time.Hour))
+
+	for _, id := range []string{"m-old", "m-recent"} {
+		dup, err := store.Process(ctx, pool, "billing", inbox.Message{ID: id, Type: "order.placed"}, recordEffect("billing", id))
+		require.NoError(t, err)
+		require.True(t, dup, "%s, processed in an older partition, is a duplicate", id)
+		results, err := store.ProcessBatch(ctx, pool, "billing", []inbox.Message{{ID: id}, {ID: id + "-new"}},
+			func(ctx context.Context, tx pgx.Tx, i int) error {
+				return recordEffect("billing", fmt.Sprint(i))(ctx, tx)
+			})
+		require.NoError(t, err)
+		require.Equal(t, []inbox.Result{{Duplicate: true}, {}}, results, "%s in a batch", id)
+	}
+	// Another consumer's copy is its own.
+	dup, err := store.Process(ctx, pool, "shipping", inbox.Message{ID: "m-old"}, nil)
+	require.NoError(t, err)
+	require.False(t, dup)
+	require.Equal(t, 2, countRows(t, pool, `SELECT count(*) FROM effects`), "the batches' new messages only")
+
+	// Retention 24h: the partition of three days ago goes whole, the one of 20 hours ago and
+	// the current ones stay; no row is deleted one by one.
+	cfg := inbox.CleanupConfig{Retention: 24 * time.Hour}
+	deleted, err := store.Cleanup(ctx, pool, cfg)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, deleted, "the old partition's one row")
+	var names []string
+	for _, p := range partitionsOf(t, pool, table) {
+		names = append(names, p.name)
+	}
+	require.NotContains(t, names, old)
+	require.Contains(t, names, recent)
+	require.Equal(t, 4, countRows(t, pool, `SELECT count(*) FROM `+table), "the rest of the rows")
+
+	// The copy of the message whose row went with its partition is processed again: the
+	// retention is over. The recent one is still a duplicate.
+	dup, err = store.Process(ctx, pool, "billing", inbox.Message{ID: "m-old"}, recordEffect("billing", "m-old"))
+	require.NoError(t, err)
+	require.False(t, dup, "a copy after the retention is processed again")
+	dup, err = store.Process(ctx, pool, "billing", inbox.Message{ID: "m-recent"}, recordEffect("billing", "m-recent"))
+	require.NoError(t, err)
+	require.True(t, dup)
+
+	// A second run finds nothing to drop.
+	deleted, err = store.Cleanup(ctx, pool, cfg)
+	require.NoError(t, err)
+	require.Zero(t, deleted)
+}
+
+// TestPartitionedCopiesAtOnce: copies of one message processed at once, by Process and by
+// ProcessBatch (whose batches share messages, in different orders), commit its effect once,
+// as the unique key does on a plain table. The copies' transactions begin at different
+// times, so their rows' keys differ: only the message's lock keeps the second out.
+func TestPartitionedCopiesAtOnce(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool, store := partitionedInbox(t, inbox.Tables{Partition: time.Hour})
+	const copies, rounds = 6, 30
+	for round := range rounds {
+		id, other := fmt.Sprintf("m-%d", round), fmt.Sprintf("o-%d", round)
+		var wg sync.WaitGroup
+		errs := make(chan error, copies)
+		for c := range copies {
+			wg.Go(func() {
+				if c%2 == 0 {
+					_, err := store.Process(ctx, pool, "billing", inbox.Message{ID: id}, recordEffect("billing", id))
+					errs <- err
+					return
+				}
+				msgs := []inbox.Message{{ID: id}, {ID: other}}
+				if c%4 == 1 {
+					msgs[0], msgs[1] = msgs[1], msgs[0]
+				}
+				results, err := store.ProcessBatch(ctx, pool, "billing", msgs, func(ctx context.Context, tx pgx.Tx, i int) error {
+					return recordEffect("billing", msgs[i].ID)(ctx, tx)
+				})
+				for _, r := range results {
+					err = errors.Join(err, r.Err)
+				}
+				errs <- err
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			require.NoError(t, err)
+		}
+	}
+	require.Zero(t, countRows(t, pool, `SELECT count(*) FROM (SELECT message_id FROM effects GROUP BY 1 HAVING count(*) > 1) d`),
+		"a message's effect committed twice")
+	require.Equal(t, 2*rounds, countRows(t, pool, `SELECT count(*) FROM effects`))
+	require.Equal(t, 2*rounds, countRows(t, pool, `SELECT count(*) FROM inbox_messages`))
+}
+
+// TestPartitionedRefusals: what a partitioned inbox refuses, each with its reason: a
+// transaction at another level than READ COMMITTED (held, not the message's fault), a
+// Cleanup given a transaction or a retention shorter than a partition, and a Tables whose
+// layout is not the table's, in either direction. A message whose row falls in no partition
+// is the database's fault, and goes through once Cleanup made the partition.
+func TestPartitionedRefusals(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool, store := partitionedInbox(t, inbox.Tables{Partition: time.Hour})
+
+	for _, iso := range []pgx.TxIsoLevel{pgx.RepeatableRead, pgx.Serializable} {
+		tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: iso})
+		require.NoError(t, err)
+		_, err = store.Process(ctx, tx, "billing", inbox.Message{ID: "m-1"}, nil)
+		require.ErrorIs(t, err, inbox.ErrIsolation, "%s", iso)
+		require.Equal(t, inbox.ClassTransient, inbox.Classify(err))
+		require.NoError(t, tx.Rollback(ctx))
+
+		tx, err = pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: iso})
+		require.NoError(t, err)
+		_, err = store.ProcessBatch(ctx, tx, "billing", []inbox.Message{{ID: "m-1"}, {ID: "m-2"}}, nil)
+		require.ErrorIs(t, err, inbox.ErrIsolation, "%s", iso)
+		require.Equal(t, inbox.ClassTransient, inbox.Classify(err))
+		require.NoError(t, tx.Rollback(ctx))
+	}
+
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = store.Cleanup(ctx, tx, inbox.CleanupConfig{})
+	require.ErrorContains(t, err, "give a pool or a connection")
+	require.NoError(t, tx.Rollback(ctx))
+	_, err = store.Cleanup(ctx, pool, inbox.CleanupConfig{Retention: 30 * time.Minute})
+	require.ErrorContains(t, err, "shorter than a partition")
+
+	// A plain Tables on this partitioned table, and the other way round.
+	_, err = inbox.Cleanup(ctx, pool, inbox.CleanupConfig{})
+	require.ErrorContains(t, err, "is a partitioned table: set Tables.Partition")
+	require.ErrorContains(t, inbox.Migrate(ctx, pool), "is a partitioned table: set Tables.Partition")
+	plain := newMigratedPool(t)
+	require.ErrorContains(t, store.Migrate(ctx, plain), "is a plain table")
+	_, err = store.Cleanup(ctx, plain, inbox.CleanupConfig{})
+	require.ErrorContains(t, err, "is a plain table")
+
+	// A DEFAULT partition.
+	_, err = pool.Exec(ctx, `CREATE TABLE inbox_messages_default PARTITION OF inbox_messages DEFAULT`)
+	require.NoError(t, err)
+	_, err = store.Cleanup(ctx, pool, inbox.CleanupConfig{})
+	require.ErrorContains(t, err, "DEFAULT partition")
+	_, err = pool.Exec(ctx, `DROP TABLE inbox_messages_default`)
+	require.NoError(t, err)
+
+	// No partition for now: the message is held, and goes through once one is made.
+	for _, p := range partitionsOf(t, pool, "inbox_messages") {
+		_, err := pool.Exec(ctx, "DROP TABLE "+pgx.Identifier{p.name}.Sanitize())
+		require.NoError(t, err)
+	}
+	_, err = store.Process(ctx, pool, "billing", inbox.Message{ID: "m-1"}, recordEffect("billing", "m-1"))
+	require.Error(t, err)
+	require.Equal(t, inbox.ClassTransient, inbox.Classify(err), "%v", err)
+	results, err := store.ProcessBatch(ctx, pool, "billing", []inbox.Message{{ID: "m-1"}, {ID: "m-2"}}, nil)
+	require.NoError(t, err)
+	for _, r := range results {
+		require.Equal(t, inbox.ClassTransient, inbox.Classify(r.Err), "%v", r.Err)
+	}
+	_, err = store.Cleanup(ctx, pool, inbox.CleanupConfig{})
+	require.NoError(t, err)
+	dup, err := store.Process(ctx, pool, "billing", inbox.Message{ID: "m-1"}, recordEffect("billing", "m-1"))
+	require.NoError(t, err)
+	require.False(t, dup)
+	require.Equal(t, 1, countRows(t, pool, `SELECT count(*) FROM effects`))
+
+	for _, p := range []time.Duration{time.Second, 59 * time.Second, 7 * time.Minute, 25 * time.Hour, -time.Hour} {
+		_, err := inbox.NewStore(inbox.Tables{Partition: p})
+		require.ErrorIs(t, err, inbox.ErrInvalidTables, "%s", p)
+	}
+	_, err = store.Cleanup(ctx, pool, inbox.CleanupConfig{PartitionsAhead: -time.Hour})
+	require.ErrorContains(t, err, "partitions ahead")
+}
+
+// TestPartitionsMadeUnderLoad: one-minute partitions made by two cleaners at once while
+// consumers process new messages and copies of them: no message fails, none is applied
+// twice, and the partitions come out contiguous.
+func TestPartitionsMadeUnderLoad(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool, store := partitionedInbox(t, inbox.Tables{Partition: time.Minute})
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for w := range 4 {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				id := fmt.Sprintf("m-%d", i/2) // each message twice, by two workers at once or one after the other
+				if _, err := store.Process(ctx, pool, "billing", inbox.Message{ID: id}, recordEffect("billing", id)); err != nil {
+					errs <- fmt.Errorf("worker %d: %w", w, err)
+					return
+				}
+			}
+		})
+	}
+	var cleaners sync.WaitGroup
+	for range 2 {
+		cleaners.Go(func() {
+			if _, err := store.Cleanup(ctx, pool, inbox.CleanupConfig{PartitionsAhead: 30 * time.Minute}); err != nil {
+				errs <- err
+			}
+		})
+	}
+	cleaners.Wait()
+	close(stop)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	now := dbNow(t, pool)
+	requireContiguous(t, partitionsOf(t, pool, "inbox_messages"), now, now.Add(29*time.Minute))
+	require.Zero(t, countRows(t, pool, `SELECT count(*) FROM (SELECT message_id FROM effects GROUP BY 1 HAVING count(*) > 1) d`),
+		"a message's effect committed twice")
+	require.Positive(t, countRows(t, pool, `SELECT count(*) FROM effects`))
+}
