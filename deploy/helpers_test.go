@@ -25,6 +25,7 @@ import (
 	"github.com/prometheus/prometheus/promql/parser"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxshop/outboxshop/pkg/inbox"
 	"github.com/outboxshop/outboxshop/pkg/inbox/inboxmetrics"
 	"github.com/outboxshop/outboxshop/pkg/inbox/inboxrabbitmq"
 	"github.com/outboxshop/outboxshop/pkg/inbox/inboxrabbitmq/inboxrabbitmqmetrics"
@@ -332,6 +333,10 @@ func inboxMetricNames() ([]string, error) {
 		return nil, err
 	}
 	w.Set("warehouse", 7*24*time.Hour, time.Hour)
+	// A partitioned table's partitions: plain gauges, registered without a read.
+	if _, err := inboxmetrics.NewPartitions(reg, nil, inboxmetrics.PartitionsConfig{Tables: inbox.Tables{Partition: 24 * time.Hour}}); err != nil {
+		return nil, err
+	}
 	hooks := c.Hooks(inboxrabbitmq.Hooks{})
 	hooks.Processed(inboxrabbitmq.ProcessedMessage{Consumer: "warehouse", Type: "OrderCreated", Duration: time.Millisecond})
 	hooks.Processed(inboxrabbitmq.ProcessedMessage{Consumer: "warehouse", Type: "OrderCreated", Duplicate: true, Duration: time.Millisecond})

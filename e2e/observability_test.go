@@ -48,6 +48,8 @@ import (
 var rareMetrics = map[string]string{
 	"outbox_partitions_ahead_seconds": "only a partitioned outbox table has it, and the shop's are plain: " +
 		"pkg/outbox/outboxmetrics' TestStatsPartitioned reads it from one, and promtool tests its rule",
+	"inbox_partitions_ahead_seconds": "only a partitioned inbox table has it, and the shop's are plain: " +
+		"pkg/inbox/inboxmetrics' TestPartitions reads it from one, and promtool tests its rule",
 }
 
 // alertMetrics are the series Prometheus writes for active alerts. They cannot exist before

@@ -84,6 +84,47 @@ func ExampleStore() {
 	// "billing"."ledger_inbox" duplicate: true
 }
 
+// Tables.Partition keeps the inbox in a table partitioned by processing time: Migrate makes
+// it and the next partitions, Cleanup (RunCleanup in a service) makes more ahead and drops
+// whole the ones whose retention is over. Copies of a message are duplicates across
+// partitions, as in a plain table.
+func ExampleTables_partition() {
+	ctx := context.Background()
+	pool, drop := exampleDatabase(ctx)
+	defer drop()
+
+	stock, err := inbox.NewStore(inbox.Tables{Partition: 24 * time.Hour})
+	if err != nil {
+		panic(err)
+	}
+	if err := stock.Migrate(ctx, pool); err != nil { // makes the partitioned table
+		panic(err)
+	}
+	// RunCleanup, in one process or more (they take turns), runs this every ten minutes.
+	if _, err := stock.Cleanup(ctx, pool, inbox.CleanupConfig{Retention: 7 * 24 * time.Hour}); err != nil {
+		panic(err)
+	}
+	// consumer, err := inboxrabbitmq.NewConsumer(pool, inboxrabbitmq.Config{Tables: stock.Tables(), ...})
+
+	msg := inbox.Message{ID: "order-7", Type: "order.placed"}
+	for range 2 { // the broker delivers the message twice
+		duplicate, err := stock.Process(ctx, pool, "stock", msg, nil)
+		if err != nil {
+			panic(err)
+		}
+		fmt.Println("duplicate:", duplicate)
+	}
+	end, err := stock.PartitionsEnd(ctx, pool)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("partitions reach two days ahead:", time.Until(end) > 48*time.Hour)
+	// Output:
+	// duplicate: false
+	// duplicate: true
+	// partitions reach two days ahead: true
+}
+
 // Migrate is safe to call on every start, from every replica.
 func ExampleMigrate() {
 	ctx := context.Background()

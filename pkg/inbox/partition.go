@@ -166,6 +166,29 @@ func (s *Store) dropPartitions(ctx context.Context, db any, cutoff time.Time, lo
 	return retired, nil
 }
 
+// PartitionsEnd returns where the last partition of the store's partitioned table
+// ([Tables.Partition]) ends: a message processed after it fails, as the database's fault,
+// until Cleanup makes more. It is the zero time when the table has no partition. The bounds
+// are read back as text, which only DateStyle ISO (PostgreSQL's default) writes
+// unambiguously: a session in another is refused. A store of a plain table returns an error.
+func (s *Store) PartitionsEnd(ctx context.Context, db Execer) (time.Time, error) {
+	if s.tables.Partition == 0 {
+		return time.Time{}, fmt.Errorf("inbox: %s is not partitioned (Tables.Partition)", s.tables)
+	}
+	var end *time.Time
+	var dateStyle string
+	if err := db.QueryRow(ctx, pgpartition.EndSQL, s.tables.sqlNames().MessagesText).Scan(&end, &dateStyle); err != nil {
+		return time.Time{}, fmt.Errorf("inbox: read where the partitions of %s end: %w", s.tables, err)
+	}
+	if err := pgpartition.CheckDateStyle(dateStyle); err != nil {
+		return time.Time{}, fmt.Errorf("inbox: %w", err)
+	}
+	if end == nil {
+		return time.Time{}, nil
+	}
+	return *end, nil
+}
+
 // isCode tells whether err is PostgreSQL's error code.
 func isCode(err error, code string) bool {
 	pgErr, ok := errors.AsType[*pgconn.PgError](err)

@@ -1,7 +1,8 @@
 // Package inboxmetrics exposes an inbox's own state as Prometheus metrics, whatever broker
 // feeds it: [Window] exports each inbox consumer's retention beside the longest time a
 // duplicate can still arrive ([RetryWindow]), so that an alert can fire when a duplicate could
-// outlive its inbox row. It imports no broker adapter (the RabbitMQ consumer's metrics are in
+// outlive its inbox row, and [Partitions] how far ahead a partitioned inbox table's
+// partitions reach (inbox.Tables.Partition). It imports no broker adapter (the RabbitMQ consumer's metrics are in
 // inboxrabbitmq/inboxrabbitmqmetrics) and registers on the [prometheus.Registerer] passed in,
 // nothing global; docs/metrics.md of the outboxshop repository lists the metric names.
 package inboxmetrics
