@@ -2,6 +2,7 @@ package inboxrabbitmq_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -77,4 +78,76 @@ func countRows(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int {
 	var n int
 	require.NoError(t, pool.QueryRow(context.Background(), sql, args...).Scan(&n))
 	return n
+}
+
+// TestConsumerPartitioned runs a consumer on a partitioned inbox (hourly partitions) while a
+// cleaner makes partitions and drops an old one, again and again: every message, published
+// twice, is applied once; a copy of a message processed in an earlier partition is a
+// duplicate; and a copy of one whose partition was dropped with its retention is applied
+// again, as the retention says.
+func TestConsumerPartitioned(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := setup(t)
+	tables := inbox.Tables{Messages: "hourly_inbox", Partition: time.Hour}
+	store, err := inbox.NewStore(tables)
+	require.NoError(t, err)
+	require.NoError(t, store.Migrate(ctx, b.pool))
+	cfg := b.config(recordEffect)
+	cfg.Tables = tables
+
+	// Two messages processed before, three days and 20 hours ago, each in its own partition.
+	var now time.Time
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT now()`).Scan(&now))
+	for id, age := range map[string]time.Duration{"m-old": 72 * time.Hour, "m-recent": 20 * time.Hour} {
+		lo := now.Add(-age).Truncate(time.Hour)
+		_, err := b.pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE "hourly_inbox_p%s" PARTITION OF hourly_inbox FOR VALUES FROM ('%s') TO ('%s')`,
+			lo.UTC().Format("200601021504"), lo.UTC().Format(time.RFC3339), lo.Add(time.Hour).UTC().Format(time.RFC3339)))
+		require.NoError(t, err)
+		_, err = b.pool.Exec(ctx, `INSERT INTO hourly_inbox (consumer, message_id, message_type, received_at, processed_at)
+VALUES ($1, $2, 'order.placed', $3, $3)`, cfg.Name, id, now.Add(-age))
+		require.NoError(t, err)
+	}
+
+	b.run(t, cfg)
+	cleanerCtx, stopCleaner := context.WithCancel(ctx)
+	cleaned := make(chan error, 1)
+	go func() {
+		for {
+			if _, err := store.Cleanup(cleanerCtx, b.pool, inbox.CleanupConfig{Retention: 24 * time.Hour, PartitionsAhead: 6 * time.Hour}); err != nil {
+				if cleanerCtx.Err() == nil {
+					cleaned <- err
+				}
+				close(cleaned)
+				return
+			}
+			if cleanerCtx.Err() != nil {
+				close(cleaned)
+				return
+			}
+		}
+	}()
+	const n = 100
+	for i := range 2 * n {
+		b.publish(t, jsonMessage(fmt.Sprintf("m-%d", i%n)))
+	}
+	b.publish(t, jsonMessage("m-recent"))
+	testinfra.Eventually(t, 60*time.Second, func() bool {
+		processed, duplicates := b.events.counts()
+		return processed+duplicates == 2*n+1
+	}, "every delivery handled")
+	stopCleaner()
+	for err := range cleaned {
+		require.NoError(t, err)
+	}
+	processed, duplicates := b.events.counts()
+	require.Equal(t, n, processed)
+	require.Equal(t, n+1, duplicates)
+	require.Zero(t, countRows(t, b.pool, `SELECT count(*) FROM (SELECT message_id FROM effects GROUP BY 1 HAVING count(*) > 1) d`))
+	require.Zero(t, b.effects(t, "m-recent"), "processed 20 hours ago: a duplicate")
+	require.Zero(t, countRows(t, b.pool, `SELECT count(*) FROM hourly_inbox WHERE message_id = 'm-old'`), "its partition dropped")
+
+	b.publish(t, jsonMessage("m-old"))
+	testinfra.Eventually(t, 20*time.Second, func() bool { return b.effects(t, "m-old") == 1 },
+		"a copy after its retention is applied again")
 }
