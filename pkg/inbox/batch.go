@@ -108,12 +108,15 @@ var errOneFailed = errors.New("a message of the batch failed")
 // that batches that share messages (redeliveries racing) wait for each other's rows in the
 // same order and do not deadlock.
 // On a partitioned table, the rows of messages no partition holds yet, under their advisory
-// locks (partition.go).
+// locks (partition.go): each message looked for by the key's index of each partition, a
+// nested loop that LATERAL ... LIMIT 1 forces. As NOT EXISTS, the planner may hash every row
+// of the consumer instead, and does when the current partition has no statistics yet.
 const insertMessagesSQL = `INSERT INTO {{.Messages}} (consumer, message_id, message_type, received_at)
 SELECT $1::text, m.id, m.type, m.received_at
 FROM unnest($2::text[], $3::text[], $4::timestamptz[]) AS m(id, type, received_at)
 {{- if .Partitioned}}
-WHERE NOT EXISTS (SELECT FROM {{.Messages}} WHERE consumer = $1 AND message_id = m.id)
+LEFT JOIN LATERAL (SELECT true AS seen FROM {{.Messages}} WHERE consumer = $1 AND message_id = m.id LIMIT 1) AS earlier ON true
+WHERE earlier.seen IS NULL
 ORDER BY m.id
 {{- else}}
 ORDER BY m.id
@@ -149,7 +152,7 @@ func (s *Store) processTogether(ctx context.Context, db TxBeginner, consumer str
 		ids, types, received = append(ids, msg.ID), append(types, msg.Type), append(received, msg.ReceivedAt)
 	}
 
-	tx, commit, err := beginReplicated(ctx, db)
+	tx, commit, err := s.begin(ctx, db)
 	if err != nil {
 		return nil, Transient(fmt.Errorf("begin transaction for a batch of %d messages: %w", len(msgs), err))
 	}
@@ -174,7 +177,7 @@ func (s *Store) processTogether(ctx context.Context, db TxBeginner, consumer str
 		}
 	}
 	if len(ids) > 0 {
-		rows, err := tx.Query(ctx, s.sql.insertMessages, consumer, ids, types, received)
+		rows, err := tx.Query(ctx, s.sql.insertMessages, s.insertArgs(consumer, ids, types, received)...)
 		if err == nil {
 			for rows.Next() {
 				var id string
@@ -218,7 +221,7 @@ func (s *Store) processTogether(ctx context.Context, db TxBeginner, consumer str
 func (s *Store) processEachSaved(ctx context.Context, db TxBeginner, consumer string, msgs []Message, invalid []error,
 	fn func(ctx context.Context, tx pgx.Tx, i int) error,
 ) ([]Result, error) {
-	tx, commit, err := beginReplicated(ctx, db)
+	tx, commit, err := s.begin(ctx, db)
 	if err != nil {
 		return nil, Transient(fmt.Errorf("begin transaction for a batch of %d messages: %w", len(msgs), err))
 	}
@@ -293,15 +296,18 @@ func (s *Store) processSaved(ctx context.Context, tx pgx.Tx, consumer string, ms
 // savepointAndInsert sets the savepoint and inserts msg's inbox row, in one round trip. In
 // the simple protocol a batch is one query string, which the server converts to its
 // encoding before it runs any of it: a value it cannot store would fail the savepoint with
-// the insert, and with it the whole batch. There the two go one after the other.
+// the insert, and with it the whole batch. There the two go one after the other, as they do
+// on a partitioned table.
 func (s *Store) savepointAndInsert(ctx context.Context, tx pgx.Tx, savepoint, consumer string, msg Message) (
 	tag pgconn.CommandTag, spErr, insertErr, closeErr error,
 ) {
-	if tx.Conn().Config().DefaultQueryExecMode == pgx.QueryExecModeSimpleProtocol {
+	if tx.Conn().Config().DefaultQueryExecMode == pgx.QueryExecModeSimpleProtocol || s.tables.Partition != 0 {
+		// On a partitioned table the insert is planned at each run (see insertArgs), which
+		// a batch's statements cannot ask for.
 		if _, spErr = tx.Exec(ctx, "SAVEPOINT "+savepoint); spErr != nil {
 			return tag, spErr, nil, nil
 		}
-		tag, insertErr = tx.Exec(ctx, s.sql.insertMessage, consumer, msg.ID, msg.Type, msg.ReceivedAt)
+		tag, insertErr = tx.Exec(ctx, s.sql.insertMessage, s.insertArgs(consumer, msg.ID, msg.Type, msg.ReceivedAt)...)
 		return tag, nil, insertErr, nil
 	}
 	b := &pgx.Batch{}

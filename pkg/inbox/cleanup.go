@@ -121,6 +121,11 @@ func (s *Store) Cleanup(ctx context.Context, db Execer, cfg CleanupConfig) (dele
 	if p := s.tables.Partition; p != 0 && cfg.Retention < p {
 		return 0, fmt.Errorf("inbox: cleanup retention %s is shorter than a partition (%s): a transaction that began in a partition's range could find it dropped", cfg.Retention, p)
 	}
+	if s.tables.Partition != 0 {
+		if err := s.checkPartitions(cfg.Retention, cfg.PartitionsAhead); err != nil {
+			return 0, err
+		}
+	}
 	if err := checkLayoutOn(ctx, db, s); err != nil {
 		return 0, fmt.Errorf("cleanup: %w", err)
 	}

@@ -162,7 +162,7 @@ func (s *Store) Process(ctx context.Context, db TxBeginner, consumer string, msg
 		receivedAt = time.Now()
 	}
 
-	tx, commit, err := beginReplicated(ctx, db)
+	tx, commit, err := s.begin(ctx, db)
 	if err != nil {
 		return false, Transient(fmt.Errorf("begin transaction for message %q: %w", msg.ID, err))
 	}
@@ -175,7 +175,7 @@ func (s *Store) Process(ctx context.Context, db TxBeginner, consumer string, msg
 			return false, fmt.Errorf("record message %q: %w", msg.ID, err)
 		}
 	}
-	tag, err := tx.Exec(ctx, s.sql.insertMessage, consumer, msg.ID, msg.Type, receivedAt)
+	tag, err := tx.Exec(ctx, s.sql.insertMessage, s.insertArgs(consumer, msg.ID, msg.Type, receivedAt)...)
 	if err != nil {
 		err = fmt.Errorf("record message %q: %w", msg.ID, err)
 		if isDataException(err) {

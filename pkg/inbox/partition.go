@@ -38,15 +38,27 @@ const partitionLock int64 = 0x696e626f785f70
 // whatever their length: an hour of Cleanup's outage costs the consumers nothing.
 const minPartitionsAhead = time.Hour
 
+// MaxPartitions is the most partitions [Cleanup] keeps a partitioned inbox to: those of its
+// retention, of the time ahead it makes them for, and the current one. Every message looks
+// for an earlier copy of itself in each partition, taking a lock on each and on its index:
+// the partitions cost every message, and the locks fill PostgreSQL's lock table
+// (max_locks_per_transaction × max_connections slots, 6,400 by default) with transactions of
+// about 2×MaxPartitions + batch size locks each. Cleanup refuses a CleanupConfig that would
+// keep more; make partitions longer, or the retention shorter.
+const MaxPartitions = 64
+
 // ErrIsolation is wrapped by the error of [Process] and [ProcessBatch] on a partitioned table
 // ([Tables.Partition]) in a transaction whose isolation is not READ COMMITTED. It is marked
 // [Transient]: the message is not at fault, and is held until the setting is fixed.
 var ErrIsolation = errors.New("inbox: a partitioned inbox deduplicates at READ COMMITTED only")
 
 // lockMessagesSQL takes the advisory locks of a partitioned inbox's messages, $2 (their
-// keys: see messageLocks) under class $1, in the order given, and reads the transaction's
-// isolation. A transaction that already holds one takes it again at no cost.
-const lockMessagesSQL = `SELECT current_setting('transaction_isolation'), count(pg_advisory_xact_lock($1::int4, k))
+// keys: see messageLocks) in the order given, and reads the transaction's isolation. Their
+// class is the table's oid, the table $1 resolves to: two stores that name one table
+// differently ("inbox_messages", "public"."inbox_messages") take the same locks, and two
+// inboxes' messages never wait for each other. A transaction that already holds one takes it
+// again at no cost.
+const lockMessagesSQL = `SELECT current_setting('transaction_isolation'), count(pg_advisory_xact_lock(to_regclass($1)::oid::int4, k))
 FROM unnest($2::int4[]) AS k`
 
 // messageLocks returns the advisory lock keys of the messages ids of consumer, each once, in
@@ -64,28 +76,44 @@ func messageLocks(consumer string, ids ...string) []int32 {
 	return slices.Compact(keys)
 }
 
-// lockClass is the first key of the store's message locks, derived from its table's names,
-// so that two inboxes' messages never wait for each other.
-func (t Tables) lockClass() int32 {
-	t = t.WithDefaults()
-	h := fnv.New32a()
-	fmt.Fprintf(h, "inbox\x00dedup\x00%s\x00%s", t.Schema, t.Messages)
-	return int32(h.Sum32()) //nolint:gosec // any 32 bits will do
-}
-
 // lockMessages takes the advisory locks of messages ids of consumer on a partitioned table
 // (see the comment at the top of this file), in a statement of its own. It returns
 // ErrIsolation, [Transient], when tx is not at READ COMMITTED.
 func (s *Store) lockMessages(ctx context.Context, tx pgx.Tx, consumer string, ids ...string) error {
 	var isolation string
 	var n int64
-	if err := tx.QueryRow(ctx, lockMessagesSQL, s.tables.lockClass(), messageLocks(consumer, ids...)).Scan(&isolation, &n); err != nil {
+	if err := tx.QueryRow(ctx, lockMessagesSQL, s.tables.sqlNames().MessagesText, messageLocks(consumer, ids...)).Scan(&isolation, &n); err != nil {
 		return Transient(fmt.Errorf("lock %d messages: %w", len(ids), err))
 	}
 	if isolation != "read committed" {
 		return Transient(fmt.Errorf("%w; this transaction is at %s", ErrIsolation, isolation))
 	}
 	return nil
+}
+
+// insertArgs are the arguments of an insert of inbox rows. On a partitioned table the insert
+// is planned at each run, with pgx.QueryExecModeExec, never from a cached generic plan: its
+// look for an earlier copy reads the current partition, which starts empty, and a plan made
+// then (a sequential scan, the cheapest of an empty table) would go on scanning it whole for
+// every message as it grows, until an ANALYZE of it invalidates the plan. A plan made at the
+// run sees the partition's size as it is.
+func (s *Store) insertArgs(args ...any) []any {
+	if s.tables.Partition == 0 {
+		return args
+	}
+	return append([]any{pgx.QueryExecModeExec}, args...)
+}
+
+// begin begins the transaction of Process and ProcessBatch (see beginReplicated). On a
+// partitioned table, a transaction the store begins itself is at READ COMMITTED, whatever the
+// session's default_transaction_isolation; one it is given (db a pgx.Tx) is what its caller
+// made it, and lockMessages refuses another level.
+func (s *Store) begin(ctx context.Context, db TxBeginner) (pgx.Tx, func(context.Context, pgx.Tx) error, error) {
+	var iso pgx.TxIsoLevel // the session's default
+	if s.tables.Partition != 0 {
+		iso = pgx.ReadCommitted
+	}
+	return beginReplicated(ctx, db, iso)
 }
 
 // partitioned is the table as package pgpartition keeps it.
@@ -128,6 +156,19 @@ func checkLayoutOn(ctx context.Context, db any, s *Store) error {
 		return fmt.Errorf("inbox: a %T can neither run queries nor begin a transaction", db)
 	}
 	return pgx.BeginFunc(ctx, b, func(tx pgx.Tx) error { return s.checkLayout(ctx, tx) })
+}
+
+// checkPartitions returns an error when a retention and partitions made ahead that far (0:
+// the default) would keep more than MaxPartitions partitions.
+func (s *Store) checkPartitions(retention, ahead time.Duration) error {
+	p := s.tables.Partition
+	ahead = s.partitionsAhead(ahead)
+	// The retention's partitions, the one it begins in, the current one and those ahead.
+	if n := int64(retention/p) + 2 + int64((ahead+p-1)/p); n > MaxPartitions {
+		return fmt.Errorf("inbox: a retention of %s with partitions made %s ahead keeps %d partitions of %s, more than %d (MaxPartitions): every message looks in each; make partitions longer, or the retention or CleanupConfig.PartitionsAhead shorter",
+			retention, ahead, n, p, MaxPartitions)
+	}
+	return nil
 }
 
 // partitionsAhead is how far ahead of now Cleanup makes partitions when asked for ahead (0:

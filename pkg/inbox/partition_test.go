@@ -155,48 +155,72 @@ func TestPartitioned(t *testing.T) {
 }
 
 // TestPartitionedCopiesAtOnce: copies of one message processed at once, by Process and by
-// ProcessBatch (whose batches share messages, in different orders), commit its effect once,
-// as the unique key does on a plain table. The copies' transactions begin at different
-// times, so their rows' keys differ: only the message's lock keeps the second out.
+// ProcessBatch (whose batches share messages, in different orders, and sometimes hold a
+// message that fails, which makes the batch run again with savepoints), commit its effect
+// once, as the unique key does on a plain table; in every pgx query exec mode, and with the
+// table named two ways ("inbox_messages", "public"."inbox_messages") by the processes. The
+// copies' transactions begin at different times, so their rows' keys differ: only the
+// message's lock keeps the second out.
 func TestPartitionedCopiesAtOnce(t *testing.T) {
 	t.Parallel()
-	ctx := t.Context()
-	pool, store := partitionedInbox(t, inbox.Tables{Partition: time.Hour})
-	const copies, rounds = 6, 30
-	for round := range rounds {
-		id, other := fmt.Sprintf("m-%d", round), fmt.Sprintf("o-%d", round)
-		var wg sync.WaitGroup
-		errs := make(chan error, copies)
-		for c := range copies {
-			wg.Go(func() {
-				if c%2 == 0 {
-					_, err := store.Process(ctx, pool, "billing", inbox.Message{ID: id}, recordEffect("billing", id))
-					errs <- err
-					return
-				}
-				msgs := []inbox.Message{{ID: id}, {ID: other}}
-				if c%4 == 1 {
-					msgs[0], msgs[1] = msgs[1], msgs[0]
-				}
-				results, err := store.ProcessBatch(ctx, pool, "billing", msgs, func(ctx context.Context, tx pgx.Tx, i int) error {
-					return recordEffect("billing", msgs[i].ID)(ctx, tx)
-				})
-				for _, r := range results {
-					err = errors.Join(err, r.Err)
-				}
-				errs <- err
-			})
-		}
-		wg.Wait()
-		close(errs)
-		for err := range errs {
+	for mode := range testinfra.QueryExecModes {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			ctx := t.Context()
+			pool := testinfra.NewPoolInMode(t, mode)
+			stores := make([]*inbox.Store, 2)
+			for i, tables := range []inbox.Tables{{Partition: time.Hour}, {Schema: "public", Partition: time.Hour}} {
+				var err error
+				stores[i], err = inbox.NewStore(tables)
+				require.NoError(t, err)
+			}
+			require.NoError(t, stores[0].Migrate(ctx, pool))
+			_, err := pool.Exec(ctx, `CREATE TABLE effects (consumer text NOT NULL, message_id text NOT NULL)`)
 			require.NoError(t, err)
-		}
+			boom := errors.New("the handler failed")
+			const copies, rounds = 6, 15
+			for round := range rounds {
+				id, other, failing := fmt.Sprintf("m-%d", round), fmt.Sprintf("o-%d", round), fmt.Sprintf("f-%d", round)
+				var wg sync.WaitGroup
+				errs := make(chan error, copies)
+				for c := range copies {
+					store := stores[c%2]
+					wg.Go(func() {
+						if c < 2 {
+							_, err := store.Process(ctx, pool, "billing", inbox.Message{ID: id}, recordEffect("billing", id))
+							errs <- err
+							return
+						}
+						msgs := []inbox.Message{{ID: id}, {ID: other}, {ID: failing}}
+						if c%2 == 1 {
+							msgs[0], msgs[1] = msgs[1], msgs[0]
+						}
+						results, err := store.ProcessBatch(ctx, pool, "billing", msgs, func(ctx context.Context, tx pgx.Tx, i int) error {
+							if msgs[i].ID == failing && c == 2 {
+								return boom
+							}
+							return recordEffect("billing", msgs[i].ID)(ctx, tx)
+						})
+						for _, r := range results {
+							if !errors.Is(r.Err, boom) {
+								err = errors.Join(err, r.Err)
+							}
+						}
+						errs <- err
+					})
+				}
+				wg.Wait()
+				close(errs)
+				for err := range errs {
+					require.NoError(t, err)
+				}
+			}
+			require.Zero(t, countRows(t, pool, `SELECT count(*) FROM (SELECT message_id FROM effects GROUP BY 1 HAVING count(*) > 1) d`),
+				"a message's effect committed twice")
+			require.Equal(t, 3*rounds, countRows(t, pool, `SELECT count(*) FROM effects`))
+			require.Equal(t, 3*rounds, countRows(t, pool, `SELECT count(*) FROM inbox_messages`))
+		})
 	}
-	require.Zero(t, countRows(t, pool, `SELECT count(*) FROM (SELECT message_id FROM effects GROUP BY 1 HAVING count(*) > 1) d`),
-		"a message's effect committed twice")
-	require.Equal(t, 2*rounds, countRows(t, pool, `SELECT count(*) FROM effects`))
-	require.Equal(t, 2*rounds, countRows(t, pool, `SELECT count(*) FROM inbox_messages`))
 }
 
 // TestPartitionedRefusals: what a partitioned inbox refuses, each with its reason: a
@@ -225,9 +249,22 @@ func TestPartitionedRefusals(t *testing.T) {
 		require.NoError(t, tx.Rollback(ctx))
 	}
 
+	// A session whose default is SERIALIZABLE: the transactions the store begins itself are at
+	// READ COMMITTED.
+	serializable, err := pgxpool.New(ctx, pool.Config().ConnString()+"&default_transaction_isolation=serializable")
+	require.NoError(t, err)
+	defer serializable.Close()
+	dup, err := store.Process(ctx, serializable, "billing", inbox.Message{ID: "s-1"}, nil)
+	require.NoError(t, err)
+	require.False(t, dup)
+	results, err := store.ProcessBatch(ctx, serializable, "billing", []inbox.Message{{ID: "s-1"}, {ID: "s-2"}}, nil)
+	require.NoError(t, err)
+	require.Equal(t, []inbox.Result{{Duplicate: true}, {}}, results)
+
+	day := inbox.CleanupConfig{Retention: 24 * time.Hour}
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
-	_, err = store.Cleanup(ctx, tx, inbox.CleanupConfig{})
+	_, err = store.Cleanup(ctx, tx, day)
 	require.ErrorContains(t, err, "give a pool or a connection")
 	require.NoError(t, tx.Rollback(ctx))
 	_, err = store.Cleanup(ctx, pool, inbox.CleanupConfig{Retention: 30 * time.Minute})
@@ -239,13 +276,13 @@ func TestPartitionedRefusals(t *testing.T) {
 	require.ErrorContains(t, inbox.Migrate(ctx, pool), "is a partitioned table: set Tables.Partition")
 	plain := newMigratedPool(t)
 	require.ErrorContains(t, store.Migrate(ctx, plain), "is a plain table")
-	_, err = store.Cleanup(ctx, plain, inbox.CleanupConfig{})
+	_, err = store.Cleanup(ctx, plain, day)
 	require.ErrorContains(t, err, "is a plain table")
 
 	// A DEFAULT partition.
 	_, err = pool.Exec(ctx, `CREATE TABLE inbox_messages_default PARTITION OF inbox_messages DEFAULT`)
 	require.NoError(t, err)
-	_, err = store.Cleanup(ctx, pool, inbox.CleanupConfig{})
+	_, err = store.Cleanup(ctx, pool, day)
 	require.ErrorContains(t, err, "DEFAULT partition")
 	_, err = pool.Exec(ctx, `DROP TABLE inbox_messages_default`)
 	require.NoError(t, err)
@@ -258,14 +295,14 @@ func TestPartitionedRefusals(t *testing.T) {
 	_, err = store.Process(ctx, pool, "billing", inbox.Message{ID: "m-1"}, recordEffect("billing", "m-1"))
 	require.Error(t, err)
 	require.Equal(t, inbox.ClassTransient, inbox.Classify(err), "%v", err)
-	results, err := store.ProcessBatch(ctx, pool, "billing", []inbox.Message{{ID: "m-1"}, {ID: "m-2"}}, nil)
+	results, err = store.ProcessBatch(ctx, pool, "billing", []inbox.Message{{ID: "m-1"}, {ID: "m-2"}}, nil)
 	require.NoError(t, err)
 	for _, r := range results {
 		require.Equal(t, inbox.ClassTransient, inbox.Classify(r.Err), "%v", r.Err)
 	}
-	_, err = store.Cleanup(ctx, pool, inbox.CleanupConfig{})
+	_, err = store.Cleanup(ctx, pool, day)
 	require.NoError(t, err)
-	dup, err := store.Process(ctx, pool, "billing", inbox.Message{ID: "m-1"}, recordEffect("billing", "m-1"))
+	dup, err = store.Process(ctx, pool, "billing", inbox.Message{ID: "m-1"}, recordEffect("billing", "m-1"))
 	require.NoError(t, err)
 	require.False(t, dup)
 	require.Equal(t, 1, countRows(t, pool, `SELECT count(*) FROM effects`))
@@ -276,6 +313,13 @@ func TestPartitionedRefusals(t *testing.T) {
 	}
 	_, err = store.Cleanup(ctx, pool, inbox.CleanupConfig{PartitionsAhead: -time.Hour})
 	require.ErrorContains(t, err, "partitions ahead")
+	// Hourly partitions with the default retention, a week, and three ahead: 173 partitions.
+	_, err = store.Cleanup(ctx, pool, inbox.CleanupConfig{})
+	require.ErrorContains(t, err, "keeps 173 partitions of 1h0m0s, more than 64 (MaxPartitions)")
+	_, err = store.Cleanup(ctx, pool, inbox.CleanupConfig{Retention: 59 * time.Hour}) // 59+2+3
+	require.NoError(t, err)
+	_, err = store.Cleanup(ctx, pool, inbox.CleanupConfig{Retention: 59 * time.Hour, PartitionsAhead: 3*time.Hour + time.Minute})
+	require.ErrorContains(t, err, "keeps 65 partitions")
 }
 
 // TestPartitionsMadeUnderLoad: one-minute partitions made by two cleaners at once while
@@ -307,7 +351,7 @@ func TestPartitionsMadeUnderLoad(t *testing.T) {
 	var cleaners sync.WaitGroup
 	for range 2 {
 		cleaners.Go(func() {
-			if _, err := store.Cleanup(ctx, pool, inbox.CleanupConfig{PartitionsAhead: 30 * time.Minute}); err != nil {
+			if _, err := store.Cleanup(ctx, pool, inbox.CleanupConfig{Retention: 10 * time.Minute, PartitionsAhead: 30 * time.Minute}); err != nil {
 				errs <- err
 			}
 		})

@@ -80,13 +80,13 @@ type txOptionsBeginner interface {
 // it as [CommitReplicated] does. On a pool or a connection (a db with BeginTx) the
 // transaction's commit carries the barrier, which saves a round trip per transaction; on a
 // pgx.Tx, whose Begin opens a savepoint, the commit is CommitReplicated itself.
-func beginReplicated(ctx context.Context, db TxBeginner) (pgx.Tx, func(context.Context, pgx.Tx) error, error) {
+func beginReplicated(ctx context.Context, db TxBeginner, iso pgx.TxIsoLevel) (pgx.Tx, func(context.Context, pgx.Tx) error, error) {
 	b, ok := db.(txOptionsBeginner)
 	if !ok {
 		tx, err := db.Begin(ctx)
 		return tx, CommitReplicated, err
 	}
-	tx, err := b.BeginTx(ctx, pgx.TxOptions{CommitQuery: replicatedCommitSQL})
+	tx, err := b.BeginTx(ctx, pgx.TxOptions{IsoLevel: iso, CommitQuery: replicatedCommitSQL})
 	return tx, commitWithBarrier, err
 }
 
