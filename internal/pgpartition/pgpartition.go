@@ -5,10 +5,13 @@
 //
 // Each step (make one partition, drop one) is a transaction of its own, at READ COMMITTED,
 // that waits at most [LockTimeout] for each lock it takes, and that holds an advisory lock
-// serialising the steps of every process on the table. PostgreSQL takes the table's ACCESS
-// EXCLUSIVE lock to attach or drop a partition, so writers queue behind a step for at most
-// that long; a step that does not get a lock in time gives up (a drop is left to the next
-// run; a partition not made is an error).
+// serialising the steps of every process on the table. A partition is made apart and
+// attached, under the table's SHARE UPDATE EXCLUSIVE lock, which writers do not conflict
+// with. [Table.Drop] takes the table's ACCESS EXCLUSIVE lock, as DROP TABLE of a partition
+// does, to look at the partition again under it: writers queue behind it for at most
+// LockTimeout, and a drop that does not get it in time is left to the next run.
+// [Table.DropConcurrently], for a table whose old partitions nothing keeps, detaches them
+// CONCURRENTLY instead, which holds no writer up. A partition not made is an error.
 //
 // Partition bounds are read back from their text (pg_get_expr), which a session writes
 // unambiguously in ISO DateStyle: the steps set it for their own transactions.
@@ -23,6 +26,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -32,6 +36,10 @@ import (
 // LockTimeout bounds how long a step waits for each lock it takes, and so how long the
 // writers queued behind it wait.
 const LockTimeout = 200 * time.Millisecond
+
+// DetachTimeout bounds how long DropConcurrently waits for the transactions on the table to
+// end before a partition is detached; the writers do not wait meanwhile.
+const DetachTimeout = time.Minute
 
 // Table is one partitioned table, as its library names it.
 type Table struct {
@@ -226,12 +234,22 @@ func (t Table) Create(ctx context.Context, db any, ahead time.Duration, wait boo
 			if len(missing) == 0 {
 				return nil
 			}
-			// One partition per transaction: the table's lock is held for one catalog change.
+			// One partition per transaction. Made apart, then attached: CREATE TABLE …
+			// PARTITION OF would take the table's ACCESS EXCLUSIVE lock, which waits for every
+			// transaction on the table to end (and holds new ones up meanwhile); ATTACH takes
+			// SHARE UPDATE EXCLUSIVE, which writers do not conflict with. The attach makes
+			// the table's indexes and triggers on the partition, and checks its range over
+			// its rows: none.
 			r, name := missing[0], t.Name(missing[0][0])
-			create := fmt.Sprintf("CREATE TABLE %s PARTITION OF %s FOR VALUES FROM ('%s') TO ('%s')",
-				name, t.Qualified, Timestamp(r[0]), Timestamp(r[1]))
-			if _, err := tx.Exec(ctx, create); err != nil {
-				return fmt.Errorf("make partition %s: %w", name, err)
+			for _, stmt := range []string{
+				fmt.Sprintf("CREATE TABLE %s (LIKE %s INCLUDING DEFAULTS INCLUDING CONSTRAINTS)", name, t.Qualified),
+				fmt.Sprintf("COMMENT ON TABLE %s IS %s", name, t.marker()),
+				fmt.Sprintf("ALTER TABLE %s ATTACH PARTITION %s FOR VALUES FROM ('%s') TO ('%s')",
+					t.Qualified, name, Timestamp(r[0]), Timestamp(r[1])),
+			} {
+				if _, err := tx.Exec(ctx, stmt); err != nil {
+					return fmt.Errorf("make partition %s: %w", name, err)
+				}
 			}
 			log.InfoContext(ctx, t.Library+" partition made", slog.String("partition", name),
 				slog.Time("from", r[0]), slog.Time("to", r[1]))
@@ -244,6 +262,15 @@ func (t Table) Create(ctx context.Context, db any, ahead time.Duration, wait boo
 		}
 	}
 }
+
+// comment is the comment of the partitions the steps make: what tells a partition detached
+// by DropConcurrently, and not dropped, from any other table.
+func (t Table) comment() string {
+	return fmt.Sprintf("partition of %s, made by the %s's cleanup", t.Text, t.Library)
+}
+
+// marker is comment as an SQL literal.
+func (t Table) marker() string { return "'" + strings.ReplaceAll(t.comment(), "'", "''") + "'" }
 
 // Timestamp writes ts as a timestamptz literal's text.
 func Timestamp(ts time.Time) string { return ts.UTC().Format("2006-01-02 15:04:05.999999Z07:00") }
@@ -343,4 +370,135 @@ func isUndefinedTable(err error) bool { return isCode(err, "42P01") }
 func isCode(err error, code string) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == code
+}
+
+// Execer runs a statement: a pool or a connection, outside a transaction, which DETACH …
+// CONCURRENTLY needs.
+type Execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Querier
+}
+
+// pendingSQL lists the partitions of the table $1 whose DETACH … CONCURRENTLY was cut short,
+// and the tables of its schema that a detach left behind, not dropped: not partitions any
+// more, with the comment $2 the steps gave them.
+const pendingSQL = `
+SELECT array(SELECT inhrelid::regclass::text FROM pg_inherits WHERE inhparent = to_regclass($1) AND inhdetachpending),
+       array(SELECT c.oid::regclass::text FROM pg_class c
+             WHERE c.relnamespace = (SELECT relnamespace FROM pg_class WHERE oid = to_regclass($1))
+               AND c.relkind = 'r' AND NOT c.relispartition
+               AND obj_description(c.oid, 'pg_class') = $2)`
+
+// DropConcurrently is Drop for a table whose old partitions no row keeps (nothing to look at
+// again under a lock), without stopping its writers: each partition whose range ended by
+// cutoff is counted, detached with DETACH PARTITION … CONCURRENTLY (which takes SHARE UPDATE
+// EXCLUSIVE and waits for the transactions that use the table to end, rather than holding new
+// ones up behind an ACCESS EXCLUSIVE lock), then dropped. A detach waits at most
+// DetachTimeout; one cut
+// short (by it, by ctx, by a lost connection) leaves the partition pending, and one not
+// dropped (the process died between the two) leaves a table apart: FinishDrops, run
+// before, finishes both. Several processes at once each skip what another is at. It
+// returns how many rows the dropped partitions held.
+func (t Table) DropConcurrently(ctx context.Context, db Execer, cutoff time.Time, log *slog.Logger) (retired int64, err error) {
+	return t.dropConcurrently(ctx, db, cutoff, DetachTimeout, log)
+}
+
+// dropConcurrently is DropConcurrently, a detach waiting at most wait.
+func (t Table) dropConcurrently(ctx context.Context, db Execer, cutoff time.Time, wait time.Duration, log *slog.Logger) (retired int64, err error) {
+	var parts []Partition
+	if _, err := t.step(ctx, db, noLock, func(tx pgx.Tx) (err error) {
+		_, parts, err = t.List(ctx, tx)
+		return err
+	}); err != nil {
+		return 0, fmt.Errorf("list partitions: %w", err)
+	}
+	for _, p := range parts {
+		if p.Lower == nil || p.Upper == nil || p.Upper.After(cutoff) {
+			continue
+		}
+		var rows int64
+		if err := db.QueryRow(ctx, "SELECT count(*) FROM "+p.Name).Scan(&rows); isUndefinedTable(err) {
+			continue // dropped by another process since it was listed
+		} else if err != nil {
+			return retired, fmt.Errorf("look at partition %s: %w", p.Name, err)
+		}
+		if detached, err := t.detach(ctx, db, p.Name, "CONCURRENTLY", wait); err != nil || !detached {
+			return retired, err // not detached: another process is at it, and goes on
+		}
+		if err := t.dropApart(ctx, db, p.Name, log); err != nil {
+			return retired, err
+		}
+		retired += rows
+		log.InfoContext(ctx, t.Library+" partition dropped", slog.String("partition", p.Name), slog.Int64("rows", rows))
+	}
+	return retired, nil
+}
+
+// FinishDrops finishes what DropConcurrently left undone (a process that died, a detach cut
+// short): it detaches the partitions left detaching (FINALIZE) and drops them, and drops the
+// tables of the table's schema that a detach left apart, those that carry the comment the
+// steps give the partitions they make and are partitions no more. Run it before Create: a
+// partition left apart keeps the name of the one Create would make in its place. A partition
+// the steps made and someone detached by hand is dropped too.
+func (t Table) FinishDrops(ctx context.Context, db Execer, log *slog.Logger) error {
+	return t.finishDrops(ctx, db, DetachTimeout, log)
+}
+
+func (t Table) finishDrops(ctx context.Context, db Execer, wait time.Duration, log *slog.Logger) error {
+	var pending, apart []string
+	if err := db.QueryRow(ctx, pendingSQL, t.Text, t.comment()).Scan(&pending, &apart); err != nil {
+		return fmt.Errorf("list partitions left detaching: %w", err)
+	}
+	for _, name := range pending {
+		if _, err := t.detach(ctx, db, name, "FINALIZE", wait); err != nil {
+			return err
+		}
+		apart = append(apart, name) // dropped below, unless another process detaches it still
+	}
+	for _, name := range apart {
+		if err := t.dropApart(ctx, db, name, log); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// detach detaches the partition name, CONCURRENTLY or FINALIZE (a detach cut short), waiting
+// at most wait, and tells whether it did. A partition another process detached, or is
+// detaching, is no error: that process drops it, or the next run does.
+func (t Table) detach(ctx context.Context, db Execer, name, how string, wait time.Duration) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	_, err := db.Exec(ctx, fmt.Sprintf("ALTER TABLE %s DETACH PARTITION %s %s", t.Qualified, name, how))
+	switch {
+	case err == nil:
+		return true, nil
+	case isUndefinedTable(err): // 42P01: not a partition (any more), or gone
+		return false, nil
+	case isCode(err, "55000"): // object_not_in_prerequisite_state: being detached (by another process, or cut short)
+		return false, nil
+	case errors.Is(ctx.Err(), context.DeadlineExceeded) || isCode(err, "57014"): // query_canceled
+		return false, fmt.Errorf("detach partition %s: a transaction on the table has lasted more than %s; the next run goes on: %w", name, wait, err)
+	default:
+		return false, fmt.Errorf("detach partition %s: %w", name, err)
+	}
+}
+
+// dropApart drops a detached partition, a table apart that no query plans to read any more.
+func (t Table) dropApart(ctx context.Context, db Execer, name string, log *slog.Logger) error {
+	_, err := t.step(ctx, db, noLock, func(tx pgx.Tx) error {
+		// Still a partition: another process detaches it, and drops it. Gone (true too):
+		// another process dropped it.
+		var partition bool
+		if err := tx.QueryRow(ctx, "SELECT coalesce((SELECT relispartition FROM pg_class WHERE oid = to_regclass($1)), true)", name).Scan(&partition); err != nil || partition {
+			return err
+		}
+		_, err := tx.Exec(ctx, "DROP TABLE IF EXISTS "+name)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("drop partition %s: %w", name, err)
+	}
+	log.DebugContext(ctx, t.Library+" partition detached and dropped", slog.String("partition", name))
+	return nil
 }

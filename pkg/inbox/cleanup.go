@@ -130,24 +130,33 @@ func (s *Store) Cleanup(ctx context.Context, db Execer, cfg CleanupConfig) (dele
 		return 0, fmt.Errorf("cleanup: %w", err)
 	}
 	// A partitioned table's partitions first, so that a run that fails later has still made
-	// them. A partition not made (its lock not had in time: a long transaction on the table)
-	// fails the run, but only once the rest of it is done.
-	var notMade error
+	// them. A partition not made (its lock not had in time) fails the run, but only once the
+	// rest of it is done.
+	var undone error
 	if s.tables.Partition != 0 {
+		// What an earlier run's drops left undone first: a partition left apart keeps the
+		// name of one to make. Not done (a long transaction on the table), it fails the run
+		// once the rest is done, and the partitions are made all the same.
+		if err := s.partitioned().FinishDrops(ctx, db, cfg.Logger); err != nil {
+			undone = fmt.Errorf("cleanup: inbox: %s: %w", s.tables, err)
+		}
 		if _, err := s.createPartitions(ctx, db, cfg.PartitionsAhead, false, cfg.Logger); err != nil {
-			notMade = fmt.Errorf("cleanup: %w", err)
+			undone = errors.Join(undone, fmt.Errorf("cleanup: %w", err))
 		}
 	}
 	var cutoff time.Time
 	if err := db.QueryRow(ctx, s.sql.cleanupCutoff, cfg.Retention.Seconds()).Scan(&cutoff); err != nil {
-		return 0, errors.Join(notMade, fmt.Errorf("cleanup: compute cutoff: %w", err))
+		return 0, errors.Join(undone, fmt.Errorf("cleanup: compute cutoff: %w", err))
 	}
 	if s.tables.Partition != 0 {
+		if undone != nil {
+			return 0, undone // the drops would wait for what kept the last ones from ending
+		}
 		deleted, err := s.dropPartitions(ctx, db, cutoff, cfg.Logger)
 		if err != nil {
 			err = fmt.Errorf("cleanup: %w", err)
 		}
-		return deleted, errors.Join(notMade, err)
+		return deleted, errors.Join(undone, err)
 	}
 	// One batch after another, without a wait, until one comes back short; not a retry loop:
 	// an error ends the run (RunCleanup backs off before the next).

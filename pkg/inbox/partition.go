@@ -197,10 +197,13 @@ func (s *Store) createPartitions(ctx context.Context, db any, ahead time.Duratio
 }
 
 // dropPartitions drops the partitions whose range ended by cutoff, and returns how many rows
-// they held (see pgpartition.Table.Drop). Every row of such a partition was processed before
-// cutoff: none keeps it.
-func (s *Store) dropPartitions(ctx context.Context, db any, cutoff time.Time, log *slog.Logger) (int64, error) {
-	retired, _, err := s.partitioned().Drop(ctx, db, cutoff, "", log)
+// they held. Every row of such a partition was processed before cutoff: none keeps it, so
+// nothing is to be looked at again under a lock, and each is detached without one (see
+// pgpartition.Table.DropConcurrently): consumers whose transactions overlap, long ones
+// included, never leave the table's ACCESS EXCLUSIVE lock a moment free, and are never held
+// up by a drop.
+func (s *Store) dropPartitions(ctx context.Context, db Execer, cutoff time.Time, log *slog.Logger) (int64, error) {
+	retired, err := s.partitioned().DropConcurrently(ctx, db, cutoff, log)
 	if err != nil {
 		return retired, fmt.Errorf("inbox: %s: %w", s.tables, err)
 	}

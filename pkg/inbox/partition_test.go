@@ -81,7 +81,10 @@ func pastPartition(t testing.TB, pool *pgxpool.Pool, store *inbox.Store, consume
 	tables := store.Tables()
 	lo := at.Truncate(tables.Partition)
 	name := tables.Messages + "_p" + lo.UTC().Format("200601021504")
-	qualified := pgx.Identifier{tables.Schema, name}.Sanitize()
+	qualified := pgx.Identifier{name}.Sanitize()
+	if tables.Schema != "" {
+		qualified = pgx.Identifier{tables.Schema, name}.Sanitize()
+	}
 	_, err := pool.Exec(ctx, fmt.Sprintf("CREATE TABLE IF NOT EXISTS %s PARTITION OF %s FOR VALUES FROM ('%s') TO ('%s')",
 		qualified, tables, lo.UTC().Format(time.RFC3339), lo.Add(tables.Partition).UTC().Format(time.RFC3339)))
 	require.NoError(t, err)
@@ -131,12 +134,8 @@ func TestPartitioned(t *testing.T) {
 	deleted, err := store.Cleanup(ctx, pool, cfg)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, deleted, "the old partition's one row")
-	var names []string
-	for _, p := range partitionsOf(t, pool, table) {
-		names = append(names, p.name)
-	}
-	require.NotContains(t, names, old)
-	require.Contains(t, names, recent)
+	require.NotContains(t, names(partitionsOf(t, pool, table)), old)
+	require.Contains(t, names(partitionsOf(t, pool, table)), recent)
 	require.Equal(t, 4, countRows(t, pool, `SELECT count(*) FROM `+table), "the rest of the rows")
 
 	// The copy of the message whose row went with its partition is processed again: the
@@ -368,4 +367,101 @@ func TestPartitionsMadeUnderLoad(t *testing.T) {
 	require.Zero(t, countRows(t, pool, `SELECT count(*) FROM (SELECT message_id FROM effects GROUP BY 1 HAVING count(*) > 1) d`),
 		"a message's effect committed twice")
 	require.Positive(t, countRows(t, pool, `SELECT count(*) FROM effects`))
+}
+
+// TestPartitionsKeptUnderLongTransactions: consumers whose transactions (half a second each)
+// overlap without a gap never leave the table's ACCESS EXCLUSIVE lock free; Cleanup makes
+// partitions and drops an old one all the same, without holding them up. A drop cut short
+// (its run's context ends while a transaction on the table goes on) is finished by the next
+// run; a partition detached and not dropped (a process that died between the two) is
+// dropped by the next run, and a table of a similar name that Cleanup did not make is left
+// alone.
+func TestPartitionsKeptUnderLongTransactions(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool, store := partitionedInbox(t, inbox.Tables{Partition: time.Hour})
+	now := dbNow(t, pool)
+	old := pastPartition(t, pool, store, "billing", "m-old", now.Add(-72*time.Hour))
+	cfg := inbox.CleanupConfig{Retention: 24 * time.Hour, PartitionsAhead: 8 * time.Hour}
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for w := range 6 {
+		wg.Go(func() {
+			// Staggered starts, so that the transactions overlap without a gap (a pace, not a
+			// wait for anything).
+			time.Sleep(time.Duration(w) * 80 * time.Millisecond)
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				id := fmt.Sprintf("w%d-%d", w, i)
+				if _, err := store.Process(ctx, pool, "billing", inbox.Message{ID: id}, func(ctx context.Context, tx pgx.Tx) error {
+					_, err := tx.Exec(ctx, "SELECT pg_sleep(0.5)")
+					return err
+				}); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	before := len(partitionsOf(t, pool, "inbox_messages"))
+	deleted, err := store.Cleanup(ctx, pool, cfg)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, deleted)
+	parts := partitionsOf(t, pool, "inbox_messages")
+	require.NotContains(t, names(parts), old)
+	require.Greater(t, len(parts), before-1, "partitions made ahead")
+	requireContiguous(t, parts, now, now.Add(7*time.Hour))
+	close(stop)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+
+	// A drop cut short: a transaction on the table outlives the run's context.
+	old = pastPartition(t, pool, store, "billing", "m-old-2", now.Add(-48*time.Hour))
+	long, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = long.Exec(ctx, "SELECT count(*) FROM inbox_messages")
+	require.NoError(t, err)
+	short, cancel := context.WithTimeout(ctx, time.Second)
+	_, err = store.Cleanup(short, pool, cfg)
+	cancel()
+	require.Error(t, err)
+	require.Equal(t, 1, countRows(t, pool, `SELECT count(*) FROM pg_inherits WHERE inhparent = 'inbox_messages'::regclass AND inhdetachpending`),
+		"the partition is left detaching")
+	require.NoError(t, long.Rollback(ctx))
+	_, err = store.Cleanup(ctx, pool, cfg)
+	require.NoError(t, err)
+	require.NotContains(t, names(partitionsOf(t, pool, "inbox_messages")), old)
+	require.Zero(t, countRows(t, pool, `SELECT count(*) FROM pg_class WHERE relname = $1`, old), "dropped")
+
+	// A partition Cleanup made, detached and left apart; and a table that merely looks like one.
+	last := parts[len(parts)-1].name
+	_, err = pool.Exec(ctx, fmt.Sprintf(`ALTER TABLE inbox_messages DETACH PARTITION %s`, pgx.Identifier{last}.Sanitize()))
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `CREATE TABLE inbox_messages_p202001010000 (LIKE inbox_messages)`)
+	require.NoError(t, err)
+	_, err = store.Cleanup(ctx, pool, cfg)
+	require.NoError(t, err)
+	require.Zero(t, countRows(t, pool, `SELECT count(*) FROM pg_class WHERE relname = $1 AND NOT relispartition`, last),
+		"the partition left apart is dropped")
+	require.Equal(t, 1, countRows(t, pool, `SELECT count(*) FROM pg_class WHERE relname = 'inbox_messages_p202001010000'`),
+		"a table Cleanup did not make stays")
+	requireContiguous(t, partitionsOf(t, pool, "inbox_messages"), now, now.Add(7*time.Hour))
+}
+
+// names are the partitions' names.
+func names(parts []partitionRange) []string {
+	var out []string
+	for _, p := range parts {
+		out = append(out, p.name)
+	}
+	return out
 }

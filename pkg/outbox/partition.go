@@ -13,9 +13,11 @@ import (
 // Migrate and Cleanup keep it, with package pgpartition: they make the partitions ahead of
 // time (writers whose row falls in no partition fail), and Cleanup drops whole the
 // partitions whose range ended Retention ago and that hold no pending or dead row, nor one
-// published within the retention. Each such step is one short transaction that takes the
-// table's ACCESS EXCLUSIVE lock (PostgreSQL takes it to attach or drop a partition) under
-// pgpartition.LockTimeout: writers wait at most that long behind each of its locks.
+// published within the retention. Each such step is one short transaction. Making a
+// partition takes the table's SHARE UPDATE EXCLUSIVE lock, which writers do not conflict
+// with; dropping one takes its ACCESS EXCLUSIVE lock (PostgreSQL's rule for DROP, and the
+// partition is looked at again under it) under pgpartition.LockTimeout: writers wait at most
+// that long behind it.
 
 // minPartitionsAhead is the least time ahead of now that Cleanup keeps partitions made,
 // whatever their length: an hour of Cleanup's outage costs the writers nothing.
