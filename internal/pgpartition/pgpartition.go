@@ -64,6 +64,23 @@ func ValidEvery(every time.Duration) bool {
 	return every >= time.Minute && every <= 24*time.Hour && every%time.Minute == 0 && (24*time.Hour)%every == 0
 }
 
+// MinAhead is the least time ahead of now that [Table.Ahead] makes partitions for, whatever
+// their length: an hour of the cleanup's outage costs the writers nothing.
+const MinAhead = time.Hour
+
+// Ahead is how far ahead of now partitions are made when a library's config asks for ahead:
+// that, or when it is 0, three partitions and at least MinAhead.
+func (t Table) Ahead(ahead time.Duration) time.Duration {
+	if ahead > 0 {
+		return ahead
+	}
+	return max(3*t.Every, MinAhead)
+}
+
+// Suffix is what the name of the partition that begins at lo adds to its table's: "_p" and
+// lo in UTC, to the minute.
+func Suffix(lo time.Time) string { return "_p" + lo.UTC().Format("200601021504") }
+
 // Partition is one partition of the table. A bound that is not a timestamp (MINVALUE,
 // MAXVALUE; DEFAULT has neither) is nil.
 type Partition struct {
@@ -118,6 +135,27 @@ type Querier interface {
 func (t Table) Layout(ctx context.Context, db Querier) (partitioned, byColumn, withDefault bool, err error) {
 	err = db.QueryRow(ctx, layoutSQL, t.Text, t.Column).Scan(&partitioned, &byColumn, &withDefault)
 	return partitioned, byColumn, withDefault, err
+}
+
+// CheckLayout returns an error unless the table is laid out as its library's Tables say:
+// partitioned by range of Column alone, without a DEFAULT partition, when Every is set (a
+// partition made for rows a DEFAULT partition holds would fail); a plain table when not.
+// tables is the table's name as the library writes it in errors.
+func (t Table) CheckLayout(ctx context.Context, db Querier, tables string) error {
+	partitioned, byColumn, withDefault, err := t.Layout(ctx, db)
+	switch {
+	case err != nil:
+		return fmt.Errorf("%s: read how %s is laid out: %w", t.Library, tables, err)
+	case t.Every != 0 && !partitioned:
+		return fmt.Errorf("%s: Tables.Partition is %s but %s is a plain table: it is not converted in place (README.md#partitioned-tables)", t.Library, t.Every, tables)
+	case t.Every != 0 && !byColumn:
+		return fmt.Errorf("%s: %s is partitioned, but not by range of %s alone", t.Library, tables, t.Column)
+	case t.Every != 0 && withDefault:
+		return fmt.Errorf("%s: %s has a DEFAULT partition: a partition made for rows it holds would fail; move its rows and drop it", t.Library, tables)
+	case t.Every == 0 && partitioned:
+		return fmt.Errorf("%s: %s is a partitioned table: set Tables.Partition to its partitions' length, in every process that uses it (README.md#partitioned-tables)", t.Library, tables)
+	}
+	return nil
 }
 
 // txStarter is a pool or a connection: what the steps run their own transactions on.
@@ -271,6 +309,25 @@ func (t Table) comment() string {
 
 // marker is comment as an SQL literal.
 func (t Table) marker() string { return "'" + strings.ReplaceAll(t.comment(), "'", "''") + "'" }
+
+// CreateWaiting is Create for a process starting up, which must not go on before the
+// partitions exist: it waits for another process making them, and when a lock is not had in
+// time it tries again after backoff(n) (n from 1), up to attempts times.
+func (t Table) CreateWaiting(ctx context.Context, db any, ahead time.Duration, attempts int, backoff func(int) time.Duration) error {
+	for attempt := 1; ; attempt++ {
+		_, err := t.Create(ctx, db, ahead, true, slog.New(slog.DiscardHandler))
+		if !isLockTimeout(err) || attempt == attempts {
+			return err
+		}
+		timer := time.NewTimer(backoff(attempt))
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return ctx.Err()
+		case <-timer.C:
+		}
+	}
+}
 
 // Timestamp writes ts as a timestamptz literal's text.
 func Timestamp(ts time.Time) string { return ts.UTC().Format("2006-01-02 15:04:05.999999Z07:00") }

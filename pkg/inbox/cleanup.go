@@ -140,7 +140,7 @@ func (s *Store) Cleanup(ctx context.Context, db Execer, cfg CleanupConfig) (dele
 		if err := s.partitioned().FinishDrops(ctx, db, cfg.Logger); err != nil {
 			undone = fmt.Errorf("cleanup: inbox: %s: %w", s.tables, err)
 		}
-		if _, err := s.createPartitions(ctx, db, cfg.PartitionsAhead, false, cfg.Logger); err != nil {
+		if _, err := s.createPartitions(ctx, db, cfg.PartitionsAhead, cfg.Logger); err != nil {
 			undone = errors.Join(undone, fmt.Errorf("cleanup: %w", err))
 		}
 	}

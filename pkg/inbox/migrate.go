@@ -4,7 +4,6 @@ import (
 	"context"
 	"embed"
 	"fmt"
-	"log/slog"
 	"sync"
 	"time"
 
@@ -97,17 +96,12 @@ func migrate(ctx context.Context, db TxBeginner, t Tables) error {
 		return err
 	}
 	// The partitions of the next hours, so that consumers can process before Cleanup first
-	// runs: waiting for another process making them, so as never to return before they are
-	// made. The locks are waited for as the migrations' are.
-	for attempt := 1; ; attempt++ {
-		_, err := s.createPartitions(ctx, db, 0, true, slog.New(slog.DiscardHandler))
-		if !isCode(err, "55P03") || attempt == pgmigrate.Attempts {
-			return err
-		}
-		if !retry.Sleep(ctx, c.Backoff(attempt)) {
-			return ctx.Err()
-		}
+	// runs, never returning before they are made. The locks are waited for as the
+	// migrations' are.
+	if err := s.partitioned().CreateWaiting(ctx, db, s.partitioned().Ahead(0), pgmigrate.Attempts, c.Backoff); err != nil {
+		return fmt.Errorf("inbox: make partitions of %s: %w", s.tables, err)
 	}
+	return nil
 }
 
 // Migrate brings the inbox schema of the default [Tables] to the version this package needs.

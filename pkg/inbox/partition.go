@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxshop/outboxshop/pkg/inbox/internal/pgpartition"
 )
@@ -33,10 +32,6 @@ import (
 // partitionLock is the advisory lock key of the default table's partition steps; other tables
 // derive theirs with Tables.lockKey. It spells "inbox_p" in ASCII.
 const partitionLock int64 = 0x696e626f785f70
-
-// minPartitionsAhead is the least time ahead of now that Cleanup keeps partitions made,
-// whatever their length: an hour of Cleanup's outage costs the consumers nothing.
-const minPartitionsAhead = time.Hour
 
 // MaxPartitions is the most partitions [Cleanup] keeps a partitioned inbox to: those of its
 // retention, of the time ahead it makes them for, and the current one. Every message looks
@@ -126,23 +121,10 @@ func (s *Store) partitioned() pgpartition.Table {
 	}
 }
 
-// checkLayout reports whether the table is laid out as s's Tables say: partitioned by
-// processed_at, without a DEFAULT partition, when Partition is set; a plain table when not.
+// checkLayout reports whether the table is laid out as s's Tables say (see
+// pgpartition.Table.CheckLayout).
 func (s *Store) checkLayout(ctx context.Context, db pgpartition.Querier) error {
-	partitioned, byProcessedAt, withDefault, err := s.partitioned().Layout(ctx, db)
-	switch {
-	case err != nil:
-		return fmt.Errorf("inbox: read how %s is laid out: %w", s.tables, err)
-	case s.tables.Partition != 0 && !partitioned:
-		return fmt.Errorf("inbox: Tables.Partition is %s but %s is a plain table: it is not converted in place (README.md#partitioned-tables)", s.tables.Partition, s.tables)
-	case s.tables.Partition != 0 && !byProcessedAt:
-		return fmt.Errorf("inbox: %s is partitioned, but not by range of processed_at alone", s.tables)
-	case s.tables.Partition != 0 && withDefault:
-		return fmt.Errorf("inbox: %s has a DEFAULT partition: a partition made for rows it holds would fail; move its rows and drop it", s.tables)
-	case s.tables.Partition == 0 && partitioned:
-		return fmt.Errorf("inbox: %s is a partitioned table: set Tables.Partition to its partitions' length, in every process that uses it (README.md#partitioned-tables)", s.tables)
-	}
-	return nil
+	return s.partitioned().CheckLayout(ctx, db, s.tables.String())
 }
 
 // checkLayoutOn runs s.checkLayout on db, in a transaction of its own when db cannot run
@@ -162,7 +144,7 @@ func checkLayoutOn(ctx context.Context, db any, s *Store) error {
 // the default) would keep more than MaxPartitions partitions.
 func (s *Store) checkPartitions(retention, ahead time.Duration) error {
 	p := s.tables.Partition
-	ahead = s.partitionsAhead(ahead)
+	ahead = s.partitioned().Ahead(ahead)
 	// The retention's partitions, the one it begins in, the current one and those ahead.
 	if n := int64(retention/p) + 2 + int64((ahead+p-1)/p); n > MaxPartitions {
 		return fmt.Errorf("inbox: a retention of %s with partitions made %s ahead keeps %d partitions of %s, more than %d (MaxPartitions): every message looks in each; make partitions longer, or the retention or CleanupConfig.PartitionsAhead shorter",
@@ -171,25 +153,16 @@ func (s *Store) checkPartitions(retention, ahead time.Duration) error {
 	return nil
 }
 
-// partitionsAhead is how far ahead of now Cleanup makes partitions when asked for ahead (0:
-// three partitions, and at least minPartitionsAhead).
-func (s *Store) partitionsAhead(ahead time.Duration) time.Duration {
-	if ahead > 0 {
-		return ahead
-	}
-	return max(3*s.tables.Partition, minPartitionsAhead)
-}
-
-// partitionName is the name of the partition that begins at lo: the table's name, "_p" and
-// lo in UTC, to the minute.
+// partitionName is the name of the partition that begins at lo.
 func (s *Store) partitionName(lo time.Time) string {
-	return s.tables.qualified(s.tables.Messages + "_p" + lo.UTC().Format("200601021504"))
+	return s.tables.qualified(s.tables.Messages + pgpartition.Suffix(lo))
 }
 
 // createPartitions makes the partitions from the current one to ahead from now (0: the
-// default), and returns how many it made; see pgpartition.Table.Create.
-func (s *Store) createPartitions(ctx context.Context, db any, ahead time.Duration, wait bool, log *slog.Logger) (int, error) {
-	made, err := s.partitioned().Create(ctx, db, s.partitionsAhead(ahead), wait, log)
+// default), and returns how many it made; another process making them at the same time
+// makes it do nothing (see pgpartition.Table.Create).
+func (s *Store) createPartitions(ctx context.Context, db any, ahead time.Duration, log *slog.Logger) (int, error) {
+	made, err := s.partitioned().Create(ctx, db, s.partitioned().Ahead(ahead), false, log)
 	if err != nil {
 		return made, fmt.Errorf("inbox: make partitions of %s: %w", s.tables, err)
 	}
@@ -231,10 +204,4 @@ func (s *Store) PartitionsEnd(ctx context.Context, db Execer) (time.Time, error)
 		return time.Time{}, nil
 	}
 	return *end, nil
-}
-
-// isCode tells whether err is PostgreSQL's error code.
-func isCode(err error, code string) bool {
-	pgErr, ok := errors.AsType[*pgconn.PgError](err)
-	return ok && pgErr.Code == code
 }

@@ -16,41 +16,6 @@ import (
 	"github.com/outboxshop/outboxshop/pkg/inbox/internal/testinfra"
 )
 
-// partitionRange is one partition of a table, as the catalog has it.
-type partitionRange struct {
-	name     string
-	from, to time.Time
-}
-
-// partitionsOf lists the partitions of table, oldest first.
-func partitionsOf(t testing.TB, db *pgxpool.Pool, table string) []partitionRange {
-	t.Helper()
-	rows, err := db.Query(context.Background(), `
-SELECT c.relname,
-       (regexp_match(pg_get_expr(c.relpartbound, c.oid), 'FROM \(''([^'']+)''\)'))[1]::timestamptz,
-       (regexp_match(pg_get_expr(c.relpartbound, c.oid), 'TO \(''([^'']+)''\)'))[1]::timestamptz
-FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-WHERE i.inhparent = $1::regclass ORDER BY 2`, table)
-	require.NoError(t, err)
-	parts, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (p partitionRange, err error) {
-		return p, r.Scan(&p.name, &p.from, &p.to)
-	})
-	require.NoError(t, err)
-	return parts
-}
-
-// requireContiguous checks that parts follow each other without a gap or an overlap, and
-// cover from at to until.
-func requireContiguous(t testing.TB, parts []partitionRange, at, until time.Time) {
-	t.Helper()
-	require.NotEmpty(t, parts)
-	for i := 1; i < len(parts); i++ {
-		require.True(t, parts[i].from.Equal(parts[i-1].to), "partition %s follows %s", parts[i].name, parts[i-1].name)
-	}
-	require.False(t, parts[0].from.After(at), "the first partition begins by %s: %v", at, parts[0])
-	require.True(t, parts[len(parts)-1].to.After(until), "the last partition ends after %s: %v", until, parts[len(parts)-1])
-}
-
 // dbNow reads the database's clock.
 func dbNow(t testing.TB, db *pgxpool.Pool) time.Time {
 	t.Helper()
@@ -105,7 +70,7 @@ func TestPartitioned(t *testing.T) {
 	pool, store := partitionedInbox(t, inbox.Tables{Schema: "Part Inbox", Messages: "seen", Partition: time.Hour})
 	table := store.Tables().String()
 	now := dbNow(t, pool)
-	requireContiguous(t, partitionsOf(t, pool, table), now, now.Add(time.Hour))
+	testinfra.RequireContiguous(t, testinfra.Partitions(t, pool, table), now, now.Add(time.Hour))
 
 	// Processed 3 days ago and 20 hours ago, each in its own partition.
 	old := pastPartition(t, pool, store, "billing", "m-old", now.Add(-72*time.Hour))
@@ -134,8 +99,8 @@ func TestPartitioned(t *testing.T) {
 	deleted, err := store.Cleanup(ctx, pool, cfg)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, deleted, "the old partition's one row")
-	require.NotContains(t, names(partitionsOf(t, pool, table)), old)
-	require.Contains(t, names(partitionsOf(t, pool, table)), recent)
+	require.NotContains(t, names(testinfra.Partitions(t, pool, table)), old)
+	require.Contains(t, names(testinfra.Partitions(t, pool, table)), recent)
 	require.Equal(t, 4, countRows(t, pool, `SELECT count(*) FROM `+table), "the rest of the rows")
 
 	// The copy of the message whose row went with its partition is processed again: the
@@ -287,8 +252,8 @@ func TestPartitionedRefusals(t *testing.T) {
 	require.NoError(t, err)
 
 	// No partition for now: the message is held, and goes through once one is made.
-	for _, p := range partitionsOf(t, pool, "inbox_messages") {
-		_, err := pool.Exec(ctx, "DROP TABLE "+pgx.Identifier{p.name}.Sanitize())
+	for _, p := range testinfra.Partitions(t, pool, "inbox_messages") {
+		_, err := pool.Exec(ctx, "DROP TABLE "+pgx.Identifier{p.Name}.Sanitize())
 		require.NoError(t, err)
 	}
 	_, err = store.Process(ctx, pool, "billing", inbox.Message{ID: "m-1"}, recordEffect("billing", "m-1"))
@@ -363,7 +328,7 @@ func TestPartitionsMadeUnderLoad(t *testing.T) {
 		require.NoError(t, err)
 	}
 	now := dbNow(t, pool)
-	requireContiguous(t, partitionsOf(t, pool, "inbox_messages"), now, now.Add(29*time.Minute))
+	testinfra.RequireContiguous(t, testinfra.Partitions(t, pool, "inbox_messages"), now, now.Add(29*time.Minute))
 	require.Zero(t, countRows(t, pool, `SELECT count(*) FROM (SELECT message_id FROM effects GROUP BY 1 HAVING count(*) > 1) d`),
 		"a message's effect committed twice")
 	require.Positive(t, countRows(t, pool, `SELECT count(*) FROM effects`))
@@ -409,14 +374,14 @@ func TestPartitionsKeptUnderLongTransactions(t *testing.T) {
 			}
 		})
 	}
-	before := len(partitionsOf(t, pool, "inbox_messages"))
+	before := len(testinfra.Partitions(t, pool, "inbox_messages"))
 	deleted, err := store.Cleanup(ctx, pool, cfg)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, deleted)
-	parts := partitionsOf(t, pool, "inbox_messages")
+	parts := testinfra.Partitions(t, pool, "inbox_messages")
 	require.NotContains(t, names(parts), old)
 	require.Greater(t, len(parts), before-1, "partitions made ahead")
-	requireContiguous(t, parts, now, now.Add(7*time.Hour))
+	testinfra.RequireContiguous(t, parts, now, now.Add(7*time.Hour))
 	close(stop)
 	wg.Wait()
 	close(errs)
@@ -439,11 +404,11 @@ func TestPartitionsKeptUnderLongTransactions(t *testing.T) {
 	require.NoError(t, long.Rollback(ctx))
 	_, err = store.Cleanup(ctx, pool, cfg)
 	require.NoError(t, err)
-	require.NotContains(t, names(partitionsOf(t, pool, "inbox_messages")), old)
+	require.NotContains(t, names(testinfra.Partitions(t, pool, "inbox_messages")), old)
 	require.Zero(t, countRows(t, pool, `SELECT count(*) FROM pg_class WHERE relname = $1`, old), "dropped")
 
 	// A partition Cleanup made, detached and left apart; and a table that merely looks like one.
-	last := parts[len(parts)-1].name
+	last := parts[len(parts)-1].Name
 	_, err = pool.Exec(ctx, fmt.Sprintf(`ALTER TABLE inbox_messages DETACH PARTITION %s`, pgx.Identifier{last}.Sanitize()))
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, `CREATE TABLE inbox_messages_p202001010000 (LIKE inbox_messages)`)
@@ -454,14 +419,14 @@ func TestPartitionsKeptUnderLongTransactions(t *testing.T) {
 		"the partition left apart is dropped")
 	require.Equal(t, 1, countRows(t, pool, `SELECT count(*) FROM pg_class WHERE relname = 'inbox_messages_p202001010000'`),
 		"a table Cleanup did not make stays")
-	requireContiguous(t, partitionsOf(t, pool, "inbox_messages"), now, now.Add(7*time.Hour))
+	testinfra.RequireContiguous(t, testinfra.Partitions(t, pool, "inbox_messages"), now, now.Add(7*time.Hour))
 }
 
 // names are the partitions' names.
-func names(parts []partitionRange) []string {
+func names(parts []testinfra.PartitionRange) []string {
 	var out []string
 	for _, p := range parts {
-		out = append(out, p.name)
+		out = append(out, p.Name)
 	}
 	return out
 }

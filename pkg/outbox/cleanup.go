@@ -107,7 +107,7 @@ func (s *Store) Cleanup(ctx context.Context, db DBTX, cfg CleanupConfig) (delete
 		return 0, fmt.Errorf("clean up outbox: %w", err)
 	}
 	if s.tables.Partition != 0 {
-		if _, err := s.createPartitions(ctx, db, cfg.PartitionsAhead, false, cfg.Logger); err != nil {
+		if _, err := s.createPartitions(ctx, db, cfg.PartitionsAhead, cfg.Logger); err != nil {
 			notMade = fmt.Errorf("clean up outbox: %w", err)
 		}
 	}

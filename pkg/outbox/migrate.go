@@ -4,7 +4,6 @@ import (
 	"context"
 	"embed"
 	"fmt"
-	"log/slog"
 	"sync"
 	"time"
 
@@ -122,22 +121,13 @@ func migrate(ctx context.Context, db TxBeginner, t Tables) error {
 	if err := checkLayoutOn(ctx, db, s); err != nil || t.Partition == 0 {
 		return err
 	}
-	d, ok := db.(DBTX)
-	if !ok {
-		return fmt.Errorf("outbox: migrate a partitioned table: a %T cannot run queries", db)
-	}
 	// The partitions of the next hours, so that writers can write before Cleanup first
-	// runs: waiting for another process making them, so as never to return before they are
-	// made. The locks are waited for as the migrations' are.
-	for attempt := 1; ; attempt++ {
-		_, err := s.createPartitions(ctx, d, 0, true, slog.New(slog.DiscardHandler))
-		if !isCode(err, "55P03") || attempt == pgmigrate.Attempts {
-			return err
-		}
-		if !retry.Sleep(ctx, c.Backoff(attempt)) {
-			return ctx.Err()
-		}
+	// runs, never returning before they are made. The locks are waited for as the
+	// migrations' are.
+	if err := s.partitioned().CreateWaiting(ctx, db, s.partitioned().Ahead(0), pgmigrate.Attempts, c.Backoff); err != nil {
+		return fmt.Errorf("outbox: make partitions of %s: %w", s.tables, err)
 	}
+	return nil
 }
 
 // checkLayoutOn runs s.checkLayout on db, in a transaction of its own when db cannot run

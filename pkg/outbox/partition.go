@@ -19,10 +19,6 @@ import (
 // partition is looked at again under it) under pgpartition.LockTimeout: writers wait at most
 // that long behind it.
 
-// minPartitionsAhead is the least time ahead of now that Cleanup keeps partitions made,
-// whatever their length: an hour of Cleanup's outage costs the writers nothing.
-const minPartitionsAhead = time.Hour
-
 // partitionKeeps tells whether the partition (%s) holds a row that keeps it: pending or dead
 // (both through their partial indexes), or published since $1, the retention's cutoff (a
 // row published late, requeued say, is kept as long as any other).
@@ -41,44 +37,22 @@ func (s *Store) partitioned() pgpartition.Table {
 	}
 }
 
-// checkLayout reports whether the table is laid out as s's Tables say: partitioned by
-// created_at, without a DEFAULT partition, when Partition is set; a plain table when not.
+// checkLayout reports whether the table is laid out as s's Tables say (see
+// pgpartition.Table.CheckLayout).
 func (s *Store) checkLayout(ctx context.Context, db DBTX) error {
-	partitioned, byCreatedAt, withDefault, err := s.partitioned().Layout(ctx, db)
-	switch {
-	case err != nil:
-		return fmt.Errorf("outbox: read how %s is laid out: %w", s.tables, err)
-	case s.tables.Partition != 0 && !partitioned:
-		return fmt.Errorf("outbox: Tables.Partition is %s but %s is a plain table: it is not converted in place (README.md#partitioned-tables)", s.tables.Partition, s.tables)
-	case s.tables.Partition != 0 && !byCreatedAt:
-		return fmt.Errorf("outbox: %s is partitioned, but not by range of created_at alone", s.tables)
-	case s.tables.Partition != 0 && withDefault:
-		return fmt.Errorf("outbox: %s has a DEFAULT partition: a partition made for rows it holds would fail; move its rows and drop it", s.tables)
-	case s.tables.Partition == 0 && partitioned:
-		return fmt.Errorf("outbox: %s is a partitioned table: set Tables.Partition to its partitions' length, in every process that migrates or cleans it up (README.md#partitioned-tables)", s.tables)
-	}
-	return nil
+	return s.partitioned().CheckLayout(ctx, db, s.tables.String())
 }
 
-// partitionsAhead is how far ahead of now Cleanup makes partitions when asked for ahead (0:
-// three partitions, and at least minPartitionsAhead).
-func (s *Store) partitionsAhead(ahead time.Duration) time.Duration {
-	if ahead > 0 {
-		return ahead
-	}
-	return max(3*s.tables.Partition, minPartitionsAhead)
-}
-
-// partitionName is the name of the partition that begins at lo: the table's name, "_p" and
-// lo in UTC, to the minute.
+// partitionName is the name of the partition that begins at lo.
 func (s *Store) partitionName(lo time.Time) string {
-	return s.tables.qualified(s.tables.Messages + "_p" + lo.UTC().Format("200601021504"))
+	return s.tables.qualified(s.tables.Messages + pgpartition.Suffix(lo))
 }
 
 // createPartitions makes the partitions from the current one to ahead from now (0: the
-// default), and returns how many it made; see pgpartition.Table.Create.
-func (s *Store) createPartitions(ctx context.Context, db DBTX, ahead time.Duration, wait bool, log *slog.Logger) (int, error) {
-	made, err := s.partitioned().Create(ctx, db, s.partitionsAhead(ahead), wait, log)
+// default), and returns how many it made; another process making them at the same time
+// makes it do nothing (see pgpartition.Table.Create).
+func (s *Store) createPartitions(ctx context.Context, db DBTX, ahead time.Duration, log *slog.Logger) (int, error) {
+	made, err := s.partitioned().Create(ctx, db, s.partitioned().Ahead(ahead), false, log)
 	if err != nil {
 		return made, fmt.Errorf("outbox: make partitions of %s: %w", s.tables, err)
 	}

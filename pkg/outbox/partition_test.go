@@ -21,41 +21,6 @@ import (
 	"github.com/outboxshop/outboxshop/pkg/outbox/internal/testinfra"
 )
 
-// partitionRange is one partition of a table, as the catalog has it.
-type partitionRange struct {
-	name     string
-	from, to time.Time
-}
-
-// partitionsOf lists the partitions of table, oldest first.
-func partitionsOf(t testing.TB, db *pgxpool.Pool, table string) []partitionRange {
-	t.Helper()
-	rows, err := db.Query(context.Background(), `
-SELECT c.relname,
-       (regexp_match(pg_get_expr(c.relpartbound, c.oid), 'FROM \(''([^'']+)''\)'))[1]::timestamptz,
-       (regexp_match(pg_get_expr(c.relpartbound, c.oid), 'TO \(''([^'']+)''\)'))[1]::timestamptz
-FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-WHERE i.inhparent = $1::regclass ORDER BY 2`, table)
-	require.NoError(t, err)
-	parts, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (p partitionRange, err error) {
-		return p, r.Scan(&p.name, &p.from, &p.to)
-	})
-	require.NoError(t, err)
-	return parts
-}
-
-// requireContiguous checks that parts follow each other without a gap or an overlap, and
-// cover from at to until.
-func requireContiguous(t testing.TB, parts []partitionRange, at, until time.Time) {
-	t.Helper()
-	require.NotEmpty(t, parts)
-	for i := 1; i < len(parts); i++ {
-		require.True(t, parts[i].from.Equal(parts[i-1].to), "partition %s follows %s", parts[i].name, parts[i-1].name)
-	}
-	require.False(t, parts[0].from.After(at), "the first partition begins by %s: %v", at, parts[0])
-	require.True(t, parts[len(parts)-1].to.After(until), "the last partition ends after %s: %v", until, parts[len(parts)-1])
-}
-
 // dbNow reads the database's clock.
 func dbNow(t testing.TB, db *pgxpool.Pool) time.Time {
 	t.Helper()
@@ -83,10 +48,10 @@ func TestPartitioned(t *testing.T) {
 
 	now := dbNow(t, b.pool)
 	hour := now.Truncate(time.Hour)
-	requireContiguous(t, partitionsOf(t, b.pool, "outbox_messages"), now, now.Add(3*time.Hour-time.Second))
-	made := len(partitionsOf(t, b.pool, "outbox_messages"))
+	testinfra.RequireContiguous(t, testinfra.Partitions(t, b.pool, "outbox_messages"), now, now.Add(3*time.Hour-time.Second))
+	made := len(testinfra.Partitions(t, b.pool, "outbox_messages"))
 	require.NoError(t, store.Migrate(ctx, b.pool), "a second time")
-	require.Len(t, partitionsOf(t, b.pool, "outbox_messages"), made, "nothing more made")
+	require.Len(t, testinfra.Partitions(t, b.pool, "outbox_messages"), made, "nothing more made")
 
 	t.Run("MigrateRefusesATablesThatSaysOtherwise", func(t *testing.T) {
 		err := outbox.Migrate(ctx, b.pool)
@@ -137,7 +102,7 @@ VALUES ($1, $2, $3, $4, $5, $6, $7::text::json, $8)`,
 	deleted, err := store.Cleanup(ctx, b.pool, cleanup)
 	require.NoError(t, err)
 	require.EqualValues(t, 0, deleted, "every row pending: nothing dropped")
-	require.Len(t, partitionsOf(t, b.pool, "outbox_messages"), made+3)
+	require.Len(t, testinfra.Partitions(t, b.pool, "outbox_messages"), made+3)
 
 	got := consume(t, b.amqpURL, b.top.Queue)
 	cfg := fastConfig(t)
@@ -236,9 +201,9 @@ VALUES ($1, $2, $3, $4, $5, $6, $7::text::json, $8)`,
 // oldPartitions lists the partitions TestPartitioned made by hand that are still there.
 func oldPartitions(t testing.TB, b *bundle) []string {
 	var names []string
-	for _, p := range partitionsOf(t, b.pool, "outbox_messages") {
-		if strings.HasPrefix(p.name, "old_") {
-			names = append(names, p.name)
+	for _, p := range testinfra.Partitions(t, b.pool, "outbox_messages") {
+		if strings.HasPrefix(p.Name, "old_") {
+			names = append(names, p.Name)
 		}
 	}
 	return names
@@ -311,11 +276,11 @@ func TestPartitionsMadeUnderLoad(t *testing.T) {
 	testinfra.Eventually(t, waitFor, func() bool {
 		_, err := store.Cleanup(ctx, b.pool, outbox.CleanupConfig{PartitionsAhead: 90 * time.Minute})
 		require.True(t, err == nil || isLockTimeout(err), "%v", err)
-		parts := partitionsOf(t, b.pool, "minutes")
-		return parts[len(parts)-1].to.After(dbNow(t, b.pool).Add(89 * time.Minute))
+		parts := testinfra.Partitions(t, b.pool, "minutes")
+		return parts[len(parts)-1].To.After(dbNow(t, b.pool).Add(89 * time.Minute))
 	}, "an hour and a half of partitions")
 	now := dbNow(t, b.pool)
-	requireContiguous(t, partitionsOf(t, b.pool, "minutes"), now, now.Add(89*time.Minute))
+	testinfra.RequireContiguous(t, testinfra.Partitions(t, b.pool, "minutes"), now, now.Add(89*time.Minute))
 	testinfra.Eventually(t, waitFor, func() bool { return int64(len(got.ids())) == written.Load() }, "every row delivered")
 }
 
