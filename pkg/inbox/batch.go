@@ -177,7 +177,7 @@ func (s *Store) processTogether(ctx context.Context, db TxBeginner, consumer str
 		}
 	}
 	if len(ids) > 0 {
-		rows, err := tx.Query(ctx, s.sql.insertMessages, s.insertArgs(consumer, ids, types, received)...)
+		rows, err := tx.Query(ctx, s.sql.insertMessages, s.insertArgs(tx, consumer, ids, types, received)...)
 		if err == nil {
 			for rows.Next() {
 				var id string
@@ -307,7 +307,7 @@ func (s *Store) savepointAndInsert(ctx context.Context, tx pgx.Tx, savepoint, co
 		if _, spErr = tx.Exec(ctx, "SAVEPOINT "+savepoint); spErr != nil {
 			return tag, spErr, nil, nil
 		}
-		tag, insertErr = tx.Exec(ctx, s.sql.insertMessage, s.insertArgs(consumer, msg.ID, msg.Type, msg.ReceivedAt)...)
+		tag, insertErr = tx.Exec(ctx, s.sql.insertMessage, s.insertArgs(tx, consumer, msg.ID, msg.Type, msg.ReceivedAt)...)
 		return tag, nil, insertErr, nil
 	}
 	b := &pgx.Batch{}

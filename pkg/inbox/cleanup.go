@@ -135,8 +135,8 @@ func (s *Store) Cleanup(ctx context.Context, db Execer, cfg CleanupConfig) (dele
 	var undone error
 	if s.tables.Partition != 0 {
 		// What an earlier run's drops left undone first: a partition left apart keeps the
-		// name of one to make. Not done (a long transaction on the table), it fails the run
-		// once the rest is done, and the partitions are made all the same.
+		// name of one to make. Not done (an old snapshot keeps a detach from finishing), it
+		// fails the run once the rest is done.
 		if err := s.partitioned().FinishDrops(ctx, db, cfg.Logger); err != nil {
 			undone = fmt.Errorf("cleanup: inbox: %s: %w", s.tables, err)
 		}
@@ -149,9 +149,6 @@ func (s *Store) Cleanup(ctx context.Context, db Execer, cfg CleanupConfig) (dele
 		return 0, errors.Join(undone, fmt.Errorf("cleanup: compute cutoff: %w", err))
 	}
 	if s.tables.Partition != 0 {
-		if undone != nil {
-			return 0, undone // the drops would wait for what kept the last ones from ending
-		}
 		deleted, err := s.dropPartitions(ctx, db, cutoff, cfg.Logger)
 		if err != nil {
 			err = fmt.Errorf("cleanup: %w", err)

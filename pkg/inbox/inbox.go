@@ -175,7 +175,7 @@ func (s *Store) Process(ctx context.Context, db TxBeginner, consumer string, msg
 			return false, fmt.Errorf("record message %q: %w", msg.ID, err)
 		}
 	}
-	tag, err := tx.Exec(ctx, s.sql.insertMessage, s.insertArgs(consumer, msg.ID, msg.Type, receivedAt)...)
+	tag, err := tx.Exec(ctx, s.sql.insertMessage, s.insertArgs(tx, consumer, msg.ID, msg.Type, receivedAt)...)
 	if err != nil {
 		err = fmt.Errorf("record message %q: %w", msg.ID, err)
 		if isDataException(err) {

@@ -29,10 +29,6 @@ import (
 // whatever the producer stamped on them. That takes READ COMMITTED: under REPEATABLE READ
 // the insert would read a snapshot taken before the lock was had.
 
-// partitionLock is the advisory lock key of the default table's partition steps; other tables
-// derive theirs with Tables.lockKey. It spells "inbox_p" in ASCII.
-const partitionLock int64 = 0x696e626f785f70
-
 // MaxPartitions is the most partitions [Cleanup] keeps a partitioned inbox to: those of its
 // retention, of the time ahead it makes them for, and the current one. Every message looks
 // for an earlier copy of itself in each partition, taking a lock on each and on its index:
@@ -92,9 +88,9 @@ func (s *Store) lockMessages(ctx context.Context, tx pgx.Tx, consumer string, id
 // then (a sequential scan, the cheapest of an empty table) would go on scanning it whole for
 // every message as it grows, until an ANALYZE of it invalidates the plan. A plan made at the
 // run sees the partition's size as it is.
-func (s *Store) insertArgs(args ...any) []any {
-	if s.tables.Partition == 0 {
-		return args
+func (s *Store) insertArgs(tx pgx.Tx, args ...any) []any {
+	if s.tables.Partition == 0 || tx.Conn().Config().DefaultQueryExecMode == pgx.QueryExecModeSimpleProtocol {
+		return args // the simple protocol plans at each run too
 	}
 	return append([]any{pgx.QueryExecModeExec}, args...)
 }
@@ -117,7 +113,6 @@ func (s *Store) partitioned() pgpartition.Table {
 	return pgpartition.Table{
 		Library: "inbox", Qualified: n.Messages, Text: n.MessagesText, Column: "processed_at",
 		Every: s.tables.Partition, Name: s.partitionName,
-		LockKey: s.tables.lockKey("partition", partitionLock),
 	}
 }
 

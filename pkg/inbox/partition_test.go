@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -286,13 +287,24 @@ func TestPartitionedRefusals(t *testing.T) {
 	require.ErrorContains(t, err, "keeps 65 partitions")
 }
 
-// TestPartitionsMadeUnderLoad: one-minute partitions made by two cleaners at once while
-// consumers process new messages and copies of them: no message fails, none is applied
-// twice, and the partitions come out contiguous.
+// TestPartitionsMadeUnderLoad: one-minute partitions, 30 of them, made by two cleaners at
+// once (which spell the table two ways) while consumers process new messages and copies of
+// them: no message fails, none is applied twice, and the partitions come out contiguous.
 func TestPartitionsMadeUnderLoad(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	pool, store := partitionedInbox(t, inbox.Tables{Partition: time.Minute})
+	// The other spelling of the same table, for the second cleaner.
+	public, err := inbox.NewStore(inbox.Tables{Schema: "public", Partition: time.Minute})
+	require.NoError(t, err)
+	// Only the current partition left: Migrate made an hour of them.
+	now := dbNow(t, pool)
+	for _, p := range testinfra.Partitions(t, pool, "inbox_messages") {
+		if p.From.After(now.Add(time.Minute)) {
+			_, err := pool.Exec(ctx, "DROP TABLE "+pgx.Identifier{p.Name}.Sanitize())
+			require.NoError(t, err)
+		}
+	}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	errs := make(chan error, 8)
@@ -313,21 +325,26 @@ func TestPartitionsMadeUnderLoad(t *testing.T) {
 		})
 	}
 	var cleaners sync.WaitGroup
-	for range 2 {
+	for _, cleaner := range []*inbox.Store{store, public} {
 		cleaners.Go(func() {
-			if _, err := store.Cleanup(ctx, pool, inbox.CleanupConfig{Retention: 10 * time.Minute, PartitionsAhead: 30 * time.Minute}); err != nil {
+			if _, err := cleaner.Cleanup(ctx, pool, inbox.CleanupConfig{Retention: 5 * time.Minute, PartitionsAhead: 30 * time.Minute}); err != nil {
 				errs <- err
 			}
 		})
 	}
 	cleaners.Wait()
+	// And once more, each: what the other skipped while it was at it.
+	for _, cleaner := range []*inbox.Store{store, public} {
+		_, err := cleaner.Cleanup(ctx, pool, inbox.CleanupConfig{Retention: 5 * time.Minute, PartitionsAhead: 30 * time.Minute})
+		require.NoError(t, err)
+	}
 	close(stop)
 	wg.Wait()
 	close(errs)
 	for err := range errs {
 		require.NoError(t, err)
 	}
-	now := dbNow(t, pool)
+	now = dbNow(t, pool)
 	testinfra.RequireContiguous(t, testinfra.Partitions(t, pool, "inbox_messages"), now, now.Add(29*time.Minute))
 	require.Zero(t, countRows(t, pool, `SELECT count(*) FROM (SELECT message_id FROM effects GROUP BY 1 HAVING count(*) > 1) d`),
 		"a message's effect committed twice")
@@ -337,20 +354,24 @@ func TestPartitionsMadeUnderLoad(t *testing.T) {
 // TestPartitionsKeptUnderLongTransactions: consumers whose transactions (half a second each)
 // overlap without a gap never leave the table's ACCESS EXCLUSIVE lock free; Cleanup makes
 // partitions and drops an old one all the same, without holding them up. A drop cut short
-// (its run's context ends while a transaction on the table goes on) is finished by the next
-// run; a partition detached and not dropped (a process that died between the two) is
-// dropped by the next run, and a table of a similar name that Cleanup did not make is left
-// alone.
+// (its run ends while a transaction on the table goes on) is finished by the next run; a
+// partition detached and not dropped (a process that died between the two) is dropped by
+// the next run, and a table of a similar name that Cleanup did not make is left alone.
 func TestPartitionsKeptUnderLongTransactions(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	pool, store := partitionedInbox(t, inbox.Tables{Partition: time.Hour})
+	small, store := partitionedInbox(t, inbox.Tables{Partition: time.Hour})
+	// Room for the six workers, the cleaner and the test's own statements.
+	pool, err := pgxpool.New(ctx, small.Config().ConnString()+"&pool_max_conns=12")
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
 	now := dbNow(t, pool)
 	old := pastPartition(t, pool, store, "billing", "m-old", now.Add(-72*time.Hour))
 	cfg := inbox.CleanupConfig{Retention: 24 * time.Hour, PartitionsAhead: 8 * time.Hour}
 
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
+	var started atomic.Int64
 	errs := make(chan error, 8)
 	for w := range 6 {
 		wg.Go(func() {
@@ -365,6 +386,9 @@ func TestPartitionsKeptUnderLongTransactions(t *testing.T) {
 				}
 				id := fmt.Sprintf("w%d-%d", w, i)
 				if _, err := store.Process(ctx, pool, "billing", inbox.Message{ID: id}, func(ctx context.Context, tx pgx.Tx) error {
+					if i == 0 {
+						started.Add(1)
+					}
 					_, err := tx.Exec(ctx, "SELECT pg_sleep(0.5)")
 					return err
 				}); err != nil {
@@ -374,6 +398,7 @@ func TestPartitionsKeptUnderLongTransactions(t *testing.T) {
 			}
 		})
 	}
+	testinfra.Eventually(t, 20*time.Second, func() bool { return started.Load() == 6 }, "the workers' transactions run")
 	before := len(testinfra.Partitions(t, pool, "inbox_messages"))
 	deleted, err := store.Cleanup(ctx, pool, cfg)
 	require.NoError(t, err)
@@ -389,16 +414,25 @@ func TestPartitionsKeptUnderLongTransactions(t *testing.T) {
 		require.NoError(t, err)
 	}
 
-	// A drop cut short: a transaction on the table outlives the run's context.
+	// A drop cut short: a transaction on the table outlives the run.
 	old = pastPartition(t, pool, store, "billing", "m-old-2", now.Add(-48*time.Hour))
 	long, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	_, err = long.Exec(ctx, "SELECT count(*) FROM inbox_messages")
 	require.NoError(t, err)
-	short, cancel := context.WithTimeout(ctx, time.Second)
-	_, err = store.Cleanup(short, pool, cfg)
+	detaching := func() int {
+		return countRows(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'ALTER TABLE % DETACH PARTITION % CONCURRENTLY' AND state = 'active'`)
+	}
+	run, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		_, err := store.Cleanup(run, pool, cfg)
+		done <- err
+	}()
+	testinfra.Eventually(t, 20*time.Second, func() bool { return detaching() == 1 }, "the detach waits for the long transaction")
 	cancel()
-	require.Error(t, err)
+	require.Error(t, <-done)
+	testinfra.Eventually(t, 20*time.Second, func() bool { return detaching() == 0 }, "the detach is cancelled")
 	require.Equal(t, 1, countRows(t, pool, `SELECT count(*) FROM pg_inherits WHERE inhparent = 'inbox_messages'::regclass AND inhdetachpending`),
 		"the partition is left detaching")
 	require.NoError(t, long.Rollback(ctx))
@@ -408,6 +442,7 @@ func TestPartitionsKeptUnderLongTransactions(t *testing.T) {
 	require.Zero(t, countRows(t, pool, `SELECT count(*) FROM pg_class WHERE relname = $1`, old), "dropped")
 
 	// A partition Cleanup made, detached and left apart; and a table that merely looks like one.
+	parts = testinfra.Partitions(t, pool, "inbox_messages")
 	last := parts[len(parts)-1].Name
 	_, err = pool.Exec(ctx, fmt.Sprintf(`ALTER TABLE inbox_messages DETACH PARTITION %s`, pgx.Identifier{last}.Sanitize()))
 	require.NoError(t, err)
@@ -420,6 +455,34 @@ func TestPartitionsKeptUnderLongTransactions(t *testing.T) {
 	require.Equal(t, 1, countRows(t, pool, `SELECT count(*) FROM pg_class WHERE relname = 'inbox_messages_p202001010000'`),
 		"a table Cleanup did not make stays")
 	testinfra.RequireContiguous(t, testinfra.Partitions(t, pool, "inbox_messages"), now, now.Add(7*time.Hour))
+}
+
+// TestPartitionKeptForAnOlderTransaction: a partition whose range ended is not detached while
+// a transaction that began before its end is open, one that may still write in it; it is
+// once that transaction ended.
+func TestPartitionKeptForAnOlderTransaction(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool, store := partitionedInbox(t, inbox.Tables{Partition: time.Hour})
+	before := testinfra.Partitions(t, pool, "inbox_messages")
+	older, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = older.Exec(ctx, "SELECT 1")
+	require.NoError(t, err)
+	// A cutoff two hours ahead: the current partition's range ends by it, but began before
+	// the transaction's start.
+	cutoff := dbNow(t, pool).Add(2 * time.Hour)
+	dropped, err := inbox.DropPartitionsBefore(ctx, store, pool, cutoff)
+	require.NoError(t, err)
+	require.Zero(t, dropped)
+	require.Equal(t, before, testinfra.Partitions(t, pool, "inbox_messages"))
+
+	require.NoError(t, older.Rollback(ctx))
+	_, err = inbox.DropPartitionsBefore(ctx, store, pool, cutoff)
+	require.NoError(t, err)
+	for _, p := range testinfra.Partitions(t, pool, "inbox_messages") {
+		require.True(t, p.To.After(cutoff), "partition %s ends by the cutoff", p.Name)
+	}
 }
 
 // names are the partitions' names.

@@ -37,8 +37,6 @@ const (
 	// notifyLock is the lock the notify trigger tries, so that one committing transaction
 	// at a time notifies (see migrations/templates/001_outbox.sql.tmpl).
 	notifyLock int64 = 8031453476610924398 // "outbox_n"
-	// partitionLock serialises the partition steps of Cleanup and Migrate (partition.go).
-	partitionLock int64 = 0x6f7574626f785f70 // "outbox_p"
 )
 
 // TxBeginner starts a transaction. *pgxpool.Pool and *pgx.Conn satisfy it.

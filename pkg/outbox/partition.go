@@ -33,7 +33,6 @@ func (s *Store) partitioned() pgpartition.Table {
 	return pgpartition.Table{
 		Library: "outbox", Qualified: n.Messages, Text: n.MessagesText, Column: "created_at",
 		Every: s.tables.Partition, Name: s.partitionName,
-		LockKey: s.tables.lockKey("partition", partitionLock),
 	}
 }
 

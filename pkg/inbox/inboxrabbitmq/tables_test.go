@@ -113,17 +113,21 @@ VALUES ($1, $2, 'order.placed', $3, $3)`, cfg.Name, id, now.Add(-age))
 	cleanerCtx, stopCleaner := context.WithCancel(ctx)
 	cleaned := make(chan error, 1)
 	go func() {
+		defer close(cleaned)
+		// A run every 50ms, as RunCleanup would at a (very) short interval.
+		tick := time.NewTicker(50 * time.Millisecond)
+		defer tick.Stop()
 		for {
 			if _, err := store.Cleanup(cleanerCtx, b.pool, inbox.CleanupConfig{Retention: 24 * time.Hour, PartitionsAhead: 6 * time.Hour}); err != nil {
 				if cleanerCtx.Err() == nil {
 					cleaned <- err
 				}
-				close(cleaned)
 				return
 			}
-			if cleanerCtx.Err() != nil {
-				close(cleaned)
+			select {
+			case <-cleanerCtx.Done():
 				return
+			case <-tick.C:
 			}
 		}
 	}()

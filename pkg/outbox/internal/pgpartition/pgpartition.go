@@ -55,9 +55,12 @@ type Table struct {
 	Every time.Duration
 	// Name returns the quoted, schema-qualified name of the partition that begins at lo.
 	Name func(lo time.Time) string
-	// LockKey is the advisory lock of the table's steps.
-	LockKey int64
 }
+
+// stepLockClass is the first key of the advisory lock that serialises a table's steps; the
+// second is the table's oid, so that every process takes the same lock however it spells the
+// table's name. It spells "part" in ASCII.
+const stepLockClass = 0x70617274
 
 // ValidEvery reports whether every can be a partitions' length: a whole number of minutes,
 // from a minute to a day, that divides a day, so that the partitions of every day begin at
@@ -199,11 +202,11 @@ func (t Table) step(ctx context.Context, db any, lock int, f func(tx pgx.Tx) err
 			done = true
 		case waitLock:
 			done = true
-			if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", t.LockKey); err != nil {
+			if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1, coalesce(to_regclass($2)::oid::int4, 0))", stepLockClass, t.Text); err != nil {
 				return err
 			}
 		default:
-			if err := tx.QueryRow(ctx, "SELECT pg_try_advisory_xact_lock($1)", t.LockKey).Scan(&done); err != nil || !done {
+			if err := tx.QueryRow(ctx, "SELECT pg_try_advisory_xact_lock($1, coalesce(to_regclass($2)::oid::int4, 0))", stepLockClass, t.Text).Scan(&done); err != nil || !done {
 				return err
 			}
 		}
@@ -281,9 +284,17 @@ func (t Table) Create(ctx context.Context, db any, ahead time.Duration, wait boo
 			// the table's indexes and triggers on the partition, and checks its range over
 			// its rows: none.
 			r, name := missing[0], t.Name(missing[0][0])
+			var comment, tablespace string
+			if err := tx.QueryRow(ctx, parentSQL, t.Text, t.Library).Scan(&comment, &tablespace); err != nil {
+				return fmt.Errorf("make partition %s: read the table: %w", name, err)
+			}
 			for _, stmt := range []string{
-				fmt.Sprintf("CREATE TABLE %s (LIKE %s INCLUDING DEFAULTS INCLUDING CONSTRAINTS)", name, t.Qualified),
-				fmt.Sprintf("COMMENT ON TABLE %s IS %s", name, t.marker()),
+				// What PARTITION OF takes from the table and an attach does not check: the
+				// columns' storage and compression, and the tablespace. The attach checks the
+				// rest: the columns, NOT NULL, CHECK constraints, generated columns.
+				fmt.Sprintf("CREATE TABLE %s (LIKE %s INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING GENERATED INCLUDING STORAGE INCLUDING COMPRESSION)%s",
+					name, t.Qualified, tablespace),
+				fmt.Sprintf("COMMENT ON TABLE %s IS %s", name, literal(comment)),
 				fmt.Sprintf("ALTER TABLE %s ATTACH PARTITION %s FOR VALUES FROM ('%s') TO ('%s')",
 					t.Qualified, name, Timestamp(r[0]), Timestamp(r[1])),
 			} {
@@ -303,14 +314,22 @@ func (t Table) Create(ctx context.Context, db any, ahead time.Duration, wait boo
 	}
 }
 
-// comment is the comment of the partitions the steps make: what tells a partition detached
-// by DropConcurrently, and not dropped, from any other table.
-func (t Table) comment() string {
-	return fmt.Sprintf("partition of %s, made by the %s's cleanup", t.Text, t.Library)
-}
+// commentSQL is the comment of the partitions the steps make for the table whose oid is c.oid,
+// library $2 (text): what tells a partition detached by DropConcurrently, and not dropped,
+// from any other table. It names the table as the catalog does, so that it is the same
+// however a process spells it.
+const commentSQL = `format('partition of %I.%I, made by the %s''s cleanup',
+    (SELECT nspname FROM pg_namespace WHERE oid = c.relnamespace), c.relname, $2::text)`
 
-// marker is comment as an SQL literal.
-func (t Table) marker() string { return "'" + strings.ReplaceAll(t.comment(), "'", "''") + "'" }
+// parentSQL reads, for the table $1 and library $2, the comment of the partitions the steps
+// make and, when the table has a tablespace of its own, the clause that puts a partition in
+// it.
+const parentSQL = `SELECT ` + commentSQL + `,
+    coalesce((SELECT ' TABLESPACE ' || quote_ident(spcname) FROM pg_tablespace WHERE oid = c.reltablespace), '')
+FROM pg_class c WHERE c.oid = to_regclass($1)`
+
+// literal quotes s as an SQL string literal.
+func literal(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 // CreateWaiting is Create for a process starting up, which must not go on before the
 // partitions exist: it waits for another process making them, and when a lock is not had in
@@ -440,13 +459,19 @@ type Execer interface {
 
 // pendingSQL lists the partitions of the table $1 whose DETACH … CONCURRENTLY was cut short,
 // and the tables of its schema that a detach left behind, not dropped: not partitions any
-// more, with the comment $2 the steps gave them.
+// more, with the comment the steps gave them (library $2).
 const pendingSQL = `
-SELECT array(SELECT inhrelid::regclass::text FROM pg_inherits WHERE inhparent = to_regclass($1) AND inhdetachpending),
-       array(SELECT c.oid::regclass::text FROM pg_class c
-             WHERE c.relnamespace = (SELECT relnamespace FROM pg_class WHERE oid = to_regclass($1))
-               AND c.relkind = 'r' AND NOT c.relispartition
-               AND obj_description(c.oid, 'pg_class') = $2)`
+SELECT array(SELECT inhrelid::regclass::text FROM pg_inherits WHERE inhparent = c.oid AND inhdetachpending),
+       array(SELECT a.oid::regclass::text FROM pg_class a
+             WHERE a.relnamespace = c.relnamespace AND a.relkind = 'r' AND NOT a.relispartition
+               AND obj_description(a.oid, 'pg_class') = ` + commentSQL + `)
+FROM pg_class c WHERE c.oid = to_regclass($1)`
+
+// olderTransactionSQL tells whether another session of the database has a transaction open
+// since before $1. It sees the sessions of other roles only for a role with
+// pg_read_all_stats (or a superuser): their xact_start reads as NULL otherwise.
+const olderTransactionSQL = `SELECT EXISTS (SELECT FROM pg_stat_activity
+WHERE datname = current_database() AND backend_type = 'client backend' AND pid <> pg_backend_pid() AND xact_start < $1)`
 
 // DropConcurrently is Drop for a table whose old partitions no row keeps (nothing to look at
 // again under a lock), without stopping its writers: each partition whose range ended by
@@ -481,7 +506,18 @@ func (t Table) dropConcurrently(ctx context.Context, db Execer, cutoff time.Time
 		} else if err != nil {
 			return retired, fmt.Errorf("look at partition %s: %w", p.Name, err)
 		}
-		if detached, err := t.detach(ctx, db, p.Name, "CONCURRENTLY", wait); err != nil || !detached {
+		// A transaction that began before the partition's range ended may still write in it:
+		// detached, its rows would be invisible to a copy of one of its messages that waits
+		// for it. Detached only once no such transaction is left (the next runs try again).
+		var older bool
+		if err := db.QueryRow(ctx, olderTransactionSQL, *p.Upper).Scan(&older); err != nil {
+			return retired, fmt.Errorf("look for transactions older than partition %s: %w", p.Name, err)
+		}
+		if older {
+			log.DebugContext(ctx, t.Library+" partition kept: a transaction that began in its range is open", slog.String("partition", p.Name))
+			return retired, nil
+		}
+		if detached, err := t.detach(ctx, db, p.Name, wait); err != nil || !detached {
 			return retired, err // not detached: another process is at it, and goes on
 		}
 		if err := t.dropApart(ctx, db, p.Name, log); err != nil {
@@ -499,36 +535,48 @@ func (t Table) dropConcurrently(ctx context.Context, db Execer, cutoff time.Time
 // steps give the partitions they make and are partitions no more. Run it before Create: a
 // partition left apart keeps the name of the one Create would make in its place. A partition
 // the steps made and someone detached by hand is dropped too.
-func (t Table) FinishDrops(ctx context.Context, db Execer, log *slog.Logger) error {
-	return t.finishDrops(ctx, db, DetachTimeout, log)
-}
-
-func (t Table) finishDrops(ctx context.Context, db Execer, wait time.Duration, log *slog.Logger) error {
+func (t Table) FinishDrops(ctx context.Context, db Execer, log *slog.Logger) (err error) {
 	var pending, apart []string
-	if err := db.QueryRow(ctx, pendingSQL, t.Text, t.comment()).Scan(&pending, &apart); err != nil {
+	if err := db.QueryRow(ctx, pendingSQL, t.Text, t.Library).Scan(&pending, &apart); errors.Is(err, pgx.ErrNoRows) {
+		return nil // no table: nothing left
+	} else if err != nil {
 		return fmt.Errorf("list partitions left detaching: %w", err)
 	}
 	for _, name := range pending {
-		if _, err := t.detach(ctx, db, name, "FINALIZE", wait); err != nil {
+		// FINALIZE takes the table's SHARE UPDATE EXCLUSIVE lock and waits for every older
+		// snapshot of the database, not only those on the table: in a step, so that another
+		// process skips it rather than waits, and within LockTimeout, so that a long
+		// transaction anywhere costs a run no more. Not done, it is tried again by the next.
+		done, ferr := t.step(ctx, db, tryLock, func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, fmt.Sprintf("ALTER TABLE %s DETACH PARTITION %s FINALIZE", t.Qualified, name))
 			return err
+		})
+		switch {
+		case !done && ferr == nil:
+			return err // another process is at it
+		case isUndefinedTable(ferr), isCode(ferr, "55000"): // finished by another process, or not pending
+		case ferr != nil:
+			err = errors.Join(err, fmt.Errorf("finish detaching partition %s (a transaction older than its detach is still open): %w", name, ferr))
+			continue
 		}
 		apart = append(apart, name) // dropped below, unless another process detaches it still
 	}
 	for _, name := range apart {
-		if err := t.dropApart(ctx, db, name, log); err != nil {
-			return err
+		if derr := t.dropApart(ctx, db, name, log); derr != nil {
+			err = errors.Join(err, derr)
 		}
 	}
-	return nil
+	return err
 }
 
-// detach detaches the partition name, CONCURRENTLY or FINALIZE (a detach cut short), waiting
-// at most wait, and tells whether it did. A partition another process detached, or is
+// detach detaches the partition name CONCURRENTLY, waiting at most wait for the transactions
+// on the table to end, and tells whether it did. A partition another process detached, or is
 // detaching, is no error: that process drops it, or the next run does.
-func (t Table) detach(ctx context.Context, db Execer, name, how string, wait time.Duration) (bool, error) {
-	ctx, cancel := context.WithTimeout(ctx, wait)
+func (t Table) detach(ctx context.Context, db Execer, name string, wait time.Duration) (bool, error) {
+	const how = "CONCURRENTLY"
+	waitCtx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
-	_, err := db.Exec(ctx, fmt.Sprintf("ALTER TABLE %s DETACH PARTITION %s %s", t.Qualified, name, how))
+	_, err := db.Exec(waitCtx, fmt.Sprintf("ALTER TABLE %s DETACH PARTITION %s %s", t.Qualified, name, how))
 	switch {
 	case err == nil:
 		return true, nil
@@ -536,8 +584,10 @@ func (t Table) detach(ctx context.Context, db Execer, name, how string, wait tim
 		return false, nil
 	case isCode(err, "55000"): // object_not_in_prerequisite_state: being detached (by another process, or cut short)
 		return false, nil
-	case errors.Is(ctx.Err(), context.DeadlineExceeded) || isCode(err, "57014"): // query_canceled
-		return false, fmt.Errorf("detach partition %s: a transaction on the table has lasted more than %s; the next run goes on: %w", name, wait, err)
+	case ctx.Err() != nil: // the run's own end
+		return false, fmt.Errorf("detach partition %s: %w", name, err)
+	case errors.Is(waitCtx.Err(), context.DeadlineExceeded):
+		return false, fmt.Errorf("detach partition %s: a transaction on the table has lasted more than %s; the next run finishes the detach: %w", name, wait, err)
 	default:
 		return false, fmt.Errorf("detach partition %s: %w", name, err)
 	}
