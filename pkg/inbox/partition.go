@@ -112,7 +112,7 @@ func (s *Store) partitioned() pgpartition.Table {
 	n := s.tables.sqlNames()
 	return pgpartition.Table{
 		Library: "inbox", Qualified: n.Messages, Text: n.MessagesText, Column: "processed_at",
-		Every: s.tables.Partition, Name: s.partitionName,
+		Every: s.tables.Partition, Base: s.tables.Messages,
 	}
 }
 
@@ -146,11 +146,6 @@ func (s *Store) checkPartitions(retention, ahead time.Duration) error {
 			retention, ahead, n, p, MaxPartitions)
 	}
 	return nil
-}
-
-// partitionName is the name of the partition that begins at lo.
-func (s *Store) partitionName(lo time.Time) string {
-	return s.tables.qualified(s.tables.Messages + pgpartition.Suffix(lo))
 }
 
 // createPartitions makes the partitions from the current one to ahead from now (0: the

@@ -32,7 +32,7 @@ func (s *Store) partitioned() pgpartition.Table {
 	n := s.tables.sqlNames()
 	return pgpartition.Table{
 		Library: "outbox", Qualified: n.Messages, Text: n.MessagesText, Column: "created_at",
-		Every: s.tables.Partition, Name: s.partitionName,
+		Every: s.tables.Partition, Base: s.tables.Messages,
 	}
 }
 
@@ -40,11 +40,6 @@ func (s *Store) partitioned() pgpartition.Table {
 // pgpartition.Table.CheckLayout).
 func (s *Store) checkLayout(ctx context.Context, db DBTX) error {
 	return s.partitioned().CheckLayout(ctx, db, s.tables.String())
-}
-
-// partitionName is the name of the partition that begins at lo.
-func (s *Store) partitionName(lo time.Time) string {
-	return s.tables.qualified(s.tables.Messages + pgpartition.Suffix(lo))
 }
 
 // createPartitions makes the partitions from the current one to ahead from now (0: the

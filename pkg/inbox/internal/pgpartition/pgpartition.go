@@ -53,8 +53,9 @@ type Table struct {
 	Column string
 	// Every is the partitions' length: they begin at multiples of it since the Unix epoch.
 	Every time.Duration
-	// Name returns the quoted, schema-qualified name of the partition that begins at lo.
-	Name func(lo time.Time) string
+	// Base is the table's own name, unquoted and unqualified: a partition's name is Base and
+	// its Suffix, in the table's schema.
+	Base string
 }
 
 // stepLockClass is the first key of the advisory lock that serialises a table's steps; the
@@ -283,11 +284,13 @@ func (t Table) Create(ctx context.Context, db any, ahead time.Duration, wait boo
 			// SHARE UPDATE EXCLUSIVE, which writers do not conflict with. The attach makes
 			// the table's indexes and triggers on the partition, and checks its range over
 			// its rows: none.
-			r, name := missing[0], t.Name(missing[0][0])
-			var comment, tablespace string
-			if err := tx.QueryRow(ctx, parentSQL, t.Text, t.Library).Scan(&comment, &tablespace); err != nil {
-				return fmt.Errorf("make partition %s: read the table: %w", name, err)
+			r := missing[0]
+			var schema, comment, tablespace string
+			if err := tx.QueryRow(ctx, parentSQL, t.Text, t.Library).Scan(&schema, &comment, &tablespace); err != nil {
+				return fmt.Errorf("make a partition of %s: read the table: %w", t.Qualified, err)
 			}
+			// In the table's schema, the one FinishDrops looks in, whatever search_path says.
+			name := schema + "." + pgx.Identifier{t.Base + Suffix(r[0])}.Sanitize()
 			for _, stmt := range []string{
 				// What PARTITION OF takes from the table and an attach does not check: the
 				// columns' storage and compression, and the tablespace. The attach checks the
@@ -321,10 +324,11 @@ func (t Table) Create(ctx context.Context, db any, ahead time.Duration, wait boo
 const commentSQL = `format('partition of %I.%I, made by the %s''s cleanup',
     (SELECT nspname FROM pg_namespace WHERE oid = c.relnamespace), c.relname, $2::text)`
 
-// parentSQL reads, for the table $1 and library $2, the comment of the partitions the steps
-// make and, when the table has a tablespace of its own, the clause that puts a partition in
-// it.
-const parentSQL = `SELECT ` + commentSQL + `,
+// parentSQL reads, for the table $1 and library $2, its schema (quoted), the comment of the
+// partitions the steps make and, when the table has a tablespace of its own, the clause that
+// puts a partition in it.
+const parentSQL = `SELECT (SELECT quote_ident(nspname) FROM pg_namespace WHERE oid = c.relnamespace),
+    ` + commentSQL + `,
     coalesce((SELECT ' TABLESPACE ' || quote_ident(spcname) FROM pg_tablespace WHERE oid = c.reltablespace), '')
 FROM pg_class c WHERE c.oid = to_regclass($1)`
 
