@@ -129,31 +129,24 @@ func (s *Store) Cleanup(ctx context.Context, db Execer, cfg CleanupConfig) (dele
 	if err := checkLayoutOn(ctx, db, s); err != nil {
 		return 0, fmt.Errorf("cleanup: %w", err)
 	}
-	// A partitioned table's partitions first, so that a run that fails later has still made
-	// them. A partition not made (its lock not had in time) fails the run, but only once the
-	// rest of it is done.
-	var undone error
-	if s.tables.Partition != 0 {
-		// What an earlier run's drops left undone first: a partition left apart keeps the
-		// name of one to make. Not done (an old snapshot keeps a detach from finishing), it
-		// fails the run once the rest is done.
-		if err := s.partitioned().FinishDrops(ctx, db, cfg.Logger); err != nil {
-			undone = fmt.Errorf("cleanup: inbox: %s: %w", s.tables, err)
-		}
-		if _, err := s.createPartitions(ctx, db, cfg.PartitionsAhead, cfg.Logger); err != nil {
-			undone = errors.Join(undone, fmt.Errorf("cleanup: %w", err))
-		}
-	}
 	var cutoff time.Time
 	if err := db.QueryRow(ctx, s.sql.cleanupCutoff, cfg.Retention.Seconds()).Scan(&cutoff); err != nil {
-		return 0, errors.Join(undone, fmt.Errorf("cleanup: compute cutoff: %w", err))
+		return 0, fmt.Errorf("cleanup: compute cutoff: %w", err)
 	}
 	if s.tables.Partition != 0 {
-		deleted, err := s.dropPartitions(ctx, db, cutoff, cfg.Logger)
-		if err != nil {
-			err = fmt.Errorf("cleanup: %w", err)
+		// The drops first: they finish what an earlier run left undone, such as a partition
+		// left apart that keeps the name of one to make. A drop that fails (a transaction on
+		// the table that lasts) does not stop the partitions' making; a partition not made
+		// (its lock not had in time) fails the run, as the drop does, once both are done.
+		deleted, dropErr := s.dropPartitions(ctx, db, cutoff, cfg.Logger)
+		if dropErr != nil {
+			dropErr = fmt.Errorf("cleanup: %w", dropErr)
 		}
-		return deleted, errors.Join(undone, err)
+		var madeErr error
+		if _, err := s.createPartitions(ctx, db, cfg.PartitionsAhead, cfg.Logger); err != nil {
+			madeErr = fmt.Errorf("cleanup: %w", err)
+		}
+		return deleted, errors.Join(dropErr, madeErr)
 	}
 	// One batch after another, without a wait, until one comes back short; not a retry loop:
 	// an error ends the run (RunCleanup backs off before the next).

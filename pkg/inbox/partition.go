@@ -165,7 +165,7 @@ func (s *Store) createPartitions(ctx context.Context, db any, ahead time.Duratio
 // pgpartition.Table.DropConcurrently): consumers whose transactions overlap, long ones
 // included, never leave the table's ACCESS EXCLUSIVE lock a moment free, and are never held
 // up by a drop.
-func (s *Store) dropPartitions(ctx context.Context, db Execer, cutoff time.Time, log *slog.Logger) (int64, error) {
+func (s *Store) dropPartitions(ctx context.Context, db any, cutoff time.Time, log *slog.Logger) (int64, error) {
 	retired, err := s.partitioned().DropConcurrently(ctx, db, cutoff, log)
 	if err != nil {
 		return retired, fmt.Errorf("inbox: %s: %w", s.tables, err)

@@ -297,7 +297,7 @@ func TestPartitionsMadeUnderLoad(t *testing.T) {
 	// The other spelling of the same table, for the second cleaner.
 	public, err := inbox.NewStore(inbox.Tables{Schema: "public", Partition: time.Minute})
 	require.NoError(t, err)
-	// Only the current partition left: Migrate made an hour of them.
+	// The current partition and the next left: Migrate made an hour of them.
 	now := dbNow(t, pool)
 	for _, p := range testinfra.Partitions(t, pool, "inbox_messages") {
 		if p.From.After(now.Add(time.Minute)) {
@@ -362,7 +362,9 @@ func TestPartitionsKeptUnderLongTransactions(t *testing.T) {
 	ctx := t.Context()
 	small, store := partitionedInbox(t, inbox.Tables{Partition: time.Hour})
 	// Room for the six workers, the cleaner and the test's own statements.
-	pool, err := pgxpool.New(ctx, small.Config().ConnString()+"&pool_max_conns=12")
+	config := small.Config().Copy()
+	config.MaxConns = 12
+	pool, err := pgxpool.NewWithConfig(ctx, config)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	now := dbNow(t, pool)
@@ -407,14 +409,9 @@ func TestPartitionsKeptUnderLongTransactions(t *testing.T) {
 	require.NotContains(t, names(parts), old)
 	require.Greater(t, len(parts), before-1, "partitions made ahead")
 	testinfra.RequireContiguous(t, parts, now, now.Add(7*time.Hour))
-	close(stop)
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		require.NoError(t, err)
-	}
 
-	// A drop cut short: a transaction on the table outlives the run.
+	// A drop cut short: a transaction on the table outlives the run; the next run finishes it
+	// while the workers go on.
 	old = pastPartition(t, pool, store, "billing", "m-old-2", now.Add(-48*time.Hour))
 	long, err := pool.Begin(ctx)
 	require.NoError(t, err)
@@ -429,17 +426,26 @@ func TestPartitionsKeptUnderLongTransactions(t *testing.T) {
 		_, err := store.Cleanup(run, pool, cfg)
 		done <- err
 	}()
-	testinfra.Eventually(t, 20*time.Second, func() bool { return detaching() == 1 }, "the detach waits for the long transaction")
+	pending := func() int {
+		return countRows(t, pool, `SELECT count(*) FROM pg_inherits WHERE inhparent = 'inbox_messages'::regclass AND inhdetachpending`)
+	}
+	// Its first transaction done, the detach waits for the long one.
+	testinfra.Eventually(t, 20*time.Second, func() bool { return detaching() == 1 && pending() == 1 }, "the detach waits for the long transaction")
 	cancel()
 	require.Error(t, <-done)
 	testinfra.Eventually(t, 20*time.Second, func() bool { return detaching() == 0 }, "the detach is cancelled")
-	require.Equal(t, 1, countRows(t, pool, `SELECT count(*) FROM pg_inherits WHERE inhparent = 'inbox_messages'::regclass AND inhdetachpending`),
-		"the partition is left detaching")
+	require.Equal(t, 1, pending(), "the partition is left detaching")
 	require.NoError(t, long.Rollback(ctx))
 	_, err = store.Cleanup(ctx, pool, cfg)
 	require.NoError(t, err)
 	require.NotContains(t, names(testinfra.Partitions(t, pool, "inbox_messages")), old)
 	require.Zero(t, countRows(t, pool, `SELECT count(*) FROM pg_class WHERE relname = $1`, old), "dropped")
+	close(stop)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
 
 	// A partition Cleanup made, detached and left apart; and a table that merely looks like one.
 	parts = testinfra.Partitions(t, pool, "inbox_messages")

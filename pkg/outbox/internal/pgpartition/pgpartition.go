@@ -6,14 +6,15 @@
 // processed_at.
 //
 // Each step (make one partition, drop one) is a transaction of its own, at READ COMMITTED,
-// that waits at most [LockTimeout] for each lock it takes, and that holds an advisory lock
-// serialising the steps of every process on the table. A partition is made apart and
+// that waits at most [LockTimeout] for each lock it takes, and that holds an advisory lock,
+// keyed on the table's oid, serialising the steps of every process on the table. A partition is made apart and
 // attached, under the table's SHARE UPDATE EXCLUSIVE lock, which writers do not conflict
 // with. [Table.Drop] takes the table's ACCESS EXCLUSIVE lock, as DROP TABLE of a partition
 // does, to look at the partition again under it: writers queue behind it for at most
 // LockTimeout, and a drop that does not get it in time is left to the next run.
 // [Table.DropConcurrently], for a table whose old partitions nothing keeps, detaches them
-// CONCURRENTLY instead, which holds no writer up. A partition not made is an error.
+// CONCURRENTLY instead, which holds no writer up, on a connection of its own under a lock of
+// its own. A partition not made is an error.
 //
 // Partition bounds are read back from their text (pg_get_expr), which a session writes
 // unambiguously in ISO DateStyle: the steps set it for their own transactions.
@@ -33,6 +34,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // LockTimeout bounds how long a step waits for each lock it takes, and so how long the
@@ -454,47 +456,109 @@ func isCode(err error, code string) bool {
 	return errors.As(err, &pgErr) && pgErr.Code == code
 }
 
-// Execer runs a statement: a pool or a connection, outside a transaction, which DETACH …
-// CONCURRENTLY needs.
-type Execer interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Querier
-}
+// dropLockClass is the first key of the session-level advisory lock that serialises the
+// concurrent drops of a table (DropConcurrently); the second is the table's oid. A key of its
+// own: a drop waits up to DetachTimeout, and the steps that make partitions (Migrate's
+// among them) must not wait for it. It spells "drop" in ASCII.
+const dropLockClass = 0x64726f70
 
-// pendingSQL lists the partitions of the table $1 whose DETACH … CONCURRENTLY was cut short,
-// and the tables of its schema that a detach left behind, not dropped: not partitions any
-// more, with the comment the steps gave them (library $2).
+// pendingSQL lists, for the table $1 and library $2, its partitions whose DETACH …
+// CONCURRENTLY was cut short, and the tables of its schema that a detach left behind, not
+// dropped: both only those with the comment the steps give the partitions they make (or
+// that DropConcurrently gives a partition before it detaches it). Names are qualified.
 const pendingSQL = `
-SELECT array(SELECT inhrelid::regclass::text FROM pg_inherits WHERE inhparent = c.oid AND inhdetachpending),
-       array(SELECT a.oid::regclass::text FROM pg_class a
+SELECT array(SELECT format('%I.%I', n.nspname, a.relname) FROM pg_inherits i
+             JOIN pg_class a ON a.oid = i.inhrelid JOIN pg_namespace n ON n.oid = a.relnamespace
+             WHERE i.inhparent = c.oid AND i.inhdetachpending
+               AND obj_description(a.oid, 'pg_class') IS NOT DISTINCT FROM ` + commentSQL + `),
+       array(SELECT format('%I.%I', n.nspname, a.relname) FROM pg_class a JOIN pg_namespace n ON n.oid = a.relnamespace
              WHERE a.relnamespace = c.relnamespace AND a.relkind = 'r' AND NOT a.relispartition
-               AND obj_description(a.oid, 'pg_class') = ` + commentSQL + `)
+               AND obj_description(a.oid, 'pg_class') IS NOT DISTINCT FROM ` + commentSQL + `)
 FROM pg_class c WHERE c.oid = to_regclass($1)`
 
-// olderTransactionSQL tells whether another session of the database has a transaction open
-// since before $1. It sees the sessions of other roles only for a role with
-// pg_read_all_stats (or a superuser): their xact_start reads as NULL otherwise.
-const olderTransactionSQL = `SELECT EXISTS (SELECT FROM pg_stat_activity
-WHERE datname = current_database() AND backend_type = 'client backend' AND pid <> pg_backend_pid() AND xact_start < $1)`
+// olderTransactionSQL counts the other client sessions of the database with a transaction
+// open since before $1, and those whose transaction's start this role may not see (another
+// role's, without pg_read_all_stats): either may still write in a partition that ended at $1.
+const olderTransactionSQL = `SELECT count(*) FILTER (WHERE xact_start < $1),
+       count(*) FILTER (WHERE query = '<insufficient privilege>')
+FROM pg_stat_activity
+WHERE datname = current_database() AND backend_type = 'client backend' AND pid <> pg_backend_pid()`
 
-// DropConcurrently is Drop for a table whose old partitions no row keeps (nothing to look at
-// again under a lock), without stopping its writers: each partition whose range ended by
-// cutoff is counted, detached with DETACH PARTITION … CONCURRENTLY (which takes SHARE UPDATE
-// EXCLUSIVE and waits for the transactions that use the table to end, rather than holding new
-// ones up behind an ACCESS EXCLUSIVE lock), then dropped. A detach waits at most
-// DetachTimeout; one cut
-// short (by it, by ctx, by a lost connection) leaves the partition pending, and one not
-// dropped (the process died between the two) leaves a table apart: FinishDrops, run
-// before, finishes both. Several processes at once each skip what another is at. It
-// returns how many rows the dropped partitions held.
-func (t Table) DropConcurrently(ctx context.Context, db Execer, cutoff time.Time, log *slog.Logger) (retired int64, err error) {
+// markSQL gives the partition $3 of the table $1 (library $2) the comment of the partitions
+// the steps make, if it has another: one made by hand, then detached and not dropped, is
+// found again by the next run.
+const markSQL = `SELECT ` + commentSQL + `, obj_description(to_regclass($3), 'pg_class')
+FROM pg_class c WHERE c.oid = to_regclass($1)`
+
+// apartSQL tells whether the table $3 is one that a detach of the table $1 (library $2) left
+// apart: not a partition, with the steps' comment.
+const apartSQL = `SELECT coalesce((SELECT NOT a.relispartition
+    AND obj_description(a.oid, 'pg_class') IS NOT DISTINCT FROM (SELECT ` + commentSQL + ` FROM pg_class c WHERE c.oid = to_regclass($1))
+    FROM pg_class a WHERE a.oid = to_regclass($3)), false)`
+
+// DropConcurrently drops the partitions whose range ended by cutoff, as Drop does, for a
+// table whose old partitions no row keeps (nothing to look at again under a lock), without
+// stopping its writers. It works on one connection of db (a pool or a connection), under a
+// session-level advisory lock that another process's DropConcurrently skips, and for each
+// partition, oldest first:
+//
+//   - it stops while a client transaction of the database that began before the partition's
+//     range ended is open (it may still write in it, and a copy of what it writes, waiting
+//     for it, would not see a detached partition's rows), or while a session's start is
+//     hidden from the role (another role's, without pg_read_all_stats), logging a warning;
+//   - it gives the partition the steps' comment, if it has another (one made by hand);
+//   - it detaches it with DETACH PARTITION … CONCURRENTLY, which takes SHARE UPDATE
+//     EXCLUSIVE and waits for the transactions that use the table to end (at most
+//     DetachTimeout), rather than holding new ones up behind an ACCESS EXCLUSIVE lock;
+//   - it counts the detached table's rows, and drops it.
+//
+// A detach cut short (by the timeout, ctx, a lost connection) leaves the partition pending,
+// and one not dropped (the process died between the two) leaves a table apart: the next run
+// finishes both first, those with the steps' comment only. A partition another hand left
+// pending is an error: PostgreSQL detaches one partition of a table at a time. It returns how
+// many rows the dropped partitions held.
+func (t Table) DropConcurrently(ctx context.Context, db any, cutoff time.Time, log *slog.Logger) (retired int64, err error) {
 	return t.dropConcurrently(ctx, db, cutoff, DetachTimeout, log)
 }
 
-// dropConcurrently is DropConcurrently, a detach waiting at most wait.
-func (t Table) dropConcurrently(ctx context.Context, db Execer, cutoff time.Time, wait time.Duration, log *slog.Logger) (retired int64, err error) {
+// dropConcurrently is DropConcurrently, each wait at most wait.
+func (t Table) dropConcurrently(ctx context.Context, db any, cutoff time.Time, wait time.Duration, log *slog.Logger) (retired int64, err error) {
+	conn, release, err := sessionOf(ctx, db)
+	if err != nil {
+		return 0, err
+	}
+	broken := false
+	defer func() { release(broken) }()
+	var locked bool
+	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1, coalesce(to_regclass($2)::oid::int4, 0))", dropLockClass, t.Text).Scan(&locked); err != nil {
+		broken = true
+		return 0, fmt.Errorf("lock the drops: %w", err)
+	}
+	if !locked {
+		return 0, nil // another process drops
+	}
+	// The session's settings for the run, and its lock, undone before the connection goes
+	// back; a connection that cannot undo them is closed instead.
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if _, uerr := conn.Exec(ctx, "SELECT pg_advisory_unlock($1, coalesce(to_regclass($2)::oid::int4, 0))", dropLockClass, t.Text); uerr != nil {
+			broken = true
+		} else if _, uerr := conn.Exec(ctx, "RESET statement_timeout; RESET lock_timeout; RESET DateStyle"); uerr != nil {
+			broken = true
+		}
+	}()
+	timeout := fmt.Sprintf("%dms", wait.Milliseconds())
+	if _, err := conn.Exec(ctx, "SELECT set_config('statement_timeout', $1, false), set_config('lock_timeout', $1, false), set_config('DateStyle', 'ISO', false)", timeout); err != nil {
+		broken = true
+		return 0, err
+	}
+
+	if err := t.finishDrops(ctx, conn, wait, log); err != nil {
+		return 0, err
+	}
 	var parts []Partition
-	if _, err := t.step(ctx, db, noLock, func(tx pgx.Tx) (err error) {
+	if err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) (err error) {
 		_, parts, err = t.List(ctx, tx)
 		return err
 	}); err != nil {
@@ -504,114 +568,135 @@ func (t Table) dropConcurrently(ctx context.Context, db Execer, cutoff time.Time
 		if p.Lower == nil || p.Upper == nil || p.Upper.After(cutoff) {
 			continue
 		}
-		var rows int64
-		if err := db.QueryRow(ctx, "SELECT count(*) FROM "+p.Name).Scan(&rows); isUndefinedTable(err) {
-			continue // dropped by another process since it was listed
+		var older, hidden int
+		if err := conn.QueryRow(ctx, olderTransactionSQL, *p.Upper).Scan(&older, &hidden); err != nil {
+			return retired, fmt.Errorf("look for transactions older than partition %s: %w", p.Name, err)
+		}
+		if older > 0 || hidden > 0 {
+			// Bounds ascend: the later partitions wait for the same.
+			log.WarnContext(ctx, t.Library+" partition kept past its retention: a transaction that began in its range may still write in it",
+				slog.String("partition", p.Name), slog.Int("older_transactions", older), slog.Int("hidden_sessions", hidden))
+			return retired, nil
+		}
+		var name string // qualified, as the catalog has it now
+		if err := conn.QueryRow(ctx, "SELECT format('%I.%I', n.nspname, a.relname) FROM pg_class a JOIN pg_namespace n ON n.oid = a.relnamespace WHERE a.oid = to_regclass($1)", p.Name).Scan(&name); errors.Is(err, pgx.ErrNoRows) {
+			continue // dropped by hand since it was listed
 		} else if err != nil {
 			return retired, fmt.Errorf("look at partition %s: %w", p.Name, err)
 		}
-		// A transaction that began before the partition's range ended may still write in it:
-		// detached, its rows would be invisible to a copy of one of its messages that waits
-		// for it. Detached only once no such transaction is left (the next runs try again).
-		var older bool
-		if err := db.QueryRow(ctx, olderTransactionSQL, *p.Upper).Scan(&older); err != nil {
-			return retired, fmt.Errorf("look for transactions older than partition %s: %w", p.Name, err)
+		if err := t.mark(ctx, conn, name); err != nil {
+			return retired, err
 		}
-		if older {
-			log.DebugContext(ctx, t.Library+" partition kept: a transaction that began in its range is open", slog.String("partition", p.Name))
-			return retired, nil
+		_, err := conn.Exec(ctx, fmt.Sprintf("ALTER TABLE %s DETACH PARTITION %s CONCURRENTLY", t.Qualified, name))
+		switch {
+		case isUndefinedTable(err): // detached or dropped by hand since it was listed
+			continue
+		case isCode(err, "55000"): // object_not_in_prerequisite_state: another detach is pending
+			return retired, fmt.Errorf("detach partition %s: a partition of %s is being detached by hand; finish it (ALTER TABLE … DETACH PARTITION … FINALIZE): %w", name, t.Qualified, err)
+		case isCode(err, "57014"): // query_canceled: the statement timeout
+			return retired, fmt.Errorf("detach partition %s: a transaction on the table has lasted more than %s; the next run finishes the detach: %w", name, wait, err)
+		case err != nil:
+			return retired, fmt.Errorf("detach partition %s: %w", name, err)
 		}
-		if detached, err := t.detach(ctx, db, p.Name, wait); err != nil || !detached {
-			return retired, err // not detached: another process is at it, and goes on
+		var rows int64
+		if err := conn.QueryRow(ctx, "SELECT count(*) FROM "+name).Scan(&rows); err != nil {
+			return retired, fmt.Errorf("count the rows of partition %s: %w", name, err)
 		}
-		if err := t.dropApart(ctx, db, p.Name, log); err != nil {
+		if err := t.dropApart(ctx, conn, name); err != nil {
 			return retired, err
 		}
 		retired += rows
-		log.InfoContext(ctx, t.Library+" partition dropped", slog.String("partition", p.Name), slog.Int64("rows", rows))
+		log.InfoContext(ctx, t.Library+" partition dropped", slog.String("partition", name), slog.Int64("rows", rows))
 	}
 	return retired, nil
 }
 
-// FinishDrops finishes what DropConcurrently left undone (a process that died, a detach cut
-// short): it detaches the partitions left detaching (FINALIZE) and drops them, and drops the
-// tables of the table's schema that a detach left apart, those that carry the comment the
-// steps give the partitions they make and are partitions no more. Run it before Create: a
-// partition left apart keeps the name of the one Create would make in its place. A partition
-// the steps made and someone detached by hand is dropped too.
-func (t Table) FinishDrops(ctx context.Context, db Execer, log *slog.Logger) (err error) {
+// sessionOf returns a connection of db of its own, and what gives it back: a broken one is
+// closed rather than handed back to the pool.
+func sessionOf(ctx context.Context, db any) (*pgx.Conn, func(broken bool), error) {
+	switch d := db.(type) {
+	case *pgxpool.Pool:
+		c, err := d.Acquire(ctx)
+		if err != nil {
+			return nil, nil, fmt.Errorf("acquire a connection: %w", err)
+		}
+		return c.Conn(), func(broken bool) {
+			if broken {
+				ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+				defer cancel()
+				_ = c.Conn().Close(ctx) // the pool drops a closed connection
+			}
+			c.Release()
+		}, nil
+	case *pgx.Conn:
+		return d, func(bool) {}, nil
+	}
+	return nil, nil, fmt.Errorf("a partitioned table's partitions are dropped on a connection of their own: give a pool or a connection, not a %T", db)
+}
+
+// finishDrops finishes what an earlier run left undone (see DropConcurrently): it detaches
+// the partitions left detaching (FINALIZE, which waits for every older snapshot of the
+// database, at most wait) and drops them, and drops the tables left apart.
+func (t Table) finishDrops(ctx context.Context, conn *pgx.Conn, wait time.Duration, log *slog.Logger) error {
 	var pending, apart []string
-	if err := db.QueryRow(ctx, pendingSQL, t.Text, t.Library).Scan(&pending, &apart); errors.Is(err, pgx.ErrNoRows) {
+	if err := conn.QueryRow(ctx, pendingSQL, t.Text, t.Library).Scan(&pending, &apart); errors.Is(err, pgx.ErrNoRows) {
 		return nil // no table: nothing left
 	} else if err != nil {
 		return fmt.Errorf("list partitions left detaching: %w", err)
 	}
 	for _, name := range pending {
-		// FINALIZE takes the table's SHARE UPDATE EXCLUSIVE lock and waits for every older
-		// snapshot of the database, not only those on the table: in a step, so that another
-		// process skips it rather than waits, and within LockTimeout, so that a long
-		// transaction anywhere costs a run no more. Not done, it is tried again by the next.
-		done, ferr := t.step(ctx, db, tryLock, func(tx pgx.Tx) error {
-			_, err := tx.Exec(ctx, fmt.Sprintf("ALTER TABLE %s DETACH PARTITION %s FINALIZE", t.Qualified, name))
-			return err
-		})
+		_, err := conn.Exec(ctx, fmt.Sprintf("ALTER TABLE %s DETACH PARTITION %s FINALIZE", t.Qualified, name))
 		switch {
-		case !done && ferr == nil:
-			return err // another process is at it
-		case isUndefinedTable(ferr), isCode(ferr, "55000"): // finished by another process, or not pending
-		case ferr != nil:
-			err = errors.Join(err, fmt.Errorf("finish detaching partition %s (a transaction older than its detach is still open): %w", name, ferr))
-			continue
+		case isUndefinedTable(err): // finished by hand
+		case isCode(err, "57014"), isLockTimeout(err):
+			return fmt.Errorf("finish detaching partition %s: a transaction older than the detach has lasted more than %s; the next run tries again: %w", name, wait, err)
+		case err != nil:
+			return fmt.Errorf("finish detaching partition %s: %w", name, err)
 		}
-		apart = append(apart, name) // dropped below, unless another process detaches it still
+		apart = append(apart, name)
 	}
 	for _, name := range apart {
-		if derr := t.dropApart(ctx, db, name, log); derr != nil {
-			err = errors.Join(err, derr)
-		}
-	}
-	return err
-}
-
-// detach detaches the partition name CONCURRENTLY, waiting at most wait for the transactions
-// on the table to end, and tells whether it did. A partition another process detached, or is
-// detaching, is no error: that process drops it, or the next run does.
-func (t Table) detach(ctx context.Context, db Execer, name string, wait time.Duration) (bool, error) {
-	const how = "CONCURRENTLY"
-	waitCtx, cancel := context.WithTimeout(ctx, wait)
-	defer cancel()
-	_, err := db.Exec(waitCtx, fmt.Sprintf("ALTER TABLE %s DETACH PARTITION %s %s", t.Qualified, name, how))
-	switch {
-	case err == nil:
-		return true, nil
-	case isUndefinedTable(err): // 42P01: not a partition (any more), or gone
-		return false, nil
-	case isCode(err, "55000"): // object_not_in_prerequisite_state: being detached (by another process, or cut short)
-		return false, nil
-	case ctx.Err() != nil: // the run's own end
-		return false, fmt.Errorf("detach partition %s: %w", name, err)
-	case errors.Is(waitCtx.Err(), context.DeadlineExceeded):
-		return false, fmt.Errorf("detach partition %s: a transaction on the table has lasted more than %s; the next run finishes the detach: %w", name, wait, err)
-	default:
-		return false, fmt.Errorf("detach partition %s: %w", name, err)
-	}
-}
-
-// dropApart drops a detached partition, a table apart that no query plans to read any more.
-func (t Table) dropApart(ctx context.Context, db Execer, name string, log *slog.Logger) error {
-	_, err := t.step(ctx, db, noLock, func(tx pgx.Tx) error {
-		// Still a partition: another process detaches it, and drops it. Gone (true too):
-		// another process dropped it.
-		var partition bool
-		if err := tx.QueryRow(ctx, "SELECT coalesce((SELECT relispartition FROM pg_class WHERE oid = to_regclass($1)), true)", name).Scan(&partition); err != nil || partition {
+		if err := t.dropApart(ctx, conn, name); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, "DROP TABLE IF EXISTS "+name)
+		log.InfoContext(ctx, t.Library+" partition left apart dropped", slog.String("partition", name))
+	}
+	return nil
+}
+
+// mark gives the partition name the steps' comment, if it has another.
+func (t Table) mark(ctx context.Context, conn *pgx.Conn, name string) error {
+	var want string
+	var got *string
+	if err := conn.QueryRow(ctx, markSQL, t.Text, t.Library, name).Scan(&want, &got); err != nil {
+		return fmt.Errorf("read the comment of partition %s: %w", name, err)
+	}
+	if got != nil && *got == want {
+		return nil
+	}
+	if _, err := conn.Exec(ctx, fmt.Sprintf("COMMENT ON TABLE %s IS %s", name, literal(want))); err != nil {
+		return fmt.Errorf("mark partition %s: %w", name, err)
+	}
+	return nil
+}
+
+// dropApart drops the table name if a detach left it apart (not a partition, with the steps'
+// comment), in a transaction that waits at most LockTimeout for its lock: no query plans to
+// read it any more.
+func (t Table) dropApart(ctx context.Context, conn *pgx.Conn, name string) error {
+	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT set_config('lock_timeout', $1, true)", fmt.Sprintf("%dms", LockTimeout.Milliseconds())); err != nil {
+			return err
+		}
+		var apart bool
+		if err := tx.QueryRow(ctx, apartSQL, t.Text, t.Library, name).Scan(&apart); err != nil || !apart {
+			return err
+		}
+		_, err := tx.Exec(ctx, "DROP TABLE "+name)
 		return err
 	})
 	if err != nil {
 		return fmt.Errorf("drop partition %s: %w", name, err)
 	}
-	log.DebugContext(ctx, t.Library+" partition detached and dropped", slog.String("partition", name))
 	return nil
 }
