@@ -499,3 +499,68 @@ func names(parts []testinfra.PartitionRange) []string {
 	}
 	return out
 }
+
+// TestPartitionKeptForAHiddenSession: a cleaner whose role may not see when another role's
+// sessions began (no pg_read_all_stats) keeps a partition whose range ended: such a session
+// may have a transaction open since before. Granted pg_read_all_stats, it sees the
+// transaction, and keeps the partition while the transaction is open; then drops it.
+func TestPartitionKeptForAHiddenSession(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool, store := partitionedInbox(t, inbox.Tables{Partition: time.Hour})
+	cleaner, other := testinfra.UniqueName(t, "cleaner"), testinfra.UniqueName(t, "other")
+	for _, role := range []string{cleaner, other} {
+		_, err := pool.Exec(ctx, "CREATE ROLE "+pgx.Identifier{role}.Sanitize()+" LOGIN")
+		require.NoError(t, err)
+		t.Cleanup(func() {
+			ctx := context.Background()
+			for _, stmt := range []string{"REASSIGN OWNED BY %s TO postgres", "DROP OWNED BY %s", "DROP ROLE %s"} {
+				if _, err := pool.Exec(ctx, fmt.Sprintf(stmt, pgx.Identifier{role}.Sanitize())); err != nil {
+					t.Errorf("drop role %s: %v", role, err)
+					return
+				}
+			}
+		})
+	}
+	// The cleaner's role owns the table and its partitions, as detaching them needs.
+	_, err := pool.Exec(ctx, "ALTER TABLE inbox_messages OWNER TO "+pgx.Identifier{cleaner}.Sanitize())
+	require.NoError(t, err)
+	for _, p := range testinfra.Partitions(t, pool, "inbox_messages") {
+		_, err := pool.Exec(ctx, fmt.Sprintf("ALTER TABLE %s OWNER TO %s", pgx.Identifier{p.Name}.Sanitize(), pgx.Identifier{cleaner}.Sanitize()))
+		require.NoError(t, err)
+	}
+	as := func(role string) *pgxpool.Pool {
+		config := pool.Config().Copy()
+		config.ConnConfig.User = role
+		p, err := pgxpool.NewWithConfig(ctx, config)
+		require.NoError(t, err)
+		t.Cleanup(p.Close)
+		return p
+	}
+	cleanerPool, otherPool := as(cleaner), as(other)
+
+	hidden, err := otherPool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = hidden.Rollback(context.Background()) }) // before its pool closes
+	_, err = hidden.Exec(ctx, "SELECT 1")
+	require.NoError(t, err)
+	before := testinfra.Partitions(t, pool, "inbox_messages")
+	cutoff := dbNow(t, pool).Add(2 * time.Hour)
+	dropped, err := inbox.DropPartitionsBefore(ctx, store, cleanerPool, cutoff)
+	require.NoError(t, err)
+	require.Zero(t, dropped)
+	require.Equal(t, before, testinfra.Partitions(t, pool, "inbox_messages"), "kept while the hidden session's transaction is open")
+
+	// Its role may see when the sessions began: the transaction is newer than the partition.
+	_, err = pool.Exec(ctx, "GRANT pg_read_all_stats TO "+pgx.Identifier{cleaner}.Sanitize())
+	require.NoError(t, err)
+	dropped, err = inbox.DropPartitionsBefore(ctx, store, cleanerPool, cutoff)
+	require.NoError(t, err)
+	require.Equal(t, before, testinfra.Partitions(t, pool, "inbox_messages"), "kept while the transaction is open")
+	require.NoError(t, hidden.Rollback(ctx))
+	_, err = inbox.DropPartitionsBefore(ctx, store, cleanerPool, cutoff)
+	require.NoError(t, err)
+	for _, p := range testinfra.Partitions(t, pool, "inbox_messages") {
+		require.True(t, p.To.After(cutoff), "partition %s ends by the cutoff", p.Name)
+	}
+}

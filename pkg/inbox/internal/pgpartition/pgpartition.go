@@ -477,12 +477,13 @@ SELECT array(SELECT format('%I.%I', n.nspname, a.relname) FROM pg_inherits i
 FROM pg_class c WHERE c.oid = to_regclass($1)`
 
 // olderTransactionSQL counts the other client sessions of the database with a transaction
-// open since before $1, and those whose transaction's start this role may not see (another
-// role's, without pg_read_all_stats): either may still write in a partition that ended at $1.
-const olderTransactionSQL = `SELECT count(*) FILTER (WHERE xact_start < $1),
+// open since before $1, and the sessions this role may not see (another role's, without
+// pg_read_all_stats: their kind and their transaction's start read as NULL, even when
+// idle): either may still write in a partition that ended at $1.
+const olderTransactionSQL = `SELECT count(*) FILTER (WHERE backend_type = 'client backend' AND xact_start < $1),
        count(*) FILTER (WHERE query = '<insufficient privilege>')
 FROM pg_stat_activity
-WHERE datname = current_database() AND backend_type = 'client backend' AND pid <> pg_backend_pid()`
+WHERE datname = current_database() AND pid <> pg_backend_pid()`
 
 // markSQL gives the partition $3 of the table $1 (library $2) the comment of the partitions
 // the steps make, if it has another: one made by hand, then detached and not dropped, is
