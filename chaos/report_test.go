@@ -66,8 +66,9 @@ func TestSupervisorDeaths(t *testing.T) {
 	script := func(t *testing.T, body, failpoints string) procSpec {
 		dir := t.TempDir()
 		path := filepath.Join(dir, "svc.sh")
-		require.NoError(t, os.WriteFile(path, []byte("#!/bin/sh\n"+body+"\n"), 0o755))
-		return procSpec{service: "svc", binary: path, logPath: filepath.Join(dir, "svc.log"), failpoints: failpoints}
+		require.NoError(t, os.WriteFile(path, []byte(body+"\n"), 0o644))
+		// Run by sh, not executed itself: see TestProcessStopAndStart's script.
+		return procSpec{service: "svc", binary: "/bin/sh", args: []string{path}, logPath: filepath.Join(dir, "svc.log"), failpoints: failpoints}
 	}
 	// firstDeath waits for the first death and for the second incarnation's "up".
 	firstDeath := func(t *testing.T, p *process) (Death, string) {

@@ -19,8 +19,11 @@ func TestProcessStopAndStart(t *testing.T) {
 	script := func(t *testing.T, body string) procSpec {
 		dir := t.TempDir()
 		path := filepath.Join(dir, "svc.sh")
-		require.NoError(t, os.WriteFile(path, []byte("#!/bin/sh\n"+body+"\n"), 0o755))
-		return procSpec{service: "svc", binary: path, logPath: filepath.Join(dir, "svc.log")}
+		require.NoError(t, os.WriteFile(path, []byte(body+"\n"), 0o644))
+		// Run by sh, not executed itself: a file just written may still be open for writing
+		// in a child that a parallel test forked meanwhile, and exec of it then fails with
+		// "text file busy" (ETXTBSY); sh only reads it.
+		return procSpec{service: "svc", binary: "/bin/sh", args: []string{path}, logPath: filepath.Join(dir, "svc.log")}
 	}
 	// Exits 0 on SIGTERM; sleeps in short steps so that the trap runs promptly. Says "up"
 	// once its trap is set.
