@@ -12,6 +12,8 @@
 //   - Retention: [RunCleanup] (or [Cleanup] from a scheduler) deletes what is older than
 //     [CleanupConfig].Retention, so that the table does not grow for ever.
 //   - Your own table names and schema: a [Store] of your [Tables].
+//   - Millions of messages a day: [Tables].Partition keeps the table partitioned by
+//     processing time, and Cleanup drops old partitions whole (README.md#partitioned-tables).
 //   - Synchronous standbys: [CommitReplicated].
 //
 // Subpackages: inboxrabbitmq runs this loop for a RabbitMQ queue, with retries, dead letters,

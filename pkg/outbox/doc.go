@@ -23,7 +23,9 @@
 //     README.md#published-rows); [ReadStats], [ListDead] and [Requeue];
 //     [CommitReplicated] with synchronous standbys (README.md#operations).
 //   - Your own table names or schema: [NewStore], and the same Tables in [Config].Tables
-//     (README.md#your-own-table-names-and-schema).
+//     (README.md#your-own-table-names-and-schema). Millions of rows a day: [Tables].Partition
+//     keeps the table partitioned by time, and Cleanup drops old partitions whole
+//     (README.md#partitioned-tables).
 //   - Tracing: [Add] records the caller's OpenTelemetry trace context, and the relay makes a
 //     publish span per message (README.md#tracing). Metrics: packages outboxmetrics and
 //     outboxrabbitmq/outboxrabbitmqmetrics (README.md#metrics). Tests: package outboxtest
