@@ -103,11 +103,13 @@ WHERE (consumer, message_id) IN (
 // committed on its own unless db is a transaction, until a batch comes back short, so that it
 // can run while consumers are busy. An invalid cfg returns an error without deleting
 // anything; when ctx ends between batches, Cleanup returns the rows deleted so far and ctx's
-// error. On a partitioned table ([Tables.Partition]) it deletes no row: it makes the
-// partitions of the next cfg.PartitionsAhead, and drops whole the partitions whose range
-// ended more than cfg.Retention ago, counting their rows as deleted; the rows of the others
-// stay up to a partition's length past their retention (README.md#partitioned-tables). It
-// cleans the table of the default [Tables]; [Store.Cleanup] another.
+// error. On a partitioned table ([Tables.Partition]) it deletes no row: it drops whole the
+// partitions whose range ended more than cfg.Retention ago (not while a transaction that
+// began in its range is open), counting their rows as deleted, and makes the partitions of
+// the next cfg.PartitionsAhead; the rows of the others stay up to a partition's length past
+// their retention. There db must be a pool or a connection, on which it runs transactions and
+// statements of its own (README.md#partitioned-tables). It cleans the table of the default
+// [Tables]; [Store.Cleanup] another.
 func Cleanup(ctx context.Context, db Execer, cfg CleanupConfig) (deleted int64, err error) {
 	return defaultStore.Cleanup(ctx, db, cfg)
 }

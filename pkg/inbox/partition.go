@@ -16,7 +16,8 @@ import (
 
 // A partitioned inbox ([Tables.Partition]) is one table partitioned by range of processed_at:
 // every row goes to the partition of the time its transaction began, and a partition whose
-// range ended Retention ago holds only rows Cleanup would delete, so Cleanup drops it whole.
+// range ended Retention ago holds only rows Cleanup would delete, so Cleanup drops it whole
+// (once no transaction that began in its range is open: see pgpartition.Table.DropConcurrently).
 // Migrate and Cleanup make the partitions ahead of time, with package pgpartition (a message
 // whose row falls in no partition fails as the database's fault, and is held).
 //
@@ -26,8 +27,8 @@ import (
 // message (its own statement, so that the copy waiting on it reads, once it has it, what the
 // holder committed), then inserts the row only if no partition holds one for (consumer,
 // message_id), which the key's index finds in each partition. Copies of a message meet
-// whatever the producer stamped on them. That takes READ COMMITTED: under REPEATABLE READ
-// the insert would read a snapshot taken before the lock was had.
+// whatever time the producer stamped on them, or none. That takes READ COMMITTED: under
+// REPEATABLE READ the insert would read a snapshot taken before the lock was had.
 
 // MaxPartitions is the most partitions [Cleanup] keeps a partitioned inbox to: those of its
 // retention, of the time ahead it makes them for, and the current one. Every message looks
