@@ -284,6 +284,31 @@ func TestPartitionsMadeUnderLoad(t *testing.T) {
 	testinfra.Eventually(t, waitFor, func() bool { return int64(len(got.ids())) == written.Load() }, "every row delivered")
 }
 
+// TestPartitionMadeBesideALongTransaction: a partition is made and attached while a writer's
+// transaction on the table stays open, which the table's ACCESS EXCLUSIVE lock (CREATE TABLE
+// … PARTITION OF) would have waited for, and given up on: the writer is not held up, nor the
+// making.
+func TestPartitionMadeBesideALongTransaction(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	tables := outbox.Tables{Messages: "beside", Partition: time.Hour}
+	store, err := outbox.NewStore(tables)
+	require.NoError(t, err)
+	b := &bundle{pool: testinfra.NewPool(t)}
+	require.NoError(t, store.Migrate(ctx, b.pool))
+	before := len(testinfra.Partitions(t, b.pool, "beside"))
+
+	writer, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = writer.Rollback(context.Background()) }()
+	require.NoError(t, store.Add(ctx, writer, b.msg("a", 1)))
+	_, err = store.Cleanup(ctx, b.pool, outbox.CleanupConfig{PartitionsAhead: 6 * time.Hour})
+	require.NoError(t, err, "partitions made while the writer's transaction is open")
+	require.Greater(t, len(testinfra.Partitions(t, b.pool, "beside")), before)
+	require.NoError(t, store.Add(ctx, writer, b.msg("a", 2)), "the writer goes on")
+	require.NoError(t, writer.Commit(ctx))
+}
+
 // TestPartitionedTablesValidate: a partition length PostgreSQL's grid cannot hold is refused.
 func TestPartitionedTablesValidate(t *testing.T) {
 	t.Parallel()
