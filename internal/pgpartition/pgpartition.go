@@ -289,7 +289,8 @@ func (t Table) Create(ctx context.Context, db any, ahead time.Duration, wait boo
 			if err := tx.QueryRow(ctx, parentSQL, t.Text, t.Library).Scan(&schema, &comment, &tablespace); err != nil {
 				return fmt.Errorf("make a partition of %s: read the table: %w", t.Qualified, err)
 			}
-			// In the table's schema, the one FinishDrops looks in, whatever search_path says.
+			// In the table's schema, the one DropConcurrently finishes drops in, whatever
+			// search_path says.
 			name := schema + "." + pgx.Identifier{t.Base + Suffix(r[0])}.Sanitize()
 			for _, stmt := range []string{
 				// What PARTITION OF takes from the table and an attach does not check: the

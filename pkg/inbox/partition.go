@@ -74,7 +74,7 @@ func messageLocks(consumer string, ids ...string) []int32 {
 func (s *Store) lockMessages(ctx context.Context, tx pgx.Tx, consumer string, ids ...string) error {
 	var isolation string
 	var n int64
-	if err := tx.QueryRow(ctx, lockMessagesSQL, s.tables.sqlNames().MessagesText, messageLocks(consumer, ids...)).Scan(&isolation, &n); err != nil {
+	if err := tx.QueryRow(ctx, lockMessagesSQL, s.text, messageLocks(consumer, ids...)).Scan(&isolation, &n); err != nil {
 		return Transient(fmt.Errorf("lock %d messages: %w", len(ids), err))
 	}
 	if isolation != "read committed" {

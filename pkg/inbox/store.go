@@ -14,6 +14,9 @@ import (
 type Store struct {
 	tables Tables
 	sql    statements
+	// text is the inbox table's name as text, for to_regclass: the class of a partitioned
+	// inbox's message locks, taken for every message.
+	text string
 }
 
 // statements are the SQL of a Store, rendered once for its tables from the templates named
@@ -35,7 +38,7 @@ func NewStore(t Tables) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Store{tables: t, sql: sql}, nil
+	return &Store{tables: t, sql: sql, text: t.sqlNames().MessagesText}, nil
 }
 
 // Tables returns the store's tables, with their defaults filled in.
